@@ -9,8 +9,9 @@ them in the returned order may still take a prefill chunk of the budget left ove
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, TypeVar
 
 T = TypeVar("T")
@@ -25,7 +26,7 @@ class AdmissionSettings:
 
 
 def admission_order(
-    waiting: Sequence[T],
+    waiting: Iterable[T],
     cost: Callable[[T], int],
     budget: int,
     settings: AdmissionSettings,
@@ -33,9 +34,12 @@ def admission_order(
 ) -> list[T]:
     """The order in which the scheduler should try to admit waiting requests this round."""
     force_fifo = settings.force_fifo_every > 0 and round_index % settings.force_fifo_every == 0
-    if settings.policy == "fifo" or force_fifo or not waiting:
+    if settings.policy == "fifo" or force_fifo:
         return list(waiting)
-    window = list(waiting[: settings.lookahead])
+    queue = iter(waiting)
+    window = list(islice(queue, settings.lookahead))
+    if not window:
+        return []
     costs = [cost(r) for r in window]
     selected = [False] * len(window)
     used = 0
@@ -47,4 +51,4 @@ def admission_order(
         selected[0] = True
     first = [r for r, s in zip(window, selected) if s]
     rest = [r for r, s in zip(window, selected) if not s]
-    return first + rest + list(waiting[settings.lookahead :])
+    return first + rest + list(queue)

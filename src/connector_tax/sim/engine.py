@@ -146,7 +146,7 @@ class EngineCore:
             break
         return scheduled, budget, preempted
 
-    def _admit_waiting(self, budget: int, first_in_step: bool) -> list[tuple[SimRequest, int]]:
+    def _admit_waiting(self, budget: int) -> list[tuple[SimRequest, int]]:
         scheduled: list[tuple[SimRequest, int]] = []
         self._admission_round += 1
         order = admission_order(
@@ -169,11 +169,11 @@ class EngineCore:
             remaining = req.total_tokens - req.num_computed
             if self.settings.enable_chunked_prefill:
                 n_new = min(remaining, budget)
-            elif remaining <= budget or (first_in_step and not scheduled):
-                n_new = remaining
+            elif remaining <= budget or not scheduled:
+                n_new = remaining  # a prompt over the budget is admitted alone (seed 004)
             else:
                 self._release_prefix(req)
-                continue
+                break  # as vLLM: without chunking, a prompt that does not fit blocks the queue
             if not self.pool.allocate(req.request_id, req.num_computed + n_new):
                 self._release_prefix(req)
                 break
@@ -194,7 +194,7 @@ class EngineCore:
         budget = self.settings.max_num_batched_tokens
         scheduled, budget, preempted = self._schedule_running(budget)
         if not preempted and self.waiting:
-            scheduled += self._admit_waiting(budget, first_in_step=not scheduled)
+            scheduled += self._admit_waiting(budget)
         if not scheduled:
             return None
 
