@@ -18,6 +18,12 @@ def _sim(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _launch_command(args: argparse.Namespace) -> int:
+    from connector_tax.launch.command import main
+
+    return main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -33,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="run the embedded simulated vLLM server")
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim)
+
+    from connector_tax.launch.command import add_arguments as add_launch_arguments
+
+    launch = sub.add_parser("launch-command", help="print the exact server launch of a config, launch nothing")
+    add_launch_arguments(launch)
+    launch.set_defaults(func=_launch_command)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""How each server variant's server starts, per backend (sim, vllm, openai)."""
