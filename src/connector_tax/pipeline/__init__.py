@@ -1,0 +1,1 @@
+"""The logic behind the Snakemake rules (the rules themselves stay thin)."""

@@ -1,0 +1,1 @@
+"""Server lifecycle: launch, readiness, stop — no orphan processes on any exit path."""

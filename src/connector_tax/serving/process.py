@@ -1,0 +1,128 @@
+"""One launched server: its own process group, logs on disk, bounded readiness, sure stop.
+
+The server runs in a new session (process group), so stopping it reaches every process it
+spawned (vLLM's engine core and workers); SIGTERM first, SIGKILL after a grace period.
+SIGTERM to this process becomes SystemExit, so a `with ServerProcess(...)` block stops its
+server when Snakemake cancels the job, as it does on Ctrl-C or normal exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from connector_tax.launch.spec import LaunchSpec
+
+
+class ServerStartError(RuntimeError):
+    """str() is one line (what failed and the server's last log line); `log_tail` has more."""
+
+    def __init__(self, what: str, log_tail: str = "") -> None:
+        last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "")
+        super().__init__(f"{what}: {last}" if last else what)
+        self.log_tail = log_tail
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+class ServerProcess:
+    def __init__(self, spec: LaunchSpec, url: str, log_dir: Path, grace_s: float = 10.0) -> None:
+        self.spec = spec
+        self.url = url.rstrip("/")
+        self.log_dir = log_dir
+        self.grace_s = grace_s
+        self.stdout_path = log_dir / "server_stdout.log"
+        self.stderr_path = log_dir / "server_stderr.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ServerProcess:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_system_exit)
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if not self.spec.argv:
+            return  # an external server: nothing to launch
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "launch.sh").write_text(self.spec.script(), encoding="utf-8")
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                self.spec.argv,
+                env={**os.environ, **self.spec.env},
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """/health, then /v1/models, both 200, within timeout_s; else the log tail in the error."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            for path in ("/health", "/v1/models"):
+                while True:
+                    if self.proc is not None and self.proc.poll() is not None:
+                        raise self._failure(f"server exited with code {self.proc.returncode}")
+                    try:
+                        if client.get(self.url + path).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise self._failure(f"not ready after {timeout_s:.0f} s ({path})")
+                    time.sleep(0.05)
+
+    def _failure(self, what: str) -> ServerStartError:
+        return ServerStartError(what, tail(self.stderr_path) or tail(self.stdout_path))
+
+    def stop(self) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                proc.wait()
+        else:
+            self._signal(signal.SIGKILL)  # the leader is gone; reap what it left behind
+        return proc.returncode
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass

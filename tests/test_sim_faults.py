@@ -1,0 +1,309 @@
+"""`ctax sim` fault switches and command-line errors: one short-lived server per fault."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sim_server import (
+    DEFAULT_CONFIG,
+    MODEL,
+    REPO,
+    assert_error,
+    json_events,
+    launch,
+    running_sim,
+    sim_command,
+    split_sse,
+)
+
+ENGINE_DEAD_MESSAGE = "The server had an error while processing your request."
+
+
+def body(max_tokens: int = 2, **extra: object) -> dict[str, object]:
+    return {"model": MODEL, "prompt": [11, 12, 13, 14], "max_tokens": max_tokens, "ignore_eos": True, **extra}
+
+
+def run_cli(*args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+# -- start-up faults ----------------------------------------------------------------------
+def test_fail_start(tmp_path: Path) -> None:
+    sim = launch(tmp_path, "--fail-start", "no GPU visible (simulated)")
+    try:
+        code = sim.proc.wait(5)
+        elapsed = time.monotonic() - sim.t_start
+        assert code == 3
+        assert elapsed < 5.0
+        assert sim.read_line(2) is None  # stdout closed without a ready line
+        assert "no GPU visible (simulated)" in sim.stderr()
+    finally:
+        sim.stop()
+
+
+def test_slow_start(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--slow-start-s", "1.0") as sim:
+        assert sim.ready_s is not None and sim.ready_s >= 1.0, sim.ready_s
+        assert sim.ready_s < 5.0
+        assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
+
+
+# -- crashes ------------------------------------------------------------------------------
+def test_crash_after_s(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--crash-after-s", "0.5") as sim:
+        t_ready = time.monotonic()
+        assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
+        code = sim.proc.wait(3)
+        lived = time.monotonic() - t_ready
+        assert code == 70
+        assert 0.4 <= lived < 3.0, lived
+        assert "simulated crash" in sim.stderr()
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(f"{sim.url}/v1/completions", json=body(), timeout=2)
+
+
+def test_crash_after_requests(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--crash-after-requests", "3") as sim:
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            for _ in range(3):
+                assert client.post("/v1/completions", json=body()).status_code == 200
+                # neither /health nor a rejected request counts as an accepted request
+                assert client.get("/health").status_code == 200
+                assert client.post("/v1/completions", json={"prompt": ""}).status_code == 400
+            assert sim.proc.poll() is None
+            with pytest.raises(httpx.TransportError):  # the 4th accepted request kills it
+                client.post("/v1/completions", json=body())
+        assert sim.proc.wait(3) == 70
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{sim.url}/health", timeout=2)
+
+
+# -- stalls -------------------------------------------------------------------------------
+def _read_until_stall(url: str, max_tokens: int) -> tuple[bytes, bool]:
+    """Reads a stream with a 1 s read timeout; returns what arrived and whether it stalled."""
+    timeout = httpx.Timeout(5.0, read=1.0)
+    received = b""
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        with client.stream("POST", "/v1/completions", json=body(max_tokens, stream=True)) as response:
+            assert response.status_code == 200
+            try:
+                for piece in response.iter_raw():
+                    received += piece
+            except httpx.ReadTimeout:
+                return received, True
+    return received, False
+
+
+def _complete_events(raw: bytes) -> list[dict[str, object]]:
+    done = raw[: raw.rfind(b"\n\n") + 2] if b"\n\n" in raw else b""
+    return [json.loads(p) for p in split_sse(done)] if done else []
+
+
+def test_hang_after_tokens(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--hang-after-tokens", "3") as sim:
+        t0 = time.monotonic()
+        raw, stalled = _read_until_stall(sim.url, 50)
+        assert stalled, raw
+        assert time.monotonic() - t0 < 4.0
+        assert b"[DONE]" not in raw
+        events = _complete_events(raw)
+        text = "".join(e["choices"][0]["text"] for e in events)  # type: ignore[index]
+        assert 1 <= len(text.split()) <= 3, text
+        assert all(e["choices"][0]["finish_reason"] is None for e in events)  # type: ignore[index]
+        # the server itself is fine, and a non-streaming request is not affected
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            assert client.get("/health").status_code == 200
+            response = client.post("/v1/completions", json=body(5))
+            assert response.json()["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.xfail(strict=True, reason="sim off-by-one: --hang-after-tokens N stalls before the N-th token is "
+                   "sent (api.py checks `sent >= hang_at` before writing the chunk), so only N-1 arrive")  # fmt: skip
+def test_hang_after_tokens_delivers_exactly_n(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--hang-after-tokens", "3", logs=False) as sim:
+        raw, stalled = _read_until_stall(sim.url, 50)
+    assert stalled
+    events = _complete_events(raw)
+    assert len("".join(e["choices"][0]["text"] for e in events).split()) == 3  # type: ignore[index]
+
+
+# -- HTTP 500s ----------------------------------------------------------------------------
+def test_http_500_rate_always(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--http-500-rate", "1.0") as sim:
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            for _ in range(5):
+                response = client.post("/v1/completions", json=body())
+                assert_error(response, 500, "InternalServerError", None)
+            response = client.post("/v1/completions", json=body(stream=True))
+            assert_error(response, 500, "InternalServerError", None)
+            response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 2})  # fmt: skip
+            assert_error(response, 500, "InternalServerError", None)
+            assert client.get("/health").status_code == 200
+            assert client.get("/v1/models").status_code == 200
+        assert sim.request_records() == []  # nothing reached the engine
+
+
+def _error_pattern(tmp_path: Path, name: str, n: int) -> list[int]:
+    with running_sim(tmp_path, "--http-500-rate", "0.5", "--seed", "1", logs=False, name=name) as sim:
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            return [client.post("/v1/completions", json=body(1)).status_code for _ in range(n)]
+
+
+def test_http_500_rate_half_is_seeded(tmp_path: Path) -> None:
+    statuses = _error_pattern(tmp_path, "a", 40)
+    assert set(statuses) <= {200, 500}
+    assert 8 <= statuses.count(500) <= 32, statuses  # between 20 % and 80 %
+    assert _error_pattern(tmp_path, "b", 40) == statuses  # same seed, same pattern
+
+
+# -- malformed SSE ------------------------------------------------------------------------
+def test_malformed_sse(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--malformed-sse-rate", "1.0") as sim:
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            with client.stream("POST", "/v1/completions", json=body(5, stream=True)) as response:
+                raw = response.read()
+            payloads = split_sse(raw)  # the framing itself stays intact
+            assert payloads[-1] == b"[DONE]"
+            bad = 0
+            for payload in payloads[:-1]:
+                try:
+                    json.loads(payload)
+                except json.JSONDecodeError:
+                    bad += 1
+            assert bad >= 1
+            # non-streaming bodies are untouched
+            assert client.post("/v1/completions", json=body(3)).json()["usage"]["completion_tokens"] == 3
+
+
+def test_no_malformed_sse_by_default(tmp_path: Path) -> None:
+    with running_sim(tmp_path, logs=False) as sim:
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            with client.stream("POST", "/v1/completions", json=body(5, stream=True)) as response:
+                events = json_events(split_sse(response.read()))
+    assert len(events) >= 1
+
+
+# -- engine death -------------------------------------------------------------------------
+def test_health_503_after_s(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--health-503-after-s", "0.5") as sim:
+        t_ready = time.monotonic()
+        with httpx.Client(base_url=sim.url, timeout=5) as client:
+            assert client.get("/health").status_code == 200
+            assert client.post("/v1/completions", json=body()).status_code == 200
+            time.sleep(max(0.0, 0.7 - (time.monotonic() - t_ready)))
+            health = client.get("/health")
+            assert health.status_code == 503
+            assert health.content == b""
+            response = client.post("/v1/completions", json=body())
+            message = assert_error(response, 500, "InternalServerError", None)
+            assert message == ENGINE_DEAD_MESSAGE
+            assert response.json() == {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError",
+                                                 "param": None, "code": 500}}  # fmt: skip
+            response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 2})  # fmt: skip
+            assert assert_error(response, 500, "InternalServerError", None) == ENGINE_DEAD_MESSAGE
+
+
+# -- command-line errors ------------------------------------------------------------------
+def test_unknown_connector(tmp_path: Path) -> None:
+    result = run_cli(*sim_command(connector="no_such_connector"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = stderr_lines(result)
+    assert len(lines) == 1, lines
+    assert "no_such_connector" in lines[0]
+
+
+def test_fault_flag_out_of_range(tmp_path: Path) -> None:
+    result = run_cli(*sim_command("--http-500-rate", "2"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "--http-500-rate" in result.stderr
+    assert "error:" in stderr_lines(result)[-1]
+
+
+def test_fault_flag_not_a_number(tmp_path: Path) -> None:
+    result = run_cli(*sim_command("--crash-after-requests", "many"))
+    assert result.returncode == 2
+    assert "--crash-after-requests" in stderr_lines(result)[-1]
+
+
+def test_bad_config_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEFAULT_CONFIG.read_text(encoding="utf-8").replace("max_num_seqs: 256", "max_num_seqs: -4"))
+    result = run_cli(*sim_command(config=bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = stderr_lines(result)
+    assert len(lines) == 1, lines
+    assert "max_num_seqs" in lines[0]
+
+
+@pytest.mark.parametrize("content", ["", "study: [unclosed\n", "just a string\n"])
+def test_broken_config_file(tmp_path: Path, content: str) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text(content)
+    result = run_cli(*sim_command(config=bad))
+    assert result.returncode == 2
+    lines = stderr_lines(result)
+    assert len(lines) == 1, lines
+    assert "broken.yaml" in lines[0]
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = run_cli(*sim_command(config=tmp_path / "nowhere.yaml"))
+    assert result.returncode == 2
+    lines = stderr_lines(result)
+    assert len(lines) == 1, lines
+    assert "nowhere.yaml" in lines[0]
+
+
+def _stream_through_death(sim_url: str) -> tuple[bytes, Exception | None, float]:
+    """A long stream that is in flight when the engine dies; returns what arrived, the
+    transport error if the stream broke off, and how long it lasted."""
+    raw, error = b"", None
+    t0 = time.monotonic()
+    with httpx.Client(base_url=sim_url, timeout=httpx.Timeout(5.0, read=2.0)) as client:
+        try:
+            with client.stream("POST", "/v1/completions", json=body(3000, stream=True)) as response:
+                assert response.status_code == 200
+                for piece in response.iter_raw():
+                    raw += piece
+        except httpx.TransportError as exc:
+            error = exc
+    return raw, error, time.monotonic() - t0
+
+
+def test_stream_in_flight_when_engine_dies_ends_promptly(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--health-503-after-s", "0.3") as sim:
+        raw, error, lasted = _stream_through_death(sim.url)
+        assert not isinstance(error, httpx.ReadTimeout), "the stream hung after the engine died"
+        assert lasted < 2.0, lasted
+        assert b'"finish_reason":"length"' not in raw  # 3000 tokens could not have finished
+        records = sim.request_records()
+    assert len(records) == 1
+    assert records[0]["status"] == "error"
+    assert 0 < records[0]["completion_tokens"] < 3000
+
+
+@pytest.mark.xfail(strict=True, reason="sim deviation (NOTES 2): vLLM ends a stream whose engine died with "
+                   "`data: {\"error\": {... \"code\": 500}}` and `data: [DONE]`; the sim returns without finishing "
+                   "the response, so the client sees an incomplete chunked body")  # fmt: skip
+def test_stream_in_flight_when_engine_dies_gets_error_event(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--health-503-after-s", "0.3", logs=False) as sim:
+        raw, error, _ = _stream_through_death(sim.url)
+    assert error is None, repr(error)
+    payloads = split_sse(raw)
+    assert payloads[-1] == b"[DONE]"
+    assert json.loads(payloads[-2])["error"]["code"] == 500
