@@ -146,7 +146,7 @@ class SimApp:
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = HTTPStatus.SERVICE_UNAVAILABLE if self.engine_dead else HTTPStatus.OK
-        await _respond(send, status, b"", JSON)
+        await _respond(send, status, b"", None)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = models_body(self.model, self.model, self.max_model_len, self.permission_id)
@@ -168,9 +168,9 @@ class SimApp:
         t_arrival = time.monotonic_ns()
         raw = await _read_body(receive)
         try:
+            gen = parse_generation(raw, _header(scope, b"content-type"), chat, self.model, self.max_model_len)
             if self.engine_dead:
                 raise ENGINE_DEAD
-            gen = parse_generation(raw, chat, self.model, self.max_model_len)
             if self.dice.http_500():
                 raise ApiError("simulated internal error", HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
         except ApiError as err:
@@ -228,14 +228,23 @@ class SimApp:
         sent = 0
         while not (stream.finished and not stream.pending):
             tokens = await stream.take()
-            if stream.disconnected or self.engine_dead:
+            if stream.disconnected:
                 return
+            if self.engine_dead:
+                # As vLLM: the error goes in the stream (status 200 is already sent), then DONE.
+                await _body(send, b"data: " + json.dumps(json.loads(ENGINE_DEAD.body())).encode() + b"\n\n")
+                await _body(send, SSE_DONE, more=False)
+                return
+            if hang_at is not None and sent + len(tokens) >= hang_at:
+                tokens = tokens[: hang_at - sent]
+                stream.pending = []
+                stream.finished = False
+                hung = True
+            else:
+                hung = False
             if not tokens:
                 continue
             sent += len(tokens)
-            if hang_at is not None and sent >= hang_at:
-                await _until_disconnected(stream)
-                return
             finished = stream.finished and not stream.pending
             reason = request.finish_reason if finished else None
             chunk_usage = (
@@ -247,6 +256,9 @@ class SimApp:
                 chunk = chunk[: len(chunk) // 2] + b"\n\n"
             _stamp(timing, len(tokens))
             await _body(send, chunk)
+            if hung:
+                await _until_disconnected(stream)
+                return
         if gen.include_usage:
             await _body(send, usage_chunk(ids, usage(request.prompt_len, sent)))
         await _body(send, SSE_DONE, more=False)
@@ -278,6 +290,8 @@ class SimApp:
     def _record(self, request: SimRequest, timing: RequestTiming, status: str) -> None:
         t_first, t_last = timing.t_first_token_ns, timing.t_last_token_ns
         now = time.monotonic_ns()
+        if status == "aborted":
+            self.metrics.on_abort()
         if status == "ok":
             gaps = [(b - a) / 1e9 for a, b in zip(timing.token_times_ns, timing.token_times_ns[1:])]
             ttft = None if t_first is None else (t_first - timing.t_arrival_ns) / 1e9
@@ -343,9 +357,11 @@ async def _body(send: Send, data: bytes, more: bool = True) -> None:
 
 
 async def _respond(
-    send: Send, status: HTTPStatus | int, body: bytes, content_type: bytes, allow: str | None = None
+    send: Send, status: HTTPStatus | int, body: bytes, content_type: bytes | None, allow: str | None = None
 ) -> None:
-    headers = [(b"content-type", content_type)]
+    headers = [(b"content-length", str(len(body)).encode())]
+    if content_type is not None:
+        headers.append((b"content-type", content_type))
     if allow is not None:
         headers.append((b"allow", allow.encode()))
     await send({"type": "http.response.start", "status": int(status), "headers": headers})

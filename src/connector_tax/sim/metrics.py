@@ -1,15 +1,16 @@
 """The `/metrics` exposition: vLLM's V1 metric names, types, labels and buckets.
 
 prometheus_client appends `_total` to counters, exactly as it does for vLLM, so a scraper
-sees the same series from both. The engine thread updates gauges and counters after each
-step (prometheus_client metrics are thread-safe); the HTTP side observes latencies.
+sees the same series from both. Gauges read the engine's state when scraped; the engine
+thread counts tokens after each step (prometheus_client metrics are thread-safe); the HTTP
+side observes latencies.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from connector_tax.sim.engine import StepResult
+from connector_tax.sim.engine import EngineCore, StepResult
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -27,7 +28,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 class SimMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, core: EngineCore) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         values = {"model_name": model_name, "engine": "0"}
@@ -55,14 +56,15 @@ class SimMetrics:
             labels + ["finished_reason"], registry=r,
         )  # fmt: skip
         self.success = {reason: success.labels(finished_reason=reason, **values) for reason in FINISH_REASONS}
+        # Read at scrape time, so an idle engine shows its idle state (len() is atomic in CPython).
+        self.running.set_function(lambda: len(core.running))
+        self.waiting.set_function(lambda: len(core.waiting))
+        self.kv_usage.set_function(lambda: core.pool.usage)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", INTER_TOKEN_BUCKETS)
 
     def on_step(self, result: StepResult) -> None:
-        self.running.set(result.num_running)
-        self.waiting.set(result.num_waiting)
-        self.kv_usage.set(result.kv_cache_usage)
         self.generation_tokens.inc(len(result.outputs))
         if result.num_preempted:
             self.preemptions.inc(result.num_preempted)
@@ -80,6 +82,9 @@ class SimMetrics:
         self.e2e.observe(e2e_s)
         for gap in itl_s:
             self.itl.observe(gap)
+
+    def on_abort(self) -> None:
+        self.success["abort"].inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,16 +77,51 @@ class GenerationRequest:
     continuous_usage: bool
 
 
-def _typed(body: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any) -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    # bool is an int in Python but not in JSON Schema: "max_tokens": true is a type error.
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        kind = kinds[0].__name__
-        word = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "dict": "dictionary"}[kind]
-        raise validation_error(f"{word}_type", f"body.{key}", f"Input should be a valid {word}", value)
-    return value
+_WORDS = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "dictionary"}
+_TRUE, _FALSE = {"true", "1", "yes", "on", "t", "y"}, {"false", "0", "no", "off", "f", "n"}
+
+
+def _lax(key: str, value: Any, kind: type) -> Any:
+    """Coerce as pydantic's lax mode does for a request model (e.g. "8" is a valid int)."""
+    word = _WORDS[kind]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise validation_error("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input", value)
+    if isinstance(value, bool) and kind is not str:
+        return int(value) if kind is int else float(value)
+    if kind is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise validation_error("int_parsing", f"body.{key}",
+                                       "Input should be a valid integer, unable to parse string as an integer", value) from None
+    if kind is float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise validation_error("float_parsing", f"body.{key}",
+                                       "Input should be a valid number, unable to parse string as a number", value) from None
+    if isinstance(value, kind):
+        return value
+    raise validation_error(f"{word}_type", f"body.{key}", f"Input should be a valid {word}", value)
+
+
+def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = body.get(key)
+    return default if value is None else _lax(key, value, kind)
 
 
 MISSING_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
@@ -121,16 +156,20 @@ def _chat_token_ids(messages: Any) -> list[int]:
             raise validation_error("missing", f"body.messages.{i}.role", "Field required", message)
         content = message.get("content", "")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            if not all(isinstance(t, str) for t in texts):
+                raise validation_error("string_type", f"body.messages.{i}.content", "Input should be a valid string", content)
+            content = "".join(texts)
         if not isinstance(content, str):
             raise validation_error("string_type", f"body.messages.{i}.content", "Input should be a valid string", content)
         rendered.append({"role": message["role"], "content": content})
     return tokenize(chat_prompt(rendered))
 
 
-def parse_generation(
-    raw: bytes, chat: bool, served_model: str, max_model_len: int
-) -> GenerationRequest:
+def _decode(raw: bytes, content_type: str | None) -> dict[str, Any]:
+    if content_type is None or content_type.split(";")[0].strip().lower() != "application/json":
+        raise ApiError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                       err_type="Bad Request")  # fmt: skip
     if not raw.strip():
         raise validation_error("missing", "body", "Field required", None)
     try:
@@ -139,42 +178,57 @@ def parse_generation(
         raise validation_error("json_invalid", f"body.{exc.pos}", "JSON decode error", {}, error=exc.msg) from None
     except UnicodeDecodeError:
         raise validation_error("json_invalid", "body", "JSON decode error", {}, error="invalid UTF-8") from None
+    except RecursionError:  # what FastAPI answers when its own parse blows up
+        raise ApiError("There was an error parsing the body", err_type="Bad Request") from None
     if not isinstance(body, dict):
         raise validation_error(
             "model_attributes_type", "body",
             "Input should be a valid dictionary or object to extract fields from", body,
         )  # fmt: skip
+    return body
 
-    model = _typed(body, "model", (str,), None)
-    if model is not None and model != served_model:
+
+def parse_generation(
+    raw: bytes, content_type: str | None, chat: bool, served_model: str, max_model_len: int
+) -> GenerationRequest:
+    """Checks run in vLLM's order: schema and model validators, the model name (404),
+    then prompt length, then sampling parameters."""
+    body = _decode(raw, content_type)
+    model = _typed(body, "model", str, None)
+    n = _typed(body, "n", int, 1)
+    temperature = _typed(body, "temperature", float, 1.0)
+    stream = _typed(body, "stream", bool, False)
+    ignore_eos = _typed(body, "ignore_eos", bool, False)
+    options = _typed(body, "stream_options", dict, None)
+    if chat:
+        max_tokens = _typed(body, "max_tokens", int, _typed(body, "max_completion_tokens", int, None))
+        if "messages" not in body:
+            raise validation_error("missing", "body.messages", "Field required", body)
+        ids = _chat_token_ids(body["messages"])
+    else:
+        max_tokens = _typed(body, "max_tokens", int, 16)
+        if body.get("prompt") in (None, ""):
+            raise vllm_error(MISSING_PROMPT, "prompt")
+        ids = _prompt_token_ids(body["prompt"])
+    if options is not None:
+        if not stream:
+            raise vllm_error("Stream options can only be defined when `stream=True`.", "stream_options")
+        for key in ("include_usage", "continuous_usage_stats"):
+            if options.get(key) is not None:
+                options[key] = _lax(f"stream_options.{key}", options[key], bool)
+    options = options or {}
+
+    if model and model != served_model:
         raise ApiError(
             f"The model `{model}` does not exist. Valid aliases: {served_model}.",
             status=HTTPStatus.NOT_FOUND,
             err_type="NotFoundError",
             param="model",
         )
-    if chat:
-        if "messages" not in body:
-            raise validation_error("missing", "body.messages", "Field required", body)
-        ids = _chat_token_ids(body["messages"])
-        max_tokens = _typed(body, "max_completion_tokens", (int,), None)
-        max_tokens = _typed(body, "max_tokens", (int,), max_tokens)
-    else:
-        if body.get("prompt") in (None, ""):
-            raise vllm_error(MISSING_PROMPT, "prompt")
-        ids = _prompt_token_ids(body["prompt"])
-        max_tokens = _typed(body, "max_tokens", (int,), 16)
-
-    if _typed(body, "n", (int,), 1) != 1:
+    if n != 1:
         raise vllm_error("The simulator serves n=1 only.", "n")
-    temperature = float(_typed(body, "temperature", (float, int), 1.0))
     if temperature < 0:
         raise vllm_error(f"temperature must be non-negative, got {temperature}.", "temperature", temperature)
-    stream = bool(_typed(body, "stream", (bool,), False))
-    options = _typed(body, "stream_options", (dict,), None)
-    if options is not None and not stream:
-        raise vllm_error("Stream options can only be defined when `stream=True`.", "stream_options")
-    options = options or {}
     if max_tokens is not None and max_tokens > max_model_len:
         raise vllm_error(
             f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
@@ -200,7 +254,7 @@ def parse_generation(
         chat=chat,
         prompt_token_ids=ids,
         max_tokens=max_tokens,
-        ignore_eos=bool(_typed(body, "ignore_eos", (bool,), False)),
+        ignore_eos=ignore_eos,
         temperature=temperature,
         stream=stream,
         include_usage=include_usage,

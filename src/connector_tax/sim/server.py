@@ -98,8 +98,8 @@ async def _serve(
     seed: int,
 ) -> int:
     faults: FaultSettings = settings.faults
-    metrics = SimMetrics(settings.model)
     core = EngineCore(settings.engine, settings.cost_model)
+    metrics = SimMetrics(settings.model, core)
 
     def on_accept(count: int) -> None:
         if faults.crash_after_requests is not None and count > faults.crash_after_requests:

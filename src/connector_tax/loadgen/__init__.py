@@ -1,0 +1,1 @@
+"""The embedded open-loop load generator: the study's measuring instrument."""

@@ -1,0 +1,208 @@
+"""A minimal HTTP/1.1 client on asyncio.Protocol with httptools parsing and keep-alive pooling.
+
+Arrival times are stamped in data_received, before any parsing, so every first-token and
+chunk time is the moment its bytes reached Python; the request's task drains everything
+buffered each time it wakes (seed 000's buffer-drain pattern), so one wake-up handles as many
+chunks as arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httptools
+
+
+class ConnectionClosed(Exception):
+    pass
+
+
+class Response:
+    """One response's state, filled by the connection's parser callbacks."""
+
+    __slots__ = ("status", "chunks", "complete", "error", "_event", "headers_done")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.chunks: list[tuple[int, bytes]] = []
+        self.complete = False
+        self.headers_done = False
+        self.error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait_headers(self) -> int:
+        while not self.headers_done:
+            await self._wait()
+        return self.status
+
+    async def _wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+        await self._event.wait()
+        self._event.clear()
+        if self.error is not None and not self.chunks and not self.complete:
+            raise self.error
+
+    async def iter_chunks(self) -> AsyncIterator[list[tuple[int, bytes]]]:
+        """Yield every buffered (arrival_ns, bytes) at once; suspend only when none is left."""
+        while True:
+            if self.chunks:
+                batch, self.chunks = self.chunks, []
+                yield batch
+            if self.complete:
+                return
+            await self._wait()
+
+    async def read_all(self) -> bytes:
+        parts: list[bytes] = []
+        async for batch in self.iter_chunks():
+            parts.extend(data for _, data in batch)
+        return b"".join(parts)
+
+
+class HttpConnection(asyncio.Protocol):
+    def __init__(self, on_lost: "callable") -> None:  # type: ignore[valid-type]
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.used = 0
+        self._on_lost = on_lost
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._now = time.monotonic_ns()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionClosed(f"bad HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionClosed(str(exc) if exc else "connection closed by server"))
+        self._on_lost(self)
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        pass
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response.status = self.parser.get_status_code()
+            self.response.headers_done = True
+            self.keep_alive = self.parser.should_keep_alive()
+            self.response.wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.chunks.append((self._now, body))
+            self.response.wake()
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response.complete = True
+            self.response.wake()
+
+    # client side
+    def send(self, data: bytes) -> Response:
+        assert self.transport is not None
+        self.response = Response()
+        self.used += 1
+        self.transport.write(data)
+        return self.response
+
+    def _fail(self, exc: BaseException) -> None:
+        resp = self.response
+        if resp is not None and not resp.complete:
+            resp.error = exc
+            resp.wake()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        self.closed = True
+
+    @property
+    def reusable(self) -> bool:
+        return not self.closed and self.keep_alive and self.response is not None and self.response.complete
+
+
+class ConnectionPool:
+    """Keep-alive connections to one server: a LIFO stack of idle ones, bounded in total."""
+
+    def __init__(self, host: str, port: int, max_connections: int) -> None:
+        self.host = host
+        self.port = port
+        self.max_connections = max_connections
+        self._idle: list[HttpConnection] = []
+        self._open = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def try_acquire(self) -> HttpConnection | None:
+        """An idle connection without suspending, if there is one (the hot path)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    async def acquire(self) -> HttpConnection:
+        while True:
+            conn = self.try_acquire()
+            if conn is not None:
+                return conn
+            if self._open < self.max_connections:
+                return await self._connect()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    async def _connect(self) -> HttpConnection:
+        self._open += 1
+        try:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: HttpConnection(self._lost), self.host, self.port
+            )
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+        return conn
+
+    def release(self, conn: HttpConnection) -> None:
+        if conn.reusable:
+            self._idle.append(conn)
+            self._wake_one()
+        else:
+            conn.abort()  # _lost() does the accounting
+
+    def _lost(self, conn: HttpConnection) -> None:
+        self._open -= 1
+        if conn in self._idle:
+            self._idle.remove(conn)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def prewarm(self, n: int) -> None:
+        conns = [await self._connect() for _ in range(min(n, self.max_connections - self._open))]
+        self._idle.extend(conns)
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()
