@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
-from connector_tax.loadgen.timing import wait_until
+import sys
+import threading
+
+from connector_tax.loadgen.timing import set_timer_slack, wait_until
 
 
 def test_never_early_and_tight_lateness() -> None:
@@ -18,9 +21,10 @@ def test_never_early_and_tight_lateness() -> None:
         lateness.append(out - target)
     lateness.sort()
     p50 = lateness[len(lateness) // 2]
-    # Idle hardware gives p99 < 100 us; the bounds are loose because CI machines are shared.
+    # Idle hardware gives p99 < 100 us; the bounds are loose because CI machines are shared and
+    # a VM's stolen time can stall any thread for milliseconds.
     assert p50 < 50_000, f"median lateness {p50} ns"
-    assert lateness[-1] < 5_000_000, f"max lateness {lateness[-1]} ns"
+    assert lateness[-1] < 10_000_000, f"max lateness {lateness[-1]} ns"
 
 
 def test_past_target_returns_at_once() -> None:
@@ -38,3 +42,15 @@ def test_long_wait_sleeps_instead_of_spinning() -> None:
     used = time.process_time() - cpu0
     # Only the final ~200 us spin (plus wake-ups) should cost CPU, not the 200 ms wait.
     assert used < 0.05, f"{used * 1e3:.1f} ms CPU for a 200 ms wait"
+
+
+def test_set_timer_slack_is_per_thread() -> None:
+    result: list[bool] = []
+    # In a throwaway thread, so the test runner's own threads keep their slack.
+    th = threading.Thread(target=lambda: result.append(set_timer_slack(1_000)))
+    th.start()
+    th.join()
+    if sys.platform.startswith("linux"):
+        assert result == [True]
+    else:
+        assert result in ([True], [False])

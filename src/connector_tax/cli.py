@@ -24,6 +24,12 @@ def _launch_command(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from connector_tax.loadgen.cli import main
+
+    return main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -45,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch = sub.add_parser("launch-command", help="print the exact server launch of a config, launch nothing")
     add_launch_arguments(launch)
     launch.set_defaults(func=_launch_command)
+
+    from connector_tax.loadgen.cli import add_bench_arguments
+
+    bench = sub.add_parser("bench", help="drive a server with the open-loop load generator")
+    add_bench_arguments(bench)
+    bench.error = lambda message: bench.exit(2, f"ctax bench: {message}\n")  # type: ignore[method-assign]
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,13 +107,16 @@ def _perf_of(cpus: list[int], sys_cpu: Path) -> dict[int, int]:
     return {c: 0 for c in cpus}
 
 
-def discover_topology(sys_cpu: Path = _SYS_CPU, sys_node: Path = _SYS_NODE) -> Topology:
+def discover_topology(
+    sys_cpu: Path = _SYS_CPU, sys_node: Path = _SYS_NODE, allowed: Iterable[int] | None = None
+) -> Topology:
     """The CPUs this process may use, with physical core, NUMA node and performance rank.
 
     Missing sysfs files (containers, non-Linux) degrade to: each CPU its own core, one node,
-    equal performance. The paths are parameters only so tests can point at a fake sysfs.
+    equal performance. The paths and `allowed` (default: this process's affinity mask) are
+    parameters only so tests can describe a machine in a fake sysfs.
     """
-    cpus = _allowed_cpus()
+    cpus = sorted(allowed) if allowed is not None else _allowed_cpus()
     core_key: dict[int, int] = {}
     pkg_core_ids: dict[tuple[int, int], int] = {}
     for c in cpus:
@@ -149,6 +153,10 @@ def discover_topology(sys_cpu: Path = _SYS_CPU, sys_node: Path = _SYS_NODE) -> T
     return Topology(
         tuple(CpuInfo(cpu=c, core=core_key[c], node=node_of.get(c, 0), perf=perf[c]) for c in cpus)
     )
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @dataclass
@@ -203,8 +211,10 @@ def plan_affinity(
     all_cpus = tuple(sorted(i.cpu for i in topology.cpus))
 
     if total == 1:
-        plural = "s" if len(all_cpus) != 1 else ""
-        plan_note = f"degraded: 1 physical core ({len(all_cpus)} CPU{plural}); load generator and workers share it"
+        plan_note = (
+            f"degraded: 1 physical core ({_n(len(all_cpus), 'CPU')}); "
+            "load generator and workers share it"
+        )
         return AffinityPlan(all_cpus, tuple(all_cpus for _ in range(n_workers)), plan_note)
 
     # Phase 2: the load generator on the primary node's fastest cores, leaving at least one
@@ -223,12 +233,12 @@ def plan_affinity(
     if n_lg < loadgen_physical_cores:
         problems.append(f"load generator on {n_lg} of the {loadgen_physical_cores} physical cores asked")
     if n_workers > len(pool):
-        problems.append(f"{n_workers} workers share {len(pool)} physical core{'s' if len(pool) != 1 else ''}")
+        problems.append(f"{n_workers} workers share {_n(len(pool), 'physical core')}")
     nodes_used = {c.node for c in loadgen} | {pool[i % len(pool)].node for i in range(n_workers)}
     desc = (
-        f"{total} physical cores on {len(by_node)} NUMA node{'s' if len(by_node) != 1 else ''}; "
-        f"load generator on {n_lg} core{'s' if n_lg != 1 else ''} of node {node_order[0]}, "
-        f"{n_workers} worker{'s' if n_workers != 1 else ''}, {len(nodes_used)} node{'s' if len(nodes_used) != 1 else ''} used"
+        f"{_n(total, 'physical core')} on {_n(len(by_node), 'NUMA node')}; "
+        f"load generator on {_n(n_lg, 'core')} of node {node_order[0]}, "
+        f"{_n(n_workers, 'worker')}, {_n(len(nodes_used), 'node')} used"
     )
     plan_note = ("degraded: " + "; ".join(problems) + " (" + desc + ")") if problems else desc
     return AffinityPlan(tuple(sorted(c for core in loadgen for c in core.cpus)), workers, plan_note)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -72,12 +73,11 @@ class ShapeSampler:
                 weights = []
                 for i, e in enumerate(entries):
                     w = e.get("weight", 1)
-                    if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf"):
+                    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
                         raise ValueError(f"shape.mix[{i}].weight: must be a positive number, got {w!r}")
                     weights.append(float(w))
                 self.weights = tuple(weights)
-                total = sum(weights)
-                self._p = np.array(weights) / total
+                self._p = np.array(weights) / sum(weights)
             else:
                 self.weights = tuple(1.0 for _ in self.pairs)
 
@@ -129,7 +129,9 @@ def parse_shapes(text: str) -> list[ShapePair]:
     for item in items:
         m = _PAIR_RE.match(item)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise ValueError(f"--shapes: {item.strip()!r} is not INPUTxOUTPUT with positive lengths (e.g. 512x64)")
+            raise ValueError(
+                f"--shapes: {item.strip()!r} is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"
+            )
         out.append(ShapePair(int(m.group(1)), int(m.group(2))))
     return out
 

@@ -1,0 +1,174 @@
+"""`ctax bench`: drive an OpenAI-compatible server with the load generator from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
+from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.shapes import parse_shapes, shape_spec
+from connector_tax.loadgen.stats import ValidityThresholds
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one clear line on stderr and exit 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"ctax bench: {message}\n")
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    return [_positive(float)(item) for item in text.split(",") if item.strip()]
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="model name sent in each request")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--rate", type=_positive(float), help="requests per second (one cell)")
+    rate.add_argument("--rates", type=_rates, help="comma-separated rates: one cell each")
+    rate.add_argument("--concurrency", type=_positive(int), help="closed loop: requests kept in flight")
+    p.add_argument("--arrival", choices=[k for k in ARRIVAL_KINDS], default="poisson")
+    p.add_argument("--gamma-shape", type=_positive(float), default=1.0)
+    p.add_argument("--rampup", type=_non_negative, default=0.0, help="closed loop ramp-up seconds")
+    p.add_argument("--input-len", type=_positive(int), default=1024)
+    p.add_argument("--output-len", type=_positive(int), default=128)
+    p.add_argument("--shapes", type=parse_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
+    p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
+    p.add_argument("--warmup", type=_non_negative, default=10.0)
+    p.add_argument("--min-completed", type=int, default=0, help="extend a cell until this many completed")
+    p.add_argument("--max-duration", type=_positive(float), help="hard end of a cell's extension")
+    p.add_argument("--num-requests", type=_positive(int), help="with --arrival max, or a cap on --trace")
+    p.add_argument("--inflight-cap", type=_positive(int), default=256)
+    p.add_argument("--timeout", type=_positive(float), default=600.0, help="per-request timeout (s)")
+    p.add_argument("--workers", type=_positive(int), default=1)
+    p.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to replay")
+    p.add_argument("--time-scale", type=_positive(float), default=1.0, help="trace speed-up factor")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--prompt", choices=["token_ids", "text"], default="token_ids")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
+    p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
+    p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
+    p.add_argument("--phase", default="bench", help="phase name in output file names")
+    p.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
+
+
+def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
+    common = dict(phase=args.phase, warmup_s=args.warmup, duration_s=args.duration,
+                  min_completed=args.min_completed, max_duration_s=args.max_duration)  # fmt: skip
+    if args.trace:
+        from connector_tax.loadgen.trace import load_trace
+
+        trace = tuple(load_trace(args.trace))
+        return [CellSpec(label="trace", arrival="trace", trace=trace, time_scale=args.time_scale,
+                         num_requests=args.num_requests, **common)]  # fmt: skip
+    shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
+    if args.concurrency:
+        return [CellSpec(label=f"c{args.concurrency}-{s}", arrival="concurrency", concurrency=args.concurrency,
+                         rampup_s=args.rampup, shape=shape_spec(s), **common) for s in shapes]  # fmt: skip
+    if args.arrival == "max":
+        if not args.num_requests:
+            raise ValueError("--arrival max needs --num-requests")
+        return [CellSpec(label=f"max{args.num_requests}-{s}", arrival="max", num_requests=args.num_requests,
+                         shape=shape_spec(s), **common) for s in shapes]  # fmt: skip
+    rates = args.rates or [args.rate or 1.0]
+    if len(rates) > 1 and len(shapes) > 1:
+        raise ValueError("--rates and --shapes: sweep one or the other")
+    return [
+        CellSpec(label=f"r{r:g}-{s}", arrival=args.arrival, rate=r, gamma_shape=args.gamma_shape,
+                 shape=shape_spec(s), **common)
+        for r in rates for s in shapes
+    ]  # fmt: skip
+
+
+def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
+    """A live bar on a terminal; a plain line every 5 s otherwise."""
+    tty = sys.stderr.isatty()
+    bar = None
+    if tty:
+        from tqdm import tqdm
+
+        bar = tqdm(desc=label, unit="req", file=sys.stderr, leave=False)
+    last_line = 0.0
+    while not done.wait(0.25 if tty else 1.0):
+        p = gen.progress
+        ttft = p.ttft_p50_ms()
+        fields = dict(issued=p.issued, completed=p.completed, in_flight=p.in_flight,
+                      ttft_p50_ms=f"{ttft:.1f}" if ttft is not None else "-")  # fmt: skip
+        if bar is not None:
+            bar.n = p.completed
+            bar.set_postfix(fields, refresh=True)
+        elif time.monotonic() - last_line >= 5.0:
+            last_line = time.monotonic()
+            print(f"[{label}] " + " ".join(f"{k}={v}" for k, v in fields.items()), file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.close()
+
+
+def _line(summary: dict[str, Any]) -> str:
+    ttft, tpot = summary["latency_ms"]["ttft"], summary["latency_ms"]["tpot"]
+    rates, counts = summary["rates"], summary["counts"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    valid = "valid" if summary["validity"]["valid"] else "INVALID: " + "; ".join(summary["validity"]["reasons"])
+    return (f"{summary['cell']}: ok={counts['ok']} err={counts['error']} timeout={counts['timeout']} "
+            f"dropped={counts['dropped']} achieved={fmt(rates['achieved_dispatch_rps'])}/s "
+            f"TTFT p50/p90/p99={fmt(ttft['p50'])}/{fmt(ttft['p90'])}/{fmt(ttft['p99'])} ms "
+            f"TPOT p50/p90={fmt(tpot['p50'])}/{fmt(tpot['p90'])} ms "
+            f"lateness p99={fmt(summary['lateness_us']['p99'])} us [{valid}]")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cells = cells_from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"ctax bench: {exc}", file=sys.stderr)
+        return 2
+    options = LoadgenOptions(
+        url=args.url, model=args.model, endpoint=args.endpoint, prompt=args.prompt,
+        workers=args.workers, inflight_cap=args.inflight_cap, timeout_s=args.timeout, seed=args.seed,
+        affinity=not args.no_affinity, chunk_log=args.chunk_log, events_log=args.events_log,
+        validity=ValidityThresholds(),
+    )  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    with LoadGenerator(options) as gen:
+        for cell in cells:
+            done = threading.Event()
+            reporter = threading.Thread(target=_report_progress, args=(gen, cell.label, done), daemon=True)
+            reporter.start()
+            try:
+                summary = gen.run_cell(cell, args.out)
+            finally:
+                done.set()
+                reporter.join()
+            print(_line(summary), flush=True)
+    return 0

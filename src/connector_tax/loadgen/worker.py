@@ -1,0 +1,273 @@
+"""A worker process: receives request specs over ZMQ, runs them over HTTP, returns results.
+
+Hot path (seed 000): the ZMQ socket is drained synchronously on readability; for each FIRE
+the body is built and, when an idle keep-alive connection exists, written right there in the
+callback, t_send stamped just before the write — the effect of seed 000's eager task factory,
+which Python 3.11 lacks (it arrived in 3.12; where present it is set as well). Only then is a
+task created, and it suspends only when no response bytes are buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import IO
+from urllib.parse import urlsplit
+
+import uvloop
+import zmq
+
+from connector_tax.loadgen import ipc
+from connector_tax.loadgen.affinity import apply_affinity
+from connector_tax.loadgen.firetimer import FireTimer
+from connector_tax.loadgen.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
+from connector_tax.loadgen.prompts import BodyBuilder, BodySettings
+from connector_tax.loadgen.sse import SSEReader
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: int
+    url: str
+    body: BodySettings
+    seed: int
+    timeout_s: float
+    max_connections: int
+    prewarm_connections: int
+    spin_ns: int
+    requests_addr: str
+    results_addr: str
+    cpus: tuple[int, ...] | None = None
+
+
+def worker_main(cfg: WorkerConfig) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    _die_with_parent()
+    # Ctrl-C reaches the whole process group; the main process decides how to wind down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.cpus:
+        apply_affinity(cfg.cpus)
+    uvloop.run(Worker(cfg).run())
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent-pid watchdog below still ends an orphan
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        parts = urlsplit(cfg.url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.path = (parts.path.rstrip("/") or "") + (
+            "/v1/chat/completions" if cfg.body.endpoint == "chat" else "/v1/completions"
+        )
+        self.builder = BodyBuilder(cfg.body, cfg.seed)
+        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections)
+        self._head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            "X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n"
+        )
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._chunk_log: IO[str] | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        self._ppid = os.getppid()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        if hasattr(asyncio, "eager_task_factory"):  # Python >= 3.12
+            loop.set_task_factory(asyncio.eager_task_factory)
+        self._stopped = loop.create_future()
+        ctx = zmq.Context()
+        self.requests = ctx.socket(zmq.PULL)
+        self.requests.connect(self.cfg.requests_addr)
+        self.results = ctx.socket(zmq.PUSH)
+        self.results.setsockopt(zmq.SNDHWM, 0)
+        self.results.setsockopt(zmq.LINGER, 2000)
+        self.results.connect(self.cfg.results_addr)
+        try:
+            await self.pool.prewarm(self.cfg.prewarm_connections)
+        except OSError:
+            pass  # the server may not be up yet; connections open on demand
+        self.results.send(ipc.pack((ipc.READY, self.cfg.worker_id, os.getpid())))
+        self.timer = FireTimer(loop, self.cfg.spin_ns)
+        loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
+        loop.call_later(1.0, self._watchdog)
+        self._on_readable()  # messages may have queued before the reader was added
+        try:
+            await self._stopped
+        finally:
+            loop.remove_reader(self.requests.getsockopt(zmq.FD))
+            self.timer.close()
+            for task in list(self._tasks.values()):
+                task.cancel()
+            self.pool.close()
+            if self._chunk_log is not None:
+                self._chunk_log.close()
+            self.results.send(ipc.pack((ipc.BYE, self.cfg.worker_id)))
+            self.requests.close(linger=0)
+            self.results.close()
+            ctx.term()
+
+    def _watchdog(self) -> None:
+        if os.getppid() != self._ppid:
+            self._stop()
+            return
+        asyncio.get_running_loop().call_later(1.0, self._watchdog)
+
+    def _stop(self) -> None:
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+
+    def _on_readable(self) -> None:
+        # The ZMQ fd is edge-triggered: drain everything now, or a message can sit unseen.
+        while True:
+            try:
+                message = ipc.unpack(self.requests.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            kind = message[0]
+            if kind == ipc.FIRE:
+                self.timer.at(message[2], functools.partial(self._fire, message[1]))
+            elif kind == ipc.CANCEL_ALL:
+                for unsent in self.timer.cancel_all():
+                    spec = unsent.args[0]  # type: ignore[attr-defined]
+                    result = self._result(spec, None, SSEReader(), 0, "timeout", f"{message[1]} (never sent)")
+                    self.results.send(ipc.pack((ipc.RESULT, result)), zmq.NOBLOCK)
+                for task in list(self._tasks.values()):
+                    task.cancel(message[1])
+            elif kind == ipc.SET_CELL:
+                self._set_chunk_log(message[1])
+            elif kind == ipc.STOP:
+                self._stop()
+                return
+
+    def _set_chunk_log(self, path: str | None) -> None:
+        if self._chunk_log is not None:
+            self._chunk_log.close()
+        self._chunk_log = open(path, "a", encoding="utf-8") if path else None
+        self.results.send(ipc.pack((ipc.CELL_SET, self.cfg.worker_id)))
+
+    def _fire(self, spec: ipc.RequestSpec) -> None:
+        body = self.builder.body(spec.index, spec.input_len, spec.output_len, spec.blocks)
+        data = (self._head % (spec.request_id, len(body))).encode() + body
+        sent: tuple[HttpConnection, Response, int] | None = None
+        conn = self.pool.try_acquire()
+        if conn is not None:
+            t_send = time.monotonic_ns()
+            sent = (conn, conn.send(data), t_send)
+        task = asyncio.get_running_loop().create_task(self._run(spec, data, sent))
+        if not task.done():
+            self._tasks[spec.index] = task
+
+    async def _run(self, spec: ipc.RequestSpec, data: bytes, sent: tuple[HttpConnection, Response, int] | None) -> None:
+        reader = SSEReader(keep_times=self._chunk_log is not None)
+        result = await self._exchange(spec, data, reader, sent)
+        self._tasks.pop(spec.index, None)
+        self.results.send(ipc.pack((ipc.RESULT, result)), zmq.NOBLOCK)
+        if self._chunk_log is not None and reader.times is not None:
+            self._chunk_log.write(json.dumps({"request_id": spec.request_id, "t_ns": reader.times}) + "\n")
+
+    async def _exchange(
+        self,
+        spec: ipc.RequestSpec,
+        data: bytes,
+        reader: SSEReader,
+        sent: tuple[HttpConnection, Response, int] | None,
+    ) -> ipc.RequestResult:
+        t_send: int | None = None
+        status_code = 0
+        conn: HttpConnection | None = None
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.cfg.timeout_s, self._timeout, spec.index)
+        try:
+            for attempt in (0, 1):
+                if sent is not None:
+                    (conn, response, t_send), sent = sent, None
+                else:
+                    conn = self.pool.try_acquire() or await self.pool.acquire()
+                    t_send = time.monotonic_ns()
+                    response = conn.send(data)
+                try:
+                    status_code = await response.wait_headers()
+                    break
+                except ConnectionClosed:
+                    # A keep-alive connection the server closed while idle: retry once, fresh.
+                    if attempt == 1 or conn.used == 1 or response.headers_done:
+                        raise
+                    self.pool.release(conn)
+                    conn = None
+            assert conn is not None
+            if status_code != 200:
+                raw = await response.read_all()
+                return self._result(spec, t_send, reader, status_code, "error", _error_text(status_code, raw))
+            async for batch in response.iter_chunks():
+                for t_ns, chunk in batch:
+                    reader.feed(t_ns, chunk)
+            reader.finish()
+            status = "error" if reader.error else "ok"
+            return self._result(spec, t_send, reader, status_code, status, reader.error)
+        except asyncio.CancelledError as exc:
+            if conn is not None:
+                conn.abort()
+            reason = str(exc.args[0]) if exc.args else "cancelled"
+            status = "timeout" if reason.startswith("timeout") or reason.startswith("drain") else "error"
+            return self._result(spec, t_send, reader, status_code, status, reason)
+        except (ConnectionClosed, OSError) as exc:
+            return self._result(spec, t_send, reader, status_code, "error", f"{type(exc).__name__}: {exc}")
+        finally:
+            timer.cancel()
+            if conn is not None:
+                self.pool.release(conn)
+
+    def _timeout(self, index: int) -> None:
+        task = self._tasks.get(index)
+        if task is not None:
+            task.cancel(f"timeout after {self.cfg.timeout_s:g} s")
+
+    def _result(
+        self,
+        spec: ipc.RequestSpec,
+        t_send: int | None,
+        reader: SSEReader,
+        status_code: int,
+        status: str,
+        error: str | None,
+    ) -> ipc.RequestResult:
+        usage = reader.usage or {}
+        return ipc.RequestResult(
+            index=spec.index,
+            worker=self.cfg.worker_id,
+            t_send_ns=t_send,
+            t_first_token_ns=reader.t_first,
+            t_last_token_ns=reader.t_last,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens", reader.chunks if reader.chunks else None),
+            chunks=reader.chunks,
+            http_status=status_code,
+            status=status,
+            error=error,
+            itl_us=reader.gaps_us.tobytes(),
+        )
+
+
+def _error_text(status_code: int, raw: bytes) -> str:
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw[:200].decode("utf-8", "replace")
+    return f"HTTP {status_code}: {message}"

@@ -1,0 +1,205 @@
+"""The worker processes and the main process's side of the IPC.
+
+One PUSH socket per worker (explicit round-robin, and control messages to each), one PULL
+socket for every result, drained on an event-loop thread (uvloop) that hands each message to
+the current cell's handler. Requests are sent from the session thread itself with a
+non-blocking send, a little ahead of their time (the worker fires them on the dot), so no
+thread hop through the loop adds to their latency; only the session thread ever touches the
+PUSH sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import uvloop
+import zmq
+
+from connector_tax.loadgen import ipc
+from connector_tax.loadgen.affinity import AffinityPlan, apply_affinity, plan_affinity
+from connector_tax.loadgen.prompts import BodySettings
+from connector_tax.loadgen.worker import WorkerConfig, worker_main
+
+Handler = Callable[[tuple[Any, ...]], None]
+
+
+class WorkerStartError(RuntimeError):
+    pass
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        url: str,
+        body: BodySettings,
+        n_workers: int,
+        seed: int,
+        timeout_s: float,
+        max_connections: int,
+        prewarm_connections: int = 4,
+        spin_ns: int = 200_000,
+        affinity: bool = True,
+    ) -> None:
+        self.n_workers = n_workers
+        self.plan: AffinityPlan | None = plan_affinity(n_workers) if affinity else None
+        self._dir = tempfile.mkdtemp(prefix="ctax-loadgen-")
+        self._ctx = zmq.Context()
+        self._results = self._ctx.socket(zmq.PULL)
+        self._results.bind(f"ipc://{self._dir}/results")
+        self._pushes: list[zmq.Socket] = []
+        self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._handler: Handler | None = None
+        self._lock = threading.Lock()
+        self._cell_acks = 0
+        spawn = multiprocessing.get_context("spawn")
+        per_worker = max(1, max_connections // n_workers)
+        for k in range(n_workers):
+            push = self._ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.SNDHWM, 0)
+            push.setsockopt(zmq.LINGER, 0)
+            push.bind(f"ipc://{self._dir}/requests-{k}")
+            self._pushes.append(push)
+            cfg = WorkerConfig(
+                worker_id=k,
+                url=url,
+                body=body,
+                seed=seed + 7919 * k,
+                timeout_s=timeout_s,
+                max_connections=per_worker,
+                prewarm_connections=prewarm_connections,
+                spin_ns=spin_ns,
+                requests_addr=f"ipc://{self._dir}/requests-{k}",
+                results_addr=f"ipc://{self._dir}/results",
+                cpus=self.plan.worker_cpus[k] if self.plan else None,
+            )
+            proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
+            self._procs.append(proc)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> None:
+        try:
+            for proc in self._procs:
+                proc.start()
+            ready = 0
+            deadline = time.monotonic() + timeout_s
+            while ready < self.n_workers:
+                remaining = deadline - time.monotonic()
+                dead = [p.name for p in self._procs if p.exitcode is not None]
+                if dead or remaining <= 0:
+                    raise WorkerStartError(f"load generator workers did not start: {dead or 'timeout'}")
+                if self._results.poll(int(min(remaining, 0.5) * 1000)):
+                    if ipc.unpack(self._results.recv())[0] == ipc.READY:
+                        ready += 1
+            if self.plan:
+                apply_affinity(self.plan.loadgen_cpus)
+            self._thread = threading.Thread(target=self._receive, name="ctax-loadgen-receiver", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for push in self._pushes:
+            try:
+                push.send(ipc.pack((ipc.STOP,)), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            if proc.pid is None:
+                continue
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(2.0)
+        for push in self._pushes:
+            push.close(linger=0)
+        self._results.close(linger=0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- traffic ----------------------------------------------------------------------
+    def set_handler(self, handler: Handler | None) -> None:
+        self._handler = handler
+
+    def fire(self, worker: int, spec: ipc.RequestSpec, t_scheduled_ns: int) -> None:
+        self._pushes[worker].send(ipc.pack((ipc.FIRE, spec, t_scheduled_ns)), zmq.NOBLOCK)
+
+    def broadcast(self, message: tuple[Any, ...]) -> None:
+        data = ipc.pack(message)
+        for push in self._pushes:
+            push.send(data, zmq.NOBLOCK)
+
+    def set_cell(self, chunk_log_paths: list[str | None], timeout_s: float = 10.0) -> None:
+        """Switch the workers' per-cell side files, and wait until every worker has."""
+        with self._lock:
+            self._cell_acks = 0
+        for push, path in zip(self._pushes, chunk_log_paths):
+            push.send(ipc.pack((ipc.SET_CELL, path)), zmq.NOBLOCK)
+        deadline = time.monotonic() + timeout_s
+        while self._cell_acks < self.n_workers and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self._procs)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time used so far by the main process and by each worker."""
+        times = {"main": sum(psutil.Process().cpu_times()[:2])}
+        for k, pid in enumerate(self.pids()):
+            try:
+                times[f"worker{k}"] = sum(psutil.Process(pid).cpu_times()[:2])
+            except psutil.Error:
+                times[f"worker{k}"] = 0.0
+        return times
+
+    # -- receiver thread --------------------------------------------------------------
+    def _receive(self) -> None:
+        loop = uvloop.new_event_loop()
+        self._loop = loop
+        fd = self._results.getsockopt(zmq.FD)
+        loop.add_reader(fd, self._drain)
+        loop.call_soon(self._drain)
+        try:
+            loop.run_forever()
+        finally:
+            loop.remove_reader(fd)
+            loop.close()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                message = ipc.unpack(self._results.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if message[0] == ipc.CELL_SET:
+                with self._lock:
+                    self._cell_acks += 1
+                continue
+            handler = self._handler
+            if handler is not None:
+                handler(message)
