@@ -1,0 +1,1 @@
+"""Server-side metrics: the 1 Hz /metrics sampler."""

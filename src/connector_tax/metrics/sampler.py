@@ -1,0 +1,75 @@
+"""Scrape a server's Prometheus /metrics at a fixed rate into JSONL, one line per scrape.
+
+Each line is {"t_ns": monotonic ns of the scrape, "<vllm:sample name>": value, ...}; samples
+that carry labels beyond model_name/engine (e.g. request_success by finished_reason) keep
+them in the key, so nothing collides. A failed scrape is a line with "error" rather than a
+gap nobody can explain.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+_PLAIN_LABELS = {"model_name", "engine"}
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:") or sample.name.endswith("_created"):
+                continue
+            extra = {k: v for k, v in sample.labels.items() if k not in _PLAIN_LABELS}
+            key = sample.name
+            if extra:
+                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(extra.items())) + "}"
+            samples[key] = sample.value
+    return samples
+
+
+class MetricsSampler:
+    def __init__(self, url: str, path: Path, interval_s: float = 1.0) -> None:
+        self.url = url.rstrip("/") + "/metrics"
+        self.path = path
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctax-metrics-sampler", daemon=True)
+        self.scrapes = 0
+
+    def __enter__(self) -> MetricsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with httpx.Client(timeout=max(0.5, self.interval_s)) as client, open(self.path, "w", encoding="utf-8") as out:
+            next_t = time.monotonic()
+            while True:
+                line = self._scrape(client)
+                out.write(json.dumps(line, separators=(",", ":")) + "\n")
+                out.flush()
+                self.scrapes += 1
+                next_t += self.interval_s
+                if self._stop.wait(max(0.0, next_t - time.monotonic())):
+                    out.write(json.dumps(self._scrape(client), separators=(",", ":")) + "\n")
+                    return
+
+    def _scrape(self, client: httpx.Client) -> dict[str, object]:
+        t_ns = time.monotonic_ns()
+        try:
+            response = client.get(self.url)
+            response.raise_for_status()
+            return {"t_ns": t_ns, **parse_samples(response.text)}
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"t_ns": t_ns, "error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,84 @@
+"""Give each GPU job its own device, and wait for a device's memory to be released.
+
+Snakemake's `resources: gpu=1` bounds how many GPU jobs run at once but does not say which
+device each gets; a job takes the first free one under an exclusive file lock (released when
+the job's process ends, however it ends). Before a launch, the device's memory must have been
+released by the previous server: poll nvidia-smi, bounded, instead of a blind sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_DIR = Path(os.environ.get("CONNECTOR_TAX_GPU_LOCKS", Path(tempfile.gettempdir()) / "connector-tax-gpus"))
+FREE_MIB = 1024  # a device using less than this is considered released
+
+
+def visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def memory_used_mib(gpu: str) -> int | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    try:
+        return int(out.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def wait_released(gpu: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = memory_used_mib(gpu)
+        if used is None or used < FREE_MIB:
+            return
+        time.sleep(2.0)
+    raise RuntimeError(f"GPU {gpu} still uses memory after {timeout_s:.0f} s: a previous server did not exit")
+
+
+@contextlib.contextmanager
+def gpu_lease(backend: str, timeout_s: float = 3600.0) -> Iterator[str | None]:
+    """A free GPU id for this job (None for backends that use none)."""
+    if backend != "vllm":
+        yield None
+        return
+    gpus = visible_gpus()
+    if not gpus:
+        raise RuntimeError("backend vllm needs a GPU, and none is visible (nvidia-smi / CUDA_VISIBLE_DEVICES)")
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for gpu in gpus:
+            handle = open(LOCK_DIR / f"gpu{gpu}.lock", "w")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                wait_released(gpu)
+                yield gpu
+            finally:
+                handle.close()
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no free GPU among {gpus} after {timeout_s:.0f} s")
+        time.sleep(1.0)
