@@ -240,6 +240,12 @@ def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None
             )
         for j, child in enumerate(conn["children"]):
             _check_connector(child, f"{where}.children[{j}]", inside_multi=True)
+        if "connectors" in conn.get("extra_config", {}):
+            # vLLM's MultiConnector reads its children from extra_config.connectors; the
+            # launch builds that list from `children`, so a second one would be ambiguous.
+            raise ConfigError(
+                f"{where}.extra_config.connectors", "is built from children; remove it"
+            )
     elif "children" in conn:
         raise ConfigError(f"{where}.children", f"only allowed when type is multi (type is {kind})")
 

@@ -1,0 +1,343 @@
+"""The real `vllm serve` launch of one connector configuration (backend vllm, vLLM 0.33).
+
+Everything is built as lists and dicts from the validated config; nothing passes through a
+shell. `vllm_command` is what `ctax launch-command` prints and what launch.sh reproduces.
+
+Facts of vLLM 0.33 this relies on (checked against its source by tests/test_vllm_static.py):
+
+* `--kv-transfer-config` is parsed strictly into KVTransferConfig: unknown keys are errors,
+  kv_role is required whenever kv_connector is set. A MultiConnector child is a
+  KVTransferConfig too (its own kv_role, and no engine_id: vLLM passes the parent's).
+* kv_connector_module_path is imported as a module and kv_connector is the class name in it,
+  so a `module:Class` path is split in two.
+* Mooncake reads kv_connector_extra_config.mooncake_protocol ("rdma", vLLM's default, or
+  "tcp") and device_name; its producer bootstrap port is $VLLM_MOONCAKE_BOOTSTRAP_PORT.
+  NIXL's handshake port is $VLLM_NIXL_SIDE_CHANNEL_PORT. Both get a port derived from the
+  launch's HTTP port, so launches on one host never collide (see side_ports).
+* LMCacheConnectorV1 is configured through LMCACHE_* environment variables.
+* A connector without SupportsHMA makes vLLM turn the hybrid KV cache manager off by itself;
+  LMCacheConnectorV1 has none, so for like-for-like every launch passes
+  --disable-hybrid-kv-cache-manager (vllm.hybrid_kv_cache_manager: disabled, the default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from connector_tax.config import ConfigError
+from connector_tax.launch.spec import LaunchSpec
+
+# The step-log variable the instrumentation (patches/step_timing.py) reads; it cannot import
+# this package, so tests check both spell it alike (and alike with connector_tax.sim.steplog).
+STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
+
+# Registered names in vLLM 0.33's KVConnectorFactory.
+CONNECTOR_CLASSES = {
+    "mooncake": "MooncakeConnector",
+    "nixl": "NixlConnector",
+    "lmcache": "LMCacheConnectorV1",
+    "multi": "MultiConnector",
+}
+NOOP_MODULE_PATH = "tools.noop_connector:NoOpConnector"
+
+# HTTP port p; p+1 Mooncake bootstrap; p+2 NIXL side channel. The pipeline spaces ports by this.
+PORTS_PER_LAUNCH = 3
+
+HMA_FLAG = "--disable-hybrid-kv-cache-manager"
+
+# The flags the launch sets from the config: server.extra_args must not set them again (vLLM's
+# argparse would silently keep the last one).
+_MANAGED_FLAGS = {
+    "--host": "server.host",
+    "--port": "the launch's port",
+    "--model": "model.name",
+    "--served-model-name": "model.served_name",
+    "--tensor-parallel-size": "server.tensor_parallel_size",
+    "-tp": "server.tensor_parallel_size",
+    "--max-model-len": "server.max_model_len",
+    "--enable-prefix-caching": "server.enable_prefix_caching",
+    "--no-enable-prefix-caching": "server.enable_prefix_caching",
+    "--enable-chunked-prefill": "server.enable_chunked_prefill",
+    "--no-enable-chunked-prefill": "server.enable_chunked_prefill",
+    "--max-num-batched-tokens": "server.max_num_batched_tokens",
+    "--max-num-seqs": "server.max_num_seqs",
+    "--gpu-memory-utilization": "server.gpu_memory_utilization",
+    "--kv-transfer-config": "the config's connector",
+    "--disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
+    "--no-disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
+}
+
+# Which pre-flight verify script gates which kind of configuration (the design's three).
+PREFLIGHT_SCRIPTS = {
+    "kv_consumer": "verify_kv_consumer.sh",
+    "multi_connector": "verify_multi_connector.sh",
+    "noop_connector": "verify_noop_connector.sh",
+}
+
+_LMCACHE_DEFAULT_ENV = {
+    "LMCACHE_CHUNK_SIZE": "256",
+    "LMCACHE_LOCAL_CPU": "True",
+    "LMCACHE_MAX_LOCAL_CPU_SIZE": "5.0",
+}
+
+
+# --------------------------------------------------------------------------- locations
+
+
+def repo_root() -> Path:
+    """The connector-tax checkout whose tools/ and patches/ vLLM must import.
+
+    $CONNECTOR_TAX_ROOT if set; else the checkout this package lives in (an editable or
+    source install); else the current directory if it is a checkout."""
+    candidates = []
+    if os.environ.get("CONNECTOR_TAX_ROOT"):
+        candidates.append(Path(os.environ["CONNECTOR_TAX_ROOT"]))
+    candidates += [Path(__file__).resolve().parents[3], Path.cwd()]
+    for root in candidates:
+        if (root / "tools" / "noop_connector.py").is_file() and (
+            root / "patches" / "step_timing.py"
+        ).is_file():
+            return root.resolve()
+    raise ValueError(
+        "CONNECTOR_TAX_ROOT: cannot find the connector-tax checkout (tools/noop_connector.py, "
+        "patches/step_timing.py); set CONNECTOR_TAX_ROOT to it"
+    )
+
+
+def tools_dir() -> Path:
+    return repo_root() / "tools"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _vllm_settings(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("vllm") or {}
+
+
+def hma_policy(config: dict[str, Any]) -> str:
+    """How the hybrid KV cache manager is set in every launch of this study, for the manifest:
+    "disabled" (--disable-hybrid-kv-cache-manager on every launch, plain included: like for
+    like) or "auto" (vLLM decides per launch: it turns HMA off for connectors without
+    SupportsHMA, e.g. LMCacheConnectorV1, so configurations are NOT like for like)."""
+    return _vllm_settings(config).get("hybrid_kv_cache_manager", "disabled")
+
+
+def step_timing_enabled(config: dict[str, Any]) -> bool:
+    """Whether launches load patches/ (the step log is written only when a path is given)."""
+    return bool(_vllm_settings(config).get("step_timing", True))
+
+
+def _server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(config.get("server") or {})
+    overrides = variant.get("server") or {}
+    merged.update({k: v for k, v in overrides.items() if k != "extra_args"})
+    merged["extra_args"] = list(merged.get("extra_args") or []) + list(
+        overrides.get("extra_args") or []
+    )
+    return merged
+
+
+def _variant_where(config: dict[str, Any], variant: dict[str, Any]) -> str:
+    for i, v in enumerate(config.get("configs", [])):
+        if v is variant or v.get("name") == variant.get("name"):
+            return f"configs[{i}]"
+    return f"configs[{variant.get('name')!r}]"
+
+
+def _check_port(port: Any) -> int:
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise ValueError(f"--port: expected an integer, got {port!r}")
+    top = 65535 - (PORTS_PER_LAUNCH - 1)
+    if not 1 <= port <= top:
+        raise ValueError(
+            f"--port: {port} is out of range 1-{top} (the launch also uses port+1 and port+2)"
+        )
+    return port
+
+
+def side_ports(port: int) -> dict[str, int]:
+    """The ports a launch on HTTP port `port` may bind besides it."""
+    _check_port(port)
+    return {"http": port, "mooncake_bootstrap": port + 1, "nixl_side_channel": port + 2}
+
+
+# --------------------------------------------------------------------------- kv-transfer-config
+
+
+def _connector_kinds(connector: dict[str, Any] | None) -> set[str]:
+    if not connector:
+        return set()
+    kinds = {connector["type"]}
+    for child in connector.get("children", []):
+        kinds |= _connector_kinds(child)
+    return kinds
+
+
+def _one_connector(
+    conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool
+) -> dict[str, Any]:
+    kind = conn["type"]
+    extra = dict(conn.get("extra_config") or {})
+    out: dict[str, Any]
+    if kind in ("noop", "custom"):
+        module_path = NOOP_MODULE_PATH if kind == "noop" else conn["module_path"]
+        module, _, cls = module_path.partition(":")
+        out = {"kv_connector": cls, "kv_connector_module_path": module}
+    elif kind == "multi":
+        if child:
+            raise ConfigError(f"{where}.type", "multi cannot be nested inside multi")
+        if "connectors" in extra:
+            raise ConfigError(
+                f"{where}.extra_config.connectors", "is built from children; remove it"
+            )
+        children = [
+            _one_connector(c, settings, f"{where}.children[{j}]", child=True)
+            for j, c in enumerate(conn["children"])
+        ]
+        extra = {"connectors": children, **extra}
+        out = {"kv_connector": CONNECTOR_CLASSES[kind]}
+    else:
+        out = {"kv_connector": CONNECTOR_CLASSES[kind]}
+        if kind == "mooncake":
+            mooncake = settings.get("mooncake") or {}
+            defaults = {"mooncake_protocol": mooncake.get("protocol", "rdma")}
+            if mooncake.get("device_name"):
+                defaults["device_name"] = mooncake["device_name"]
+            extra = {**defaults, **extra}
+    out["kv_role"] = conn["role"]
+    if extra:
+        out["kv_connector_extra_config"] = extra
+    return out
+
+
+def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any] | None:
+    """The --kv-transfer-config object of a variant; None for plain vLLM (no connector)."""
+    connector = variant.get("connector")
+    if not connector:
+        return None
+    where = f"{_variant_where(config, variant)}.connector"
+    return _one_connector(connector, _vllm_settings(config), where, child=False)
+
+
+# --------------------------------------------------------------------------- argv and env
+
+
+def _check_extra_args(extra_args: list[str], where: str) -> None:
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in _MANAGED_FLAGS:
+            raise ConfigError(
+                where, f"{flag} is set by the launch from {_MANAGED_FLAGS[flag]}; set that instead"
+            )
+
+
+def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
+    """The exact `vllm serve` command line of a variant on `port`."""
+    _check_port(port)
+    server = _server(config, variant)
+    where = _variant_where(config, variant)
+    _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
+    _check_extra_args(
+        list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args"
+    )
+    settings = _vllm_settings(config)
+    executable = settings.get("executable", "vllm")
+    model = config["model"]
+    argv = [
+        executable, "serve", model["name"],
+        "--host", str(server["host"]),
+        "--port", str(port),
+        "--tensor-parallel-size", str(server["tensor_parallel_size"]),
+        "--max-model-len", str(server["max_model_len"]),
+        "--enable-prefix-caching" if server["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--enable-chunked-prefill" if server["enable_chunked_prefill"] else "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(server["max_num_batched_tokens"]),
+        "--max-num-seqs", str(server["max_num_seqs"]),
+        "--gpu-memory-utilization", str(server["gpu_memory_utilization"]),
+    ]  # fmt: skip
+    if model.get("served_name"):
+        argv += ["--served-model-name", model["served_name"]]
+    if hma_policy(config) == "disabled":
+        argv.append(HMA_FLAG)
+    ktc = kv_transfer_config(config, variant)
+    if ktc is not None:
+        argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"), sort_keys=True)]
+    argv += server["extra_args"]
+    return argv
+
+
+def vllm_env(
+    config: dict[str, Any], variant: dict[str, Any], port: int, step_log: str | None = None
+) -> dict[str, str]:
+    """The environment a launch sets (on top of the caller's)."""
+    ports = side_ports(port)
+    settings = _vllm_settings(config)
+    root = repo_root()
+    paths = [str(root)]
+    if step_timing_enabled(config):
+        paths.append(str(root / "patches" / "site"))
+    env = {"PYTHONPATH": os.pathsep.join(paths)}
+    kinds = _connector_kinds(variant.get("connector"))
+    if "mooncake" in kinds:
+        env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
+    if "nixl" in kinds:
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports["nixl_side_channel"])
+    if "lmcache" in kinds:
+        env.update((settings.get("lmcache") or {}).get("env", _LMCACHE_DEFAULT_ENV))
+    if step_log and step_timing_enabled(config):
+        env[STEP_LOG_ENV] = os.path.abspath(step_log)
+    env.update(settings.get("env") or {})
+    env.update(variant.get("env") or {})
+    return env
+
+
+def vllm_command(
+    config: dict[str, Any],
+    variant: dict[str, Any],
+    port: int,
+    step_log: str | None = None,
+) -> LaunchSpec:
+    """The launch of one variant: `vllm serve` argv and its environment (raises ConfigError or
+    ValueError, one line naming the key or argument, on bad input)."""
+    argv = vllm_argv(config, variant, port)
+    return LaunchSpec(argv=argv, env=vllm_env(config, variant, port, step_log))
+
+
+# --------------------------------------------------------------------------- pre-flight
+
+
+def preflight_check(variant: dict[str, Any]) -> str | None:
+    """Which pre-flight check gates a variant (a key of PREFLIGHT_SCRIPTS), or None."""
+    connector = variant.get("connector") or {}
+    kind, role = connector.get("type"), connector.get("role")
+    if kind == "multi":
+        return "multi_connector"
+    if kind in ("noop", "custom"):
+        return "noop_connector"  # a class loaded by module path: the same risk
+    if kind == "mooncake" and role == "kv_consumer":
+        return "kv_consumer"
+    return None
+
+
+def preflight_script(config: dict[str, Any], name: str) -> Path | None:
+    """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
+    --only NAME`), or None if the design runs no pre-flight for it."""
+    from connector_tax.config import find_variant
+
+    check = preflight_check(find_variant(config, name))
+    return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
+
+
+def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
+    """{config name: verify script} for every gated config of the study."""
+    plan = {}
+    for variant in config["configs"]:
+        script = preflight_script(config, variant["name"])
+        if script is not None:
+            plan[variant["name"]] = script
+    return plan
+

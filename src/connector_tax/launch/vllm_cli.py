@@ -1,0 +1,187 @@
+"""What the GPU-host shell scripts (tools/verify_*.sh, tools/gpu_smoke.sh) ask the package.
+
+    python -m connector_tax.launch.vllm_cli names CONFIG
+    python -m connector_tax.launch.vllm_cli gated CONFIG CHECK [--only NAME]
+    python -m connector_tax.launch.vllm_cli plan CONFIG NAME --port P
+    python -m connector_tax.launch.vllm_cli smoke-config BASE OUT [--model M] ...
+    python -m connector_tax.launch.vllm_cli step-timing STEP_LOG (--connector | --no-connector)
+
+The scripts never parse YAML or interpolate config values into shell code: names come out one
+per line (config names match ^[a-z0-9][a-z0-9_-]*$), everything else as JSON files that the
+Python client in tools/ reads. Bad input: one line on stderr naming the key, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from connector_tax.config import ConfigError, find_variant, load_config, validate_config
+from connector_tax.launch.steptiming import step_timing_status
+from connector_tax.launch.vllm import PREFLIGHT_SCRIPTS, preflight_check, side_ports
+
+# The design's pre-flight checks: requests sent one after another, tokens each, and the time
+# all of them must complete in (Pre-flight Verification, seed 002).
+CHECK_PLANS = {
+    "kv_consumer": {"requests": 1, "max_tokens": 4, "budget_s": 30.0, "bootstrap": True},
+    "multi_connector": {"requests": 5, "max_tokens": 32, "budget_s": 60.0, "bootstrap": False},
+    "noop_connector": {"requests": 5, "max_tokens": 32, "budget_s": 30.0, "bootstrap": False},
+    "smoke": {"requests": 3, "max_tokens": 16, "budget_s": 120.0, "bootstrap": False},
+}
+
+SMOKE_MODEL = "Qwen/Qwen3-0.6B"
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this host reaches a server bound to `host`."""
+    if host in ("0.0.0.0", "", "*"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def plan(config: dict[str, Any], name: str, port: int, check: str | None = None) -> dict[str, Any]:
+    variant = find_variant(config, name)
+    check = check or preflight_check(variant) or "smoke"
+    if check not in CHECK_PLANS:
+        raise ValueError(f"CHECK: {check!r} is not one of {', '.join(CHECK_PLANS)}")
+    server = dict(config["server"], **(variant.get("server") or {}))
+    side_ports(port)
+    return {
+        "name": name,
+        "check": check,
+        "backend": config["backend"],
+        "url": f"http://{connect_host(str(server['host']))}:{port}",
+        "model": config["model"].get("served_name") or config["model"]["name"],
+        "has_connector": bool(variant.get("connector")),
+        "endpoint": config["workload"].get("endpoint", "completions"),
+        **CHECK_PLANS[check],
+    }
+
+
+def smoke_config(
+    base: dict[str, Any],
+    model: str = SMOKE_MODEL,
+    max_model_len: int = 4096,
+    gpu_memory_utilization: float = 0.6,
+    mooncake_protocol: str = "tcp",
+    enforce_eager: bool = True,
+) -> dict[str, Any]:
+    """A copy of a study config for the GPU smoke test: a small model, short context, a
+    workload that fits it, and every configuration of the base."""
+    config = copy.deepcopy(base)
+    config["study"] = f"{base['study']}-gpu-smoke"
+    config["backend"] = "vllm"
+    config["model"] = {"name": model}
+    server = config.setdefault("server", {})
+    server.update(
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=min(int(server.get("max_num_seqs", 256)), 32),
+    )
+    if enforce_eager and "--enforce-eager" not in server.get("extra_args", []):
+        server["extra_args"] = list(server.get("extra_args", [])) + ["--enforce-eager"]
+    for variant in config["configs"]:
+        variant.pop("sim", None)
+        if "max_model_len" in (variant.get("server") or {}):
+            variant["server"]["max_model_len"] = max_model_len
+    config.setdefault("vllm", {}).setdefault("mooncake", {})["protocol"] = mooncake_protocol
+    config.pop("sim", None)
+    config["workload"] = {
+        "warmup_s": 1,
+        "duration_s": 5,
+        "min_completed": 3,
+        "request_timeout_s": 120,
+        "phase_a": {"rates": [1], "shape": {"input": 128, "output": 16}},
+        "phase_b": {"inputs": [128], "outputs": [16]},
+    }
+    return validate_config(config)
+
+
+def _dump_yaml(config: dict[str, Any]) -> str:
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m connector_tax.launch.vllm_cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("names", help="every config name of a study, one per line")
+    p.add_argument("config")
+
+    p = sub.add_parser("gated", help="the config names a pre-flight check gates, one per line")
+    p.add_argument("config")
+    p.add_argument("check", choices=sorted(PREFLIGHT_SCRIPTS))
+    p.add_argument("--only", metavar="NAME", help="just this config (empty if it is not gated)")
+
+    p = sub.add_parser("plan", help="JSON: what a verify/smoke client checks for one config")
+    p.add_argument("config")
+    p.add_argument("name")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--check", choices=sorted(CHECK_PLANS))
+
+    p = sub.add_parser("smoke-config", help="write a GPU smoke-test copy of a study config")
+    p.add_argument("base")
+    p.add_argument("out")
+    p.add_argument("--model", default=SMOKE_MODEL)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    p.add_argument("--mooncake-protocol", choices=["tcp", "rdma"], default="tcp")
+    p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false")
+
+    p = sub.add_parser("step-timing", help="JSON: is step timing available for a step log")
+    p.add_argument("step_log")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--connector", dest="has_connector", action="store_true")
+    group.add_argument("--no-connector", dest="has_connector", action="store_false")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prog = "vllm_cli"
+    try:
+        if args.command == "names":
+            for variant in load_config(args.config)["configs"]:
+                print(variant["name"])
+        elif args.command == "gated":
+            config = load_config(args.config)
+            names = [v["name"] for v in config["configs"] if preflight_check(v) == args.check]
+            if args.only:
+                find_variant(config, args.only)
+                names = [n for n in names if n == args.only]
+            for name in names:
+                print(name)
+        elif args.command == "plan":
+            print(json.dumps(plan(load_config(args.config), args.name, args.port, args.check)))
+        elif args.command == "smoke-config":
+            config = smoke_config(
+                load_config(args.base),
+                model=args.model,
+                max_model_len=args.max_model_len,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                mooncake_protocol=args.mooncake_protocol,
+                enforce_eager=args.enforce_eager,
+            )
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(_dump_yaml(config), encoding="utf-8")
+            print(args.out)
+        elif args.command == "step-timing":
+            ok, reason = step_timing_status(args.step_log, args.has_connector)
+            print(json.dumps({"step_timing_available": ok, "reason": reason}))
+            return 0 if ok else 1
+    except (ConfigError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""tools/verify_*.sh, tools/gpu_smoke.sh and tools/preflight_client.py, end to end on this
+machine: the verify scripts against the embedded simulator (backend sim launches `ctax sim`
+through the same `ctax launch-command --script`), the smoke test against a stand-in `vllm`
+executable that serves HTTP and steps a fake vLLM engine under the real instrumentation."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connector_tax.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / "tools"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tools import preflight_client  # noqa: E402
+
+_PORTS = iter(range(18600, 18900, 3))
+
+
+def script_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CONNECTOR_TAX_STEP_LOG")}
+    env["CTAX_PYTHON"] = sys.executable
+    env["GPU_SMOKE_SETTLE_S"] = "0"
+    return env
+
+
+def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 120):
+    return subprocess.run(
+        ["bash", str(TOOLS / name), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env or script_env(),
+    )  # fmt: skip
+
+
+def write_config(tmp_path: Path, mutate) -> Path:
+    config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    config = copy.deepcopy(config)
+    mutate(config)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(config))
+    load_config(path)  # valid
+    return path
+
+
+# --------------------------------------------------------------------------- verify scripts
+
+
+def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
+    out = tmp_path / "preflight"
+    done = run_script(
+        "verify_noop_connector.sh", REPO / "configs" / "test-tiny.yaml", out,
+        "--port", next(_PORTS), "--start-timeout", 60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "noop_connector: ok: passed: started, /v1/models, requests, /health and process alive"
+    )
+    status = json.loads((out / "preflight_status.json").read_text())
+    assert status["noop_connector"]["status"] == "ok"
+    log = (out / "verify_noop_connector.log").read_text()
+    assert "request 5/5: 200" in log and "/health 200, server process alive" in log
+    assert (out / "launch_noop_connector.sh").read_text().startswith("#!/usr/bin/env bash")
+
+
+def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
+    def mutate(config):
+        config["configs"][1]["sim"] = {"faults": {"fail_start": "NoOpConnector import failed"}}
+
+    path = write_config(tmp_path, mutate)
+    out = tmp_path / "preflight"
+    done = run_script("verify_noop_connector.sh", path, out, "--port", next(_PORTS))
+    assert done.returncode == 0, done.stderr
+    entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
+    assert entry["status"] == "skip"
+    assert entry["reason"].startswith("server process exited during start-up")
+    assert "---- last 40 lines of" in (out / "verify_noop_connector.log").read_text()
+
+
+def test_verify_kv_consumer_runs_the_dummy_bootstrap_and_records(tmp_path):
+    out = tmp_path / "preflight"
+    done = run_script(
+        "verify_kv_consumer.sh", REPO / "configs" / "default.yaml", out, "--port", next(_PORTS)
+    )
+    assert done.returncode == 0, done.stderr
+    status = json.loads((out / "preflight_status.json").read_text())
+    assert status["mooncake_consumer"]["status"] == "ok"
+    log = (out / "verify_mooncake_consumer.log").read_text()
+    assert "dummy Mooncake bootstrap on 127.0.0.1:" in log
+    assert "the dummy bootstrap served 0 request(s)" in log
+    assert "request 1/1: 200" in log
+
+
+def test_verify_scripts_share_one_status_file(tmp_path):
+    out = tmp_path / "preflight"
+    config = REPO / "configs" / "default.yaml"
+    a = run_script("verify_multi_connector.sh", config, out, "--port", next(_PORTS))
+    b = run_script("verify_noop_connector.sh", config, out, "--port", next(_PORTS))
+    assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+    status = json.loads((out / "preflight_status.json").read_text())
+    assert set(status) == {"multi_mooncake_lmcache", "noop_connector"}
+
+
+def test_verify_with_no_gated_config_says_so(tmp_path):
+    def mutate(config):
+        config["configs"] = [c for c in config["configs"] if c["name"] != "noop_connector"]
+        config["workload"]["phase_b_prime"]["configs"] = ["plain"]
+
+    path = write_config(tmp_path, mutate)
+    done = run_script("verify_noop_connector.sh", path, tmp_path / "o")
+    assert done.returncode == 0
+    assert "no configuration of" in done.stdout and "needs the noop_connector check" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "usage: verify_noop_connector.sh CONFIG OUT_DIR"),
+        (["nope.yaml", "o"], "CONFIG: nope.yaml: no such file"),
+        (["{config}", "o", "--port", "x1"], "--port: 'x1' is not a port number"),
+        (["{config}", "o", "--bogus"], "unknown argument: --bogus"),
+        (["{config}", "o", "--only", "nope"], "no config named 'nope'"),
+    ],
+)
+def test_verify_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    config = str(REPO / "configs" / "test-tiny.yaml")
+    args = [a.replace("{config}", config) for a in args]
+    done = subprocess.run(
+        ["bash", str(TOOLS / "verify_noop_connector.sh"), *args],
+        capture_output=True, text=True, cwd=tmp_path, env=script_env(), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_status_file_merges_concurrent_writers(tmp_path):
+    path = tmp_path / "preflight_status.json"
+    threads = [
+        threading.Thread(
+            target=preflight_client.record_status,
+            args=(path, f"c{i}", "ok" if i % 2 else "skip", f"r{i}", None, None),
+        )
+        for i in range(16)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = json.loads(path.read_text())
+    assert sorted(data) == sorted(f"c{i}" for i in range(16))
+    assert data["c3"] == {"status": "ok", "reason": "r3", "checked_at": data["c3"]["checked_at"]}
+
+
+def test_last_error_line_finds_the_cause(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "INFO starting\nTraceback (most recent call last):\n  File x\n"
+        "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n"
+    )
+    assert preflight_client.last_error_line(str(log)) == "ModuleNotFoundError: No module named 'lmcache'"
+
+
+# --------------------------------------------------------------------------- GPU smoke test
+
+FAKE_VLLM_EXECUTABLE = """\
+#!{python}
+# A stand-in for `vllm serve` on a machine without a GPU: serves the OpenAI routes the smoke
+# test uses and runs a fake vLLM engine (importable as `vllm`) one step per output token, so the
+# real instrumentation, loaded by sitecustomize from the launch's PYTHONPATH, writes records.
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, {fake_pkg!r})
+args = sys.argv[1:]
+assert args[0] == "serve"
+model, host, port = args[1], args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+ktc = args[args.index("--kv-transfer-config") + 1] if "--kv-transfer-config" in args else ""
+if "LMCacheConnectorV1" in ktc:
+    print("ModuleNotFoundError: No module named 'lmcache'", file=sys.stderr)
+    sys.exit(1)
+if "NixlConnector" in ktc:
+    print("RuntimeError: NIXL agent failed to initialise", file=sys.stderr)
+    sys.exit(1)
+import vllm.v1.engine.core as core
+engine = core.EngineCore()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health": self.reply({{}})
+        elif self.path == "/v1/models": self.reply({{"data": [{{"id": model}}]}})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        for _ in range(body["max_tokens"]):
+            engine.step_fn()
+        self.reply({{"choices": [{{"text": "x"}}]}})
+
+ThreadingHTTPServer((host, port), H).serve_forever()
+"""
+
+
+def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
+    from test_patches_step_timing import make_fake_vllm
+
+    fake_pkg = make_fake_vllm(tmp_path / "fake_pkg")
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(FAKE_VLLM_EXECUTABLE.format(python=sys.executable, fake_pkg=str(fake_pkg)))
+    exe.chmod(0o755)
+    env = script_env()
+    env["PATH"] = f"{exe.parent}{os.pathsep}{env['PATH']}"
+    keep = ["plain", "noop_connector", "mooncake_both", "nixl_both", "multi_mooncake_lmcache"]
+    base = yaml.safe_load((REPO / "configs" / "h20-qwen3-coder.yaml").read_text())
+    base["configs"] = [c for c in base["configs"] if c["name"] in keep]
+    base["workload"]["phase_b_prime"]["configs"] = ["plain"]
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    out = tmp_path / "smoke"
+    done = run_script(
+        "gpu_smoke.sh", "--config", tmp_path / "base.yaml", "--out", out,
+        "--port", next(_PORTS), "--start-timeout", 60, env=env, timeout=300,
+    )  # fmt: skip
+    summary = json.loads((out / "gpu_smoke.json").read_text())
+    results = {name: entry["result"] for name, entry in summary.items()}
+    assert results == {
+        "plain": "PASS",
+        "noop_connector": "PASS",
+        "mooncake_both": "PASS",
+        "nixl_both": "FAIL",
+        "multi_mooncake_lmcache": "SKIP",  # LMCache "not installed"
+    }, done.stdout + done.stderr
+    assert done.returncode == 1  # nixl_both failed
+    assert "NIXL agent failed" in summary["nixl_both"]["reason"]
+    assert summary["plain"]["step_timing"]["step_timing_available"] is True
+    records = (out / "noop_connector").glob("engine_step.engine.*.jsonl")
+    lines = [json.loads(x) for f in records for x in f.read_text().splitlines()]
+    assert len(lines) == 3 * 16  # 3 requests x max_tokens 16, one step per token
+    smoke = load_config(out / "smoke.yaml")
+    assert smoke["model"]["name"] == "Qwen/Qwen3-0.6B" and smoke["backend"] == "vllm"
+
+
+def test_gpu_smoke_bad_arguments(tmp_path):
+    done = run_script("gpu_smoke.sh", "--mooncake-protocol", "udp")
+    assert done.returncode == 2 and "--mooncake-protocol: 'udp' is not tcp or rdma" in done.stderr
+    done = run_script("gpu_smoke.sh", "--config", tmp_path / "none.yaml")
+    assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_fake_executable_template_is_valid_python(tmp_path):
+    text = FAKE_VLLM_EXECUTABLE.format(python=sys.executable, fake_pkg=str(tmp_path))
+    compile(textwrap.dedent(text), "vllm", "exec")

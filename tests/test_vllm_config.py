@@ -1,0 +1,103 @@
+"""The config's vLLM-backend settings: the top-level `vllm:` section and the connector rules
+the launch relies on (schema in workflow/schemas/config.schema.yaml)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from connector_tax.config import ConfigError, load_config, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _raw() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+
+
+def _error(mutate: Callable[[dict[str, Any]], Any]) -> str:
+    config = _raw()
+    mutate(config)
+    with pytest.raises(ConfigError) as info:
+        validate_config(config)
+    line = str(info.value)
+    assert "\n" not in line
+    return line
+
+
+def test_vllm_defaults_are_filled() -> None:
+    config = validate_config(_raw())
+    assert config["vllm"] == {
+        "executable": "vllm",
+        "hybrid_kv_cache_manager": "disabled",
+        "step_timing": True,
+        "mooncake": {"protocol": "rdma"},
+        "lmcache": {
+            "env": {
+                "LMCACHE_CHUNK_SIZE": "256",
+                "LMCACHE_LOCAL_CPU": "True",
+                "LMCACHE_MAX_LOCAL_CPU_SIZE": "5.0",
+            }
+        },
+        "env": {},
+    }
+
+
+def test_vllm_settings_are_kept() -> None:
+    config = _raw()
+    config["vllm"] = {
+        "executable": "/opt/vllm/bin/vllm",
+        "hybrid_kv_cache_manager": "auto",
+        "step_timing": False,
+        "mooncake": {"protocol": "tcp", "device_name": "mlx5_0"},
+        "lmcache": {"env": {"LMCACHE_CHUNK_SIZE": "512"}},
+        "env": {"VLLM_HOST_IP": "127.0.0.1"},
+    }
+    filled = validate_config(config)
+    assert filled["vllm"] == config["vllm"]
+
+
+def test_shipped_configs_still_validate() -> None:
+    for name in ("default", "h20-qwen3-coder", "test-tiny"):
+        assert load_config(REPO / "configs" / f"{name}.yaml")["vllm"]["step_timing"] is True
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda c: c.update(vllm={"step_timming": True}),
+         "vllm: unknown key 'step_timming' (did you mean 'step_timing'?)"),
+        (lambda c: c.update(vllm={"hybrid_kv_cache_manager": "on"}),
+         "vllm.hybrid_kv_cache_manager: 'on' is not one of disabled, auto"),
+        (lambda c: c.update(vllm={"mooncake": {"protocol": "udp"}}),
+         "vllm.mooncake.protocol: 'udp' is not one of rdma, tcp"),
+        (lambda c: c.update(vllm={"mooncake": {"protocl": "tcp"}}),
+         "vllm.mooncake: unknown key 'protocl' (did you mean 'protocol'?)"),
+        (lambda c: c.update(vllm={"lmcache": {"env": {"1BAD": "x"}}}),
+         "vllm.lmcache.env: key '1BAD' is not a valid environment variable name"),
+        (lambda c: c.update(vllm={"lmcache": {"chunk": 1}}), "vllm.lmcache: unknown key 'chunk'"),
+        (lambda c: c.update(vllm={"env": {"A": 1}}),
+         "vllm.env.A: expected a string, got an integer 1"),
+        (lambda c: c.update(vllm={"executable": ""}), "vllm.executable: must not be empty"),
+        (lambda c: c.update(vllm={"step_timing": "yes"}),
+         "vllm.step_timing: expected true or false, got a string 'yes'"),
+    ],
+)  # fmt: skip
+def test_bad_vllm_settings_are_one_line(mutate, expected) -> None:
+    assert _error(mutate) == expected
+
+
+def test_multi_connectors_list_is_built_from_children() -> None:
+    def mutate(config: dict) -> None:
+        config["configs"].append({
+            "name": "multi",
+            "connector": {"type": "multi", "role": "kv_both", "extra_config": {"connectors": []},
+                          "children": [{"type": "mooncake", "role": "kv_both"},
+                                       {"type": "lmcache", "role": "kv_both"}]},
+        })  # fmt: skip
+
+    assert _error(mutate) == "configs[3].connector.extra_config.connectors: is built from children; remove it"

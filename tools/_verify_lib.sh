@@ -1,0 +1,222 @@
+# shellcheck shell=bash
+# Shared body of tools/verify_*.sh (sourced, not run). One pre-flight check of the design:
+#
+#   verify_<check>.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout S]
+#
+# For every configuration of CONFIG that the check gates (or just --only NAME): write the
+# launch script with `ctax launch-command --script`, start it in its own process group, let
+# tools/preflight_client.py check /health, /v1/models, the design's requests and liveness,
+# stop the server, and record {"status": "ok"|"skip", "reason": ...} under the config's name
+# in OUT_DIR/preflight_status.json. Logs: OUT_DIR/verify_<config>.log (the check) and
+# OUT_DIR/verify_<config>.server.log (the server's output).
+#
+# Exit status: 0 when every gated configuration got a verdict (ok or skip: a skip is a result,
+# the study goes on without that configuration), 2 on bad arguments or an unusable config.
+# Config values never pass through shell code: names come one per line from the package
+# (they match ^[a-z0-9][a-z0-9_-]*$), everything else is in JSON or in the generated launch.sh,
+# whose every word is shlex-quoted.
+
+VERIFY_TOOLS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VERIFY_PROG="$(basename "$0")"
+VERIFY_GROUPS=()
+VERIFY_PIDS=()
+
+verify_usage() {
+  echo "usage: $VERIFY_PROG CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout SECONDS]" >&2
+}
+
+verify_die() {
+  echo "$VERIFY_PROG: $*" >&2
+  exit 2
+}
+
+# The Python that has connector_tax: $CTAX_PYTHON, else the interpreter of the `ctax` script
+# on PATH, else python3.
+verify_python() {
+  if [ -n "${CTAX_PYTHON:-}" ]; then
+    printf '%s\n' "$CTAX_PYTHON"
+    return
+  fi
+  local ctax shebang
+  ctax="$(command -v ctax || true)"
+  if [ -n "$ctax" ]; then
+    shebang="$(head -n 1 "$ctax")"
+    shebang="${shebang#\#!}"
+    if [ -x "$shebang" ]; then
+      printf '%s\n' "$shebang"
+      return
+    fi
+  fi
+  printf '%s\n' python3
+}
+
+# Stop a process group we started: TERM, up to 60 s, then KILL.
+verify_stop_group() {
+  local pgid="$1"
+  kill -TERM -- "-$pgid" 2>/dev/null || return 0
+  for _ in $(seq 1 120); do
+    kill -0 -- "-$pgid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL -- "-$pgid" 2>/dev/null || true
+  wait "$pgid" 2>/dev/null || true
+}
+
+verify_cleanup() {
+  local pgid pid
+  for pgid in ${VERIFY_GROUPS[@]+"${VERIFY_GROUPS[@]}"}; do verify_stop_group "$pgid"; done
+  for pid in ${VERIFY_PIDS[@]+"${VERIFY_PIDS[@]}"}; do kill -TERM "$pid" 2>/dev/null || true; done
+}
+
+verify_one() {
+  local check="$1" config="$2" out="$3" name="$4" port="$5" start_timeout="$6"
+  local log="$out/verify_$name.log"
+  local server_log="$out/verify_$name.server.log"
+  local script="$out/launch_$name.sh"
+  local plan="$out/verify_$name.plan.json"
+  local step_log="$out/verify_$name.steps.jsonl"
+  local status_file="$out/preflight_status.json"
+  local boot_pid="" boot_port="" verdict reason pid
+
+  : >"$log"
+  note() { printf '[%s] %s\n' "$(date +%Y-%m-%dT%H:%M:%S)" "$*" >>"$log"; }
+  record() {
+    "$PY" "$VERIFY_TOOLS/preflight_client.py" record --file "$status_file" --config "$name" \
+      --status "$1" --reason "$2" --check "$check" --log "$log"
+    note "verdict: $1: $2"
+    printf '%s: %s: %s\n' "$name" "$1" "$2"
+  }
+
+  note "$VERIFY_PROG: $check check of $name ($config), port $port"
+  if ! "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" \
+    --check "$check" >"$plan" 2>>"$log"; then
+    record skip "cannot plan the check: $(tail -n 1 "$log")"
+    return 0
+  fi
+  if ! "$PY" -m connector_tax.cli launch-command --config "$config" --connector "$name" \
+    --port "$port" --step-log "$step_log" --script >"$script" 2>>"$log"; then
+    record skip "no launch command: $(tail -n 1 "$log")"
+    return 0
+  fi
+  note "launch script: $script"
+
+  if [ "$check" = kv_consumer ]; then
+    rm -f "$out/verify_$name.bootstrap.port"
+    "$PY" "$VERIFY_TOOLS/dummy_bootstrap.py" --host 127.0.0.1 --port 0 \
+      --log "$out/verify_$name.bootstrap.jsonl" \
+      --ready-file "$out/verify_$name.bootstrap.port" 2>>"$log" &
+    boot_pid=$!
+    VERIFY_PIDS+=("$boot_pid")
+    for _ in $(seq 1 100); do
+      [ -s "$out/verify_$name.bootstrap.port" ] && break
+      sleep 0.1
+    done
+    if [ ! -s "$out/verify_$name.bootstrap.port" ]; then
+      record skip "the dummy bootstrap server did not start"
+      kill -TERM "$boot_pid" 2>/dev/null || true
+      return 0
+    fi
+    boot_port="$(cat "$out/verify_$name.bootstrap.port")"
+    note "dummy Mooncake bootstrap on 127.0.0.1:$boot_port (a kv_consumer in vLLM 0.33 contacts" \
+      "a bootstrap only for requests with kv_transfer_params; none are sent)"
+  fi
+
+  # Its own process group (job control), so that stopping it stops vLLM's children too.
+  set -m
+  bash "$script" >"$server_log" 2>&1 </dev/null &
+  pid=$!
+  set +m
+  VERIFY_GROUPS+=("$pid")
+  note "server started: pid $pid (process group $pid)"
+
+  verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
+    --log "$log" --server-log "$server_log" --start-timeout "$start_timeout" | tail -n 1)" || true
+
+  verify_stop_group "$pid"
+  note "server stopped"
+  if [ -n "$boot_pid" ]; then
+    kill -TERM "$boot_pid" 2>/dev/null || true
+    wait "$boot_pid" 2>/dev/null || true
+    local contacts=0
+    [ -f "$out/verify_$name.bootstrap.jsonl" ] && contacts="$(wc -l <"$out/verify_$name.bootstrap.jsonl")"
+    note "the dummy bootstrap served $contacts request(s)"
+  fi
+
+  if [ "$verdict" = OK ]; then
+    reason="passed: started, /v1/models, requests, /health and process alive"
+    local backend timing
+    backend="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["backend"])' "$plan")"
+    if [ "$backend" = vllm ]; then
+      timing="$("$PY" -m connector_tax.launch.vllm_cli step-timing "$step_log" --connector || true)"
+      note "step timing: $timing"
+    fi
+    record ok "$reason"
+  else
+    reason="${verdict#FAIL: }"
+    [ -n "$reason" ] || reason="the check client failed (see $log)"
+    {
+      echo "---- last 40 lines of $server_log ----"
+      tail -n 40 "$server_log" 2>/dev/null || true
+    } >>"$log"
+    record skip "$reason"
+  fi
+  return 0
+}
+
+verify_main() {
+  local check="$1"
+  shift
+  if [ $# -lt 2 ]; then
+    verify_usage
+    exit 2
+  fi
+  local config="$1" out="$2"
+  shift 2
+  local port="${VERIFY_PORT:-18100}" only="" start_timeout="${VERIFY_START_TIMEOUT:-1200}"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --port)
+        [ $# -ge 2 ] || verify_die "--port needs a value"
+        port="$2"
+        shift 2
+        ;;
+      --only)
+        [ $# -ge 2 ] || verify_die "--only needs a config name"
+        only="$2"
+        shift 2
+        ;;
+      --start-timeout)
+        [ $# -ge 2 ] || verify_die "--start-timeout needs a value"
+        start_timeout="$2"
+        shift 2
+        ;;
+      -h | --help)
+        verify_usage
+        exit 0
+        ;;
+      *) verify_die "unknown argument: $1" ;;
+    esac
+  done
+  [[ "$port" =~ ^[0-9]+$ ]] || verify_die "--port: '$port' is not a port number"
+  [[ "$start_timeout" =~ ^[0-9]+([.][0-9]+)?$ ]] || verify_die "--start-timeout: '$start_timeout' is not a number of seconds"
+  [ -f "$config" ] || verify_die "CONFIG: $config: no such file"
+  mkdir -p "$out" 2>/dev/null || verify_die "OUT_DIR: cannot create $out"
+
+  PY="$(verify_python)"
+  trap verify_cleanup EXIT
+  trap 'exit 130' INT TERM
+
+  local gate_args=(gated "$config" "$check")
+  [ -n "$only" ] && gate_args+=(--only "$only")
+  local names
+  names="$("$PY" -m connector_tax.launch.vllm_cli "${gate_args[@]}")" || exit 2
+  if [ -z "$names" ]; then
+    echo "$VERIFY_PROG: no configuration of $config needs the $check check"
+    return 0
+  fi
+  local name
+  while IFS= read -r name; do
+    verify_one "$check" "$config" "$out" "$name" "$port" "$start_timeout"
+  done <<<"$names"
+  return 0
+}
