@@ -6,11 +6,18 @@ from snakemake.utils import min_version
 min_version("8.0")
 
 
-configfile: "configs/default.yaml"
+# The default study only when no --configfile is given: Snakemake would otherwise merge the
+# two files key by key (a Phase A `shape` of one study mixed into another's).
+if not workflow.config_settings.configfiles:
+
+    configfile: "configs/default.yaml"
 
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/preflight.smk"
+include: "workflow/rules/phase_a.smk"
+include: "workflow/rules/reference.smk"
+include: "workflow/rules/phase_b.smk"
 
 
 onstart:
@@ -28,4 +35,7 @@ onerror:
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/preflight/preflight_status.json",
+        PREFLIGHT_STATUS,
+        rules.phase_a.input,
+        REFERENCE_RATES,
+        rules.phase_b.input,

@@ -1,8 +1,10 @@
 # Validate the config before any rule runs, and name what every stage shares.
+import os
 import shlex
 import sys
 
 from connector_tax.config import ConfigError, validate_config
+from connector_tax.pipeline.cells import run_order
 
 try:
     _validated = validate_config(config)
@@ -15,6 +17,11 @@ STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
 CONFIGS = [c["name"] for c in config["configs"]]
 STUDY_CONFIG = f"{RESULTS}/study_config.yaml"
+PREFLIGHT_STATUS = f"{RESULTS}/preflight/preflight_status.json"
+REFERENCE_RATES = f"{RESULTS}/reference_rates.json"
+RUN_ORDER = run_order(config)
+# Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
+GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
 # Jobs run the interpreter snakemake runs under, whatever is first on PATH, or the conda
 # environment's own python under --sdm conda (the environment.yml conda users install).
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)

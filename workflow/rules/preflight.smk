@@ -12,7 +12,9 @@ rule preflight_config:
         f"{RESULTS}/logs/preflight_{{name}}.log",
     params:
         python=PYTHON,
-        log_dir=lambda wc: f"{RESULTS}/preflight/{wc.name}",
+        log_dir=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), wildcards.name),
+    resources:
+        gpu=GPUS_PER_JOB,
     conda:
         ENV
     shell:
@@ -24,7 +26,7 @@ rule preflight:
     input:
         expand(f"{RESULTS}/preflight/ready_{{name}}.json", name=CONFIGS),
     output:
-        f"{RESULTS}/preflight/preflight_status.json",
+        PREFLIGHT_STATUS,
     log:
         f"{RESULTS}/logs/preflight.log",
     params:

@@ -3,13 +3,14 @@
 A pool of random token ids is encoded to JSON text once per worker; a prompt of n tokens is
 then a byte slice of that text, so a 32k-token body costs a memcpy instead of 32k integer
 encodings on the hot path. The first tokens of every synthetic prompt encode the request's
-index, so no two prompts share even their first KV block (zero prefix reuse, as the design
-demands). Trace prompts map each hash id to a fixed 512-token block, so equal ids share
+request id (which names the cell), so no two prompts of a server's life share even their
+first KV block, across cells too (zero prefix reuse, as the design demands). Trace prompts map each hash id to a fixed 512-token block, so equal ids share
 prefix blocks exactly as the trace says.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from dataclasses import dataclass
@@ -66,31 +67,35 @@ class BodyBuilder:
     def _offset(self, key: int, n: int) -> int:
         return zlib.crc32(f"{self.seed}:{key}".encode()) % (self.pool.size - n)
 
-    def token_ids(self, index: int, n: int) -> bytes:
-        unique = [TOKEN_HIGH + (index >> (8 * k)) % 256 + 256 * k for k in range(min(UNIQUE_TOKENS, n))]
+    def token_ids(self, request_id: str, n: int) -> bytes:
+        digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
+        # 4 tokens x 16 bits: 64 bits of the request id's hash, clear of the pool's id range.
+        unique = [TOKEN_HIGH + int.from_bytes(digest[2 * k : 2 * k + 2], "little") for k in range(min(UNIQUE_TOKENS, n))]
         head = ",".join(map(str, unique)).encode()
         rest = n - len(unique)
         if rest <= 0:
             return head
-        return head + b"," + self.pool.slice(self._offset(index, rest), rest)
+        offset = int.from_bytes(digest, "little") % (self.pool.size - rest)
+        return head + b"," + self.pool.slice(offset, rest)
 
     def trace_token_ids(self, blocks: list[tuple[int, int]]) -> bytes:
         """Concatenated fixed blocks: equal hash ids give byte-identical prefix blocks."""
         return b",".join(self.pool.slice(self._offset(-1 - hid, TRACE_BLOCK_TOKENS), n) for hid, n in blocks)
 
-    def text(self, index: int, n: int) -> str:
-        words = [f"req{index}"] + [_WORDS[(index * 7 + k * 13) % len(_WORDS)] for k in range(n - 1)]
+    def text(self, request_id: str, n: int) -> str:
+        key = zlib.crc32(request_id.encode())
+        words = [request_id] + [_WORDS[(key + k * 13) % len(_WORDS)] for k in range(n - 1)]
         return " ".join(words)
 
-    def body(self, index: int, input_len: int, output_len: int, blocks: list[tuple[int, int]] | None) -> bytes:
+    def body(self, request_id: str, input_len: int, output_len: int, blocks: list[tuple[int, int]] | None) -> bytes:
         s = self.settings
         if s.endpoint == "chat" or s.prompt == "text":
-            text = self.text(index, input_len)
+            text = self.text(request_id, input_len)
             if s.endpoint == "chat":
                 prompt = b'"messages":[{"role":"user","content":' + json.dumps(text).encode() + b"}]"
             else:
                 prompt = b'"prompt":' + json.dumps(text).encode()
         else:
-            ids = self.trace_token_ids(blocks) if blocks else self.token_ids(index, input_len)
+            ids = self.trace_token_ids(blocks) if blocks else self.token_ids(request_id, input_len)
             prompt = b'"prompt":[' + ids + b"]"
         return b'{"model":' + self._model + b"," + prompt + b',"max_tokens":%d,' % output_len + self._tail + b"}"

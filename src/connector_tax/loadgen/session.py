@@ -81,6 +81,9 @@ class LoadgenOptions:
     # Requests leave for their worker this early; the worker fires them at their time.
     # Must exceed the IPC latency (p99 ~0.5 ms here), and costs nothing when it does.
     send_ahead_us: float = 2000.0
+    # The worker wakes this long before a request's time and spins the rest: it absorbs the
+    # wake-up and event-loop latency, at this much CPU per request.
+    spin_us: float = 300.0
     seed: int = 0
     affinity: bool = True
     chunk_log: bool = False
@@ -118,6 +121,7 @@ class LoadGenerator:
             seed=options.seed,
             timeout_s=options.timeout_s,
             max_connections=max(options.inflight_cap, options.workers),
+            spin_ns=int(options.spin_us * 1000),
             affinity=options.affinity,
         )
         self.stop_event = threading.Event()
@@ -185,6 +189,8 @@ class _CellRun:
             interrupted = "interrupted"
             self._drain(short=True)
         self.events.append((time.monotonic_ns(), "TEST_ENDED"))
+        if self.opts.chunk_log:
+            pool.set_cell([None] * pool.n_workers)  # workers close (flush) the cell's side files
         pool.set_handler(None)
         self.writer.close()
         wall = max(time.monotonic() - wall0, 1e-9)
@@ -196,6 +202,9 @@ class _CellRun:
         )  # fmt: skip
         summary["wall_s"] = round(wall, 3)
         summary["extended"] = self.t_issue_end > self.t_warm_end + int(self.cell.duration_s * 1e9) + 100_000_000
+        if not pool.alive():
+            summary["validity"]["valid"] = False
+            summary["validity"]["reasons"].append("load generator worker died")
         stopped = interrupted or ("stopped" if self.gen.stop_event.is_set() else None)
         if stopped:
             summary["validity"]["valid"] = False
@@ -285,7 +294,16 @@ class _CellRun:
             self._record(RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup,
                                        "dropped", "in-flight cap reached", spec.input_len, spec.output_len))  # fmt: skip
             return
-        pool.fire(worker, spec, target)
+        if not pool.fire(worker, spec, target):  # the worker died: the request is lost
+            with self.lock:
+                self.pending.pop(spec.index, None)
+            self.progress.errors += 1
+            if self.gate is not None:
+                self.gate.release()
+            self._record(RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup,
+                                       "error", f"load generator worker died (worker {worker})",
+                                       spec.input_len, spec.output_len, worker=worker))  # fmt: skip
+            return
         self.progress.in_flight = in_flight + 1
 
     # -- results (receiver thread) ----------------------------------------------------
@@ -325,22 +343,29 @@ class _CellRun:
     # -- drain ------------------------------------------------------------------------
     def _drain(self, short: bool) -> None:
         deadline = time.monotonic() + (2.0 if short else self.opts.drain_timeout_s)
-        while self.pending and time.monotonic() < deadline and self.gen.pool.alive():
+        while self._awaiting() and time.monotonic() < deadline:
             time.sleep(0.005)
-        if self.pending:
+        if self._awaiting():
             self.gen.pool.broadcast((ipc.CANCEL_ALL, f"drain timeout after {self.opts.drain_timeout_s:g} s"))
             deadline = time.monotonic() + 3.0
-            while self.pending and time.monotonic() < deadline and self.gen.pool.alive():
+            while self._awaiting() and time.monotonic() < deadline:
                 time.sleep(0.005)
         with self.lock:
             lost, self.pending = self.pending, {}
-        why = "load generator worker died" if not self.gen.pool.alive() else "no result from worker"
+        live = self.gen.pool.live_workers()
         for target, in_flight, warmup, spec, worker in lost.values():
+            why = "no result from worker" if worker in live else "load generator worker died"
             self._record(RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup,
                                        "error", f"{why} (worker {worker})", spec.input_len, spec.output_len,
                                        worker=worker))  # fmt: skip
         if self.gate is not None:
             self.gate.close()
+
+    def _awaiting(self) -> bool:
+        """Requests in flight on a live worker (a dead worker's will never answer)."""
+        live = self.gen.pool.live_workers()
+        with self.lock:
+            return any(entry[4] in live for entry in self.pending.values())
 
     def _write_events(self) -> None:
         """Seed 001's events, derived from the records after the cell: nothing on the hot path."""

@@ -113,8 +113,11 @@ class Worker:
         finally:
             loop.remove_reader(self.requests.getsockopt(zmq.FD))
             self.timer.close()
-            for task in list(self._tasks.values()):
-                task.cancel()
+            tasks = list(self._tasks.values())
+            for task in tasks:
+                task.cancel("worker stopped")
+            # Let them finish (each sends its result) before the sockets close under them.
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.pool.close()
             if self._chunk_log is not None:
                 self._chunk_log.close()
@@ -163,7 +166,7 @@ class Worker:
         self.results.send(ipc.pack((ipc.CELL_SET, self.cfg.worker_id)))
 
     def _fire(self, spec: ipc.RequestSpec) -> None:
-        body = self.builder.body(spec.index, spec.input_len, spec.output_len, spec.blocks)
+        body = self.builder.body(spec.request_id, spec.input_len, spec.output_len, spec.blocks)
         data = (self._head % (spec.request_id, len(body))).encode() + body
         sent: tuple[HttpConnection, Response, int] | None = None
         conn = self.pool.try_acquire()

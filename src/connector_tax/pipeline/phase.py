@@ -123,7 +123,7 @@ def _run_cells(
 ) -> None:
     backend = config["backend"]
     host = variant.get("server", {}).get("host") or config["server"]["host"]
-    port = free_port(host)
+    port = free_port(host, block=3 if backend == "vllm" else 1)
     raw_steps = phase_dir / RAW_NAME
     for old in phase_dir.glob("engine_step_raw*"):
         old.unlink()  # one launch, one raw log: resumed cells already have their slices

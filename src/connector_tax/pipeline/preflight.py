@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import httpx
 
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
+from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
 
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
@@ -32,21 +35,46 @@ def _one_streamed_request(url: str, model: str) -> None:
             raise ServerStartError("test request's stream did not end with data: [DONE]")
 
 
+def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
+    """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
+    host = config["server"]["host"]
+    argv = ["bash", str(script), config_path, str(out_dir), "--only", name, "--port", str(free_port(host, block=3))]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with gpu_lease("vllm") as gpu:
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu or ""}
+            subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, timeout=READY_TIMEOUT_S["vllm"] + 300, check=False)
+        verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
+    except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
+    return {"config": name, "status": verdict.get("status", "skip"), "reason": verdict.get("reason"),
+            "backend": "vllm", "gate": script.name}  # fmt: skip
+
+
 def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     variant = find_variant(config, name)
     backend = config["backend"]
+    if backend == "vllm":
+        from connector_tax.launch.vllm import preflight_script
+
+        script = preflight_script(config, name)
+        if script is not None:
+            return run_gate(config_path, config, name, script, log_dir)
     host = variant.get("server", {}).get("host") or config["server"]["host"]
-    port = free_port(host)
+    port = free_port(host, block=3 if backend == "vllm" else 1)
     spec = launch_spec(config_path, config, variant, port)
     url = spec.url or f"http://{host}:{port}"
     model = config["model"].get("served_name") or config["model"]["name"]
     started = time.monotonic()
     try:
-        with ServerProcess(spec, url, log_dir) as server:
-            server.wait_ready(READY_TIMEOUT_S[backend])
-            ready_s = time.monotonic() - started
-            _one_streamed_request(server.url, model)
-    except (ServerStartError, httpx.HTTPError) as exc:
+        with gpu_lease(backend) as gpu:
+            if gpu is not None:
+                spec.env["CUDA_VISIBLE_DEVICES"] = gpu
+            with ServerProcess(spec, url, log_dir) as server:
+                server.wait_ready(READY_TIMEOUT_S[backend])
+                ready_s = time.monotonic() - started
+                _one_streamed_request(server.url, model)
+    except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
         return {"config": name, "status": "skip", "reason": str(exc), "backend": backend}
     return {"config": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
 

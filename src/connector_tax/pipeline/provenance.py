@@ -42,15 +42,20 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def freeze() -> str:
+    """pip freeze's content, read from package metadata (a pip subprocess costs seconds)."""
+    dists = {(d.metadata["Name"] or "?"): d.version for d in metadata.distributions()}
+    return "\n".join(f"{name}=={version}" for name, version in sorted(dists.items(), key=lambda kv: kv[0].lower()))
+
+
 def env_text(backend: str) -> str:
-    freeze = _run([sys.executable, "-m", "pip", "freeze"]) or "(pip freeze unavailable)"
     lines = [
         f"python: {sys.version.split()[0]}",
         f"connector-tax git SHA: {git_sha() or 'unknown'}",
         *(f"{name}: {version or 'not installed'}" for name, version in versions().items()),
         f"GPU: {gpu_ids(backend)}",
         "",
-        "# pip freeze",
-        freeze,
+        "# installed packages (pip freeze)",
+        freeze(),
     ]
     return "\n".join(lines) + "\n"

@@ -31,10 +31,24 @@ class ServerStartError(RuntimeError):
         self.log_tail = log_tail
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def free_port(host: str = "127.0.0.1", block: int = 1) -> int:
+    """A port that is free now, with the `block - 1` ports after it free too (a vLLM launch
+    also binds its connectors' side channels at port+1, port+2)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        with socket.socket(family) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port + block - 1 > 65535:
+            continue
+        try:
+            for offset in range(1, block):
+                with socket.socket(family) as sock:
+                    sock.bind((host, port + offset))
+        except OSError:
+            continue
+        return port
+    raise OSError(f"no block of {block} free ports on {host}")
 
 
 def tail(path: Path, lines: int = 20) -> str:
