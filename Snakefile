@@ -18,6 +18,7 @@ include: "workflow/rules/preflight.smk"
 include: "workflow/rules/phase_a.smk"
 include: "workflow/rules/reference.smk"
 include: "workflow/rules/phase_b.smk"
+include: "workflow/rules/analyze.smk"
 
 
 onstart:
@@ -35,7 +36,4 @@ onerror:
 rule all:
     default_target: True
     input:
-        PREFLIGHT_STATUS,
-        rules.phase_a.input,
-        REFERENCE_RATES,
-        rules.phase_b.input,
+        rules.manifest.output,

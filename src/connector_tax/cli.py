@@ -30,6 +30,12 @@ def _bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    from connector_tax.analysis.cli import main
+
+    return main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -58,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.error = lambda message: bench.exit(2, f"ctax bench: {message}\n")  # type: ignore[method-assign]
     bench.set_defaults(func=_bench)
+
+    from connector_tax.analysis.cli import add_arguments as add_analyze_arguments
+
+    analyze = sub.add_parser("analyze", help="statistics, taxes, verdicts and figures from results/<study>")
+    add_analyze_arguments(analyze)
+    analyze.set_defaults(func=_analyze)
     return parser
 
 

@@ -50,6 +50,27 @@ def _rates(text: str) -> list[float]:
     return [_positive(float)(item) for item in text.split(",") if item.strip()]
 
 
+def _shapes(text: str) -> list:
+    try:
+        return parse_shapes(text)
+    except ValueError as exc:  # argparse shows only an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shapes: ")) from None
+
+
+def _reject_unknown(p: argparse.ArgumentParser) -> None:
+    """Unknown flags are this parser's error, in its one-line form: argparse otherwise hands
+    a subcommand's leftovers to the top-level parser, which prints its usage and a second line."""
+    parse_known = p.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = parse_known(args, namespace)
+        if extras:
+            p.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="model name sent in each request")
@@ -62,7 +83,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rampup", type=_non_negative, default=0.0, help="closed loop ramp-up seconds")
     p.add_argument("--input-len", type=_positive(int), default=1024)
     p.add_argument("--output-len", type=_positive(int), default=128)
-    p.add_argument("--shapes", type=parse_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
+    p.add_argument("--shapes", type=_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
     p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
     p.add_argument("--warmup", type=_non_negative, default=10.0)
     p.add_argument("--min-completed", type=int, default=0, help="extend a cell until this many completed")
@@ -81,6 +102,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
     p.add_argument("--phase", default="bench", help="phase name in output file names")
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
+    _reject_unknown(p)
 
 
 def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:

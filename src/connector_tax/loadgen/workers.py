@@ -71,7 +71,7 @@ class WorkerPool:
                 worker_id=k,
                 url=url,
                 body=body,
-                seed=seed + 7919 * k,
+                seed=seed,  # one seed for all: a trace's hash id must give the same tokens in every worker
                 timeout_s=timeout_s,
                 max_connections=per_worker,
                 prewarm_connections=prewarm_connections,
@@ -143,22 +143,36 @@ class WorkerPool:
     def set_handler(self, handler: Handler | None) -> None:
         self._handler = handler
 
-    def fire(self, worker: int, spec: ipc.RequestSpec, t_scheduled_ns: int) -> None:
-        self._pushes[worker].send(ipc.pack((ipc.FIRE, spec, t_scheduled_ns)), zmq.NOBLOCK)
+    def fire(self, worker: int, spec: ipc.RequestSpec, t_scheduled_ns: int) -> bool:
+        """False when the worker is gone: with no high-water mark, a PUSH send only fails
+        (EAGAIN) once its one peer has disconnected."""
+        try:
+            self._pushes[worker].send(ipc.pack((ipc.FIRE, spec, t_scheduled_ns)), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def broadcast(self, message: tuple[Any, ...]) -> None:
         data = ipc.pack(message)
         for push in self._pushes:
-            push.send(data, zmq.NOBLOCK)
+            try:
+                push.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # a dead worker
 
     def set_cell(self, chunk_log_paths: list[str | None], timeout_s: float = 10.0) -> None:
         """Switch the workers' per-cell side files, and wait until every worker has."""
         with self._lock:
             self._cell_acks = 0
+        sent = 0
         for push, path in zip(self._pushes, chunk_log_paths):
-            push.send(ipc.pack((ipc.SET_CELL, path)), zmq.NOBLOCK)
+            try:
+                push.send(ipc.pack((ipc.SET_CELL, path)), zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                pass  # a dead worker never acknowledges
         deadline = time.monotonic() + timeout_s
-        while self._cell_acks < self.n_workers and time.monotonic() < deadline:
+        while self._cell_acks < min(sent, len(self.live_workers())) and time.monotonic() < deadline:
             time.sleep(0.002)
 
     def pids(self) -> list[int]:
@@ -166,6 +180,9 @@ class WorkerPool:
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._procs)
+
+    def live_workers(self) -> set[int]:
+        return {k for k, p in enumerate(self._procs) if p.is_alive()}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time used so far by the main process and by each worker."""

@@ -1,0 +1,172 @@
+"""`ctax bench`: a real run against `ctax sim` (one summary line per cell, its files, plain
+progress lines off a terminal), the progress reporter on and off a terminal, and bad arguments
+(exit 2, exactly one stderr line that names the argument)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sim_server import MODEL, REPO, running_sim  # noqa: E402
+
+from connector_tax.cli import main as ctax_main  # noqa: E402
+from connector_tax.loadgen import cli as bench_cli  # noqa: E402
+from connector_tax.loadgen.records import read_records  # noqa: E402
+from connector_tax.loadgen.session import Progress  # noqa: E402
+
+NUM = r"\d+(?:\.\d+)?"
+SUMMARY_LINE = re.compile(
+    rf"(?P<cell>\S+): ok=(?P<ok>\d+) err=(?P<err>\d+) timeout=(?P<timeout>\d+) dropped=(?P<dropped>\d+) "
+    rf"achieved=(?P<achieved>{NUM})/s TTFT p50/p90/p99=(?P<ttft>{NUM})/{NUM}/{NUM} ms "
+    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us \[(?P<valid>valid|INVALID: .+)\]"
+)
+PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_flight=\d+ ttft_p50_ms=(\d+\.\d|-)")
+
+
+def test_bench_against_the_sim(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    with running_sim(tmp_path / "sim", connector="plain") as sim:
+        cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", sim.url, "--model", MODEL,
+               "--rates", "20,40", "--duration", "1.3", "--warmup", "0", "--input-len", "64", "--output-len", "8",
+               "--no-affinity", "--phase", "cli", "--seed", "3", "--out", str(out)]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    cells = ["r20-64x8", "r40-64x8"]
+    for line, cell in zip(lines, cells):
+        m = SUMMARY_LINE.fullmatch(line)
+        assert m, line
+        summary = json.loads((out / f"summary_cli_{cell}.json").read_text())
+        records = read_records(out / f"requests_cli_{cell}.jsonl")
+        assert m["cell"] == cell == summary["cell"]
+        assert int(m["ok"]) == summary["counts"]["ok"] == len(records) > 0
+        assert (m["err"], m["timeout"], m["dropped"]) == ("0", "0", "0")
+        assert float(m["ttft"]) == pytest.approx(summary["latency_ms"]["ttft"]["p50"], abs=0.005)
+        assert summary["rate"] == float(cell[1:3])
+        assert all(r["status"] == "ok" and r["prompt_tokens"] == 64 for r in records)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{kind}_cli_{cell}.{ext}" for cell in cells for kind, ext in (("requests", "jsonl"), ("summary", "json"))
+    )
+    # Not a terminal: plain progress lines only (no bar, no carriage returns), at least one per cell.
+    err_lines = proc.stderr.splitlines()
+    assert "\r" not in proc.stderr
+    assert all(PROGRESS_LINE.fullmatch(line) for line in err_lines), proc.stderr
+    assert {PROGRESS_LINE.fullmatch(line)["cell"] for line in err_lines} == set(cells)
+
+
+# -- the progress reporter ----------------------------------------------------------------
+def _fake_gen() -> SimpleNamespace:
+    progress = Progress(issued=3, completed=2, in_flight=1)
+    progress.recent_ttft_ms.extend([10.0, 12.5, 20.0])
+    return SimpleNamespace(progress=progress)
+
+
+def test_progress_plain_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    done = threading.Event()
+    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter.start()
+    time.sleep(1.3)  # the first line comes after one second
+    done.set()
+    reporter.join(5)
+    assert err.getvalue() == "[r2-64x8] issued=3 completed=2 in_flight=1 ttft_p50_ms=12.5\n"
+
+
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    done = threading.Event()
+    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter.start()
+    time.sleep(0.4)
+    done.set()
+    reporter.join(5)
+    text = err.getvalue()
+    assert "\r" in text and "\n[r2-64x8]" not in text
+    assert "r2-64x8: 2req" in text
+    assert "issued=3, completed=2, in_flight=1, ttft_p50_ms=12.5" in text
+
+
+# -- bad arguments ------------------------------------------------------------------------
+def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    base = ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--duration", "0.1", "--warmup", "0",
+            "--out", str(tmp_path / "never")]  # fmt: skip
+    try:
+        rc = ctax_main(base + argv)
+    except SystemExit as exc:
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert not (tmp_path / "never").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--rate", "-1"], "ctax bench: argument --rate: -1 must be > 0"),
+        (["--rate", "0"], "ctax bench: argument --rate: 0 must be > 0"),
+        (["--rates", "1,x"], "ctax bench: argument --rates: 'x' is not a valid float"),
+        (["--shapes", "512y64"],
+         "ctax bench: argument --shapes: '512y64' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"),
+        (["--shapes", "512x64,0x8"],
+         "ctax bench: argument --shapes: '0x8' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"),
+        (["--arrival", "max"], "ctax bench: --arrival max needs --num-requests"),
+        (["--arrival", "uniform"],
+         "ctax bench: argument --arrival: invalid choice: 'uniform' (choose from 'poisson', 'gamma', 'fixed', 'max')"),
+        (["--bogus"], "ctax bench: unrecognized arguments: --bogus"),
+        (["--rate", "2", "--bogus", "x"], "ctax bench: unrecognized arguments: --bogus x"),
+        (["--rates", "1,2", "--shapes", "64x8,32x4"], "ctax bench: --rates and --shapes: sweep one or the other"),
+        (["--rate", "1", "--rates", "2"], "ctax bench: argument --rates: not allowed with argument --rate"),
+        (["--workers", "0"], "ctax bench: argument --workers: 0 must be > 0"),
+        (["--duration", "abc"], "ctax bench: argument --duration: 'abc' is not a valid float"),
+        (["--warmup", "-1"], "ctax bench: argument --warmup: -1 must be >= 0"),
+        (["--input-len", "1.5"], "ctax bench: argument --input-len: '1.5' is not a valid int"),
+    ],
+)
+def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert _bad(argv, capsys, tmp_path) == line
+
+
+def test_missing_required_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        ctax_main(["bench", "--model", "m"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "ctax bench: the following arguments are required: --url\n"
+
+
+def test_bad_trace_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
+    line = _bad(["--trace", str(trace)], capsys, tmp_path)
+    assert line == f"ctax bench: {trace}:1: 1 hash_ids for input_length 600; expected 2 (one per 512-token block)"
+    missing = tmp_path / "missing.jsonl"
+    assert str(missing) in _bad(["--trace", str(missing)], capsys, tmp_path)
+
+
+def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", "http://127.0.0.1:9", "--model", "m",
+           "--rate", "-1", "--unknown-flag", "--out", str(tmp_path / "x")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "ctax bench: argument --rate: -1 must be > 0\n"
+    assert not (tmp_path / "x").exists()
