@@ -36,7 +36,7 @@ rule figures:
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.analysis.cli {params.results:q} --figures > {log:q} 2>&1"
+        "{params.python} -m connector_tax.analysis.cli {params.results:q} --figures-only > {log:q} 2>&1"
 
 
 rule manifest:

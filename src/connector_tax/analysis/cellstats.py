@@ -1,0 +1,232 @@
+"""One cell's statistics: the tidy row of aggregate.csv, from the cell's raw files.
+
+Request statistics come from the raw request records (post-warm-up, status ok), never from the
+load generator's summary; the summary supplies what the records cannot: the ITL percentiles
+(inter-chunk gaps are not in the records), the rates measured over the cell's exact window,
+and the validity verdict. Metrics samples and engine steps are restricted to the cell's
+measurement window [first post-warm-up t_scheduled, last t_scheduled] (all records share
+CLOCK_MONOTONIC), so warm-up and drain do not dilute them; if that leaves nothing (a clock
+mismatch) every sample is used and `window_note` says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES, PHASE_A
+from connector_tax.analysis.jsonl import NULL_INT, read_columns
+from connector_tax.analysis.layout import Cell
+from connector_tax.analysis.quantiles import cdf_grid, summarize
+
+REQUEST_FIELDS = {
+    "t_scheduled_ns": "int", "t_send_ns": "int", "t_first_token_ns": "int", "t_last_token_ns": "int",
+    "completion_tokens": "int", "warmup": "bool", "status": "str",
+}  # fmt: skip
+METRIC_FIELDS = {"t_ns": "int", METRIC_NAMES["waiting"]: "float", METRIC_NAMES["running"]: "float",
+                 METRIC_NAMES["kv_usage"]: "float"}  # fmt: skip
+STEP_FIELDS_READ = {"t_ns": "int", "step_duration_us": "float", "build_meta_us": "float",
+                    "get_finished_us": "float", "start_load_kv_us": "float"}  # fmt: skip
+STEP_STATS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us", "connector_total_us")
+LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
+
+_ID = ["config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status",
+       "valid", "validity_reasons", "complete"]  # fmt: skip
+_COUNTS = ["n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout"]
+_RATES = ["requested_rps", "offered_rps", "achieved_dispatch_rps", "effective_rps", "throughput_ratio",
+          "throughput_ratio_requested", "rates_source"]  # fmt: skip
+_LAT = [f"{m}_{s}" for m in LATENCIES for s in ("n", "p50", "p90", "p99", "p90_ci_lo", "p90_ci_hi")]
+_ITL = ["itl_ms_n", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99"]
+_METRICS = ["metrics_n", "waiting_p50", "running_p50", "kv_cache_usage_p50"]
+_STEPS = ["step_timing_available", "steps_n"] + [
+    f"{f}_{s}" for f in STEP_STATS for s in ("p50", "p90", "p50_ci_lo", "p50_ci_hi")
+]
+_SAT = ["saturated", "saturation_criteria", "crit_throughput", "crit_waiting", "crit_ttft_growth",
+        "ttft_growth_ratio", "ttft_growth_vs_rate"]  # fmt: skip
+COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"]
+
+
+def _null(a: np.ndarray) -> np.ndarray:
+    return a == NULL_INT
+
+
+def _window(t_sched: np.ndarray, post: np.ndarray) -> tuple[int | None, int | None]:
+    if t_sched.size == 0:
+        return None, None
+    valid = ~_null(t_sched)
+    lo_candidates = t_sched[valid & post]
+    lo = int(lo_candidates.min()) if lo_candidates.size else None
+    hi = int(t_sched[valid].max()) if valid.any() else None
+    return lo, hi
+
+
+def request_stats(cell: Cell) -> tuple[dict[str, Any], tuple[int | None, int | None], dict[str, Any]]:
+    """(row fields, measurement window, fallback rates)."""
+    row: dict[str, Any] = {}
+    if not cell.has("requests"):
+        for k in _COUNTS:
+            row[k] = 0
+        for m in LATENCIES:
+            row.update({f"{m}_{k}": v for k, v in summarize(np.empty(0)).items()})
+        return row, (None, None), {}
+    r = read_columns(cell.path("requests"), REQUEST_FIELDS)
+    status = r["status"]
+    post = ~r["warmup"]
+    ok = post & (status == "ok")
+    row["n_records"] = int(status.size)
+    row["n_warmup"] = int((~post).sum())
+    row["n_post_warmup"] = int(post.sum())
+    for s in ("ok", "error", "dropped", "timeout"):
+        row[f"n_{s}"] = int((post & (status == s)).sum())
+    send, first, last, sched = r["t_send_ns"], r["t_first_token_ns"], r["t_last_token_ns"], r["t_scheduled_ns"]
+    has_first, has_last, has_send = ~_null(first), ~_null(last), ~_null(send)
+    ct = r["completion_tokens"]
+    m = ok & has_first & has_send
+    ttft = (first[m] - send[m]) / 1e6
+    m = ok & has_first & ~_null(sched)
+    ttft_sched = (first[m] - sched[m]) / 1e6
+    m = ok & has_first & has_last & ~_null(ct) & (ct > 1)
+    tpot = (last[m] - first[m]) / 1e6 / (ct[m] - 1)
+    m = ok & has_last & has_send
+    e2e = (last[m] - send[m]) / 1e6
+    for name, values in (("ttft_ms", ttft), ("ttft_sched_ms", ttft_sched), ("tpot_ms", tpot), ("e2e_ms", e2e)):
+        row.update({f"{name}_{k}": v for k, v in summarize(values).items()})
+    lo, hi = _window(sched, post)
+    fallback: dict[str, Any] = {}
+    if lo is not None and hi is not None and hi > lo:
+        span = (hi - lo) / 1e9
+        in_window = (~_null(sched)) & (sched >= lo) & (sched <= hi)
+        done = (status == "ok") & has_last & (last >= lo) & (last <= hi)
+        fallback = {"offered_rps": float(in_window.sum() / span), "effective_rps": float(done.sum() / span)}
+        sent = has_send & ~_null(sched)
+        if sent.sum() >= 2:
+            fallback["achieved_dispatch_rps"] = float((sent.sum() - 1) / max((send[sent].max() - send[sent].min()) / 1e9, 1e-9))
+    return row, (lo, hi), fallback
+
+
+def metric_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None]:
+    row = {k: None for k in _METRICS}
+    row["metrics_n"] = 0
+    if not cell.has("metrics"):
+        return row, None
+    m = read_columns(cell.path("metrics"), METRIC_FIELDS)
+    t = m["t_ns"]
+    sel = np.ones(t.size, dtype=bool)
+    note = None
+    lo, hi = window
+    if lo is not None and hi is not None:
+        inside = (t >= lo) & (t <= hi)
+        if inside.any():
+            sel = inside
+        elif t.size:
+            note = "metrics: no sample inside the request window, all samples used"
+    row["metrics_n"] = int(sel.sum())
+    for col, name in (("waiting_p50", "waiting"), ("running_p50", "running"), ("kv_cache_usage_p50", "kv_usage")):
+        v = m[METRIC_NAMES[name]][sel]
+        v = v[~np.isnan(v)]
+        row[col] = float(np.percentile(v, 50)) if v.size else None
+    return row, note
+
+
+def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None, list[float] | None]:
+    """(row fields, note, step_duration CDF grid)."""
+    row: dict[str, Any] = {k: None for k in _STEPS}
+    row["steps_n"] = 0
+    if not cell.has("engine_step"):
+        return row, None, None
+    s = read_columns(cell.path("engine_step"), STEP_FIELDS_READ)
+    t = s["t_ns"]
+    sel = np.ones(t.size, dtype=bool)
+    note = None
+    lo, hi = window
+    if lo is not None and hi is not None and t.size:
+        inside = (t >= lo) & (t <= hi)
+        if inside.any():
+            sel = inside
+        else:
+            note = "steps: no step inside the request window, all steps used"
+    cols = {k: s[k][sel] for k in STEP_FIELDS_READ if k != "t_ns"}
+    engine = ~np.isnan(cols["step_duration_us"])  # worker-only records have no step duration
+    parts = [cols[k][engine] for k in CALLBACK_FIELDS]
+    present = np.zeros(int(engine.sum()), dtype=bool)
+    total = np.zeros(int(engine.sum()))
+    for p in parts:
+        have = ~np.isnan(p)
+        present |= have
+        total += np.where(have, p, 0.0)
+    total[~present] = np.nan  # no connector hook at all (plain): no callback time, not zero
+    cols["connector_total_us"] = total
+    row["steps_n"] = int(engine.sum())
+    for name in STEP_STATS:
+        st = summarize(cols[name], ps=(50, 90), ci_for=(50,))
+        row[f"{name}_p50"], row[f"{name}_p90"] = st["p50"], st["p90"]
+        row[f"{name}_p50_ci_lo"], row[f"{name}_p50_ci_hi"] = st["p50_ci_lo"], st["p50_ci_hi"]
+    return row, note, cdf_grid(cols["step_duration_us"])
+
+
+def _f(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def summary_fields(cell: Cell, fallback: dict[str, Any]) -> dict[str, Any]:
+    s = cell.summary or {}
+    rates = s.get("rates") if isinstance(s.get("rates"), dict) else {}
+    validity = s.get("validity") if isinstance(s.get("validity"), dict) else {}
+    itl = ((s.get("latency_ms") or {}).get("itl") or {}) if isinstance(s.get("latency_ms"), dict) else {}
+    requested = _f(rates.get("requested_rps")) or cell.rate
+    row: dict[str, Any] = {
+        "valid": bool(validity["valid"]) if "valid" in validity else None,
+        "validity_reasons": "; ".join(str(x) for x in validity.get("reasons") or []),
+        "complete": bool(s["complete"]) if "complete" in s else None,
+        "requested_rps": requested,
+        "offered_rps": _f(rates.get("offered_in_window_rps")),
+        "achieved_dispatch_rps": _f(rates.get("achieved_dispatch_rps")),
+        "effective_rps": _f(rates.get("effective_throughput_rps")),
+        "throughput_ratio": _f(rates.get("throughput_ratio")),
+        "rates_source": "summary",
+        "itl_ms_n": itl.get("n"), "itl_ms_p50": _f(itl.get("p50")), "itl_ms_p90": _f(itl.get("p90")),
+        "itl_ms_p99": _f(itl.get("p99")),
+    }  # fmt: skip
+    if row["effective_rps"] is None and fallback:
+        row.update(offered_rps=fallback.get("offered_rps"), effective_rps=fallback.get("effective_rps"),
+                   achieved_dispatch_rps=row["achieved_dispatch_rps"] or fallback.get("achieved_dispatch_rps"),
+                   rates_source="records")  # fmt: skip
+        if row["offered_rps"]:
+            row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
+    if row["effective_rps"] is None:
+        row["rates_source"] = None
+    if row["throughput_ratio"] is None and row["effective_rps"] is not None and row["offered_rps"]:
+        row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
+    if row["effective_rps"] is not None and requested:
+        row["throughput_ratio_requested"] = row["effective_rps"] / requested
+    else:
+        row["throughput_ratio_requested"] = None
+    return row
+
+
+def cell_row(cell: Cell, *, backend: str | None, simulated: bool, run_status: str,
+             step_timing_available: bool, steps: bool = True) -> tuple[dict[str, Any], list[float] | None]:  # fmt: skip
+    """(the aggregate row without the saturation columns, the step-duration CDF grid).
+    steps=False skips the step log (the reference stage does not need it)."""
+    row: dict[str, Any] = {k: None for k in COLUMNS}
+    shape = cell.shape
+    row.update(config=cell.config, phase=cell.phase, cell=cell.label, rate=cell.rate,
+               input_len=shape[0] if shape else None, output_len=shape[1] if shape else None,
+               backend=backend, simulated=simulated, run_status=run_status)  # fmt: skip
+    req, window, fallback = request_stats(cell)
+    row.update(req)
+    row.update(summary_fields(cell, fallback))
+    met, note_m = metric_stats(cell, window)
+    row.update(met)
+    if steps:
+        step_row, note_s, grid = step_stats(cell, window)
+        row.update(step_row)
+    else:
+        note_s, grid = None, None
+        row["steps_n"] = 0
+    row["step_timing_available"] = bool(step_timing_available and row["steps_n"])
+    row["window_note"] = "; ".join(n for n in (note_m, note_s) if n) or None
+    if cell.phase != PHASE_A:
+        row["crit_ttft_growth"] = None
+    return row, grid

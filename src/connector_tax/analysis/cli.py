@@ -1,0 +1,59 @@
+"""`ctax analyze RESULTS_DIR [--figures] [...]`: the analysis of one study's results.
+
+cli.py (the console script) wires it: add_arguments(subparser); subparser.set_defaults(func=main).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="results/<study>/ of one study")
+    parser.add_argument("--figures", action="store_true", help="also draw figures 1-8 (PNG + PDF) under analysis/figures/")
+    parser.add_argument("--figures-only", action="store_true",
+                        help="redraw the figures from an existing RESULTS_DIR/analysis (or --out) without re-reading raw data")
+    parser.add_argument("--baseline", default="plain",
+                        help="config the taxes are measured against (default plain; 'first' = the study's first config)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/analysis)")
+    parser.add_argument("--throughput-basis", choices=["offered", "requested"], default="offered",
+                        help="saturation criterion 1 denominator: the rate offered in the window (default) or the requested rate")
+    parser.add_argument("--quiet", action="store_true", help="print only the output folder")
+
+
+def main(args: argparse.Namespace) -> int:
+    from connector_tax.analysis.core import analyze, redraw_figures
+
+    results = Path(args.results_dir)
+    if not results.is_dir():
+        print(f"ctax analyze: {results}: no such directory", file=sys.stderr)
+        return 2
+    if getattr(args, "figures_only", False):
+        analysis_dir = Path(args.out) if args.out else results / "analysis"
+        if not (analysis_dir / "aggregate.json").is_file():
+            print(f"ctax analyze: {analysis_dir}/aggregate.json missing: run without --figures-only first", file=sys.stderr)
+            return 2
+        out = redraw_figures(analysis_dir)
+        print(out["out_dir"] if args.quiet else
+              f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s")
+        return 0
+    out = analyze(results, figures=bool(args.figures), baseline=args.baseline, out_dir=args.out,
+                  throughput_basis=args.throughput_basis)
+    if args.quiet:
+        print(out["out_dir"])
+        return 0
+    print(f"analysis written to {out['out_dir']} in {out['seconds']:.1f} s")
+    print("verdicts: " + ", ".join(f"{k}={v}" for k, v in out["verdicts"].items()))
+    if args.figures:
+        print(f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped")
+        for name, reason in out["skipped_figures"].items():
+            print(f"  skipped {name}: {reason}")
+    return 0
+
+
+if __name__ == "__main__":  # python -m connector_tax.analysis.cli RESULTS_DIR --figures
+    p = argparse.ArgumentParser(prog="python -m connector_tax.analysis.cli")
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))

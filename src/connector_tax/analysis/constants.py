@@ -1,0 +1,68 @@
+"""Names and numbers the analysis needs, re-declared here so that analysis never imports the
+load generator, the simulator or the pipeline (it reads files only). Keep in step with
+pipeline/cells.py (labels, phases) and workflow/schemas/config.schema.yaml (defaults)."""
+
+from __future__ import annotations
+
+import re
+
+PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
+PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
+
+# The design's configurations that the hypotheses name.
+PLAIN = "plain"
+NOOP = "noop_connector"
+MOONCAKE_BOTH = "mooncake_both"
+NIXL_BOTH = "nixl_both"
+LMCACHE_ONLY = "lmcache_only"
+MULTI = "multi_mooncake_lmcache"
+
+# Saturation thresholds (schema defaults = the design's numbers).
+DEFAULT_SATURATION = {"throughput_ratio_min": 0.95, "waiting_p50_max": 1.0, "ttft_p90_ratio_max": 1.5}
+
+# Criterion names as they appear in every output.
+CRIT_THROUGHPUT = "throughput"  # 1: effective / offered rate < throughput_ratio_min
+CRIT_WAITING = "waiting"  # 2: vllm:num_requests_waiting p50 > waiting_p50_max
+CRIT_TTFT = "ttft_growth"  # 3: TTFT p90(r) / TTFT p90(r') > ttft_p90_ratio_max, r' <= r/2
+CRITERIA = (CRIT_THROUGHPUT, CRIT_WAITING, CRIT_TTFT)
+
+# Hypothesis / success-criterion thresholds of the design (seed 002).
+H1_MIN_TAX = 0.10  # Mooncake_both TTFT p90 tax >= 10 %
+H2_GAP_PP = (5.0, 10.0)  # NIXL tax below Mooncake tax by 5-10 pp
+PRIOR_TAX = 0.45  # elastic_migration_v2 trace-replay Mooncake_both tax
+SC1_ACCEPT = (0.25, 0.60)  # accept the prior if the measured tax is in [25 %, 60 %]
+H3_FRAMEWORK_SHARE = 0.50  # noop tax >= 50 % of Mooncake_both tax: framework-dominated
+H3_IMPLEMENTATION_SHARE = 0.30  # < 30 %: implementation-dominated
+H4_MAX_REL_DEV = 0.30  # |multi - (mooncake + lmcache)| / multi <= 0.30: additive
+SC7_MAX_HOURS = 6.0
+
+CONFIDENCE = 0.95
+METRIC_NAMES = {"waiting": "vllm:num_requests_waiting", "running": "vllm:num_requests_running",
+                "kv_usage": "vllm:kv_cache_usage_perc"}  # fmt: skip
+
+STEP_FIELDS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us")
+CALLBACK_FIELDS = ("build_meta_us", "get_finished_us", "start_load_kv_us")
+
+_SHAPE_RE = re.compile(r"^(\d+)x(\d+)$")
+_RATE_RE = re.compile(r"^r(.+)$")
+
+
+def rate_label(rate: float) -> str:
+    """The Phase A cell label of a rate: Python's f"r{rate:g}" (r0.5, r1, r32)."""
+    return f"r{rate:g}"
+
+
+def parse_rate_label(label: str) -> float | None:
+    m = _RATE_RE.match(label)
+    if not m:
+        return None
+    try:
+        return float(m.group(1))
+    except ValueError:
+        return None
+
+
+def parse_shape_label(label: str) -> tuple[int, int] | None:
+    """(input, output) of a Phase B cell label "512x64"; None for mix / pattern shapes."""
+    m = _SHAPE_RE.match(label)
+    return (int(m.group(1)), int(m.group(2))) if m else None

@@ -1,0 +1,243 @@
+"""The analysis entry point: results/<study>/ -> results/<study>/analysis/.
+
+analyze() reads every cell once (requests, summary, metrics, step log), builds the tidy rows,
+applies the saturation criteria, takes the reference rates (those in reference_rates.json,
+which Phase B actually ran at, or recomputed when the file is absent), computes the taxes
+against the baseline, reaches the verdicts, draws the figures and writes everything
+atomically (temporary file in the same folder, then rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from connector_tax.analysis.cellstats import COLUMNS, cell_row
+from connector_tax.analysis.constants import PHASE_A, PLAIN
+from connector_tax.analysis.hypotheses import check_artifacts, evaluate, runtime_of
+from connector_tax.analysis.layout import Study, load_study, phase_completed
+from connector_tax.analysis.quantiles import CDF_PERCENTILES, CI_METHOD, TAX_CI_METHOD
+from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
+from connector_tax.analysis.taxes import compute_taxes
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_MODE = 0o666 & ~_UMASK
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> Python."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, _MODE)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    write_atomic(path, json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "" if not math.isfinite(v) else repr(round(v, 6))
+    return v
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow([_csv_value(row.get(c)) for c in COLUMNS])
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _resolve_baseline(study: Study, baseline: str | None) -> tuple[str | None, bool]:
+    """(baseline config or None, whether it was asked for explicitly)."""
+    if baseline in (None, "", PLAIN):
+        return (PLAIN if PLAIN in study.configs else None), False
+    if baseline == "first":
+        return (study.configs[0] if study.configs else None), True
+    return (baseline if baseline in study.configs else None), True
+
+
+def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
+    ref = dict(computed)
+    ref["source"] = "computed"
+    filed = study.reference_file if isinstance(study.reference_file, dict) else None
+    if filed:
+        ref["source"] = "reference_rates.json"
+        for key in ("ref_safe", "ref_load"):
+            if key in filed and filed[key] != computed.get(key):
+                ref["notes"] = list(ref.get("notes") or []) + [
+                    f"{key}: reference_rates.json says {filed[key]}, recomputation gives {computed.get(key)}; "
+                    "the file's value is used (the later phases ran at it)"]  # fmt: skip
+            if key in filed:
+                ref[key] = filed[key]
+                ref[f"{key}_flagged"] = filed.get(f"{key}_flagged", ref.get(f"{key}_flagged"))
+                ref[f"{key}_reason"] = filed.get(f"{key}_reason", ref.get(f"{key}_reason"))
+    return ref
+
+
+def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
+    """Everything the outputs are made of, in memory (no file written)."""
+    t0 = time.perf_counter()
+    study = load_study(Path(results_dir))
+    rows: list[dict[str, Any]] = []
+    step_cdf: dict[str, dict[str, list[float]]] = {}
+    for cell in study.cells():
+        run = study.run_of(cell.config, cell.phase)
+        row, grid = cell_row(cell, backend=study.backend, simulated=study.simulated,
+                             run_status=run.status if run else "missing",
+                             step_timing_available=run.step_timing_available if run else False)  # fmt: skip
+        rows.append(row)
+        if grid is not None:
+            step_cdf.setdefault(cell.config, {})[cell.key] = grid
+    base, _explicit = _resolve_baseline(study, baseline)
+    thresholds = study.saturation_thresholds
+    completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
+    computed = reference_from_rows(rows, study.configs, completed, study.phase_a_rates, thresholds,
+                                   baseline=base or PLAIN, basis=throughput_basis, simulated=study.simulated)  # fmt: skip
+    reference = _reference(study, computed)
+    for row in rows:
+        if row["phase"] == PHASE_A and row.get("rate") is not None:
+            sat = computed["cells"].get(row["config"], {}).get(f"r{float(row['rate']):g}")
+            if sat:
+                apply_to_row(row, sat)
+        else:
+            apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
+    taxes = compute_taxes(rows, study.configs, base, reference) if base else None
+    artifacts = check_artifacts(study)
+    runtime = runtime_of(study)
+    hypotheses = evaluate(taxes or {}, reference, study.configs, base, artifacts, runtime, study.simulated)
+    config_status = {}
+    for name in study.configs:
+        pf = study.preflight.get(name) or {}
+        config_status[name] = {
+            "preflight": pf.get("status"), "preflight_reason": pf.get("reason"),
+            "phases": {ph: {"status": r.status, "reason": r.reason, "step_timing_available": r.step_timing_available,
+                            "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells]}
+                       for (n, ph), r in study.runs.items() if n == name},
+        }  # fmt: skip
+    aggregate = {
+        "schema_version": SCHEMA_VERSION,
+        "study": study.name,
+        "results_dir": str(study.root),
+        "backend": study.backend,
+        "simulated": study.simulated,
+        "configs": study.configs,
+        "baseline": base,
+        "baseline_requested": baseline,
+        "connector_study": base == PLAIN,
+        "config_status": config_status,
+        "ci_method": {"percentiles": CI_METHOD, "taxes": TAX_CI_METHOD,
+                      "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},
+        "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
+        "columns": COLUMNS,
+        "rows": rows,
+        "reference": reference,
+        "taxes": taxes,
+        "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "configs": step_cdf},
+        "artifacts": artifacts,
+        "runtime": runtime,
+        "analysis_seconds": None,
+    }  # fmt: skip
+    aggregate["analysis_seconds"] = round(time.perf_counter() - t0, 3)
+    return {"aggregate": aggregate, "hypotheses": hypotheses}
+
+
+def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = PLAIN, out_dir: Path | None = None,
+            throughput_basis: str = "offered") -> dict[str, Any]:  # fmt: skip
+    """Analyse results/<study>/ and write analysis/{aggregate.json,aggregate.csv,hypotheses.json,
+    report.md,figures/} there (or in out_dir). Returns {"out_dir", "files", "figures",
+    "skipped_figures", "verdicts", "seconds"}.
+
+    baseline: the config taxes are measured against ("plain"; "first" = the study's first
+    config; any config name). Without it in the study only the generic parts are produced."""
+    from connector_tax.analysis.report import render_report
+
+    t0 = time.perf_counter()
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir / "analysis"
+    built = build(results_dir, baseline=baseline, throughput_basis=throughput_basis)
+    agg, hyp = built["aggregate"], built["hypotheses"]
+    made: dict[str, list[str]] = {}
+    skipped: dict[str, str] = {}
+    if figures:
+        from connector_tax.plots import make_figures
+
+        fig = make_figures(agg, hyp, out / "figures")
+        made, skipped = fig["made"], fig["skipped"]
+        write_json_atomic(out / "figures" / "skipped.json", skipped)
+    write_json_atomic(out / "aggregate.json", agg)
+    write_atomic(out / "aggregate.csv", csv_text(agg["rows"]))
+    write_json_atomic(out / "hypotheses.json", hyp)
+    write_atomic(out / "report.md", render_report(agg, hyp, made, skipped, figures_made=figures))
+    files = ["aggregate.json", "aggregate.csv", "hypotheses.json", "report.md"]
+    if figures:
+        files += ["figures/skipped.json"] + [str(Path("figures") / Path(p).name) for ps in made.values() for p in ps]
+    verdicts = {h["id"]: h["verdict"] for h in hyp["hypotheses"]}
+    verdicts.update({s["id"]: s["status"] for s in hyp["success_criteria"]})
+    return {"out_dir": str(out), "files": files, "figures": made, "skipped_figures": skipped, "verdicts": verdicts,
+            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+
+
+def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
+    """Figures only, from an existing analysis/ folder (aggregate.json + hypotheses.json): draws
+    figures/, writes figures/skipped.json and re-renders report.md with the figure list.
+    Returns {"out_dir", "figures", "skipped_figures", "seconds"}."""
+    from connector_tax.analysis.report import render_report
+    from connector_tax.plots import make_figures
+
+    t0 = time.perf_counter()
+    analysis_dir = Path(analysis_dir)
+    agg = json.loads((analysis_dir / "aggregate.json").read_text(encoding="utf-8"))
+    hyp = json.loads((analysis_dir / "hypotheses.json").read_text(encoding="utf-8"))
+    fig = make_figures(agg, hyp, analysis_dir / "figures")
+    write_json_atomic(analysis_dir / "figures" / "skipped.json", fig["skipped"])
+    write_atomic(analysis_dir / "report.md", render_report(agg, hyp, fig["made"], fig["skipped"]))
+    return {"out_dir": str(analysis_dir), "figures": fig["made"], "skipped_figures": fig["skipped"],
+            "seconds": round(time.perf_counter() - t0, 3)}

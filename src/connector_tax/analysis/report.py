@@ -1,0 +1,169 @@
+"""report.md: a short Markdown report of one study's analysis (tables, verdicts, figures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
+
+
+def _f(v: Any, fmt: str = ".1f") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return format(v, fmt)
+    return str(v)
+
+
+def _pct(est: dict[str, Any] | None) -> str:
+    if not est or est.get("value") is None:
+        return "–"
+    s = f"{est['value'] * 100:+.1f}%"
+    ci = est.get("ci")
+    if ci and None not in ci:
+        s += f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]"
+    return s
+
+
+def _us(est: dict[str, Any] | None) -> str:
+    if not est or est.get("value") is None:
+        return "–"
+    s = f"{est['value']:+.1f}"
+    ci = est.get("ci")
+    if ci and None not in ci:
+        s += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+    return s
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def _ci_text(lo: Any, hi: Any) -> str:
+    return f" [{_f(lo)}, {_f(hi)}]" if lo is not None and hi is not None else ""
+
+
+def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, list[str]],
+                  skipped: dict[str, str], figures_made: bool = True) -> str:  # fmt: skip
+    L: list[str] = [f"# connector-tax analysis: {agg['study']}", ""]
+    if agg.get("simulated"):
+        L += ["> **SIMULATED DATA.** Every number and figure below comes from the embedded simulated vLLM "
+              "(backend `sim`), not from a GPU. It exercises the pipeline; it measures nothing about vLLM.", ""]
+    ref = agg.get("reference") or {}
+    L += [f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
+          + ", ".join(f"`{c}`" for c in agg["configs"]),
+          f"- Baseline for taxes: `{agg.get('baseline')}`" if agg.get("baseline") else
+          f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
+          "(taxes, H1–H6, success criteria 1–5, figures 4–8) are **not applicable**; per-cell statistics, "
+          "saturation, reference rates and figures 1–3 are reported.",
+          f"- Reference rates ({ref.get('source')}): ref_safe = **{_f(ref.get('ref_safe'), 'g')} req/s**"
+          + (f" (FLAGGED: {ref.get('ref_safe_reason')})" if ref.get("ref_safe_flagged") else "")
+          + f", ref_load = **{_f(ref.get('ref_load'), 'g')} req/s**"
+          + (f" (FLAGGED: {ref.get('ref_load_reason')})" if ref.get("ref_load_flagged") else ""),
+          f"- Confidence intervals: {agg['ci_method']['percentiles']}. Taxes: {agg['ci_method']['taxes']}.",
+          f"- Saturation criterion 1 basis: effective / {agg['saturation']['throughput_basis']} rate; thresholds "
+          + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items()) + ".", ""]  # fmt: skip
+    for note in ref.get("notes") or []:
+        L.append(f"- Note: {note}")
+    L.append("")
+
+    # configs
+    L += ["## Configurations", ""]
+    rows = []
+    for name in agg["configs"]:
+        st = agg["config_status"].get(name) or {}
+        cells = []
+        for ph in PHASES:
+            p = (st.get("phases") or {}).get(ph)
+            cells.append("–" if p is None else f"{p['status']} ({len(p['cells'])} cells)"
+                         + (f": {p['reason']}" if p.get("reason") else ""))  # fmt: skip
+        timing = [p for p in (st.get("phases") or {}).values()]
+        step = "yes" if any(p["step_timing_available"] for p in timing) else (
+            next((p["step_timing_reason"] for p in timing if p.get("step_timing_reason")), "no") if timing else "–")
+        rows.append([f"`{name}`", _f(st.get("preflight")) + (f": {st['preflight_reason']}" if st.get("preflight_reason") else ""),
+                     *cells, str(step)])  # fmt: skip
+    L += _table(["config", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
+
+    # verdicts
+    L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
+    L += _table(["id", "verdict", "why", "CI overlaps threshold"],
+                [[h["id"], f"**{h['verdict']}**", h["reason"].replace("|", "/"), _f(h.get("ci_overlaps_threshold"))]
+                 for h in hyp["hypotheses"]])  # fmt: skip
+    L += _table(["criterion", "status", "outcome", "why"],
+                [[s["title"].split(":")[0], f"**{s['status']}**", _f(s.get("outcome")), s["reason"].replace("|", "/")]
+                 for s in hyp["success_criteria"]])  # fmt: skip
+    for h in hyp["hypotheses"]:
+        for c in h.get("caveats") or []:
+            L.append(f"- {h['id']} caveat: {c}")
+    L.append("")
+
+    # Phase A
+    pa = [r for r in agg["rows"] if r["phase"] == PHASE_A]
+    if pa:
+        L += ["## Phase A (rate sweep)", "", "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.", ""]
+        L += _table(["config", "rate (req/s)", "n ok", "TTFT p90", "TPOT p90", "E2E p90", "eff/offered", "waiting p50",
+                     "step p50 (µs)", "saturated", "valid"],
+                    [[f"`{r['config']}`", _f(r["rate"], "g"), _f(r["n_ok"], "d"),
+                      _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
+                      _f(r["tpot_ms_p90"], ".2f"), _f(r["e2e_ms_p90"]), _f(r["throughput_ratio"], ".3f"),
+                      _f(r["waiting_p50"], "g"), _f(r["step_duration_us_p50"]),
+                      (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
+                      _f(r["valid"])] for r in pa])  # fmt: skip
+    sat_rates = (ref.get("per_config") or {})
+    if sat_rates:
+        L += _table(["config", "saturation rate (req/s)", "criteria fired there"],
+                    [[f"`{n}`", _f(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
+                     for n, v in sat_rates.items()])  # fmt: skip
+
+    taxes = agg.get("taxes")
+    if taxes:
+        L += ["## Substrate tax", "", f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
+              "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback.", ""]
+        for ref_name in ("ref_safe", "ref_load"):
+            e = taxes["phase_a"].get(ref_name) or {}
+            if not e.get("configs"):
+                L += [f"No tax at {ref_name}: " + ("; ".join(f"{k}: {v}" for k, v in (e.get("missing") or {}).items())
+                                                   or "no Phase A cell at that rate"), ""]  # fmt: skip
+                continue
+            L += [f"### Phase A at {ref_name} = {_f(e.get('rate'), 'g')} req/s (cell {e.get('cell')})", ""]
+            L += _table(["config", "tax TTFT p90", "tax TPOT p90", "tax step p50 (µs)", "callback p50 (µs)", "unattributed (µs)"],
+                        [[f"`{n}`", _pct(t.get("ttft_p90")), _pct(t.get("tpot_p90")), _us(t.get("step_p50_us")),
+                          _us(t.get("callback_p50_us")), _us(t.get("unattributed_p50_us"))]
+                         for n, t in e["configs"].items()])  # fmt: skip
+        for phase, title in ((PHASE_B, "Phase B (shapes at ref_safe)"), (PHASE_B_PRIME, "Phase B' (shapes at ref_load)")):
+            cells = (taxes.get(phase) or {}).get("cells") or {}
+            if not cells:
+                continue
+            names = sorted({n for c in cells.values() for n in c["configs"]}, key=agg["configs"].index)
+            L += [f"### {title}: tax TTFT p90 / tax TPOT p90", ""]
+            L += _table(["shape"] + [f"`{n}`" for n in names],
+                        [[label] + [f"{_pct((c['configs'].get(n) or {}).get('ttft_p90'))} / "
+                                    f"{_pct((c['configs'].get(n) or {}).get('tpot_p90'))}" for n in names]
+                         for label, c in cells.items()])  # fmt: skip
+
+    L += ["## Figures", ""]
+    if not figures_made:
+        L += ["Figures were not requested in this run (`--figures` not given).", ""]
+    for name, paths in sorted(figures.items()):
+        png = next((p for p in paths if p.endswith(".png")), paths[0])
+        pdf = next((p for p in paths if p.endswith(".pdf")), None)
+        L.append(f"- [{name}](figures/{Path(png).name})" + (f" ([pdf](figures/{Path(pdf).name}))" if pdf else ""))
+    if skipped:
+        L += ["", "Skipped figures (data missing; never drawn empty):", ""]
+        L += [f"- **{name}**: {reason}" for name, reason in sorted(skipped.items())]
+    L.append("")
+    notes = [f"{r['config']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")]
+    invalid = [f"{r['config']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}" for r in agg["rows"] if r.get("valid") is False]
+    if invalid:
+        L += ["## Cells the load generator marked invalid (kept, flagged)", ""] + [f"- {x}" for x in invalid] + [""]
+    if notes:
+        L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
+    art = agg.get("artifacts") or {}
+    if art.get("missing"):
+        L += ["## Missing artifacts", ""] + [f"- {x}" for x in art["missing"]] + [""]
+    return "\n".join(L)

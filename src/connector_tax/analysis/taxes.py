@@ -1,0 +1,104 @@
+"""The substrate tax, exactly as the design defines it, with confidence intervals.
+
+  tax_TTFT_p90(X, ref) = TTFT_p90(X, ref) / TTFT_p90(baseline, ref) - 1
+  tax_TPOT_p90(X, ref) = TPOT_p90(X, ref) / TPOT_p90(baseline, ref) - 1
+  tax_step_p50(X)      = step_duration_us p50 (X) - step_duration_us p50 (baseline)
+  tax_callback_p50(X)  = connector_total_us p50 (X)        (the baseline has no callbacks)
+  unattributed_p50(X)  = tax_step_p50(X) - tax_callback_p50(X)
+
+"At ref" is the cell where both configs ran at the same load: Phase A's cell at the reference
+rate (ref_safe and ref_load), every Phase B shape (at Phase B's rate, ref_safe by default) and
+every Phase B' shape (at ref_load). The baseline is "plain" unless the caller names another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME
+from connector_tax.analysis.quantiles import TAX_CI_METHOD, combine, difference, ratio_minus_one
+
+
+def _get(row: dict[str, Any], key: str) -> float | None:
+    v = row.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def latency_tax(x: dict[str, Any], b: dict[str, Any], metric: str) -> dict[str, Any]:
+    """tax of `metric` p90 ("ttft_ms", "tpot_ms") of row x over baseline row b."""
+    k = f"{metric}_p90"
+    est = ratio_minus_one(_get(x, k), _get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi"),
+                          _get(b, k), _get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi"))  # fmt: skip
+    return {
+        **est,
+        "x_p90": _get(x, k), "x_ci": [_get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi")], "x_n": x.get(f"{metric}_n"),
+        "base_p90": _get(b, k), "base_ci": [_get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi")],
+        "base_n": b.get(f"{metric}_n"), "x_valid": x.get("valid"), "base_valid": b.get("valid"),
+    }  # fmt: skip
+
+
+def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    k = "step_duration_us_p50"
+    step = difference(_get(x, k), _get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi"),
+                      _get(b, k), _get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi"))  # fmt: skip
+    step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
+    c = "connector_total_us_p50"
+    callback = {"value": _get(x, c), "ci": None}
+    if callback["value"] is not None and _get(x, f"{c}_ci_lo") is not None and _get(x, f"{c}_ci_hi") is not None:
+        callback["ci"] = [_get(x, f"{c}_ci_lo"), _get(x, f"{c}_ci_hi")]
+    if callback["value"] is None and step["value"] is not None:
+        callback = {"value": 0.0, "ci": [0.0, 0.0], "note": "no connector callbacks recorded"}
+    unattributed = combine([(1.0, step), (-1.0, callback)])
+    return {"step_p50_us": step, "callback_p50_us": callback, "unattributed_p50_us": unattributed}
+
+
+def pair_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = {"ttft_p90": latency_tax(x, b, "ttft_ms"), "tpot_p90": latency_tax(x, b, "tpot_ms")}
+    if x.get("steps_n") and b.get("steps_n"):
+        out.update(step_taxes(x, b))
+    return out
+
+
+def compute_taxes(rows: list[dict[str, Any]], configs: list[str], baseline: str,
+                  reference: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    index = {(r["config"], r["phase"], r["cell"]): r for r in rows}
+    others = [c for c in configs if c != baseline]
+    out: dict[str, Any] = {"baseline": baseline, "ci_method": TAX_CI_METHOD, "phase_a": {}, PHASE_B: {},
+                           PHASE_B_PRIME: {}}  # fmt: skip
+    for ref in ("ref_safe", "ref_load"):
+        rate = reference.get(ref)
+        entry: dict[str, Any] = {"rate": rate, "cell": None, "configs": {}, "missing": {}}
+        if rate is not None:
+            label = next((r["cell"] for r in rows if r["phase"] == PHASE_A and r.get("rate") is not None
+                          and abs(float(r["rate"]) - float(rate)) < 1e-9), None)  # fmt: skip
+            entry["cell"] = label
+            b = index.get((baseline, PHASE_A, label)) if label else None
+            for name in others:
+                x = index.get((name, PHASE_A, label)) if label else None
+                if b is None or x is None:
+                    entry["missing"][name] = f"no Phase A cell at r{float(rate):g} for " + (
+                        baseline if b is None else name)
+                    continue
+                entry["configs"][name] = pair_taxes(x, b)
+        out["phase_a"][ref] = entry
+    for phase in (PHASE_B, PHASE_B_PRIME):
+        cells: dict[str, Any] = {}
+        labels = sorted({r["cell"] for r in rows if r["phase"] == phase},
+                        key=lambda s: (index.get((baseline, phase, s)) or {}).get("input_len") or 0)
+        rates = {r.get("rate") for r in rows if r["phase"] == phase and r.get("rate") is not None}
+        for label in labels:
+            b = index.get((baseline, phase, label))
+            any_row = next(r for r in rows if r["phase"] == phase and r["cell"] == label)
+            cell: dict[str, Any] = {"input": any_row.get("input_len"), "output": any_row.get("output_len"),
+                                    "configs": {}, "missing": {}}  # fmt: skip
+            for name in others:
+                x = index.get((name, phase, label))
+                if x is None:
+                    continue
+                if b is None:
+                    cell["missing"][name] = f"no {phase} cell {label} for {baseline}"
+                    continue
+                cell["configs"][name] = pair_taxes(x, b)
+            cells[label] = cell
+        out[phase] = {"rates": sorted(float(r) for r in rates), "cells": cells}
+    return out

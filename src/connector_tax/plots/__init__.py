@@ -1,0 +1,61 @@
+"""Figures 1-8 from the analysis documents (aggregate.json + hypotheses.json); see README.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def build_figure(name: str, aggregate: dict[str, Any], hypotheses: dict[str, Any] | None = None) -> Any:
+    """The matplotlib Figure of one figure name (raises figures.Skip when its data is missing)."""
+    from connector_tax.plots.figures import FIGURES, Ctx
+
+    builder = FIGURES[name]
+    ctx = Ctx(aggregate, hypotheses)
+    if name.startswith("fig4_"):
+        return builder(ctx, {})
+    return builder(ctx)
+
+
+def make_figures(aggregate: dict[str, Any], hypotheses: dict[str, Any] | None, out_dir: Path) -> dict[str, Any]:
+    """Draw every figure into out_dir as PNG + PDF. Returns {"made": {name: [paths]},
+    "skipped": {name: reason}, "meta": {name: titles/labels/legends}}."""
+    from connector_tax.plots.figures import FIGURES, Ctx, Skip
+    from connector_tax.plots.style import describe, save
+
+    out_dir = Path(out_dir)
+    made: dict[str, list[str]] = {}
+    skipped: dict[str, str] = {}
+    meta: dict[str, Any] = {}
+    for name, builder in FIGURES.items():
+        ctx = Ctx(aggregate, hypotheses)
+        try:
+            fig = builder(ctx, skipped) if name.startswith("fig4_") else builder(ctx)
+        except Skip as exc:
+            skipped[name] = str(exc)
+            for ext in ("png", "pdf"):  # never leave a stale figure of an earlier run behind
+                (out_dir / f"{name}.{ext}").unlink(missing_ok=True)
+            continue
+        except Exception as exc:  # a plotting bug must not lose the analysis outputs
+            log.exception("figure %s failed", name)
+            skipped[name] = f"internal error while drawing: {type(exc).__name__}: {exc}"
+            continue
+        meta[name] = describe(fig)
+        made[name] = save(fig, out_dir, name)
+    return {"made": made, "skipped": skipped, "meta": meta}
+
+
+def figures_from_analysis(analysis_dir: Path) -> dict[str, Any]:
+    """Redraw the figures from an existing analysis/ folder (aggregate.json, hypotheses.json)."""
+    analysis_dir = Path(analysis_dir)
+    agg = json.loads((analysis_dir / "aggregate.json").read_text(encoding="utf-8"))
+    hyp_path = analysis_dir / "hypotheses.json"
+    hyp = json.loads(hyp_path.read_text(encoding="utf-8")) if hyp_path.is_file() else None
+    return make_figures(agg, hyp, analysis_dir / "figures")
+
+
+__all__ = ["build_figure", "make_figures", "figures_from_analysis"]

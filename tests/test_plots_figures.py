@@ -1,0 +1,96 @@
+"""Figures: titles, axis labels with units, config legends, one colour per config across
+figures, the "simulated" stamp, and Skip (never an empty figure) when data is missing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+
+from connector_tax.analysis import build
+from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from connector_tax.plots import build_figure, make_figures
+from connector_tax.plots.figures import FIGURES, Skip
+from connector_tax.plots.style import Palette, describe
+
+CONFIGS = ["plain", "noop_connector", "mooncake_both", "nixl_both", "lmcache_only", "multi_mooncake_lmcache"]
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    spec = SyntheticSpec(configs=CONFIGS, n_requests=200, n_steps=300, shapes=[(512, 64), (4096, 64), (512, 256)],
+                         seed=21)  # fmt: skip
+    built = build(write_study(tmp_path_factory.mktemp("plots") / "s", spec))
+    return built["aggregate"], built["hypotheses"]
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_every_figure_is_titled_and_labelled(docs, name):
+    agg, hyp = docs
+    fig = build_figure(name, agg, hyp)
+    assert isinstance(fig, Figure)
+    meta = describe(fig)
+    plots = [a for a in meta["axes"] if not a.get("colorbar")]
+    visible = [a for a, ax in zip(meta["axes"], fig.axes) if ax.get_visible() and not a.get("colorbar")]
+    assert plots and visible
+    assert meta["suptitle"] or all(a["title"] for a in visible)
+    assert "SIMULATED" in (meta["suptitle"] + " ".join(a["title"] for a in visible))
+    assert "SIMULATED" in meta["texts"]  # drawn across the canvas
+    for a in visible:
+        assert a["xlabel"] and a["ylabel"], (name, a)
+    units = " ".join(a["xlabel"] + a["ylabel"] for a in visible)
+    assert any(u in units for u in ("(ms", "(req/s", "(%)", "(µs", "(tokens)", "CDF")), units
+    legends = [t for a in meta["axes"] for t in a.get("legend", [])]
+    titles = [a.get("title", "") for a in meta["axes"]]
+    names_shown = set(legends) | set(titles) | {t.get_text() for ax in fig.axes for t in ax.get_xticklabels()}
+    assert names_shown & set(CONFIGS), name
+
+
+def test_one_colour_per_config_across_figures(docs):
+    agg, hyp = docs
+    palette = Palette(agg["configs"])
+    fig1 = build_figure("fig1_ttft_p90_vs_rate", agg, hyp)
+    line_colours = {c.get_label(): to_rgba(c.lines[0].get_color()) for c in fig1.axes[0].containers}
+    assert set(line_colours) == set(CONFIGS)
+    for name, colour in line_colours.items():
+        assert colour == to_rgba(palette(name))
+    fig6 = build_figure("fig6_step_latency_cdf", agg, hyp)
+    for ln in fig6.axes[0].get_lines():
+        assert to_rgba(ln.get_color()) == line_colours[ln.get_label()]
+    assert len({palette(c) for c in CONFIGS}) == len(CONFIGS)
+
+
+def test_not_simulated_has_no_stamp(docs):
+    agg, hyp = copy.deepcopy(docs)
+    agg["simulated"] = False
+    meta = describe(build_figure("fig3_throughput_vs_requested", agg, hyp))
+    assert "SIMULATED" not in meta["texts"] and "SIMULATED" not in meta["axes"][0]["title"]
+
+
+def test_missing_data_raises_skip_not_an_empty_figure(docs):
+    agg, hyp = copy.deepcopy(docs)
+    agg["step_cdf"]["configs"] = {}
+    with pytest.raises(Skip, match="step"):
+        build_figure("fig6_step_latency_cdf", agg, hyp)
+    agg["rows"] = []
+    with pytest.raises(Skip):
+        build_figure("fig1_ttft_p90_vs_rate", agg, hyp)
+    agg["taxes"] = None
+    with pytest.raises(Skip, match="not applicable"):
+        build_figure("fig5_tax_shape_heatmaps", agg, hyp)
+
+
+def test_make_figures_writes_png_and_pdf_and_records_skips(docs, tmp_path):
+    agg, hyp = copy.deepcopy(docs)
+    agg["rows"] = [r for r in agg["rows"] if r["phase"] == "phase_a"]
+    agg["taxes"] = None
+    agg["step_cdf"]["configs"] = {}
+    out = make_figures(agg, hyp, tmp_path)
+    assert set(out["made"]) == {"fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested"}
+    for paths in out["made"].values():
+        assert sorted(p.rsplit(".", 1)[1] for p in paths) == ["pdf", "png"]
+    assert set(out["skipped"]) == set(FIGURES) - set(out["made"])
+    assert all(out["skipped"].values())
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
