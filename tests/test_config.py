@@ -3,6 +3,8 @@ every bad config is reported as exactly one line that names the offending key.""
 
 from __future__ import annotations
 
+from config_errors import config_error, raw_config
+
 import copy
 import subprocess
 import sys
@@ -29,19 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ["configs/default.yaml", "configs/h20-qwen3-coder.yaml", "configs/test-tiny.yaml"]
 
 
-def _raw(name: str = "configs/test-tiny.yaml") -> dict[str, Any]:
-    return yaml.safe_load((REPO / name).read_text())
-
-
-def _error(mutate: Callable[[dict[str, Any]], Any]) -> str:
-    """The one-line error validate_config gives for test-tiny.yaml after `mutate`."""
-    config = _raw()
-    mutate(config)
-    with pytest.raises(ConfigError) as info:
-        validate_config(config)
-    line = str(info.value)
-    assert "\n" not in line, line
-    return line
+_raw = raw_config
+_error = config_error
 
 
 # --------------------------------------------------------------------------- valid configs

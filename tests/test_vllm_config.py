@@ -3,30 +3,19 @@ the launch relies on (schema in workflow/schemas/config.schema.yaml)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from config_errors import config_error, raw_config
+
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from connector_tax.config import ConfigError, load_config, validate_config
+from connector_tax.config import load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _raw() -> dict[str, Any]:
-    return yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
-
-
-def _error(mutate: Callable[[dict[str, Any]], Any]) -> str:
-    config = _raw()
-    mutate(config)
-    with pytest.raises(ConfigError) as info:
-        validate_config(config)
-    line = str(info.value)
-    assert "\n" not in line
-    return line
+_raw = raw_config
+_error = config_error
 
 
 def test_vllm_defaults_are_filled() -> None:
