@@ -1,15 +1,16 @@
-"""Send precision and TTFT fidelity of the load generator, against `ctax sim` on loopback.
+"""Send precision and TTFT fidelity of the load generator, on loopback.
 
     python benchmarks/loadgen_precision.py [--repeats 3] [--seconds 10]
 
 * Send precision: |t_send - t_scheduled| p50/p99/max at 100 and 1,000 req/s Poisson while
-  streaming 64-token responses (bars: p99 <= 100 us and <= 1 ms).
+  streaming 64-token responses (bars: p99 <= 100 us and <= 1 ms), against the near-zero-cost
+  SSE server (benchmarks/sse_null_server.py), so the server's CPU does not compete.
 * Fidelity: measured TTFT minus the server's own (the simulator's --request-log first-token
   time, joined by request id) at 32 req/s with 256-token streams (bars: median <= 200 us,
   p99 <= 1 ms).
 
 Each measurement is repeated; medians across repeats are printed (the machine is shared).
-The simulator runs a fast profile here so that it, not the load generator, keeps up.
+For fidelity the simulator runs a fast profile so that it keeps up.
 """
 
 from __future__ import annotations
@@ -46,8 +47,14 @@ def start_sim(tmp: Path, request_log: Path) -> tuple[subprocess.Popen[str], str]
     return proc, line[1]
 
 
-def run(url: str, out: Path, rate: float, output_len: int, seconds: float, label: str) -> list[dict]:
-    options = LoadgenOptions(url=url, model=MODEL, inflight_cap=4096, timeout_s=60, seed=1)
+def start_null() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return proc, proc.stdout.readline().split()[1]
+
+
+def run(url: str, out: Path, rate: float, output_len: int, seconds: float, label: str, model: str = MODEL) -> list[dict]:
+    options = LoadgenOptions(url=url, model=model, inflight_cap=4096, timeout_s=60, seed=1)
     cell = CellSpec(phase="bench", label=label, rate=rate, shape={"input": 64, "output": output_len},
                     warmup_s=1.0, duration_s=seconds)  # fmt: skip
     with LoadGenerator(options) as gen:
@@ -80,11 +87,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             request_log = tmp / "server_requests.jsonl"
-            proc, url = start_sim(tmp, request_log)
+            null, null_url = start_null()
             try:
                 for rate in (100, 1000):
-                    records = run(url, tmp, rate, 64, args.seconds, f"p{rate}-{rep}")
+                    records = run(null_url, tmp, rate, 64, args.seconds, f"p{rate}-{rep}", model="null-model")
                     rows[str(rate)].append(lateness(records))
+            finally:
+                null.terminate()
+                null.wait(10)
+            proc, url = start_sim(tmp, request_log)
+            try:
                 records = run(url, tmp, 32, 256, args.seconds, f"f32-{rep}")
                 rows["fidelity"].append(fidelity(records, request_log))
             finally:

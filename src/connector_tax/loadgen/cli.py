@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.shapes import parse_shapes, shape_spec
@@ -115,6 +116,9 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
         return [CellSpec(label="trace", arrival="trace", trace=trace, time_scale=args.time_scale,
                          num_requests=args.num_requests, **common)]  # fmt: skip
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
+    longest = max(s.input for s in shapes)
+    if longest >= POOL_TOKENS:
+        raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
     if args.concurrency:
         return [CellSpec(label=f"c{args.concurrency}-{s}", arrival="concurrency", concurrency=args.concurrency,
                          rampup_s=args.rampup, shape=shape_spec(s), **common) for s in shapes]  # fmt: skip

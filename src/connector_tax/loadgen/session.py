@@ -1,8 +1,9 @@
 """A benchmark session: one worker pool, many cells in a row (a rate sweep or a shape sweep).
 
 A cell runs on the calling thread (the session thread): it walks the arrival schedule,
-waits to each target time (sleep, then spin), and issues without blocking; results come
-back on the pool's receiver thread, which writes each record as it completes. Cell control
+sleeps to each request's send-ahead time and issues without blocking (the worker fires it
+on the dot); results come back on the pool's receiver thread, which writes each record as
+it completes. Cell control
 follows the design: warm-up (issued, recorded, excluded), a duration floor, extension until
 enough post-warm-up requests completed (bounded by max_duration_s), an in-flight cap whose
 excess is recorded as dropped, and a drain that waits, then cancels what is left.
@@ -28,7 +29,7 @@ from connector_tax.loadgen.records import RecordWriter, RequestRecord
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.stats import ValidityThresholds, summarize
-from connector_tax.loadgen.timing import set_timer_slack, wait_until
+from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import TraceRequest, prefix_blocks, trace_arrivals
 from connector_tax.loadgen.workers import WorkerPool
 
@@ -272,10 +273,11 @@ class _CellRun:
         return self.completed_post >= self.cell.min_completed or t >= hard_end
 
     def _wait(self, target: int) -> None:
+        """Sleep to a request's send-ahead time. No spin: the worker fires it on the dot, and
+        the send-ahead lead absorbs this sleep's wake-up jitter (~0.1 ms)."""
         remaining = target - time.monotonic_ns()
-        if remaining > 5_000_000:  # long waits stay interruptible
-            self.gen.stop_event.wait((remaining - 2_000_000) / 1e9)
-        wait_until(target)
+        if remaining > 0:
+            self.gen.stop_event.wait(remaining / 1e9)
 
     def _issue(self, target: int, spec: ipc.RequestSpec) -> None:
         warmup = target < self.t_warm_end
