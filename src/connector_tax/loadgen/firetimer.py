@@ -17,6 +17,8 @@ import os
 import time
 from collections.abc import Callable
 
+from connector_tax.loadgen.timing import wait_until
+
 CLOCK_MONOTONIC = 1
 TFD_NONBLOCK = 0o4000
 TFD_CLOEXEC = 0o2000000
@@ -55,7 +57,7 @@ class FireTimer:
     def at(self, t_ns: int, callback: Callable[[], None]) -> None:
         """Run callback at t_ns (never before); now if t_ns is within the spin window."""
         if t_ns - time.monotonic_ns() <= self.spin_ns:
-            _spin_until(t_ns)
+            wait_until(t_ns, spin_ns=self.spin_ns)
             callback()
             return
         heapq.heappush(self._heap, (t_ns, next(self._seq), callback))
@@ -80,7 +82,7 @@ class FireTimer:
                 pass
         while self._heap and self._heap[0][0] - time.monotonic_ns() <= self.spin_ns:
             t_ns, _, callback = heapq.heappop(self._heap)
-            _spin_until(t_ns)
+            wait_until(t_ns, spin_ns=self.spin_ns)  # within the spin window: spins, never sleeps
             callback()
         if self._heap:
             self._arm(self._heap[0][0] - self.spin_ns)
@@ -96,7 +98,3 @@ class FireTimer:
             os.close(self._fd)
             self._fd = -1
 
-
-def _spin_until(t_ns: int) -> None:
-    while time.monotonic_ns() < t_ns:
-        pass
