@@ -111,12 +111,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: Any) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
+        # Logged before the reply goes out, so a client that has its answer also sees the line.
+        self.server.note(self.command, self.path, int(status))
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        self.server.note(self.command, self.path, int(status))
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if self.path == "/query":
