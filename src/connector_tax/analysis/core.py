@@ -14,13 +14,12 @@ import io
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
+from connector_tax.atomic import write_atomic
 from connector_tax.analysis.constants import PHASE_A, PLAIN
 from connector_tax.analysis.hypotheses import check_artifacts, evaluate, runtime_of
 from connector_tax.analysis.layout import Study, load_study, phase_completed
@@ -31,9 +30,6 @@ from connector_tax.analysis.taxes import compute_taxes
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-_MODE = 0o666 & ~_UMASK
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -53,20 +49,6 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, _MODE)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_json_atomic(path: Path, doc: Any) -> None:

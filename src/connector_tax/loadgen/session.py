@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from connector_tax.atomic import write_json
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.prompts import BodySettings
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
@@ -211,7 +212,7 @@ class _CellRun:
             summary["validity"]["valid"] = False
             summary["validity"]["reasons"].append(f"cell {stopped} before its end")
         summary["complete"] = stopped is None
-        _write_json(self.out_dir / f"summary_{self.name}.json", summary)
+        write_json(self.out_dir / f"summary_{self.name}.json", summary)
         if self.opts.events_log:
             self._write_events()
         if interrupted:
@@ -388,8 +389,3 @@ class _CellRun:
                 name, *rest = text.split(" ", 1)
                 f.write(json.dumps({"t_ns": t_ns, "event": name, "detail": rest[0] if rest else None}) + "\n")
 
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

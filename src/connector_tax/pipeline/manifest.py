@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from connector_tax.atomic import write_atomic
 from connector_tax.config import load_config
 from connector_tax.pipeline.cells import PHASE_A, PHASE_B
 from connector_tax.pipeline.provenance import git_sha, gpu_ids, versions
@@ -121,10 +122,8 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], results: Path)
 
 def write_manifest(config: dict[str, Any], results: Path) -> None:
     rows = manifest_rows(config, results)
-    for name, text in (("MANIFEST.tsv", render_tsv(rows)), ("MANIFEST.md", render_md(config, rows, results))):
-        tmp = results / (name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(results / name)
+    write_atomic(results / "MANIFEST.tsv", render_tsv(rows))
+    write_atomic(results / "MANIFEST.md", render_md(config, rows, results))
 
 
 def main(argv: list[str] | None = None) -> int:

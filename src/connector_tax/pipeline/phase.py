@@ -26,13 +26,12 @@ from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOption
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.cells import PHASE_A, PHASE_B, phase_a_cells, phase_b_cells
-from connector_tax.pipeline.preflight import write_json
+from connector_tax.atomic import write_json
 from connector_tax.pipeline.provenance import env_text
 from connector_tax.pipeline.steplog import RAW_NAME, StepLogSplitter, step_timing_status
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
+from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
 
-READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
 
 def _now() -> str:

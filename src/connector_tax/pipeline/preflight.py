@@ -17,12 +17,12 @@ from typing import Any
 
 import httpx
 
+from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
+from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
 
-READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -77,14 +77,6 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
         return {"config": name, "status": "skip", "reason": str(exc), "backend": backend}
     return {"config": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Atomic: a reader never sees half a file, and an interrupted write leaves none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
 
 
 def merge_status(parts: list[Path]) -> dict[str, Any]:

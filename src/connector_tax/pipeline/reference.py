@@ -11,7 +11,7 @@ from pathlib import Path
 
 from connector_tax.analysis.saturation import reference_rates
 from connector_tax.config import load_config
-from connector_tax.pipeline.preflight import write_json
+from connector_tax.atomic import write_json
 
 
 def main(argv: list[str] | None = None) -> int:

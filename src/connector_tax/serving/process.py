@@ -22,6 +22,10 @@ import httpx
 from connector_tax.launch.spec import LaunchSpec
 
 
+# How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
+READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
+
+
 class ServerStartError(RuntimeError):
     """str() is one line (what failed and the server's last log line); `log_tail` has more."""
 
