@@ -103,7 +103,10 @@ class Progress:
     recent_ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=256))
 
     def ttft_p50_ms(self) -> float | None:
-        return float(np.median(self.recent_ttft_ms)) if self.recent_ttft_ms else None
+        # The receiver thread appends while the progress thread reads: deque.copy() is one
+        # C call under the GIL, iterating the live deque could raise "mutated during iteration".
+        recent = self.recent_ttft_ms.copy()
+        return float(np.median(recent)) if recent else None
 
 
 class LoadGenerator:
