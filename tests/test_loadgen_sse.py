@@ -316,3 +316,54 @@ def test_empty_reads_change_nothing() -> None:
     for i in range(0, len(stream), 50):
         pieces += [stream[i : i + 50], b""]
     assert outcome(read(pieces)) == (4, USAGE, True, None)
+
+
+# -- the bulk path: a read holding many plain token events -----------------------------------
+def _reference(stream: bytes) -> tuple[int, dict | None, bool, str | None]:
+    """Event by event, the way the reader is specified (no bulk shortcut)."""
+    tokens, usage, done, error = 0, None, False, None
+    for event in stream.replace(b"\r\n", b"\n").split(b"\n\n")[:-1]:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+            elif not (payload.startswith(b"{") and payload.endswith(b"}")):
+                error = error or f"malformed SSE data: {payload[:80]!r}"
+            elif payload.startswith(b'{"error"'):
+                error = error or json.loads(payload)["error"]["message"]
+            elif b'"choices":[]' in payload:
+                usage = json.loads(payload)["usage"]
+            elif b'"text":""' not in payload and b'"content":""' not in payload:
+                tokens += 1
+    return tokens, usage, done, error or (None if done else "stream ended without data: [DONE]")
+
+
+# Token texts that look like what the bulk path searches for; JSON escapes their quotes.
+TRICKY = ["data: {", "[DONE]", '"text":""', '}\n\ndata: {', '{"error"', '"choices":[]', "\r\n", " tok"]
+
+
+def test_bulk_read_of_plain_tokens_equals_event_by_event() -> None:
+    rng = random.Random(11)
+    for trial in range(200):
+        payloads = [completion_chunk(rng.choice(TRICKY)) for _ in range(rng.randint(1, 80))]
+        if rng.random() < 0.3:  # something the bulk check must not swallow, somewhere
+            payloads.insert(rng.randrange(len(payloads) + 1), rng.choice(
+                [completion_chunk(""), "not json", _compact({"error": {"message": "boom"}}), "[DONE]"]))  # fmt: skip
+        stream = sse(*payloads, usage_chunk(), "[DONE]", eol=rng.choice(["\n", "\r\n"]))
+        reader = read([stream], [5])
+        assert outcome(reader) == _reference(stream), trial
+        n = outcome(reader)[0]
+        # One read: every token arrived at once, so all gaps after the first token are 0.
+        assert list(reader.gaps_us) == [0] * max(0, n - 1), trial
+        assert (reader.t_first, reader.t_last) == ((5, 5) if n else (None, None))
+
+
+def test_bulk_reads_keep_gaps_between_reads() -> None:
+    first = sse(*(completion_chunk(" a") for _ in range(3)))
+    second = sse(*(completion_chunk(" b") for _ in range(2)), usage_chunk(), "[DONE]")
+    reader = read([first, second], [1_000_000, 4_000_000], keep_times=True)
+    assert reader.chunks == 5 and reader.done and reader.error is None
+    assert list(reader.gaps_us) == [0, 0, 3000, 0]
+    assert reader.times == [1_000_000] * 3 + [4_000_000] * 2

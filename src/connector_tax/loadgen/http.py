@@ -1,9 +1,12 @@
 """A minimal HTTP/1.1 client on asyncio.Protocol with httptools parsing and keep-alive pooling.
 
 Arrival times are stamped in data_received, before any parsing, so every first-token and
-chunk time is the moment its bytes reached Python; the request's task drains everything
+chunk time is the moment its bytes reached Python. The body bytes of one read are joined into
+one (arrival_ns, bytes) entry, however many HTTP chunks they held, so the SSE reader handles a
+read's events in one pass (a 64-event read parsed chunk by chunk cost ~150 µs of the worker's
+loop, time in which a due request could not be fired). The request's task drains everything
 buffered each time it wakes (seed 000's buffer-drain pattern), so one wake-up handles as many
-chunks as arrived meanwhile.
+reads as arrived meanwhile.
 """
 
 from __future__ import annotations
@@ -74,17 +77,28 @@ class HttpConnection(asyncio.Protocol):
         self.keep_alive = True
         self.used = 0
         self._on_lost = on_lost
+        self._parts: list[bytes] = []  # body bytes of the read being parsed
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self._now = time.monotonic_ns()
+        now = time.monotonic_ns()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ConnectionClosed(f"bad HTTP response: {exc}"))
+        finally:
+            self._flush(now)
+
+    def _flush(self, now: int) -> None:
+        if self._parts:
+            body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+            self._parts.clear()
+            if self.response is not None:
+                self.response.chunks.append((now, body))
+                self.response.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -103,9 +117,7 @@ class HttpConnection(asyncio.Protocol):
             self.response.wake()
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response.chunks.append((self._now, body))
-            self.response.wake()
+        self._parts.append(body)
 
     def on_message_complete(self) -> None:
         if self.response is not None:
