@@ -10,7 +10,9 @@
   p99 <= 1 ms).
 
 Each measurement is repeated; medians across repeats are printed (the machine is shared).
-For fidelity the simulator runs a fast profile so that it keeps up.
+For fidelity the simulator runs a fast profile so that it keeps up. Servers are placed as the
+pipeline places them, on the load generator's plan's server CPUs (off the worker's core);
+`--server-cpus any` leaves them unpinned, for comparison.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 import yaml
 
+from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
 
-def start_sim(tmp: Path, request_log: Path) -> tuple[subprocess.Popen[str], str]:
+def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     config["sim"] = {"hardware_profile": "tiny-fast",
                      "hardware": {"step_base_us": 2000, "prefill_token_us": 1, "decode_seq_us": 2}}  # fmt: skip
@@ -43,12 +47,15 @@ def start_sim(tmp: Path, request_log: Path) -> tuple[subprocess.Popen[str], str]
          "--port", "0", "--request-log", str(request_log)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    if cpus:
+        psutil.Process(proc.pid).cpu_affinity(list(cpus))
     line = proc.stdout.readline().split()
     return proc, line[1]
 
 
-def start_null() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0"],
+def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
+    pin = [arg for cpu in cpus for arg in ("--cpu", str(cpu))]
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0", *pin],
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     return proc, proc.stdout.readline().split()[1]
 
@@ -81,13 +88,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--server-cpus", choices=("plan", "any"), default="plan")
     args = parser.parse_args()
+    cpus = plan_affinity(1).server_cpus if args.server_cpus == "plan" else ()
+    print(f"servers on CPUs {list(cpus) or 'any'}; load generator plan: {plan_affinity(1)}", flush=True)
     rows: dict[str, list[tuple[float, ...]]] = {"100": [], "1000": [], "fidelity": []}
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             request_log = tmp / "server_requests.jsonl"
-            null, null_url = start_null()
+            null, null_url = start_null(cpus)
             try:
                 for rate in (100, 1000):
                     records = run(null_url, tmp, rate, 64, args.seconds, f"p{rate}-{rep}", model="null-model")
@@ -95,7 +105,7 @@ def main() -> None:
             finally:
                 null.terminate()
                 null.wait(10)
-            proc, url = start_sim(tmp, request_log)
+            proc, url = start_sim(tmp, request_log, cpus)
             try:
                 records = run(url, tmp, 32, 256, args.seconds, f"f32-{rep}")
                 rows["fidelity"].append(fidelity(records, request_log))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ def test_two_core_machine_degrades() -> None:
     plan = plan_affinity(1, topology=topo)
     assert plan.loadgen_cpus == (0,)
     assert plan.worker_cpus == ((1,),)
-    assert plan.note.startswith("degraded: ")
+    assert plan.server_cpus == (0,)  # with the load generator, never on the worker's core
+    assert plan.note.startswith("degraded: a server shares the load generator's cores")
     plan3 = plan_affinity(3, topology=topo)
     assert plan3.loadgen_cpus == (0,)
     assert plan3.worker_cpus == ((1,), (1,), (1,))
@@ -38,6 +40,7 @@ def test_one_cpu_everybody_shares() -> None:
     plan = plan_affinity(2, topology=Topology((CpuInfo(cpu=0, core=0, node=0),)))
     assert plan.loadgen_cpus == (0,)
     assert plan.worker_cpus == ((0,), (0,))
+    assert plan.server_cpus == (0,)
     assert plan.note.startswith("degraded: 1 physical core")
 
 
@@ -57,10 +60,12 @@ def test_eight_core_smt() -> None:
     assert plan.worker_cpus == ((0, 8), (1, 9), (3, 11), (4, 12))
     assert not plan.note.startswith("degraded")
     assert len(all_assigned(plan)) == 12
+    assert plan.server_cpus == (6, 7, 14, 15)  # what the plan leaves free
     # More workers than free cores: the 6 free cores are shared round-robin, never empty.
     plan9 = plan_affinity(9, topology=topo)
     assert plan9.worker_cpus[6] == plan9.worker_cpus[0] and all(plan9.worker_cpus)
-    assert plan9.note.startswith("degraded: 9 workers share 6 physical cores")
+    assert plan9.note.startswith("degraded: a server shares the load generator's cores; 9 workers share 6")
+    assert plan9.server_cpus == plan9.loadgen_cpus
 
 
 def test_two_numa_64_core_spills() -> None:
@@ -153,6 +158,30 @@ def test_discover_this_machine() -> None:
     plan = plan_affinity(2, topology=topo)
     assert plan.loadgen_cpus and all(plan.worker_cpus) and len(plan.worker_cpus) == 2
     assert all_assigned(plan) <= os.sched_getaffinity(0)
+
+
+def test_apply_affinity_pins_threads_started_before() -> None:
+    # ZMQ's I/O thread exists before the main process pins itself; it must move along.
+    before = os.sched_getaffinity(0)
+    started, release = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def idle() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=idle)
+    thread.start()
+    started.wait(10)
+    try:
+        target = (min(before),)
+        assert apply_affinity(target) is True
+        assert os.sched_getaffinity(tid[0]) == set(target)
+    finally:
+        release.set()
+        thread.join()
+        os.sched_setaffinity(0, before)
 
 
 def test_apply_affinity_roundtrip() -> None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL, running_sim  # noqa: E402
 
 from connector_tax.loadgen import ipc  # noqa: E402
-from connector_tax.loadgen.http import ConnectionPool  # noqa: E402
+from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
 from connector_tax.loadgen.prompts import BodySettings  # noqa: E402
 from connector_tax.loadgen.sse import SSEReader  # noqa: E402
 from connector_tax.loadgen.worker import Worker, WorkerConfig  # noqa: E402
@@ -262,7 +262,7 @@ def test_connection_close_response_is_not_reused() -> None:
 def _worker(port: int, timeout_s: float = 5.0) -> Worker:
     return Worker(WorkerConfig(
         worker_id=0, url=f"http://127.0.0.1:{port}", body=BodySettings(model=MODEL), seed=0,
-        timeout_s=timeout_s, max_connections=4, prewarm_connections=0, spin_ns=200_000,
+        timeout_s=timeout_s, max_connections=4, prewarm_connections=0, spin_ns=200_000, spin_share=0.1,
         requests_addr="ipc:///nonexistent/requests", results_addr="ipc:///nonexistent/results",
     ))  # fmt: skip
 
@@ -441,3 +441,21 @@ def test_pool_bound_against_the_sim(sim) -> None:
         pool.close()
 
     run(main)
+
+
+def test_one_read_is_one_body_entry_however_many_http_chunks_it_holds() -> None:
+    async def main() -> list[tuple[int, bytes]]:
+        conn = HttpConnection(lambda c: None)
+        conn.response = Response()
+        head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        events = [b"data: {\"n\":%d}\n\n" % i for i in range(3)]
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+        conn.data_received(head + chunked)  # headers and three HTTP chunks in one read
+        conn.data_received(b"%x\r\n%s\r\n0\r\n\r\n" % (len(events[0]), events[0]))
+        assert conn.response.complete
+        return conn.response.chunks
+
+    entries = asyncio.run(main())
+    assert [body for _, body in entries] == [b"".join(b"data: {\"n\":%d}\n\n" % i for i in range(3)),
+                                             b"data: {\"n\":0}\n\n"]  # fmt: skip
+    assert entries[0][0] < entries[1][0]  # each stamped when its read arrived

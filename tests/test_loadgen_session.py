@@ -235,6 +235,30 @@ def test_closed_loop_never_exceeds_its_concurrency(gen: LoadGenerator, out: Path
         assert sum(1 for s, e in spans[:i] if e > send) <= 2
 
 
+def test_inflight_at_send_drops_those_finished_before_the_send(sims: dict[str, SimProcess], out: Path) -> None:
+    # Issued 300 ms ahead, 100 ms apart: when each is issued, up to 3 earlier ones are still
+    # pending, but each of them has finished (a few ms) long before this one is sent.
+    with LoadGenerator(options(sims["plain"].url, send_ahead_us=300_000)) as g:
+        summary, records = run(g, out, "ahead", arrival="fixed", rate=10.0, duration_s=0.6)
+    assert len(records) >= 5 and all(r["status"] == "ok" for r in records)
+    spans = [(r["t_send_ns"], r["t_last_token_ns"]) for r in records]
+    for r in records:
+        really = sum(1 for s, e in spans if s < r["t_send_ns"] < e)
+        assert r["inflight_at_send"] == really == 0
+
+
+def test_pinning_is_given_back_so_the_next_generator_plans_the_same(sims: dict[str, SimProcess]) -> None:
+    before = os.sched_getaffinity(0)
+    plans = []
+    for _ in range(2):
+        with LoadGenerator(options(sims["plain"].url, affinity=True)) as g:
+            assert g.pool.plan is not None
+            assert os.sched_getaffinity(0) == set(g.pool.plan.loadgen_cpus)
+            plans.append(g.pool.plan)
+        assert os.sched_getaffinity(0) == before
+    assert plans[0] == plans[1]
+
+
 def test_max_arrival_issues_all_at_once(gen: LoadGenerator, out: Path) -> None:
     summary, records = run(gen, out, "max", arrival="max", num_requests=12, duration_s=1.0,
                            shape={"input": 64, "output": 32})  # fmt: skip

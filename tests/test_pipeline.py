@@ -14,6 +14,8 @@ import psutil
 import pytest
 import yaml
 
+from connector_tax.loadgen.affinity import plan_affinity
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 
@@ -62,6 +64,10 @@ def test_tiny_study_preflight_skips_a_failing_config_and_goes_on(tmp_path):
     assert "bootstrap server unreachable" in status["mooncake_both"]["reason"]
     launch = (results / "preflight" / "plain" / "launch.sh").read_text()
     assert "--connector plain" in launch and "--host 127.0.0.1" in launch
+    # The server runs off the load generator's worker cores (its plan's server CPUs).
+    run = json.loads((results / "plain" / "phase_a" / "run.json").read_text())
+    assert run["server_cpus"] == list(plan_affinity(1).server_cpus)
+    assert not set(run["server_cpus"]) & set(plan_affinity(1).worker_cpus[0]) or os.cpu_count() == 1
     up_to_date = snakemake("--cores", "1", "all", "--configfile", str(path), "--directory", str(tmp_path))
     assert up_to_date.returncode == 0 and "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ class AffinityPlan:
     loadgen_cpus: tuple[int, ...]
     worker_cpus: tuple[tuple[int, ...], ...]  # one entry per worker, never empty
     note: str  # how the plan came out; starts with "degraded: " when it is below the ideal
+    # Where a server launched next to the load generator should run: every CPU the plan leaves
+    # free, else the load generator's own (its session thread only has to be milliseconds
+    # early), never a worker's — a server waking on a worker's core preempts its send spin.
+    server_cpus: tuple[int, ...] = ()
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -215,7 +220,7 @@ def plan_affinity(
             f"degraded: 1 physical core ({_n(len(all_cpus), 'CPU')}); "
             "load generator and workers share it"
         )
-        return AffinityPlan(all_cpus, tuple(all_cpus for _ in range(n_workers)), plan_note)
+        return AffinityPlan(all_cpus, tuple(all_cpus for _ in range(n_workers)), plan_note, all_cpus)
 
     # Phase 2: the load generator on the primary node's fastest cores, leaving at least one
     # core for the workers.
@@ -229,7 +234,13 @@ def plan_affinity(
     pool = primary[n_lg:] + [c for n in node_order[1:] for c in by_node[n]]
     workers = tuple(pool[i % len(pool)].cpus for i in range(n_workers)) if n_workers else ()
 
+    lg_cpus = tuple(sorted(c for core in loadgen for c in core.cpus))
+    taken = set(lg_cpus).union(*(set(w) for w in workers))
+    server = tuple(c for c in all_cpus if c not in taken)
     problems = []
+    if not server:
+        server = lg_cpus if n_workers else all_cpus
+        problems.append("a server shares the load generator's cores")
     if n_lg < loadgen_physical_cores:
         problems.append(f"load generator on {n_lg} of the {loadgen_physical_cores} physical cores asked")
     if n_workers > len(pool):
@@ -241,13 +252,45 @@ def plan_affinity(
         f"{_n(n_workers, 'worker')}, {_n(len(nodes_used), 'node')} used"
     )
     plan_note = ("degraded: " + "; ".join(problems) + " (" + desc + ")") if problems else desc
-    return AffinityPlan(tuple(sorted(c for core in loadgen for c in core.cpus)), workers, plan_note)
+    return AffinityPlan(lg_cpus, workers, plan_note, server)
 
 
 def apply_affinity(cpus: tuple[int, ...], pid: int | None = None) -> bool:
-    """Pin a process (default: this one) to cpus; False where pinning is unsupported or refused."""
+    """Pin a process (default: this one), every one of its threads, to cpus; False where pinning
+    is unsupported or refused.
+
+    Linux affinity is per thread and only new threads inherit it: pinning just the process id
+    left threads started before the call (ZMQ's I/O thread, which carries every request the
+    session thread sends) free to run on a worker's core and preempt its send-time spin.
+    """
     try:
-        psutil.Process(pid).cpu_affinity(list(cpus))
+        process = psutil.Process(pid)
+        process.cpu_affinity(list(cpus))
+        for thread in process.threads():
+            if thread.id != process.pid:
+                try:
+                    os.sched_setaffinity(thread.id, cpus)
+                except ProcessLookupError:
+                    pass  # the thread ended in between
+    except (AttributeError, NotImplementedError, OSError, ValueError, psutil.Error):
+        return False
+    return True
+
+
+def pin_helper_threads(cpus: tuple[int, ...]) -> bool:
+    """Pin every thread of this process but the calling one to cpus.
+
+    A worker's ZMQ I/O thread wakes for every message in or out; on the worker's own core it
+    preempted the send-time spin (the wake-up lands on the busy core by affinity).
+    """
+    me = threading.get_native_id()
+    try:
+        for thread in psutil.Process().threads():
+            if thread.id != me:
+                try:
+                    os.sched_setaffinity(thread.id, cpus)
+                except ProcessLookupError:
+                    pass
     except (AttributeError, NotImplementedError, OSError, ValueError, psutil.Error):
         return False
     return True

@@ -15,6 +15,8 @@ import itertools
 import json
 import threading
 import time
+from array import array
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,12 +82,17 @@ class LoadgenOptions:
     inflight_cap: int = 256
     timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
-    # Requests leave for their worker this early; the worker fires them at their time.
-    # Must exceed the IPC latency (p99 ~0.5 ms here), and costs nothing when it does.
-    send_ahead_us: float = 2000.0
-    # The worker wakes this long before a request's time and spins the rest: it absorbs the
-    # wake-up and event-loop latency, at this much CPU per request.
-    spin_us: float = 300.0
+    # Requests leave for their worker this early; the worker fires them at their time. Must
+    # exceed the hand-over's worst case: IPC p99 is ~0.5 ms here, but the session thread and
+    # the ZMQ I/O threads share a core with the server, and 2 ms left ~1 % of requests late at
+    # 100 req/s. It costs a request held a little longer in the worker's timer heap.
+    send_ahead_us: float = 10_000.0
+    # The worker wakes up to spin_us before a request's time and spins the rest, which absorbs
+    # the wake-up latency (up to ~1 ms at the tail on a virtual CPU); spin_share caps that spin
+    # at this share of the mean time between the worker's requests (floor 200 µs), so it costs
+    # ~10 % of a core at 100 req/s instead of all of it at 1,000 req/s.
+    spin_us: float = 1000.0
+    spin_share: float = 0.1
     seed: int = 0
     affinity: bool = True
     chunk_log: bool = False
@@ -127,6 +134,7 @@ class LoadGenerator:
             timeout_s=options.timeout_s,
             max_connections=max(options.inflight_cap, options.workers),
             spin_ns=int(options.spin_us * 1000),
+            spin_share=options.spin_share,
             affinity=options.affinity,
         )
         self.stop_event = threading.Event()
@@ -157,7 +165,11 @@ class _CellRun:
         self.out_dir = out_dir
         self.name = f"{cell.phase}_{cell.label}"
         self.lock = threading.Lock()
-        self.pending: dict[int, tuple[int, int, bool, ipc.RequestSpec, int]] = {}
+        # index -> (target, in flight at issue, warmup, spec, worker, issued at)
+        self.pending: dict[int, tuple[int, int, bool, ipc.RequestSpec, int, int]] = {}
+        # When each result arrived (the receiver's clock only moves forward: sorted), so that a
+        # request's in-flight count at issue can drop those that finished before it was sent.
+        self.finished_ns = array("q")
         self.records: list[RequestRecord] = []
         self.itl: list[np.ndarray] = []
         self.completed_post = 0
@@ -291,7 +303,7 @@ class _CellRun:
             drop = in_flight >= self.opts.inflight_cap
             if not drop:
                 worker = spec.index % pool.n_workers
-                self.pending[spec.index] = (target, in_flight, warmup, spec, worker)
+                self.pending[spec.index] = (target, in_flight, warmup, spec, worker, time.monotonic_ns())
         self.progress.issued += 1
         if drop:
             self.progress.dropped += 1
@@ -322,11 +334,17 @@ class _CellRun:
             self.progress.in_flight = len(self.pending)
         if entry is None:
             return
-        target, in_flight, warmup, spec, _ = entry
+        self.finished_ns.append(time.monotonic_ns())
+        target, in_flight, warmup, spec, _, issued = entry
+        # Counted when issued, send_ahead_us before its time; those that finished in between
+        # were no longer in flight when it was sent. Later issues have later targets, so
+        # nothing else needs correcting.
+        finished = self.finished_ns
+        in_flight -= bisect_right(finished, target) - bisect_right(finished, issued)
         record = RequestRecord(
             spec.request_id, target, res.t_send_ns, res.t_first_token_ns, res.t_last_token_ns,
             res.prompt_tokens if res.prompt_tokens is not None else spec.input_len,
-            res.completion_tokens, in_flight, warmup, res.status, res.error,
+            res.completion_tokens, max(0, in_flight), warmup, res.status, res.error,
             spec.input_len, spec.output_len, res.chunks, res.http_status, res.worker,
         )  # fmt: skip
         if res.status == "ok":
@@ -359,7 +377,7 @@ class _CellRun:
         with self.lock:
             lost, self.pending = self.pending, {}
         live = self.gen.pool.live_workers()
-        for target, in_flight, warmup, spec, worker in lost.values():
+        for target, in_flight, warmup, spec, worker, _ in lost.values():
             why = "no result from worker" if worker in live else "load generator worker died"
             self._record(RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup,
                                        "error", f"{why} (worker {worker})", spec.input_len, spec.output_len,

@@ -25,7 +25,7 @@ import uvloop
 import zmq
 
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.affinity import apply_affinity
+from connector_tax.loadgen.affinity import apply_affinity, pin_helper_threads
 from connector_tax.loadgen.firetimer import FireTimer
 from connector_tax.loadgen.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
 from connector_tax.loadgen.prompts import BodyBuilder, BodySettings
@@ -44,9 +44,11 @@ class WorkerConfig:
     max_connections: int
     prewarm_connections: int
     spin_ns: int
+    spin_share: float
     requests_addr: str
     results_addr: str
     cpus: tuple[int, ...] | None = None
+    helper_cpus: tuple[int, ...] | None = None  # for ZMQ's I/O thread: off this worker's core
 
 
 def worker_main(cfg: WorkerConfig) -> None:
@@ -100,12 +102,14 @@ class Worker:
         self.results.setsockopt(zmq.SNDHWM, 0)
         self.results.setsockopt(zmq.LINGER, 2000)
         self.results.connect(self.cfg.results_addr)
+        if self.cfg.helper_cpus:
+            pin_helper_threads(self.cfg.helper_cpus)  # ZMQ's I/O thread exists now
         try:
             await self.pool.prewarm(self.cfg.prewarm_connections)
         except OSError:
             pass  # the server may not be up yet; connections open on demand
         self.results.send(ipc.pack((ipc.READY, self.cfg.worker_id, os.getpid())))
-        self.timer = FireTimer(loop, self.cfg.spin_ns)
+        self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
         loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
         loop.call_later(1.0, self._watchdog)
         self._on_readable()  # messages may have queued before the reader was added

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import shutil
 import tempfile
 import threading
@@ -45,7 +46,8 @@ class WorkerPool:
         timeout_s: float,
         max_connections: int,
         prewarm_connections: int = 4,
-        spin_ns: int = 200_000,
+        spin_ns: int = 1_000_000,
+        spin_share: float = 0.1,
         affinity: bool = True,
     ) -> None:
         self.n_workers = n_workers
@@ -76,14 +78,17 @@ class WorkerPool:
                 max_connections=per_worker,
                 prewarm_connections=prewarm_connections,
                 spin_ns=spin_ns,
+                spin_share=spin_share,
                 requests_addr=f"ipc://{self._dir}/requests-{k}",
                 results_addr=f"ipc://{self._dir}/results",
                 cpus=self.plan.worker_cpus[k] if self.plan else None,
+                helper_cpus=self.plan.loadgen_cpus if self.plan else None,
             )
             proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
             self._procs.append(proc)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._unpinned: tuple[int, ...] = ()
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
@@ -101,6 +106,8 @@ class WorkerPool:
                     if ipc.unpack(self._results.recv())[0] == ipc.READY:
                         ready += 1
             if self.plan:
+                # Given back on close: a second pool in this process plans from what it may use.
+                self._unpinned = tuple(sorted(os.sched_getaffinity(0)))
                 apply_affinity(self.plan.loadgen_cpus)
             self._thread = threading.Thread(target=self._receive, name="ctax-loadgen-receiver", daemon=True)
             self._thread.start()
@@ -131,6 +138,9 @@ class WorkerPool:
         self._results.close(linger=0)
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._unpinned:
+            apply_affinity(self._unpinned)
+            self._unpinned = ()
 
     def __enter__(self) -> WorkerPool:
         self.start()

@@ -22,6 +22,7 @@ from typing import Any
 
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
+from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
@@ -81,7 +82,7 @@ def run_phase(config_path: str, name: str, phase: str, results: Path) -> dict[st
     run: dict[str, Any] = {
         "config": name, "phase": phase, "backend": backend, "simulated": backend == "sim",
         "started": _now(), "finished": None, "status": "ok", "reason": None, "cells": [],
-        "cells_run": [], "cells_resumed": [], "launch_command": None,
+        "cells_run": [], "cells_resumed": [], "launch_command": None, "server_cpus": None,
         "step_timing_available": False, "step_timing_reason": None,
     }  # fmt: skip
     preflight = json.loads((results / "preflight" / "preflight_status.json").read_text(encoding="utf-8"))
@@ -132,10 +133,14 @@ def _run_cells(
     with gpu_lease(backend) as gpu:
         if gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = gpu
-        with ServerProcess(spec, url, phase_dir) as server:
+        options = loadgen_options(config, url)
+        # Off the load generator's worker cores: a server waking there preempts a send spin.
+        cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
+        with ServerProcess(spec, url, phase_dir, cpus=cpus) as server:
+            run["server_cpus"] = list(server.cpus) or None
             server.wait_ready(READY_TIMEOUT_S[backend])
             splitter = StepLogSplitter(phase_dir)
-            with LoadGenerator(loadgen_options(config, server.url)) as gen:
+            with LoadGenerator(options) as gen:
                 for cell in cells:
                     cell_dir = results / variant["name"] / cell.phase
                     metrics = cell_dir / f"metrics_{cell.phase}_{cell.label}.jsonl"

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+import psutil
 
 from connector_tax.launch.spec import LaunchSpec
 
@@ -68,8 +69,13 @@ def _raise_system_exit(signum: int, frame: object) -> None:
 
 
 class ServerProcess:
-    def __init__(self, spec: LaunchSpec, url: str, log_dir: Path, grace_s: float = 10.0) -> None:
+    def __init__(
+        self, spec: LaunchSpec, url: str, log_dir: Path, grace_s: float = 10.0, cpus: tuple[int, ...] = ()
+    ) -> None:
+        """cpus: where the server may run (empty: anywhere). Set on the process right after
+        launch, before it starts threads or children, which inherit it."""
         self.spec = spec
+        self.cpus = cpus
         self.url = url.rstrip("/")
         self.log_dir = log_dir
         self.grace_s = grace_s
@@ -92,7 +98,9 @@ class ServerProcess:
         if not self.spec.argv:
             return  # an external server: nothing to launch
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.log_dir / "launch.sh").write_text(self.spec.script(), encoding="utf-8")
+        if self.cpus and not set(self.cpus) <= os.sched_getaffinity(0):
+            self.cpus = ()  # CPUs this process may not use itself: the child could not either
+        self._write_script()
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 self.spec.argv,
@@ -102,6 +110,19 @@ class ServerProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        if self.cpus:
+            try:
+                psutil.Process(self.proc.pid).cpu_affinity(list(self.cpus))
+            except (psutil.Error, OSError, ValueError):
+                self.cpus = ()  # unpinned, and run.json and launch.sh say so
+                self._write_script()
+
+    def _write_script(self) -> None:
+        script = self.spec.script()
+        if self.cpus:
+            cpus = ",".join(map(str, self.cpus))
+            script += f"# launched pinned to CPUs {cpus} (as by taskset -c {cpus}), off the load generator's worker cores\n"
+        (self.log_dir / "launch.sh").write_text(script, encoding="utf-8")
 
     def wait_ready(self, timeout_s: float) -> None:
         """/health, then /v1/models, both 200, within timeout_s; else the log tail in the error."""
