@@ -114,3 +114,31 @@ def test_no_timerfd_falls_back_to_the_loop_timer(monkeypatch) -> None:  # type: 
 
     target, now = _run(main)
     assert now >= target and now - target < 50_000_000
+
+
+def test_run_due_fires_from_inside_a_long_callback() -> None:
+    # A response task's step that runs past a send's time calls run_due(): the send goes out
+    # on time from inside it, not after the step.
+    async def main() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        timer = FireTimer(loop, spin_ns=1_000_000, min_spin_ns=1_000_000)
+        fired: list[int] = []
+        target = time.monotonic_ns() + 20_000_000
+        timer.at(target, lambda: fired.append(time.monotonic_ns()))
+        done = loop.create_future()
+
+        def long_step() -> None:  # a loop pass that starts before the spin and ends 3 ms late
+            while time.monotonic_ns() < target - BLIND_SPIN_NS // 2:
+                pass
+            timer.run_due()
+            while time.monotonic_ns() < target + 3_000_000:
+                pass
+            done.set_result(time.monotonic_ns())
+
+        loop.call_at(loop.time() + 0.015, long_step)
+        end = await asyncio.wait_for(done, 5)
+        timer.close()
+        return target, fired[0], end
+
+    target, fired, end = _run(main)
+    assert target <= fired < end - 2_000_000

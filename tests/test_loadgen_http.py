@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL, running_sim  # noqa: E402
 
 from connector_tax.loadgen import ipc  # noqa: E402
+from connector_tax.loadgen.firetimer import FireTimer  # noqa: E402
 from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
 from connector_tax.loadgen.prompts import BodySettings  # noqa: E402
 from connector_tax.loadgen.sse import SSEReader  # noqa: E402
@@ -260,11 +261,14 @@ def test_connection_close_response_is_not_reused() -> None:
 
 # -- Worker._exchange: retry once on a dropped keep-alive connection ---------------------
 def _worker(port: int, timeout_s: float = 5.0) -> Worker:
-    return Worker(WorkerConfig(
+    """A worker whose exchange runs without its run(): call from inside the event loop."""
+    worker = Worker(WorkerConfig(
         worker_id=0, url=f"http://127.0.0.1:{port}", body=BodySettings(model=MODEL), seed=0,
         timeout_s=timeout_s, max_connections=4, prewarm_connections=0, spin_ns=200_000, spin_share=0.1,
         requests_addr="ipc:///nonexistent/requests", results_addr="ipc:///nonexistent/results",
     ))  # fmt: skip
+    worker.timer = FireTimer(asyncio.get_running_loop())
+    return worker
 
 
 async def worker_exchange(worker: Worker, index: int) -> ipc.RequestResult:
@@ -459,3 +463,26 @@ def test_one_read_is_one_body_entry_however_many_http_chunks_it_holds() -> None:
     assert [body for _, body in entries] == [b"".join(b"data: {\"n\":%d}\n\n" % i for i in range(3)),
                                              b"data: {\"n\":0}\n\n"]  # fmt: skip
     assert entries[0][0] < entries[1][0]  # each stamped when its read arrived
+
+
+def test_spare_connections_are_restocked_in_the_background_within_the_bound() -> None:
+    async def main() -> None:
+        srv = MiniServer()
+        await srv.start()
+        pool = ConnectionPool("127.0.0.1", srv.port, max_connections=5, spare=2)
+        await pool.prewarm(2)
+        held = [pool.try_acquire(), pool.try_acquire()]
+        assert all(held) and pool.try_acquire() is None  # the stock is gone for now...
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(pool._idle) == 2:
+                break
+        assert len(pool._idle) == 2  # ...and back without anyone waiting for a handshake
+        taken = [pool.try_acquire(), pool.try_acquire()]
+        await asyncio.sleep(0.2)
+        assert len(pool._idle) == 1  # the bound: 4 held + 1 idle = max_connections
+        assert len({id(c) for c in held + taken}) == 4 and srv.max_open == 5
+        pool.close()
+        await srv.stop()
+
+    run(main)

@@ -149,23 +149,59 @@ class HttpConnection(asyncio.Protocol):
 
 
 class ConnectionPool:
-    """Keep-alive connections to one server: a LIFO stack of idle ones, bounded in total."""
+    """Keep-alive connections to one server: a LIFO stack of idle ones, bounded in total.
 
-    def __init__(self, host: str, port: int, max_connections: int) -> None:
+    With `spare` > 0 the pool keeps that many idle connections in stock, opening new ones in
+    the background as requests take them: when a server falls behind, every new request needs
+    a connection of its own, and opening it on the request's path put the handshake (ms, from
+    a busy server) into its send time.
+    """
+
+    def __init__(self, host: str, port: int, max_connections: int, spare: int = 0) -> None:
         self.host = host
         self.port = port
         self.max_connections = max_connections
+        self.spare = spare
         self._idle: list[HttpConnection] = []
         self._open = 0
         self._waiters: list[asyncio.Future[None]] = []
+        self._connecting = 0
+        self._restock_due = False
+        self._stocking: set[asyncio.Task[None]] = set()
 
     def try_acquire(self) -> HttpConnection | None:
         """An idle connection without suspending, if there is one (the hot path)."""
+        conn = None
         while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn
-        return None
+            candidate = self._idle.pop()
+            if not candidate.closed:
+                conn = candidate
+                break
+        if len(self._idle) + self._connecting < self.spare and not self._restock_due:
+            # After this callback, not in it: the caller is about to stamp and send.
+            self._restock_due = True
+            asyncio.get_running_loop().call_soon(self._restock)
+        return conn
+
+    def _restock(self) -> None:
+        self._restock_due = False
+        want = min(self.spare - len(self._idle) - self._connecting, self.max_connections - self._open)
+        loop = asyncio.get_running_loop()
+        for _ in range(want):
+            self._connecting += 1
+            task = loop.create_task(self._stock_one())
+            self._stocking.add(task)
+            task.add_done_callback(self._stocking.discard)
+
+    async def _stock_one(self) -> None:
+        try:
+            conn = await self._connect()
+        except OSError:
+            return  # the server is gone or refusing: requests will say so themselves
+        finally:
+            self._connecting -= 1
+        self._idle.append(conn)
+        self._wake_one()
 
     async def acquire(self) -> HttpConnection:
         while True:
@@ -215,6 +251,8 @@ class ConnectionPool:
         self._idle.extend(conns)
 
     def close(self) -> None:
+        for task in self._stocking:
+            task.cancel()
         for conn in self._idle:
             conn.abort()
         self._idle.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import gc
 import json
 import os
 import signal
@@ -42,7 +43,7 @@ class WorkerConfig:
     seed: int
     timeout_s: float
     max_connections: int
-    prewarm_connections: int
+    prewarm_connections: int  # opened at start and kept in stock as requests take them
     spin_ns: int
     spin_share: float
     requests_addr: str
@@ -79,7 +80,7 @@ class Worker:
             "/v1/chat/completions" if cfg.body.endpoint == "chat" else "/v1/completions"
         )
         self.builder = BodyBuilder(cfg.body, cfg.seed)
-        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections)
+        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections, spare=cfg.prewarm_connections)
         self._head = (
             f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
@@ -108,6 +109,10 @@ class Worker:
             await self.pool.prewarm(self.cfg.prewarm_connections)
         except OSError:
             pass  # the server may not be up yet; connections open on demand
+        # Everything so far (modules, the token pool) lives as long as the worker: out of the
+        # collector's sight, a full collection no longer stops the loop for ~16 ms (measured
+        # at 64 req/s against a saturated server, with ~100 requests in flight).
+        gc.freeze()
         self.results.send(ipc.pack((ipc.READY, self.cfg.worker_id, os.getpid())))
         self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
         loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
@@ -229,6 +234,7 @@ class Worker:
                 raw = await response.read_all()
                 return self._result(spec, t_send, reader, status_code, "error", _error_text(status_code, raw))
             async for batch in response.iter_chunks():
+                self.timer.run_due()  # a send due now goes before this response's parsing
                 for t_ns, chunk in batch:
                     reader.feed(t_ns, chunk)
             reader.finish()
