@@ -266,12 +266,7 @@ def apply_affinity(cpus: tuple[int, ...], pid: int | None = None) -> bool:
     try:
         process = psutil.Process(pid)
         process.cpu_affinity(list(cpus))
-        for thread in process.threads():
-            if thread.id != process.pid:
-                try:
-                    os.sched_setaffinity(thread.id, cpus)
-                except ProcessLookupError:
-                    pass  # the thread ended in between
+        _pin_threads(process, cpus, skip=process.pid)
     except (AttributeError, NotImplementedError, OSError, ValueError, psutil.Error):
         return False
     return True
@@ -283,14 +278,17 @@ def pin_helper_threads(cpus: tuple[int, ...]) -> bool:
     A worker's ZMQ I/O thread wakes for every message in or out; on the worker's own core it
     preempted the send-time spin (the wake-up lands on the busy core by affinity).
     """
-    me = threading.get_native_id()
     try:
-        for thread in psutil.Process().threads():
-            if thread.id != me:
-                try:
-                    os.sched_setaffinity(thread.id, cpus)
-                except ProcessLookupError:
-                    pass
+        _pin_threads(psutil.Process(), cpus, skip=threading.get_native_id())
     except (AttributeError, NotImplementedError, OSError, ValueError, psutil.Error):
         return False
     return True
+
+
+def _pin_threads(process: psutil.Process, cpus: tuple[int, ...], skip: int) -> None:
+    for thread in process.threads():
+        if thread.id != skip:
+            try:
+                os.sched_setaffinity(thread.id, cpus)
+            except ProcessLookupError:
+                pass  # the thread ended in between

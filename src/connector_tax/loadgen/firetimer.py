@@ -18,8 +18,8 @@ worker's requests (a moving average, so a Poisson schedule's short gaps get the 
 its long ones), within [min_spin_ns, spin_ns]. At 100 req/s that is the full 1 ms (10 % of a
 core), which covers nearly every late wake-up; at 1,000 req/s it is the 200 µs floor, where
 the 1 ms bar leaves room for late wakes and a longer spin would eat the core the worker needs
-for its responses. Where timerfd is missing (not Linux) the
-loop's own timer (1 ms granularity) with a 1.5 ms spin stands in.
+for its responses. Where timerfd is missing (not Linux) the loop's own timer (1 ms
+granularity) with a 1.5 ms spin stands in.
 """
 
 from __future__ import annotations
@@ -140,9 +140,7 @@ class FireTimer:
                 self._spinning = True
                 self.loop.call_soon(self._spin)  # one loop pass: I/O callbacks run, then here again
                 return
-            callback = heapq.heappop(self._heap)[3]
-            wait_until(t_ns, spin_ns=BLIND_SPIN_NS)  # spins, never sleeps
-            callback()
+            self._fire_top()
             now = time.monotonic_ns()
         if self._heap:
             self._arm(self._heap[0][2])
@@ -151,11 +149,14 @@ class FireTimer:
         """Fire now whatever is due within the blind stretch. For callbacks that may run long
         (a response task's step): with ~100 streams in flight a single loop pass took 1–3 ms,
         longer than the blind stretch, and the request due behind it left that late."""
-        heap = self._heap
-        while heap and heap[0][0] - time.monotonic_ns() <= BLIND_SPIN_NS:
-            t_ns, _, _, callback = heapq.heappop(heap)
-            wait_until(t_ns, spin_ns=BLIND_SPIN_NS)
-            callback()
+        while self._heap and self._heap[0][0] - time.monotonic_ns() <= BLIND_SPIN_NS:
+            self._fire_top()
+
+    def _fire_top(self) -> None:
+        """The heap top is due within the blind stretch: spin to its time (never sleeps), fire."""
+        t_ns, _, _, callback = heapq.heappop(self._heap)
+        wait_until(t_ns, spin_ns=BLIND_SPIN_NS)
+        callback()
 
     def cancel_all(self) -> list[Callable[[], None]]:
         pending = [entry[3] for entry in self._heap]
