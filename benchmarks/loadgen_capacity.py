@@ -11,7 +11,9 @@ Each repeat steps the requested rate upward for every client in turn (ours with 
 with 2 workers, then the competitor), one fresh client process per cell (warm-up + measured
 seconds), until two rates in a row fail; the client's capacity is the highest rate that passed.
 The machine is shared, so a failing cell is run once more (--retries) before it counts as
-failed, for every client alike.
+failed, for every client alike. The kernel's CPU wake-up latency limit is held at 0 µs for the
+whole run (`--cpu-latency off` leaves it alone), so the competitor gets the same polling CPUs that
+ours asks for by default.
 The pass rule:
 
 * ours (`ctax bench`, fixed arrival by default, affinity on): achieved dispatch rate >= 99% of
@@ -53,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 
 HERE = Path(__file__).resolve().parent
 MODEL = "null-model"
@@ -233,6 +237,8 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
            "--out", str(out), "--seed", str(ctx.repeat)]  # fmt: skip
     if a.no_affinity:
         cmd.append("--no-affinity")
+    if a.cpu_latency == "off":
+        cmd += ["--cpu-latency-us", "off"]
     limit = a.warmup + a.seconds + 90
     s0 = ctx.server.stats()
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -521,6 +527,9 @@ def main() -> int:
     p.add_argument("--workers", default="1,2", help="our worker counts to measure")
     p.add_argument("--no-affinity", action="store_true", help="run ours without CPU pinning")
     p.add_argument("--lateness-p99-us", type=float, default=1000.0)
+    p.add_argument("--cpu-latency", choices=("held", "off"), default="held",
+                   help="hold /dev/cpu_dma_latency at 0 us for the whole run, for every client alike (ours "
+                        "holds it by default), or leave it alone")  # fmt: skip
     p.add_argument("--competitor-venv", default="/tmp/bench-venv")
     p.add_argument("--competitor-rates", default=COMPETITOR_RATES)
     p.add_argument("--competitor-procs", default="0",
@@ -555,6 +564,8 @@ def main() -> int:
         started = time.time()
         src_before = source_state()
         repeats: list[dict[str, Any]] = []
+        cpu_latency = CpuLatencyHold(0 if args.cpu_latency == "held" else None)
+        print(f"cpu latency: {cpu_latency.acquire().detail}", flush=True)
         try:
             for rep in range(args.repeats):
                 ctx.repeat = rep
@@ -581,6 +592,7 @@ def main() -> int:
             print("interrupted: reporting the repeats finished so far", flush=True)
         finally:
             kill_all()
+            cpu_latency.release()
 
     report = summarize(args, repeats, competitor_note, time.time() - started)
     src_after = source_state()

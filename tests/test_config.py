@@ -99,6 +99,7 @@ def test_defaults_are_filled() -> None:
         "waiting_p50_max": 1,
         "ttft_p90_ratio_max": 1.5,
     }
+    assert config["loadgen"] == {"workers": 1, "affinity": True, "cpu_latency_us": 0}
     workload = config["workload"]
     assert (workload["endpoint"], workload["prompt"], workload["temperature"]) == ("completions", "token_ids", 0)
     assert workload["ignore_eos"] is True
@@ -247,6 +248,10 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ("min_completed 0", _set("workload.min_completed", 0), "workload.min_completed: 0 is less than the minimum of 1"),
     ("negative duration", _set("workload.duration_s", -5), "workload.duration_s: -5 must be greater than 0"),
     ("negative warm-up", _set("workload.warmup_s", -1), "workload.warmup_s: -1 is less than the minimum of 0"),
+    ("negative cpu latency", _set("loadgen.cpu_latency_us", -1), "loadgen.cpu_latency_us: -1 is less than the minimum of 0"),
+    ("cpu latency a float", _set("loadgen.cpu_latency_us", 1.5), "loadgen.cpu_latency_us: expected an integer or null, got a number 1.5"),
+    ("misspelt loadgen key", _set("loadgen.cpu_latncy_us", 0), "loadgen: unknown key 'cpu_latncy_us' (did you mean 'cpu_latency_us'?)"),
+    ("no load generator worker", _set("loadgen.workers", 0), "loadgen.workers: 0 is less than the minimum of 1"),
     ("max_num_seqs -1", _set("server.max_num_seqs", -1), "server.max_num_seqs: -1 is less than the minimum of 1"),
     ("gpu memory utilization 0", _set("server.gpu_memory_utilization", 0), "server.gpu_memory_utilization: 0 must be greater than 0"),
     ("http_500_rate 2", _set("sim.faults", {"http_500_rate": 2}), "sim.faults.http_500_rate: 2 is greater than the maximum of 1"),

@@ -141,6 +141,8 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--duration", "abc"], "ctax bench: argument --duration: 'abc' is not a valid float"),
         (["--warmup", "-1"], "ctax bench: argument --warmup: -1 must be >= 0"),
         (["--input-len", "1.5"], "ctax bench: argument --input-len: '1.5' is not a valid int"),
+        (["--cpu-latency-us", "-1"], "ctax bench: argument --cpu-latency-us: -1 must be >= 0"),
+        (["--cpu-latency-us", "none"], "ctax bench: argument --cpu-latency-us: 'none' is not 'off' or a whole number of µs"),
     ],
 )
 def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

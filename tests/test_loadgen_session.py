@@ -25,6 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL, SimProcess, launch, poll  # noqa: E402
 
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold  # noqa: E402
 from connector_tax.loadgen.records import RequestRecord, read_records  # noqa: E402
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions  # noqa: E402
 from connector_tax.loadgen.stats import ValidityThresholds  # noqa: E402
@@ -257,6 +258,36 @@ def test_pinning_is_given_back_so_the_next_generator_plans_the_same(sims: dict[s
             plans.append(g.pool.plan)
         assert os.sched_getaffinity(0) == before
     assert plans[0] == plans[1]
+
+
+def test_summary_says_whether_the_cpu_latency_limit_held(basic: tuple[dict, list[dict]], gen) -> None:
+    summary, _ = basic
+    held = summary["cpu_latency"]
+    assert held == gen.cpu_latency.state.describe()
+    assert held["requested_us"] == 0
+    assert held["held"] == os.access("/dev/cpu_dma_latency", os.W_OK), held["detail"]
+
+
+def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], monkeypatch, tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    monkeypatch.setattr(
+        "connector_tax.loadgen.session.CpuLatencyHold", lambda max_us: CpuLatencyHold(max_us, device, tmp_path / "x")
+    )
+    g = LoadGenerator(options(sims["plain"].url))
+    with g:
+        assert g.cpu_latency._fd is not None and device.read_bytes() == b"\0\0\0\0"
+    assert g.cpu_latency._fd is None
+    broken = LoadGenerator(options(sims["plain"].url))
+
+    def fail(*_: object) -> None:
+        raise RuntimeError("workers did not start")
+
+    monkeypatch.setattr(broken.pool, "start", fail)
+    with pytest.raises(RuntimeError), broken:
+        pass
+    assert broken.cpu_latency._fd is None
+    broken.pool.close()
 
 
 def test_max_arrival_issues_all_at_once(gen: LoadGenerator, out: Path) -> None:

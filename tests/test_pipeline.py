@@ -53,6 +53,7 @@ def test_tiny_study_preflight_skips_a_failing_config_and_goes_on(tmp_path):
     config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     broken = next(c for c in config["configs"] if c["name"] == "mooncake_both")
     broken["sim"] = {"faults": {"fail_start": "bootstrap server unreachable"}}
+    config["loadgen"] = {"cpu_latency_us": 25}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(config))
     result = snakemake("--cores", "1", "all", "--configfile", str(path), "--directory", str(tmp_path))
@@ -68,6 +69,11 @@ def test_tiny_study_preflight_skips_a_failing_config_and_goes_on(tmp_path):
     run = json.loads((results / "plain" / "phase_a" / "run.json").read_text())
     assert run["server_cpus"] == list(plan_affinity(1).server_cpus)
     assert not set(run["server_cpus"]) & set(plan_affinity(1).worker_cpus[0]) or os.cpu_count() == 1
+    # The config's load generator settings reach every cell, which says what they came to.
+    summaries = list((results / "plain" / "phase_a").glob("summary_*.json"))
+    assert summaries
+    for summary in summaries:
+        assert json.loads(summary.read_text())["cpu_latency"]["requested_us"] == 25
     up_to_date = snakemake("--cores", "1", "all", "--configfile", str(path), "--directory", str(tmp_path))
     assert up_to_date.returncode == 0 and "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 

@@ -47,6 +47,18 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _cpu_latency(text: str) -> int | None:
+    if text == "off":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'off' or a whole number of µs") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
 def _rates(text: str) -> list[float]:
     return [_positive(float)(item) for item in text.split(",") if item.strip()]
 
@@ -99,6 +111,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", choices=["token_ids", "text"], default="token_ids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
+    p.add_argument("--cpu-latency-us", type=_cpu_latency, default=0, metavar="US|off",
+                   help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
+                        "0 (default) keeps idle CPUs polling; off leaves it alone")  # fmt: skip
     p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
     p.add_argument("--phase", default="bench", help="phase name in output file names")
@@ -182,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
     options = LoadgenOptions(
         url=args.url, model=args.model, endpoint=args.endpoint, prompt=args.prompt,
         workers=args.workers, inflight_cap=args.inflight_cap, timeout_s=args.timeout, seed=args.seed,
-        affinity=not args.no_affinity, chunk_log=args.chunk_log, events_log=args.events_log,
+        affinity=not args.no_affinity, cpu_latency_us=args.cpu_latency_us,
+        chunk_log=args.chunk_log, events_log=args.events_log,
         validity=ValidityThresholds(),
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

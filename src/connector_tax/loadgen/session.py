@@ -27,6 +27,7 @@ import numpy as np
 
 from connector_tax.atomic import write_json
 from connector_tax.loadgen import ipc
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.prompts import BodySettings
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
@@ -95,6 +96,10 @@ class LoadgenOptions:
     spin_share: float = 0.1
     seed: int = 0
     affinity: bool = True
+    # PM QoS limit on CPU wake-up latency held while the generator runs (cpu_latency.py): 0 keeps
+    # idle CPUs polling, so neither a send nor the worker's timer waits for a halted CPU; None
+    # leaves the machine's setting alone.
+    cpu_latency_us: int | None = 0
     chunk_log: bool = False
     events_log: bool = False
     validity: ValidityThresholds = field(default_factory=ValidityThresholds)
@@ -137,15 +142,24 @@ class LoadGenerator:
             spin_share=options.spin_share,
             affinity=options.affinity,
         )
+        self.cpu_latency = CpuLatencyHold(options.cpu_latency_us)
         self.stop_event = threading.Event()
         self.progress = Progress()
 
     def __enter__(self) -> LoadGenerator:
-        self.pool.start()
+        self.cpu_latency.acquire()
+        try:
+            self.pool.start()
+        except BaseException:
+            self.cpu_latency.release()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.pool.close()
+        try:
+            self.pool.close()
+        finally:
+            self.cpu_latency.release()
 
     def stop(self) -> None:
         """Ask the running cell to stop issuing and drain (from any thread)."""
@@ -218,6 +232,7 @@ class _CellRun:
             self.t_warm_end, self.t_issue_end, cpu_frac, self.opts.validity,
         )  # fmt: skip
         summary["wall_s"] = round(wall, 3)
+        summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
         summary["extended"] = self.t_issue_end > self.t_warm_end + int(self.cell.duration_s * 1e9) + 100_000_000
         if not pool.alive():
             summary["validity"]["valid"] = False

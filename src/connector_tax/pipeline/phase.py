@@ -59,6 +59,7 @@ def plan(config: dict[str, Any], name: str, phase: str, results: Path) -> list[C
 
 def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
     workload = config["workload"]
+    loadgen = config["loadgen"]
     return LoadgenOptions(
         url=url,
         model=config["model"].get("served_name") or config["model"]["name"],
@@ -69,6 +70,9 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         inflight_cap=workload["inflight_cap"],
         timeout_s=workload["request_timeout_s"],
         seed=config["seed"],
+        workers=loadgen["workers"],
+        affinity=loadgen["affinity"],
+        cpu_latency_us=loadgen["cpu_latency_us"],
         validity=ValidityThresholds.from_dict(config.get("validity")),
     )
 

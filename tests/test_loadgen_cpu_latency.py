@@ -1,0 +1,96 @@
+"""The PM QoS CPU-latency hold: what it writes, that it lets go, and how it fails (best effort)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from connector_tax.loadgen.cli import add_bench_arguments, OneLineParser
+from connector_tax.loadgen.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
+
+
+def _driver(tmp_path: Path, name: str = "haltpoll") -> Path:
+    path = tmp_path / "current_driver"
+    path.write_text(name + "\n")
+    return path
+
+
+def test_writes_the_limit_as_a_native_s32_and_keeps_the_file_open(tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    hold = CpuLatencyHold(50, device=device, driver=_driver(tmp_path))
+    with hold as state:
+        assert device.read_bytes() == struct.pack("=i", 50)
+        assert state.held and state.requested_us == 50
+        assert state.detail == f"held at 50 us through {device} (cpuidle driver haltpoll)"
+        fd = hold._fd
+        assert fd is not None
+        os.fstat(fd)  # open: the kernel keeps a request only while its file is
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert hold._fd is None
+    assert hold.state.held  # the summary still says what held during the run
+
+
+def test_acquire_twice_opens_once(tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    hold = CpuLatencyHold(0, device=device, driver=_driver(tmp_path))
+    hold.acquire()
+    first = hold._fd
+    hold.acquire()
+    assert hold._fd == first and device.read_bytes() == struct.pack("=i", 0)
+    hold.release()
+    hold.release()
+
+
+def test_no_cpuidle_driver_is_said(tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    with CpuLatencyHold(0, device=device, driver=_driver(tmp_path, "none")) as state:
+        assert state.detail.endswith("(no cpuidle driver: idle CPUs halt anyway)")
+
+
+def test_missing_device_is_not_an_error(tmp_path: Path) -> None:
+    device = tmp_path / "absent"
+    with CpuLatencyHold(0, device=device) as state:
+        assert not state.held
+        assert state.detail == f"not held: {device}: No such file or directory"
+
+
+def test_unwritable_device_is_not_an_error(tmp_path: Path) -> None:
+    with CpuLatencyHold(0, device=tmp_path) as state:  # a directory: open for writing fails
+        assert not state.held
+        assert state.detail.startswith(f"not held: {tmp_path}: ")
+
+
+def test_off_touches_nothing(tmp_path: Path) -> None:
+    device = tmp_path / "cpu_dma_latency"
+    with CpuLatencyHold(None, device=device) as state:
+        assert state.describe() == {"requested_us": None, "held": False, "detail": "not requested"}
+    assert not device.exists()
+
+
+def test_negative_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="cpu_latency_us must be >= 0"):
+        CpuLatencyHold(-1)
+
+
+@pytest.mark.skipif(not os.access(PM_QOS_DEVICE, os.W_OK), reason="needs write access to /dev/cpu_dma_latency")
+def test_the_kernel_applies_the_limit_while_held() -> None:
+    with CpuLatencyHold(0) as state:
+        assert state.held
+        # Reading the device gives the limit in force: the lowest of every open request.
+        assert struct.unpack("=i", PM_QOS_DEVICE.read_bytes()[:4])[0] == 0
+
+
+def test_cli_takes_off_and_whole_microseconds() -> None:
+    parser = OneLineParser(prog="ctax bench")
+    add_bench_arguments(parser)
+    base = ["--url", "http://127.0.0.1:9", "--model", "m"]
+    assert parser.parse_args(base).cpu_latency_us == 0
+    assert parser.parse_args(base + ["--cpu-latency-us", "off"]).cpu_latency_us is None
+    assert parser.parse_args(base + ["--cpu-latency-us", "20"]).cpu_latency_us == 20
