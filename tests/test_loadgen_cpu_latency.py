@@ -82,7 +82,8 @@ def test_negative_limit_is_refused() -> None:
 @pytest.mark.skipif(not os.access(PM_QOS_DEVICE, os.W_OK), reason="needs write access to /dev/cpu_dma_latency")
 def test_the_kernel_applies_the_limit_while_held() -> None:
     with CpuLatencyHold(0) as state:
-        assert state.held
+        if not state.held:  # writable by mode, refused by policy (a container)
+            pytest.skip(state.detail)
         # Reading the device gives the limit in force: the lowest of every open request.
         assert struct.unpack("=i", PM_QOS_DEVICE.read_bytes()[:4])[0] == 0
 

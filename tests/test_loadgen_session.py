@@ -265,7 +265,10 @@ def test_summary_says_whether_the_cpu_latency_limit_held(basic: tuple[dict, list
     held = summary["cpu_latency"]
     assert held == gen.cpu_latency.state.describe()
     assert held["requested_us"] == 0
-    assert held["held"] == os.access("/dev/cpu_dma_latency", os.W_OK), held["detail"]
+    # Root may still be refused the device (a container's device policy): either outcome is
+    # fine, as long as the summary says which.
+    prefix = "held at 0 us through /dev/cpu_dma_latency" if held["held"] else "not held: /dev/cpu_dma_latency: "
+    assert held["detail"].startswith(prefix), held["detail"]
 
 
 def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], monkeypatch, tmp_path: Path) -> None:
