@@ -38,7 +38,8 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
     with running_sim(tmp_path / "sim", connector="plain") as sim:
         cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", sim.url, "--model", MODEL,
                "--rates", "20,40", "--duration", "1.3", "--warmup", "0", "--input-len", "64", "--output-len", "8",
-               "--no-affinity", "--phase", "cli", "--seed", "3", "--out", str(out)]  # fmt: skip
+               "--no-affinity", "--cpu-latency-us", "off", "--phase", "cli", "--seed", "3",
+               "--out", str(out)]  # fmt: skip
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -54,6 +55,7 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
         assert (m["err"], m["timeout"], m["dropped"]) == ("0", "0", "0")
         assert float(m["ttft"]) == pytest.approx(summary["latency_ms"]["ttft"]["p50"], abs=0.005)
         assert summary["rate"] == float(cell[1:3])
+        assert summary["cpu_latency"] == {"requested_us": None, "held": False, "detail": "not requested"}
         assert all(r["status"] == "ok" and r["prompt_tokens"] == 64 for r in records)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"{kind}_cli_{cell}.{ext}" for cell in cells for kind, ext in (("requests", "jsonl"), ("summary", "json"))

@@ -37,26 +37,25 @@ def _positive(kind: type) -> Any:
     return parse
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
+def _non_negative(kind: type, noun: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+        return value
+
+    return parse
+
+
+_seconds = _non_negative(float, "a valid number")
+_microseconds = _non_negative(int, "'off' or a whole number of µs")
 
 
 def _cpu_latency(text: str) -> int | None:
-    if text == "off":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not 'off' or a whole number of µs") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
+    return None if text == "off" else _microseconds(text)
 
 
 def _rates(text: str) -> list[float]:
@@ -93,12 +92,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     rate.add_argument("--concurrency", type=_positive(int), help="closed loop: requests kept in flight")
     p.add_argument("--arrival", choices=[k for k in ARRIVAL_KINDS], default="poisson")
     p.add_argument("--gamma-shape", type=_positive(float), default=1.0)
-    p.add_argument("--rampup", type=_non_negative, default=0.0, help="closed loop ramp-up seconds")
+    p.add_argument("--rampup", type=_seconds, default=0.0, help="closed loop ramp-up seconds")
     p.add_argument("--input-len", type=_positive(int), default=1024)
     p.add_argument("--output-len", type=_positive(int), default=128)
     p.add_argument("--shapes", type=_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
     p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
-    p.add_argument("--warmup", type=_non_negative, default=10.0)
+    p.add_argument("--warmup", type=_seconds, default=10.0)
     p.add_argument("--min-completed", type=int, default=0, help="extend a cell until this many completed")
     p.add_argument("--max-duration", type=_positive(float), help="hard end of a cell's extension")
     p.add_argument("--num-requests", type=_positive(int), help="with --arrival max, or a cap on --trace")

@@ -1,8 +1,9 @@
 """Hold the kernel's CPU wake-up latency limit while the load generator runs (PM QoS).
 
 An idle CPU halts; the next write that wakes a process there, or the timer that wakes a worker
-there, pays for bringing it back: 20-50 µs per write and ~100 µs per cross-CPU wake-up on this
-project's 2-core VM, the same order as the send-precision bar. Writing a limit of 0 µs to
+there, pays for bringing it back: 20-50 µs per write and ~110 µs for a round trip between two
+processes on this project's 2-core VM (benchmarks/cpu_wakeup.py), the order of the
+send-precision bar. Writing a limit of 0 µs to
 /dev/cpu_dma_latency makes the cpuidle governor pick only states that wake that fast (polling),
 as cyclictest and tuned's latency-performance profile do. The kernel keeps the request while the
 file stays open and drops it when it closes, so no exit path (a crash, SIGKILL) can leave the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PM_QOS_DEVICE = Path("/dev/cpu_dma_latency")
@@ -30,7 +31,7 @@ class CpuLatencyState:
     detail: str  # how it came out, for summaries
 
     def describe(self) -> dict[str, object]:
-        return {"requested_us": self.requested_us, "held": self.held, "detail": self.detail}
+        return asdict(self)
 
 
 class CpuLatencyHold:
@@ -48,16 +49,14 @@ class CpuLatencyHold:
     def acquire(self) -> CpuLatencyState:
         if self.max_us is None or self._fd is not None:
             return self.state
+        fd = None
         try:
             fd = os.open(self.device, os.O_WRONLY)
-        except OSError as exc:
-            self.state = CpuLatencyState(self.max_us, False, f"not held: {self.device}: {exc.strerror or exc}")
-            return self.state
-        try:
             os.write(fd, struct.pack("=i", self.max_us))  # the device takes a native s32, in µs
         except OSError as exc:
-            os.close(fd)
-            self.state = CpuLatencyState(self.max_us, False, f"not held: writing {self.device}: {exc.strerror or exc}")
+            if fd is not None:
+                os.close(fd)
+            self.state = CpuLatencyState(self.max_us, False, f"not held: {self.device}: {exc.strerror or exc}")
             return self.state
         self._fd = fd
         self.state = CpuLatencyState(self.max_us, True, f"held at {self.max_us} us through {self.device}{self._effect()}")
