@@ -80,7 +80,7 @@ def summarize(
     # Completions are counted over the window shifted by the median E2E latency: a request
     # that arrived near the window's end completes after it, and in a short window those
     # would otherwise read as lost throughput; in saturation the rate still falls short.
-    shift = int(np.median([r.t_last_token_ns - r.t_send_ns for r in ok if r.t_last_token_ns])) if ok else 0
+    shift = int(np.median(e2e) * 1e6) if e2e else 0
     completed_in_window = sum(
         1 for r in records
         if r.status == "ok" and r.t_last_token_ns and t_warmup_end_ns + shift <= r.t_last_token_ns <= t_issue_end_ns + shift
