@@ -20,9 +20,9 @@ import httpx
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
+from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
-
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -52,6 +52,15 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
 
 
 def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
+    """ok, or SKIP with the reason: any failure to launch is a result, never a traceback."""
+    try:
+        return _readiness(config_path, config, name, log_dir)
+    except Exception as exc:  # noqa: BLE001 - every launch error is this configuration's SKIP
+        return {"config": name, "status": "skip", "reason": f"{type(exc).__name__}: {exc}",
+                "backend": config["backend"]}  # fmt: skip
+
+
+def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     variant = find_variant(config, name)
     backend = config["backend"]
     if backend == "vllm":
@@ -79,6 +88,14 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
     return {"config": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
 
 
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def merge_status(parts: list[Path]) -> dict[str, Any]:
     statuses = [json.loads(p.read_text(encoding="utf-8")) for p in parts]
     return {s["config"]: {k: v for k, v in s.items() if k != "config"} for s in statuses}
@@ -98,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "check":
         config = load_config(args.config)
-        write_json(Path(args.out), check_readiness(args.config, config, args.name, Path(args.log_dir)))
+        out = Path(args.out)
+        digest = launch_digest(config, args.config, args.name)
+        previous = _read(out)
+        if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
+            print(f"{args.name}: ok (reused: this launch passed preflight with the same settings)")
+            return 0
+        result = check_readiness(args.config, config, args.name, Path(args.log_dir))
+        write_json(out, {**result, "launch": digest})
+        print(f"{args.name}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
     else:
         write_json(Path(args.out), merge_status([Path(p) for p in args.parts]))
     return 0

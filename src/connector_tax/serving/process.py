@@ -8,6 +8,7 @@ server when Snakemake cancels the job, as it does on Ctrl-C or normal exit.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -64,6 +65,19 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel SIGKILLs it when the launching process dies, however
+    it dies (kill -9 included), so no server outlives its phase job."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process-group kill on every stop path still applies
+
+
 def _raise_system_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -109,6 +123,7 @@ class ServerProcess:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         if self.cpus:
             try:
