@@ -30,6 +30,7 @@ from connector_tax.pipeline.cells import PHASE_A, PHASE_B, phase_a_cells, phase_
 from connector_tax.atomic import write_json
 from connector_tax.pipeline.provenance import env_text
 from connector_tax.pipeline.steplog import RAW_NAME, StepLogSplitter, step_timing_status
+from connector_tax.launch.vllm_cpu import device
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
 
@@ -134,7 +135,7 @@ def _run_cells(
     spec = launch_spec(config_path, config, variant, port, str(raw_steps) if backend != "openai" else None)
     url = spec.url or f"http://{host}:{port}"
     run["launch_command"] = spec.argv
-    with gpu_lease(backend) as gpu:
+    with gpu_lease(backend, device=device(config)) as gpu:
         if gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = gpu
         options = loadgen_options(config, url)
