@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from patches.engine_hooks import wrap_build_meta
+from patches.engine_hooks import wrap_build_meta, wrap_timed
 from patches.recorder import StepRecorder
 from patches.targets import BASE, FACTORY_MODULE, WORKER_HOOKS, expect, is_wrapped, mark
 
@@ -42,23 +42,6 @@ def _wrap_clear(fn: Callable, rec: StepRecorder) -> Callable:
             rec.end_worker_step(mono())
 
     return mark(clear_connector_metadata_timed, fn)
-
-
-def _wrap_timed(fn: Callable, rec: StepRecorder, field: str, engine_field: str | None) -> Callable:
-    """Add the call's duration to rec.<field> (and, in the engine process, rec.<engine_field>)."""
-    mono = time.monotonic_ns
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = mono()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            d = (mono() - t0) / 1000.0
-            setattr(rec, field, getattr(rec, field) + d)
-            if engine_field is not None and rec.engine_process:
-                setattr(rec, engine_field, getattr(rec, engine_field) + d)
-
-    return mark(timed, fn)
 
 
 def _wrap_layer(fn: Callable, rec: StepRecorder, field: str) -> Callable:
@@ -100,10 +83,10 @@ def _wrap_get_finished(fn: Callable, rec: StepRecorder) -> Callable:
 
 _WORKER_PLAN: dict[str, Callable[[Callable, StepRecorder], Callable]] = {
     "bind_connector_metadata": _wrap_bind,
-    "start_load_kv": lambda fn, rec: _wrap_timed(fn, rec, "start_load_kv_us", "engine_start_load_kv_us"),
+    "start_load_kv": lambda fn, rec: wrap_timed(fn, rec, "start_load_kv_us", "engine_start_load_kv_us"),
     "wait_for_layer_load": lambda fn, rec: _wrap_layer(fn, rec, "wait_for_layer_load_us"),
     "save_kv_layer": lambda fn, rec: _wrap_layer(fn, rec, "save_kv_layer_us"),
-    "wait_for_save": lambda fn, rec: _wrap_timed(fn, rec, "wait_for_save_us", None),
+    "wait_for_save": lambda fn, rec: wrap_timed(fn, rec, "wait_for_save_us"),
     "get_finished": _wrap_get_finished,
     "get_transfer_results": _wrap_get_finished,
     "clear_connector_metadata": _wrap_clear,

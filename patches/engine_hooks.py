@@ -83,17 +83,26 @@ def wrap_schedule(schedule: Callable, scheduler: Any, rec: StepRecorder) -> Call
     return mark(schedule_timed, schedule)
 
 
-def wrap_build_meta(fn: Callable, rec: StepRecorder) -> Callable:
+def wrap_timed(fn: Callable, rec: StepRecorder, field: str, engine_field: str | None = None) -> Callable:
+    """Add each call's duration to rec.<field> (and, in the engine process, rec.<engine_field>)."""
     mono = time.monotonic_ns
 
-    def build_connector_meta_timed(*args: Any, **kwargs: Any) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = mono()
         try:
             return fn(*args, **kwargs)
         finally:
-            rec.build_meta_us += (mono() - t0) / 1000.0
+            d = (mono() - t0) / 1000.0
+            setattr(rec, field, getattr(rec, field) + d)
+            if engine_field is not None and rec.engine_process:
+                setattr(rec, engine_field, getattr(rec, engine_field) + d)
 
-    return mark(build_connector_meta_timed, fn)
+    return mark(timed, fn)
+
+
+def wrap_build_meta(fn: Callable, rec: StepRecorder) -> Callable:
+    """build_connector_meta runs inside schedule(): part of step_duration_us, also on its own."""
+    return wrap_timed(fn, rec, "build_meta_us")
 
 
 def hook_engine_instance(engine: Any, rec: StepRecorder, wrap_connector: Callable | None = None) -> None:

@@ -68,14 +68,7 @@ print(json.dumps({
 
 
 def test_every_hook_is_a_no_op(tmp_path):
-    base = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "base.py"
-    base.parent.mkdir(parents=True)
-    for folder in [tmp_path / "vllm", *base.parents]:
-        if str(folder).startswith(str(tmp_path / "vllm")):
-            (folder / "__init__.py").touch()
-    base.write_text(textwrap.dedent(STUB_BASE))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
-    env.pop("CONNECTOR_TAX_STEP_LOG", None)
+    env = _stub_env(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60
     )
