@@ -620,3 +620,23 @@ def test_read_step_records_skips_a_truncated_line_and_slices_by_time(tmp_path):
     assert [r["t_ns"] for r in window] == [20]
     out = steptiming.merge_step_log(tmp_path / "s.jsonl", tmp_path / "cell.jsonl", 15, 31)
     assert [json.loads(x)["t_ns"] for x in out.read_text().splitlines()] == [20, 30]
+
+
+def test_an_instance_attribute_wrapping_a_bound_method_is_still_wrapped(tmp_path):
+    """A connector may replace its own hooks per instance (NoOpConnector's counting mode does,
+    with functools.wraps over the bound method): the signature check must see through it."""
+    import functools
+
+    conn = FakeConnector()
+    bound = conn.build_connector_meta
+
+    @functools.wraps(bound)
+    def counted(*args, **kwargs):
+        return bound(*args, **kwargs)
+
+    conn.build_connector_meta = counted
+    rec = step_timing.StepRecorder(str(tmp_path / "steps.jsonl"))
+    step_timing.wrap_connector(conn, "scheduler", rec)
+    assert rec.instances["connector.scheduler.build_connector_meta"].startswith("wrapped")
+    conn.build_connector_meta(None)
+    assert rec.build_meta_us > 0
