@@ -16,9 +16,13 @@ REQUEST_STATUSES = ("ok", "error", "dropped", "timeout")
 METRIC_FIELDS = ("t_ns", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 # engine_step_<phase>_<label>.jsonl: one line per engine step (null where a process cannot know).
+# step_duration_us is Scheduler.schedule() entry to exit (the design's definition), build_meta_us
+# the connector's build_connector_meta inside it; engine_step_us is the whole engine step (which
+# overlaps the model under async scheduling). Worker-side connector hooks come in their own
+# records (patches/README.md), sliced into the same file.
 STEP_FIELDS = (
     "t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us",
-    "num_running", "num_waiting", "prefill_tokens", "decode_tokens",
+    "num_running", "num_waiting", "prefill_tokens", "decode_tokens", "engine_step_us",
 )  # fmt: skip
 
 # Where a server writes its step log. patches/step_timing.py runs inside vLLM and cannot import

@@ -18,6 +18,7 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import COMPLETE, FAILED, PhaseIndex, seal_cell
 from connector_tax.launch.command import launch_spec
+from connector_tax.launch.vllm_cpu import device
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.stats import ValidityThresholds
@@ -96,7 +97,7 @@ def measure(
     spec = launch_spec(config_path, config, variant, port, str(raw) if backend != "openai" else None)
     url = spec.url or f"http://{host}:{port}"
     index.launch_command = spec.argv
-    with gpu_lease(backend) as gpu:
+    with gpu_lease(backend, device=device(config)) as gpu:
         if gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = gpu
         index.gpu = gpu_description(gpu, backend)

@@ -21,6 +21,7 @@ from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.plan import launch_digest
+from connector_tax.launch.vllm_cpu import device
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
 
@@ -41,8 +42,8 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     argv = ["bash", str(script), config_path, str(out_dir), "--only", name, "--port", str(free_port(host, block=3))]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with gpu_lease("vllm") as gpu:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu or ""}
+        with gpu_lease("vllm", device=device(config)) as gpu:
+            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
             subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, timeout=READY_TIMEOUT_S["vllm"] + 300, check=False)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -76,7 +77,7 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
     model = config["model"].get("served_name") or config["model"]["name"]
     started = time.monotonic()
     try:
-        with gpu_lease(backend) as gpu:
+        with gpu_lease(backend, device=device(config)) as gpu:
             if gpu is not None:
                 spec.env["CUDA_VISIBLE_DEVICES"] = gpu
             with ServerProcess(spec, url, log_dir) as server:
