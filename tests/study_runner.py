@@ -50,8 +50,9 @@ def write_config(folder: Path, config: dict[str, Any], name: str = "study.yaml")
     return path
 
 
-def snakemake(folder: Path, config: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    argv = [*SNAKEMAKE, "--cores", "1", *args, "--configfile", str(config), "--directory", str(folder)]
+def snakemake(folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time."""
+    argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

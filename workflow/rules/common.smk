@@ -6,9 +6,8 @@ import sys
 
 from connector_tax.config import ConfigError, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
-from connector_tax.contract.fingerprint import sha
 from connector_tax.pipeline.plan import describe_pending, job_params, study_outcome
-from connector_tax.pipeline.studyfolder import check_study_folder
+from connector_tax.pipeline.studyfolder import check_study_folder, stage_config
 
 try:
     _validated = validate_config(config)
@@ -19,6 +18,7 @@ config.clear()
 config.update(_validated)
 
 STUDY = config["study"]
+STAGED_CONFIG = str(stage_config(config))
 LAYOUT = StudyLayout.of(STUDY)
 RESULTS = str(LAYOUT.root)
 CONFIGS = [c["name"] for c in config["configs"]]
