@@ -36,7 +36,7 @@ EXPECTED_COLUMNS = [
 ]  # fmt: skip
 AGGREGATE_KEYS = [
     "schema_version", "study", "results_dir", "backend", "simulated", "configs", "baseline", "baseline_requested",
-    "connector_study", "config_status", "ignored", "code", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
+    "connector_study", "config_status", "ignored", "like_for_like", "code", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
     "step_cdf", "artifacts", "runtime", "analysis_seconds",
 ]  # fmt: skip
 FIGURES = ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",

@@ -71,6 +71,7 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
         phase=cell.phase,
         label=cell.label,
         arrival=cell.arrival,
+        gamma_shape=cell.gamma_shape,
         rate=cell.rate,
         shape=cell.shape,
         warmup_s=cell.warmup_s,
