@@ -13,6 +13,8 @@ def _f(v: Any, fmt: str = ".1f") -> str:
         return "–"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, int) and fmt.endswith("f"):
+        return str(v)
     if isinstance(v, (int, float)):
         return format(v, fmt)
     return str(v)

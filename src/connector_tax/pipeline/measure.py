@@ -80,17 +80,21 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
     )
 
 
+PROGRESS_S = 5.0  # a progress line per cell this often, in the job's log and snakemake's console
+
+
 class ServerWatch:
-    """Stops the running cell when its server exits or is stuck; `failure` says why.
+    """Stops the running cell when its server exits or is stuck; `failure` says why. Prints the
+    cell's progress every PROGRESS_S (elapsed, sent, completed, errors, recent TTFT p50).
 
     Stuck: requests in flight, none answered (ok or error) for `stall_s`, and the engine's work
     counters on /metrics still for as long (or /metrics not answering). A long request that is
     still decoding moves the counters; a slow /metrics alone, with requests completing, is not a
     stuck server."""
 
-    def __init__(self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler,
+    def __init__(self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler, name: str,
                  stall_s: float = STALL_S) -> None:  # fmt: skip
-        self.server, self.gen, self.sampler, self.stall_s = server, gen, sampler, stall_s
+        self.server, self.gen, self.sampler, self.stall_s, self.name = server, gen, sampler, stall_s, name
         self.failure: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctax-server-watch", daemon=True)
@@ -105,10 +109,16 @@ class ServerWatch:
 
     def _run(self) -> None:
         start = time.monotonic()
-        answered, since = -1, start
+        answered, since, shown = -1, start, start
         while not self._stop.wait(0.5):
             now = time.monotonic()
             progress = self.gen.progress
+            if now - shown >= PROGRESS_S:
+                shown = now
+                ttft = progress.ttft_p50_ms()
+                print(f"  {self.name}: {now - start:.0f} s, sent {progress.issued}, completed {progress.completed}, "
+                      f"errors {progress.errors}, in flight {progress.in_flight}"
+                      + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""), flush=True)  # fmt: skip
             if progress.completed + progress.errors != answered or progress.in_flight == 0:
                 answered, since = progress.completed + progress.errors, now
             worked = max(self.sampler.last_work or start, start)
@@ -216,7 +226,7 @@ def _measure_cell(
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
     with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler:
-        with ServerWatch(server, gen, sampler) as watch:
+        with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
             summary = gen.run_cell(cell_spec(planned), staging.folder)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
     # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
