@@ -212,3 +212,21 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
     assert consistent(tmp_path, "integrity") == []
     assert not [p for p in psutil.process_iter() if p.pid in {s.pid for s in servers} and p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+
+
+def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
+    config = copy.deepcopy(TINY)
+    config["configs"] = config["configs"][:1]
+    config.pop("saturation")  # the design's thresholds
+    config["workload"]["phase_a"] = {"rates": [400, 4, 200], "shape": {"input": 512, "output": 16}}
+    path = write_config(tmp_path, config)
+    result = snakemake(tmp_path, path, "phase_a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    index = json.loads(StudyLayout(tmp_path / "results" / "integrity").index("plain", "phase_a").read_text())
+    # lowest rate first; 200 req/s is far past the simulated server's knee, so 400 is not measured
+    assert [c["label"] for c in index["cells"]] == ["r4", "r200", "r400"]
+    assert [c["status"] for c in index["cells"]] == ["complete", "complete", "pruned"]
+    assert index["cells_pruned"]["phase_a/r400"].startswith("pruned: saturated at r200 (")
+    assert index["status"] == "ok" and "1 pruned past a knee" in result.stdout + result.stderr
+    again = snakemake(tmp_path, path, "phase_a")  # a pruned cell is a final state: nothing to redo
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

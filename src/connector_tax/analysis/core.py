@@ -146,7 +146,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             "preflight": pf.get("status"), "preflight_reason": pf.get("reason"),
             "phases": {ph: {"status": r.status, "reason": r.reason, "step_timing_available": r.step_timing_available,
                             "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells],
-                            "not_analysed": r.problems}
+                            "not_analysed": r.problems, "pruned": r.pruned}
                        for (n, ph), r in study.runs.items() if n == name and (r.run is not None or r.problems)},
         }  # fmt: skip
     aggregate = {

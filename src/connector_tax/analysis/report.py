@@ -191,6 +191,10 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
     if not_analysed:
         L += ["## Cells not analysed (failed, never measured or incomplete; a re-run measures them)", ""]
         L += [f"- {x}" for x in not_analysed] + [""]
+    pruned = [f"`{name}/{ph}/{label}`: {why}" for name, st in agg["config_status"].items()
+              for ph, p in (st.get("phases") or {}).items() for label, why in (p.get("pruned") or {}).items()]
+    if pruned:
+        L += ["## Rates not measured, past a configuration's knee (Phase A pruning)", ""] + [f"- {x}" for x in pruned] + [""]
     if agg.get("ignored"):
         L += ["## Ignored on disk (not in this study's plan; never read)", ""]
         L += [f"- `{x['path']}`: {x['why']}" for x in agg["ignored"]] + [""]

@@ -91,9 +91,10 @@ def _cell(workload: dict[str, Any], phase: str, label: str, rate: float, shape: 
 
 
 def phase_a_cells(config: dict[str, Any]) -> list[Cell]:
+    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
     workload = config["workload"]
     shape = workload["phase_a"]["shape"]
-    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in workload["phase_a"]["rates"]]
+    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in sorted(workload["phase_a"]["rates"])]
 
 
 def phase_b_shapes(config: dict[str, Any]) -> list[dict[str, Any]]:

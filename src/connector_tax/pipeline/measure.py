@@ -23,7 +23,7 @@ from typing import Any
 
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
-from connector_tax.contract.index import COMPLETE, FAILED, PhaseIndex, seal_cell
+from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_cpu import device
@@ -150,16 +150,21 @@ def measure(
     index: PhaseIndex,
     todo: list[PlannedCell],
     save: Callable[[], None],
+    prune: Callable[[PlannedCell], str | None] = lambda planned: None,
 ) -> None:
-    """Measure `todo` in order, launching the variant's server (again after a failure)."""
+    """Measure `todo` in order, launching the variant's server (again after a failure); a cell
+    `prune` gives a reason for is recorded as pruned with the rest, not measured."""
     backend = config["backend"]
     phase_dir = layout.phase(index.config, index.phase)
     drop_raw_logs(phase_dir.raw_steps)  # an earlier launch's cells are sealed or will be redone
     pending = list(todo)
+    _prune_from(index, pending, prune)
+    if not pending:
+        return
     with gpu_lease(backend, device=device(config)) as gpu:
         index.gpu = gpu_description(gpu, backend)
         while pending:
-            failure = _launch(config_path, config, variant, layout, index, pending, gpu, save)
+            failure = _launch(config_path, config, variant, layout, index, pending, gpu, save, prune)
             if failure is None:
                 break
             index.restarts.append({"at": now_iso(), "after": failure})
@@ -178,6 +183,7 @@ def _launch(
     pending: list[PlannedCell],
     gpu: str | None,
     save: Callable[[], None],
+    prune: Callable[[PlannedCell], str | None],
 ) -> str | None:
     """One server launch measuring cells off the front of `pending` until a server failure
     (returned) or the end (None)."""
@@ -203,12 +209,25 @@ def _launch(
         with LoadGenerator(options) as gen:
             while pending:
                 failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter)
+                _prune_from(index, pending, prune)
                 save()
                 if failure:
                     return failure
         available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
         index.step_timing_available, index.step_timing_reason = available, reason
     return None
+
+
+def _prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
+    """Once the next pending cell is to be pruned, so is every cell after it (higher rates)."""
+    why = prune(pending[0]) if pending else None
+    if why is None:
+        return
+    for planned in pending:
+        entry = index.cell(planned.cell.phase, planned.cell.label)
+        if entry is not None:
+            entry.status, entry.reason = PRUNED, why
+    pending.clear()
 
 
 def _measure_cell(

@@ -20,11 +20,12 @@ import os
 import sys
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import find_variant, load_config
-from connector_tax.contract import LAUNCH_PHASES, PHASE_B, StudyLayout, run_order
-from connector_tax.contract.index import COMPLETE, FAILED, CellEntry, PhaseIndex, read_index
+from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
-from connector_tax.pipeline.plan import launch_plan, read_reference
+from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
+from connector_tax.pipeline.prune import knee
 from connector_tax.pipeline.provenance import env_text
 from connector_tax.pipeline.resume import decide
 from connector_tax.serving.cpus import cpu_lease
@@ -49,7 +50,7 @@ def _preflight_reason(layout: StudyLayout, name: str) -> str | None:
 
 def _final_status(index: PhaseIndex) -> str:
     states = [c.status for c in index.cells]
-    if all(s == COMPLETE for s in states):
+    if all(s in DONE for s in states):
         return "ok"
     if any(s == COMPLETE for s in states):
         return "partial"
@@ -61,6 +62,19 @@ def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None =
     with cpu_lease(cpus) as leased:
         index = _run_phase(config_path, name, launch_phase, leased)
     return index
+
+
+def _pruner(layout: StudyLayout, config: dict, name: str, plan: LaunchPlan, index: PhaseIndex):
+    """Phase A's knee check for a cell about to be measured: the complete cells below it."""
+    if plan.launch_phase != PHASE_A:
+        return lambda planned: None
+
+    def check(planned: PlannedCell) -> str | None:
+        done = [p for p in plan.cells if p.cell.rate < planned.cell.rate
+                and (index.cell(p.cell.phase, p.cell.label) or CellEntry("", "", "", {})).status == COMPLETE]  # fmt: skip
+        return knee(layout, config, name, done)
+
+    return check
 
 
 def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
@@ -99,7 +113,8 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
     index.write(folder.index)
     try:
-        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index))
+        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index),
+                _pruner(layout, config, name, plan, index))  # fmt: skip
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
         for entry in index.cells:

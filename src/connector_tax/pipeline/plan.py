@@ -24,7 +24,7 @@ from connector_tax.contract.fingerprint import (
     sha,
     short,
 )
-from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, verify_cell
+from connector_tax.contract.index import COMPLETE, DONE, PRUNED, PhaseIndex, read_index, verify_cell
 from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.provenance import server_versions
 
@@ -106,7 +106,7 @@ def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
     index: PhaseIndex | None = read_index(layout.index(name, launch_phase))
     if index is None or index.status == "skipped":
         return ""
-    if index.status == "running" or any(c.status != COMPLETE for c in index.cells):
+    if index.status == "running" or any(c.status not in DONE for c in index.cells):
         return f"retry after launch {index.launch_id} ({index.status})"
     return ""
 
@@ -150,7 +150,7 @@ def describe_pending(config_path: str | Path, config: dict[str, Any]) -> list[st
 def study_outcome(config: dict[str, Any]) -> str:
     """The closing line of a study run: cells complete, and which failed or were skipped, why."""
     layout = StudyLayout.of(config["study"])
-    complete, problems = 0, []
+    complete, pruned, problems = 0, 0, []
     for variant in config["configs"]:
         for launch_phase in (PHASE_A, PHASE_B):
             index = read_index(layout.index(variant["name"], launch_phase))
@@ -160,8 +160,11 @@ def study_outcome(config: dict[str, Any]) -> str:
                 problems.append(f"{variant['name']}/{launch_phase} skipped ({index.reason})")
                 continue
             complete += sum(c.status == COMPLETE for c in index.cells)
-            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status != COMPLETE]
+            pruned += sum(c.status == PRUNED for c in index.cells)
+            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
     head = f"connector-tax: done; results in {layout.root}: {complete} cells complete"
+    if pruned:
+        head += f" ({pruned} pruned past a knee)"
     if not problems:
         return head
     shown = "; ".join(problems[:5]) + (f"; +{len(problems) - 5} more" if len(problems) > 5 else "")
