@@ -163,7 +163,8 @@ def test_h20_study_is_the_design() -> None:
     default = load_config(default_config_path())
     assert config["configs"] == default["configs"]
     workload = config["workload"]
-    assert workload["phase_a"] == {"rates": [0.5, 1, 2, 4, 8, 16, 32], "shape": {"input": 4096, "output": 256}}
+    assert workload["phase_a"] == {"rates": [0.5, 1, 2, 4, 8, 16, 32], "shape": {"input": 4096, "output": 256},
+                                   "prune_after_knee": True}
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 60, 200)
     assert workload["inflight_cap"] == 256
     assert (workload["temperature"], workload["ignore_eos"], workload["prompt"]) == (0, True, "token_ids")
