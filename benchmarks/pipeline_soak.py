@@ -49,7 +49,7 @@ def study(minutes: float, rate: float) -> dict:
 
 def role(proc: psutil.Process) -> str:
     cmd = " ".join(proc.cmdline())
-    for marker, name in (("snakemake", "snakemake"), ("pipeline.phase", "phase job"), (" sim ", "sim server"),
+    for marker, name in (("snakemake", "snakemake"), ("pipeline phase", "phase job"), (" sim ", "sim server"),
                          ("spawn_main", "loadgen worker"), ("resource_tracker", "mp tracker"),
                          ("killpg", "watchdog")):  # fmt: skip
         if marker in cmd:

@@ -22,6 +22,7 @@ from study_runner import TINY, consistent, our_processes, sealed_cells, snakemak
 
 from connector_tax.contract import StudyLayout
 from connector_tax.loadgen.affinity import plan_affinity
+from connector_tax.pipeline.studyfolder import is_pipeline_job
 
 # The per-request faults spare each launch's first request: preflight's probe passes, the cells meet them.
 SERVER_FAULTS = {
@@ -47,8 +48,9 @@ def _index(folder: Path, name: str, phase: str = "phase_a") -> dict:
 
 
 def _phase_of(folder: Path, name: str) -> list[psutil.Process]:
+    """`ctax pipeline phase ... --name NAME`: the phase job itself."""
     return [p for p in our_processes(folder)
-            if "connector_tax.pipeline.phase" in p.info["cmdline"] and name in p.info["cmdline"]]  # fmt: skip
+            if is_pipeline_job(p.info["cmdline"]) and "phase" in p.info["cmdline"] and name in p.info["cmdline"]]  # fmt: skip
 
 
 def _kill_when_measuring(folder: Path, victims: dict[str, bool], proc: subprocess.Popen) -> None:

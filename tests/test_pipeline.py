@@ -41,3 +41,20 @@ def test_a_bad_config_fails_before_anything_runs_with_one_line(tmp_path):
     assert result.returncode != 0
     assert "config error: workload.phase_a.rates:" in result.stderr + result.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "connector_tax.cli", "plan", "--config",
+                             str(REPO / "configs" / "h20-qwen3-coder.yaml"), "--gpus", "8"],
+                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
+    hours = float(out.split("one job at a time; ")[1].split(" GPU-hours")[0])
+    assert 3.0 < hours < 7.0  # the design's own estimate is 4-5.5 h
+    one, eight = (float(line.split(": ")[1].split(" h")[0]) for line in out.splitlines() if line.startswith("on "))
+    assert eight < one / 4
+    assert "no reference_rates.json yet" in out
+    bad = subprocess.run([sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip() == "ctax plan: --gpus: 0 is not a number of GPUs (1 or more)"

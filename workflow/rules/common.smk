@@ -3,6 +3,7 @@
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from connector_tax.config import ConfigError, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
@@ -30,10 +31,11 @@ RUN_ORDER = {phase: run_order(config, phase) for phase in LAUNCH_PHASES}
 GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
 # The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
 PHASE_THREADS = job_threads(config)
-# Jobs run the interpreter snakemake runs under, whatever is first on PATH, or the conda
-# environment's own python under --sdm conda (the environment.yml conda users install).
+# Jobs run `ctax pipeline STEP`, the command a user can type: the one installed beside the
+# interpreter snakemake runs under, or the conda environment's own under --sdm conda.
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)
-PYTHON = "python" if _CONDA else shlex.quote(sys.executable)
+_CTAX = Path(sys.executable).with_name("ctax")
+CTAX = "ctax" if _CONDA or not _CTAX.exists() else shlex.quote(str(_CTAX))
 ENV = "../../environment.yml"
 
 

@@ -19,7 +19,7 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
         log:
             log_of(f"phase_a_{_name}"),
         params:
-            python=PYTHON,
+            ctax=CTAX,
             name=_name,
             cpus=lease_cpus,
             plan=job_params(STUDY_CONFIG, config, _name, PHASE_A),
@@ -30,7 +30,7 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
         conda:
             ENV
         shell:
-            "{params.python} -m connector_tax.pipeline.phase --config {input.config:q} --name {params.name:q}"
+            "{params.ctax} pipeline phase --config {input.config:q} --name {params.name:q}"
             " --phase phase_a"
             " --cpus {params.cpus} 2>&1 | tee {log:q}"
 

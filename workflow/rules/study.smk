@@ -13,8 +13,8 @@ rule study_config:
     log:
         log_of("study_config"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.studyfolder --config {input:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline study-config --config {input:q} > {log:q} 2>&1"

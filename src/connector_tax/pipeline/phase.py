@@ -9,7 +9,7 @@ end, whatever happened. Recorded outcomes (a preflight SKIP, a server that would
 died, a cell with no successful request) exit 0 so the study goes on with the other
 configurations; they are listed in the manifest and the report, and redone on the next run.
 
-    python -m connector_tax.pipeline.phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
+    ctax pipeline phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.phase")
+    parser = argparse.ArgumentParser(prog="ctax pipeline phase")
     parser.add_argument("--config", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))

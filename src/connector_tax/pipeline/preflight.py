@@ -125,7 +125,7 @@ def merge_status(parts: list[Path]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.preflight")
+    parser = argparse.ArgumentParser(prog="ctax pipeline preflight")
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="readiness of one configuration")
     check.add_argument("--config", required=True)

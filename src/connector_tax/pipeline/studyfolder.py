@@ -15,7 +15,7 @@ there. A later run of the same study name on another backend (a simulated run of
 study's config, say) is refused before anything starts: its cells would otherwise be measured
 into the same folders as, and compared with, results of a different kind.
 
-    python -m connector_tax.pipeline.studyfolder --config .snakemake/connector-tax/STUDY.yaml
+    ctax pipeline study-config --config .snakemake/connector-tax/STUDY.yaml
 """
 
 from __future__ import annotations
@@ -87,11 +87,16 @@ def _stop_jobs(signum: int, frame: FrameType | None) -> None:
     on Ctrl-C."""
     for proc in psutil.Process().children(recursive=True):
         try:
-            if any("connector_tax.pipeline" in part for part in proc.cmdline()):
+            if is_pipeline_job(proc.cmdline()):
                 proc.send_signal(signal.SIGTERM)
         except psutil.Error:
             continue
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def is_pipeline_job(cmdline: list[str]) -> bool:
+    """`ctax pipeline STEP ...` (the rules' jobs), not their servers or load-generator workers."""
+    return any(Path(part).name == "ctax" for part in cmdline[:2]) and "pipeline" in cmdline[1:3]
 
 
 def forward_stop_signals() -> None:
@@ -108,7 +113,7 @@ def write_study_config(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.studyfolder")
+    parser = argparse.ArgumentParser(prog="ctax pipeline study-config")
     parser.add_argument("--config", required=True, help="the staged, validated config")
     args = parser.parse_args(argv)
     try:
