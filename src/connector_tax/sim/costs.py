@@ -69,15 +69,24 @@ class CostModel:
     def __init__(self, hardware: HardwareProfile, terms: list[ConnectorTerm] | None) -> None:
         self.hardware = hardware
         self.terms = terms
+        # Each hook is linear in (running, blocks): sum the terms' coefficients once, so a step
+        # costs three multiply-adds per hook however many connectors a MultiConnector holds.
+        self._coef: dict[str, tuple[float, float, float]] | None = None
+        if terms is not None:
+            self._coef = {}
+            for hook in ("build_meta", "get_finished", "start_load_kv"):
+                parts: list[HookCost] = [getattr(t.costs, hook) for t in terms]
+                self._coef[hook] = (
+                    sum(t.scale * c.fixed_us for t, c in zip(terms, parts)),
+                    sum(t.scale * c.per_request_us for t, c in zip(terms, parts)),
+                    sum(t.scale * c.per_block_us for t, c in zip(terms, parts)),
+                )
 
     def _hook(self, hook: str, batch: BatchShape) -> float | None:
-        if self.terms is None:
+        if self._coef is None:
             return None
-        total = 0.0
-        for term in self.terms:
-            cost: HookCost = getattr(term.costs, hook)
-            total += term.scale * cost.cost_us(batch.running, batch.blocks_in_use)
-        return total
+        fixed, per_request, per_block = self._coef[hook]
+        return fixed + per_request * batch.running + per_block * batch.blocks_in_use
 
     def step(self, batch: BatchShape) -> StepCost:
         hw = self.hardware

@@ -44,10 +44,11 @@ class SimRequest:
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     _hashes: list[int] | None = None
+    # The prompt never changes once submitted: its length is read every step, so keep it.
+    prompt_len: int = field(init=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_token_ids)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_token_ids)
 
     @property
     def total_tokens(self) -> int:

@@ -1,0 +1,163 @@
+"""Virtual-time cells: one configuration of a study driven at one load, in the simulator's
+virtual time, with the study's arrival process and request shape.
+
+A `Load` is what a study cell asks of the server (rate, arrival process, shape); `run_cell`
+drives the same engine, cost model and settings that `ctax sim` resolves for a configuration
+(settings.resolve) with a seeded open-loop arrival stream of that load and returns every
+request's TTFT and TPOT in arrival order, as the design defines them (TTFT = first token -
+arrival; TPOT = (last - first) / (tokens - 1)). No HTTP, no load generator, no sleeping: what
+a real run adds on top is discussed in README.md ("The truth oracle").
+
+The same seed gives the same arrival times and shapes whatever the configuration, so two
+configurations run on one seed see identical traffic (common random numbers): their p90s differ
+only by what the configurations do, which makes the tax between them far more precise than
+either p90 alone.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from connector_tax.contract.cells import PHASE_A, phase_a_cells, phase_b_cells, rate_label
+from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
+from connector_tax.sim.settings import SimSettings
+from connector_tax.sim.virtual import drive
+
+# Prompt ids: a unique first token per request (so no two prompts share a KV block: zero prefix
+# reuse, as the load generator's prompts), then a filler whose content the model ignores.
+_UNIQUE_BASE = 100_000
+_FILLER = [1000 + (i * 7919) % 29000 for i in range(1 << 18)]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one cell of a study asks of a server."""
+
+    phase: str
+    label: str
+    rate: float
+    shape: dict[str, Any] = field(hash=False)
+    arrival: str = "poisson"
+    gamma_shape: float = 1.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.phase}/{self.label}"
+
+    @property
+    def pair(self) -> tuple[int, int] | None:
+        """(input, output) of a single-shape load; None for a mix or a pattern."""
+        return (int(self.shape["input"]), int(self.shape["output"])) if "input" in self.shape else None
+
+
+def _load(cell: Any) -> Load:
+    return Load(cell.phase, cell.label, float(cell.rate), cell.shape, cell.arrival, float(cell.gamma_shape))
+
+
+def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) -> list[Load]:
+    """The loads at which the analysis compares configuration `name` with the baseline: its
+    Phase A cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the
+    contract's own cell plan, so the shapes and rates are exactly the study's)."""
+    workload = config["workload"]
+    template = phase_a_cells(config)[0]
+    loads: dict[str, Load] = {}
+    for key in ("ref_safe", "ref_load"):
+        rate = reference.get(key)
+        if rate is not None:
+            load = _load(template)
+            loads[rate_label(rate)] = Load(PHASE_A, rate_label(rate), float(rate), load.shape, load.arrival,
+                                           load.gamma_shape)  # fmt: skip
+    out = list(loads.values())
+    if workload.get("phase_b"):
+        out += [_load(c) for c in phase_b_cells(config, name, reference)]
+    return out
+
+
+def seed_for(seed: int, load: Load, replication: int) -> int:
+    """One seed per (study seed, load, replication), the same for every configuration."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(load.key.encode()), replication]).generate_state(1)[0])
+
+
+def _arrival_us(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
+    mean_us = 1e6 / load.rate
+    if load.arrival == "fixed":
+        gaps = np.full(n, mean_us)
+        gaps[0] = 0.0
+    elif load.arrival == "gamma":
+        gaps = rng.gamma(load.gamma_shape, mean_us / load.gamma_shape, n)
+    elif load.arrival == "poisson":
+        gaps = rng.exponential(mean_us, n)
+    else:
+        raise ValueError(f"workload.arrival.process: {load.arrival!r} has no virtual-time model")
+    return np.cumsum(gaps)
+
+
+def _shapes(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, 2) array of (input, output) per request: one pair, a weighted mix, or a pattern."""
+    if load.pair is not None:
+        return np.tile(np.array(load.pair), (n, 1))
+    kind = "mix" if "mix" in load.shape else "pattern"
+    pairs = np.array([[e["input"], e["output"]] for e in load.shape[kind]])
+    if kind == "pattern":
+        return pairs[np.arange(n) % len(pairs)]
+    weights = np.array([float(e.get("weight", 1)) for e in load.shape["mix"]])
+    return pairs[rng.choice(len(pairs), size=n, p=weights / weights.sum())]
+
+
+@dataclass
+class CellRun:
+    """Every request of one virtual cell, in arrival order (ms)."""
+
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray  # NaN for one-token outputs (TPOT undefined)
+    arrival_s: np.ndarray
+    steps: int
+
+    def after(self, warmup: int) -> CellRun:
+        return CellRun(self.ttft_ms[warmup:], self.tpot_ms[warmup:], self.arrival_s[warmup:], self.steps)
+
+
+def run_cell(settings: SimSettings, load: Load, n: int, seed: int, ignore_eos: bool = True) -> CellRun:
+    """Drive a fresh engine of `settings` with `n` requests of `load` (seeded) to the end."""
+    rng = np.random.default_rng(seed)
+    arrival = _arrival_us(load, n, rng)
+    shapes = _shapes(load, n, rng)
+    # Without ignore_eos a request stops where its EOS falls, 16-271 tokens for a random
+    # prompt (tokens.natural_length), capped by max_tokens.
+    targets = shapes[:, 1] if ignore_eos else np.minimum(shapes[:, 1], 16 + rng.integers(0, 256, n))
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    produced = np.zeros(n, dtype=np.int64)
+    index: dict[int, int] = {}
+    core = EngineCore(settings.engine, settings.cost_model)
+
+    def requests():
+        for i in range(n):
+            inp, out = int(shapes[i, 0]), int(shapes[i, 1])
+            req = SimRequest(str(i), [_UNIQUE_BASE + i] + _FILLER[: inp - 1], out, int(targets[i]))
+            index[id(req)] = i
+            yield float(arrival[i]), req
+
+    steps = 0
+
+    def on_step(now: float, result: StepResult) -> None:
+        nonlocal steps
+        steps += 1
+        for o in result.outputs:
+            i = index[id(o.request)]
+            if produced[i] == 0:
+                first[i] = now
+            last[i] = now
+            produced[i] += len(o.new_token_ids)
+            if o.finished:
+                del index[id(o.request)]
+
+    drive(core, requests(), on_step, max_steps=2**62)
+    ttft = (first - arrival) / 1000.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(produced > 1, (last - first) / np.maximum(produced - 1, 1) / 1000.0, np.nan)
+    return CellRun(ttft, tpot, arrival / 1e6, steps)
