@@ -12,6 +12,8 @@ reads as arrived meanwhile.
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
 import time
 from collections.abc import AsyncIterator
 
@@ -25,10 +27,11 @@ class ConnectionClosed(Exception):
 class Response:
     """One response's state, filled by the connection's parser callbacks."""
 
-    __slots__ = ("status", "chunks", "complete", "error", "_event", "headers_done")
+    __slots__ = ("status", "chunks", "complete", "error", "_event", "headers_done", "content_type")
 
     def __init__(self) -> None:
         self.status = 0
+        self.content_type: bytes | None = None
         self.chunks: list[tuple[int, bytes]] = []
         self.complete = False
         self.headers_done = False
@@ -61,11 +64,21 @@ class Response:
                 return
             await self._wait()
 
-    async def read_all(self) -> bytes:
+    async def read_all(self, limit: int = 1 << 20) -> bytes:
+        return (await self.read_bounded(limit))[0]
+
+    async def read_bounded(self, limit: int) -> tuple[bytes, bool]:
+        """The body, up to `limit` bytes; True as well when there was more (then the caller
+        must not reuse the connection: the rest is left unread)."""
         parts: list[bytes] = []
+        size = 0
         async for batch in self.iter_chunks():
-            parts.extend(data for _, data in batch)
-        return b"".join(parts)
+            for _, data in batch:
+                parts.append(data)
+                size += len(data)
+            if size > limit:
+                return b"".join(parts)[:limit], True
+        return b"".join(parts), False
 
 
 class HttpConnection(asyncio.Protocol):
@@ -108,6 +121,10 @@ class HttpConnection(asyncio.Protocol):
     # httptools callbacks
     def on_message_begin(self) -> None:
         pass
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None and name.lower() == b"content-type":
+            self.response.content_type = value
 
     def on_headers_complete(self) -> None:
         if self.response is not None:
@@ -157,9 +174,13 @@ class ConnectionPool:
     a busy server) into its send time.
     """
 
-    def __init__(self, host: str, port: int, max_connections: int, spare: int = 0) -> None:
+    def __init__(
+        self, host: str, port: int, max_connections: int, spare: int = 0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls  # https: the context; SNI and certificate checks use self.host
+        self._addrs: list[tuple[int, str]] = []  # resolved once: (family, address)
         self.max_connections = max_connections
         self.spare = spare
         self._idle: list[HttpConnection] = []
@@ -214,17 +235,33 @@ class ConnectionPool:
             self._waiters.append(waiter)
             await waiter
 
+    async def _resolve(self) -> list[tuple[int, str]]:
+        """The host's addresses, looked up once per pool (as curl does per run), in the
+        resolver's order: `localhost` may give ::1 before 127.0.0.1, and each is tried."""
+        if not self._addrs:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            self._addrs = list(dict.fromkeys((family, sockaddr[0]) for family, _, _, _, sockaddr in infos))
+        return self._addrs
+
     async def _connect(self) -> HttpConnection:
         self._open += 1
+        loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.get_running_loop().create_connection(
-                lambda: HttpConnection(self._lost), self.host, self.port
-            )
+            error: OSError | None = None
+            for _, addr in await self._resolve():
+                try:
+                    _, conn = await loop.create_connection(
+                        lambda: HttpConnection(self._lost), addr, self.port,
+                        ssl=self.tls, server_hostname=self.host if self.tls else None,
+                    )  # fmt: skip
+                    return conn
+                except OSError as exc:
+                    error = exc
+            raise error or OSError(f"{self.host}: no address")
         except BaseException:
             self._open -= 1
             self._wake_one()
             raise
-        return conn
 
     def release(self, conn: HttpConnection) -> None:
         if conn.reusable:

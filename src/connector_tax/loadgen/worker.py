@@ -17,10 +17,10 @@ import gc
 import json
 import os
 import signal
+import ssl
 import time
 from dataclasses import dataclass
 from typing import IO
-from urllib.parse import urlsplit
 
 import uvloop
 import zmq
@@ -31,8 +31,10 @@ from connector_tax.loadgen.firetimer import FireTimer
 from connector_tax.loadgen.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
 from connector_tax.loadgen.prompts import BodyBuilder, BodySettings
 from connector_tax.loadgen.sse import SSEReader
+from connector_tax.loadgen.urls import parse_url
 
 PR_SET_PDEATHSIG = 1
+MAX_ERROR_BODY = 64 * 1024  # of a non-200 or non-SSE body, kept for the message; the rest is not read
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ class WorkerConfig:
     results_addr: str
     cpus: tuple[int, ...] | None = None
     helper_cpus: tuple[int, ...] | None = None  # for ZMQ's I/O thread: off this worker's core
+    api_key_env: str | None = None  # read here, sent as "Authorization: Bearer"
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+
+
+def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
+    """The standard library's client defaults; `verify` False is curl's --insecure."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def worker_main(cfg: WorkerConfig) -> None:
@@ -73,16 +87,16 @@ def _die_with_parent() -> None:
 class Worker:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        parts = urlsplit(cfg.url)
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.path = (parts.path.rstrip("/") or "") + (
-            "/v1/chat/completions" if cfg.body.endpoint == "chat" else "/v1/completions"
-        )
+        target = parse_url(cfg.url, cfg.body.endpoint)
+        self.host, self.port, self.path = target.host, target.port, target.path
         self.builder = BodyBuilder(cfg.body, cfg.seed)
-        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections, spare=cfg.prewarm_connections)
+        tls = tls_context(cfg.tls_verify, cfg.tls_ca_file) if target.tls else None
+        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections, spare=cfg.prewarm_connections, tls=tls)
+        auth = ""
+        if cfg.api_key_env:
+            auth = f"Authorization: Bearer {os.environ.get(cfg.api_key_env, '')}\r\n".replace("%", "%%")
         self._head = (
-            f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"POST {self.path.replace('%', '%%')} HTTP/1.1\r\nHost: {target.host_header}\r\n{auth}"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             "X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n"
         )
@@ -230,14 +244,24 @@ class Worker:
                     self.pool.release(conn)
                     conn = None
             assert conn is not None
-            if status_code != 200:
-                raw = await response.read_all()
-                return self._result(spec, t_send, reader, status_code, "error", _error_text(status_code, raw))
+            ctype = response.content_type
+            if status_code != 200 or (ctype is not None and not ctype.lower().startswith(b"text/event-stream")):
+                raw, cut = await response.read_bounded(MAX_ERROR_BODY)
+                if cut:
+                    conn.abort()  # the rest is not read: the connection cannot be reused
+                text = _error_text(status_code, raw, cut)
+                if status_code == 200:
+                    text = f"not an event stream (content-type {ctype.decode('latin-1')!r}): {text}"  # type: ignore[union-attr]
+                return self._result(spec, t_send, reader, status_code, "error", text)
+            t_last_read = 0
             async for batch in response.iter_chunks():
                 self.timer.run_due()  # a send due now goes before this response's parsing
-                for t_ns, chunk in batch:
-                    reader.feed(t_ns, chunk)
-            reader.finish()
+                for t_last_read, chunk in batch:
+                    reader.feed(t_last_read, chunk)
+                if reader.fatal:
+                    conn.abort()  # past the reader's bound: stop reading this stream
+                    break
+            reader.finish(t_last_read)
             status = "error" if reader.error else "ok"
             return self._result(spec, t_send, reader, status_code, status, reader.error)
         except asyncio.CancelledError as exc:
@@ -268,6 +292,7 @@ class Worker:
         error: str | None,
     ) -> ipc.RequestResult:
         usage = reader.usage or {}
+        usage_tokens = usage.get("completion_tokens")
         return ipc.RequestResult(
             index=spec.index,
             worker=self.cfg.worker_id,
@@ -275,18 +300,29 @@ class Worker:
             t_first_token_ns=reader.t_first,
             t_last_token_ns=reader.t_last,
             prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens", reader.chunks if reader.chunks else None),
+            completion_tokens=usage_tokens if usage_tokens is not None else (reader.chunks or None),
             chunks=reader.chunks,
             http_status=status_code,
             status=status,
             error=error,
             itl_us=reader.gaps_us.tobytes(),
+            cell=spec.cell,
+            request_id=spec.request_id,
+            usage_completion_tokens=usage_tokens,
         )
 
 
-def _error_text(status_code: int, raw: bytes) -> str:
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+def _error_text(status_code: int, raw: bytes, cut: bool = False) -> str:
+    message = None
+    if not cut:
+        try:
+            obj = json.loads(raw)
+            err = obj.get("error") if isinstance(obj, dict) else None
+            message = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("message")
+        except (ValueError, AttributeError):
+            pass
+    if not isinstance(message, str) or not message:
         message = raw[:200].decode("utf-8", "replace")
+    if cut:
+        message += f" (body over {MAX_ERROR_BODY} bytes, not read further)"
     return f"HTTP {status_code}: {message}"
