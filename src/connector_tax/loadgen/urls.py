@@ -46,7 +46,11 @@ def parse_url(url: str, endpoint: str = "completions") -> Target:
         raise ValueError("empty URL")
     if "://" not in text:
         text = "http://" + text  # curl's default
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.hostname  # noqa: B018 - checks a bracketed host
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
         raise ValueError(f"{url!r}: scheme {parts.scheme!r} is not supported (http or https)")
