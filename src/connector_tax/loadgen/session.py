@@ -119,6 +119,7 @@ class _CellRun:
         self.progress = gen.progress
         self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
         self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
+        self._behind_from: int | None = None
 
     # -- issuing (session thread) -----------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -150,6 +151,8 @@ class _CellRun:
             interrupted = "interrupted"
             self._drain(short=True)
         self.events.append((time.monotonic_ns(), "TEST_ENDED"))
+        if self._behind_from is not None:
+            self.unissued = self._count_unissued(t0, self._behind_from)
         if self.opts.chunk_log:
             pool.set_cell([None] * pool.n_workers)  # workers close (flush) the cell's side files
         pool.set_handler(None)
@@ -157,7 +160,7 @@ class _CellRun:
         wall = max(time.monotonic() - wall0, 1e-9)
         cpu1 = pool.cpu_seconds()
         cpu_frac = {k: (cpu1[k] - cpu0.get(k, 0.0)) / wall for k in cpu1}
-        overrun_ms = max(0, self.t_issue_end - self.planned_end) / 1e6 if self.unissued else 0.0
+        overrun_ms = max(0, self.t_issue_end - self.planned_end) / 1e6
         summary = self.stats.summary(
             self.cell.describe(), self.t_warm_end, self.t_issue_end, cpu_frac, self.opts.validity,
             unissued=self.unissued, overrun_ms=overrun_ms,
@@ -235,12 +238,28 @@ class _CellRun:
                 return
             # The wall clock ends the cell too: a rate the generator cannot issue must not run
             # past the planned end. What was due and never sent is counted, not silently lost.
-            if target >= 0 and self._done(time.monotonic_ns()):
-                self.unissued = 1 + sum(1 for t, _ in schedule if not self._done(t))
+            if self.gate is None and self._done(time.monotonic_ns()):
+                self._behind_from = spec.index  # counted after the drain: counting takes time
                 return
             if target > 0:
                 self._wait(target - self.send_ahead_ns)
             self._issue(target, spec)
+
+    def _count_unissued(self, t0: int, first: int) -> int:
+        """Schedule entries from `first` on that were due before the cell's end."""
+        cell = self.cell
+        if cell.arrival == "trace":
+            assert cell.trace is not None
+            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
+            offsets: Iterator[int] = trace_arrivals(list(trace), cell.time_scale)
+        else:
+            offsets = arrivals(cell.arrival, cell.rate, self.opts.seed, cell.gamma_shape, cell.num_requests)
+        n = 0
+        for offset in itertools.islice(offsets, first, None):
+            if self._done(t0 + offset):
+                break
+            n += 1
+        return n
 
     def _done(self, t: int) -> bool:
         if t < self.issue_end:
