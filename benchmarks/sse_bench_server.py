@@ -64,11 +64,11 @@ class Stream:
         return (_event(self._chunk(None if self.chat else "", "length"))
                 + _event({"id": f"cmpl-{self.rid}", "object": "text_completion", "created": int(time.time()),
                           "model": self.model, "choices": [], "usage": usage})
-                + b"data: [DONE]\r\n\r\n")  # fmt: skip
+                + b"data: [DONE]\n\n")  # fmt: skip
 
 
 def _event(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\r\n\r\n"
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 def _chunked(data: bytes) -> bytes:
@@ -165,8 +165,8 @@ class Protocol(asyncio.Protocol):
         method = self.parser.get_method()
         headers, body = self.headers, b"".join(self.body)
         self._reset()
-        if method == b"GET" and path == "/health":
-            self._reply(200, b"{}")
+        if method == b"GET" and path in ("/health", "/stats"):
+            self._reply(200, b'{"requests": %d, "active": %d}' % (self.server.requests, len(self.server.streams)))
             return
         if method != b"POST" or not path.endswith("/completions"):
             self._reply(404, b'{"error": {"message": "not found"}}')

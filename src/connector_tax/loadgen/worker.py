@@ -119,6 +119,8 @@ class Worker:
         self.results.connect(self.cfg.results_addr)
         if self.cfg.helper_cpus:
             pin_helper_threads(self.cfg.helper_cpus)  # ZMQ's I/O thread exists now
+        self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
+        self.pool.before_read = self.timer.run_due  # a send due now goes before a response's parsing
         try:
             await self.pool.prewarm(self.cfg.prewarm_connections)
         except OSError:
@@ -128,7 +130,6 @@ class Worker:
         # at 64 req/s against a saturated server, with ~100 requests in flight).
         gc.freeze()
         self.results.send(ipc.pack((ipc.READY, self.cfg.worker_id, os.getpid())))
-        self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
         loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
         loop.call_later(1.0, self._watchdog)
         self._on_readable()  # messages may have queued before the reader was added
@@ -198,16 +199,18 @@ class Worker:
 
     def _fire(self, spec: ipc.RequestSpec, data: bytes) -> None:
         sent: tuple[HttpConnection, Response, int] | None = None
+        reader = SSEReader(keep_times=self._chunk_log is not None)
         conn = self.pool.try_acquire()
         if conn is not None:
             t_send = time.monotonic_ns()
-            sent = (conn, conn.send(data), t_send)
-        task = asyncio.get_running_loop().create_task(self._run(spec, data, sent))
+            sent = (conn, conn.send(data, reader, MAX_ERROR_BODY), t_send)
+        task = asyncio.get_running_loop().create_task(self._run(spec, data, reader, sent))
         if not task.done():
             self._tasks[spec.index] = task
 
-    async def _run(self, spec: ipc.RequestSpec, data: bytes, sent: tuple[HttpConnection, Response, int] | None) -> None:
-        reader = SSEReader(keep_times=self._chunk_log is not None)
+    async def _run(
+        self, spec: ipc.RequestSpec, data: bytes, reader: SSEReader, sent: tuple[HttpConnection, Response, int] | None
+    ) -> None:
         result = await self._exchange(spec, data, reader, sent)
         self._tasks.pop(spec.index, None)
         self.results.send(ipc.pack((ipc.RESULT, result)), zmq.NOBLOCK)
@@ -224,6 +227,7 @@ class Worker:
         t_send: int | None = None
         status_code = 0
         conn: HttpConnection | None = None
+        response: Response | None = None
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.cfg.timeout_s, self._timeout, spec.index)
         try:
@@ -233,9 +237,11 @@ class Worker:
                 else:
                     conn = self.pool.try_acquire() or await self.pool.acquire()
                     t_send = time.monotonic_ns()
-                    response = conn.send(data)
+                    response = conn.send(data, reader, MAX_ERROR_BODY)
                 try:
-                    status_code = await response.wait_headers()
+                    # The body goes to the reader inside the connection's callbacks, read by
+                    # read: this task wakes once, when the response is complete.
+                    await response.wait_complete()
                     break
                 except ConnectionClosed:
                     # A keep-alive connection the server closed while idle: retry once, fresh.
@@ -244,24 +250,14 @@ class Worker:
                     self.pool.release(conn)
                     conn = None
             assert conn is not None
-            ctype = response.content_type
-            if status_code != 200 or (ctype is not None and not ctype.lower().startswith(b"text/event-stream")):
-                raw, cut = await response.read_bounded(MAX_ERROR_BODY)
-                if cut:
-                    conn.abort()  # the rest is not read: the connection cannot be reused
-                text = _error_text(status_code, raw, cut)
+            status_code = response.status
+            if not response.streaming:
+                raw = b"".join(chunk for _, chunk in response.chunks)[:MAX_ERROR_BODY]
+                text = _error_text(status_code, raw, response.cut)
                 if status_code == 200:
-                    text = f"not an event stream (content-type {ctype.decode('latin-1')!r}): {text}"  # type: ignore[union-attr]
+                    ctype = (response.content_type or b"").decode("latin-1")
+                    text = f"not an event stream (content-type {ctype!r}): {text}"
                 return self._result(spec, t_send, reader, status_code, "error", text)
-            t_last_read = 0
-            async for batch in response.iter_chunks():
-                self.timer.run_due()  # a send due now goes before this response's parsing
-                for t_last_read, chunk in batch:
-                    reader.feed(t_last_read, chunk)
-                if reader.fatal:
-                    conn.abort()  # past the reader's bound: stop reading this stream
-                    break
-            reader.finish(t_last_read)
             status = "error" if reader.error else "ok"
             return self._result(spec, t_send, reader, status_code, status, reader.error)
         except asyncio.CancelledError as exc:
@@ -269,9 +265,10 @@ class Worker:
                 conn.abort()
             reason = str(exc.args[0]) if exc.args else "cancelled"
             status = "timeout" if reason.startswith("timeout") or reason.startswith("drain") else "error"
-            return self._result(spec, t_send, reader, status_code, status, reason)
+            return self._result(spec, t_send, reader, response.status if response else 0, status, reason)
         except (ConnectionClosed, OSError) as exc:
-            return self._result(spec, t_send, reader, status_code, "error", f"{type(exc).__name__}: {exc}")
+            code = response.status if response else 0
+            return self._result(spec, t_send, reader, code, "error", f"{type(exc).__name__}: {exc}")
         finally:
             timer.cancel()
             if conn is not None:
