@@ -13,8 +13,10 @@ distribution to be named vllm), guidellm (its venv); a peer whose venv is missin
 and the report says so. Both peers run offline with a small word-level tokenizer built here.
 
 - capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
-  `constant`, vLLM burstiness 1000), `--seconds` measured per rate, rates stepped up until one
-  fails; a rate passes when every request is ok and completions in the window are >= 99 % of it.
+  `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
+  client still passing run once at each, in turn (the machine's other load falls on all alike),
+  until it fails; a rate passes when every request is ok and completions in the window are
+  >= 99 % of it.
 - lateness: ctax's send lateness (t_send - t_scheduled) at 100 and 1,000 req/s Poisson; guidellm's
   own (request_start - targeted_start) in the same cells; vLLM records no scheduled times.
 - ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (its
@@ -93,17 +95,22 @@ class BenchServer:
 
 
 # -- the three clients ----------------------------------------------------------------------------
-def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
-    out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--phase", "p", "--out", str(out), "--timeout", "30", *argv]  # fmt: skip
-    proc = cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _finish(proc: subprocess.Popen, limit_s: float) -> str:
+    """Its output, once it exits or after limit_s; it and its group are gone either way."""
     try:
         output, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
         output = "timed out"
     finally:
         cap.kill_tree(proc)
+    return output or ""
+
+
+def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
+    out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
+           "--phase", "p", "--out", str(out), "--timeout", "30", *argv]  # fmt: skip
+    output = _finish(cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
     summaries = sorted(out.glob("summary_*.json"))
     if not summaries:
         return {"error": output.strip()[-300:]}
@@ -122,14 +129,8 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str,
            "--dataset-name", "random", "--random-output-len", str(TOKENS), "--ignore-eos", "--save-result",
            "--result-dir", str(work), "--result-filename", "r.json", "--disable-tqdm", "--num-warmups", "0",
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0", *argv]  # fmt: skip
-    proc = cap.spawn(cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                     text=True)  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        output = "timed out"
-    finally:
-        cap.kill_tree(proc)
+    output = _finish(cap.spawn(cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True), limit_s)  # fmt: skip
     path = work / "r.json"
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
@@ -147,13 +148,8 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
            "--tokenizer", f"kind=hf_auto,model={ctx.tokenizer}", "--metrics", "kind=generative,sample_size=0",
            "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
     env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
-    proc = cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=seconds + 240)
-    except subprocess.TimeoutExpired:
-        output = "timed out"
-    finally:
-        cap.kill_tree(proc)
+    output = _finish(cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                     seconds + 240)  # fmt: skip
     if not out.exists():
         return {"error": output.strip()[-300:]}
     b = json.loads(out.read_text())["benchmarks"][0]
@@ -168,8 +164,9 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
         if t.get("first_token_iteration") is not None and t.get("request_start") is not None:
             ttft.append((t["first_token_iteration"] - t["request_start"]) * 1e3)
     late.sort()
+    errored = b["requests"].get("errored") or []
     return {"ok": tot["successful"], "errored": tot["errored"], "window_s": b["duration"], "lateness_us": late,
-            "ttft_ms": ttft}  # fmt: skip
+            "ttft_ms": ttft, "error_sample": json.dumps(errored[0], default=str)[:300] if errored else None}  # fmt: skip
 
 
 # -- the measures -------------------------------------------------------------------------------
@@ -207,26 +204,33 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
             return False, r["error"]
         thr = r["ok"] / r["window_s"] if r["window_s"] else 0.0
         return not r["errored"] and thr >= 0.99 * rate, (f"ok {r['ok']}, errored {r['errored']}, completed "
-                                                         f"{thr:.1f}/s over {r['window_s']:.1f} s")  # fmt: skip
+                                                         f"{thr:.1f}/s over {r['window_s']:.1f} s"
+                                                         + (f"; first error {r['error_sample']}" if r["errored"] else ""))  # fmt: skip
 
-    for name, cell, rates in (("ctax", ctax_cell, a.ctax_rates), ("vllm bench serve", vllm_cell, a.peer_rates),
-                              ("guidellm", guidellm_cell, a.peer_rates)):  # fmt: skip
-        if (name == "vllm bench serve" and ctx.vllm is None) or (name == "guidellm" and ctx.guidellm is None):
-            res[name] = {"skipped": ctx.notes[name]}
-            continue
-        best, tried = 0.0, []
-        for rate in rates:
+    # Interleaved: at each rate every client still passing runs once, in turn, so that the
+    # shared machine's load (other sessions come and go) falls on all of them alike.
+    clients = {"ctax": ctax_cell, "vllm bench serve": vllm_cell, "guidellm": guidellm_cell}
+    alive = {n for n in clients if not (n == "vllm bench serve" and ctx.vllm is None)
+             and not (n == "guidellm" and ctx.guidellm is None)}  # fmt: skip
+    for n in set(clients) - alive:
+        res[n] = {"skipped": ctx.notes[n]}
+    for n in alive:
+        res[n] = {"capacity_rps": 0.0, "cells": []}
+    for rate in a.rates:
+        for name in [n for n in clients if n in alive]:
             mon = cap.CpuMonitor({"server": ctx.server.proc.pid}).start()
-            passed, why = cell(rate)
+            passed, why = clients[name](rate)
             cpu = mon.stop()
             why += (f"; server {cpu['by_process'].get('server', {}).get('main', 0):.2f} core, machine "
-                    f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} busy (whole run)")  # fmt: skip
-            tried.append({"rate": rate, "passed": passed, "detail": why})
+                    f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} busy, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            res[name]["cells"].append({"rate": rate, "passed": passed, "detail": why})
             print(f"  capacity {name:<17} {rate:>6g}/s {'PASS' if passed else 'fail'}  {why}", flush=True)
-            if not passed:
-                break
-            best = rate
-        res[name] = {"capacity_rps": best, "cells": tried}
+            if passed:
+                res[name]["capacity_rps"] = rate
+            else:
+                alive.discard(name)
+        if not alive:
+            break
     return res
 
 
@@ -250,7 +254,6 @@ def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
 
 def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
     a = ctx.args
-    before = set(ctx.server.lines())
     r = run_ctax(ctx, "ttft", ["--rate", "32", "--arrival", "poisson", "--input-len", "256", "--output-len",
                                str(TOKENS), "--duration", f"{a.seconds:g}", "--warmup", "2"], a.seconds + 120)  # fmt: skip
     served = ctx.server.lines()
@@ -263,23 +266,27 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
     res: dict[str, Any] = {"ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99),
                                     "paired": True}}  # fmt: skip
     done = set(served)
-    server_ttft = lambda rids: statistics.median((served[i]["t_first_write_ns"] - served[i]["t_recv_ns"]) / 1e3  # noqa: E731
-                                                 for i in rids) if rids else None  # fmt: skip
+
+    def server_ttft(rids: set[str]) -> float | None:
+        lines = ctx.server.lines()
+        vals = [(lines[i]["t_first_write_ns"] - lines[i]["t_recv_ns"]) / 1e3 for i in rids if i in lines]
+        return statistics.median(vals) if vals else None
+
     v = run_vllm(ctx, ["--random-input-len", "256", "--num-prompts", str(32 * int(a.seconds)), "--request-rate", "32"],
                  a.seconds * 3 + 120)  # fmt: skip
     fresh = set(ctx.server.lines()) - done
-    if "error" not in v:
-        res["vllm bench serve"] = {"median_us": round(v["median_ttft_ms"] * 1e3 - server_ttft(fresh), 1),
-                                   "p99_us_of_client_ttft": round(v["p99_ttft_ms"] * 1e3, 1), "paired": False}  # fmt: skip
+    base = server_ttft(fresh)
+    if "error" not in v and base is not None:
+        res["vllm bench serve"] = {"median_us": round(v["median_ttft_ms"] * 1e3 - base, 1), "server_median_us": base,
+                                   "client_ttft_p99_us": round(v["p99_ttft_ms"] * 1e3, 1), "paired": False}  # fmt: skip
     done |= fresh
     g = run_guidellm(ctx, {"kind": "poisson", "rate": [32], "warmup": round(2 / (a.seconds + 2), 6)}, a.seconds + 2, 256)
     fresh = set(ctx.server.lines()) - done
-    if g.get("ttft_ms"):
+    base = server_ttft(fresh)
+    if g.get("ttft_ms") and base is not None:
         med = statistics.median(g["ttft_ms"]) * 1e3
-        res["guidellm"] = {"median_us": round(med - server_ttft(fresh), 1), "paired": False}
-    res["server_ttft_median_us"] = server_ttft(list(fresh)) if fresh else None
+        res["guidellm"] = {"median_us": round(med - base, 1), "server_median_us": base, "paired": False}
     print(f"  ttft excess: {json.dumps(res)}", flush=True)
-    del before
     return res
 
 
@@ -358,14 +365,13 @@ def main() -> int:
     p.add_argument("--tokenizer-dir", default="/tmp/loadgen-peers-tok")
     p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per cell")
     p.add_argument("--only", default="capacity,lateness,ttft,max")
-    p.add_argument("--ctax-rates", default="1600,2000,2400,2800,3200")
-    p.add_argument("--peer-rates", default="400,600,800,1000,1200,1600")
+    p.add_argument("--rates", default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
+                   help="capacity steps, every client in turn at each")  # fmt: skip
     p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
     p.add_argument("--soak", type=float, help="run only the memory soak, this many seconds")
     p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
     a = p.parse_args()
-    a.ctax_rates = [float(x) for x in a.ctax_rates.split(",")]
-    a.peer_rates = [float(x) for x in a.peer_rates.split(",")]
+    a.rates = [float(x) for x in a.rates.split(",")]
     signal.signal(signal.SIGTERM, cap._on_signal)
     atexit.register(cap.kill_all)
     tok = Path(a.tokenizer_dir)

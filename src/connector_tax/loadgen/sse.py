@@ -238,16 +238,19 @@ class SSEReader:
         except ValueError:  # msgspec's DecodeError / ValidationError, or bad UTF-8
             self._handle_slow(t_ns, payloads)
             return
-        tokens = 0
-        for chunk in chunks:
-            if chunk.usage is not None:
-                self._take_usage(chunk.usage)
-            if _has_text(chunk):
-                tokens += 1
-            elif chunk.error is not None or chunk.object == "error":
-                self._set_error(_error_text(chunk))
+        tokens = sum(map(self._chunk, chunks))
         if tokens:
             self._arrived(t_ns, tokens)
+
+    def _chunk(self, chunk: Chunk) -> bool:
+        """Take one decoded chunk's usage or error; True when it is a token arrival."""
+        if chunk.usage is not None:
+            self._take_usage(chunk.usage)
+        if _has_text(chunk):
+            return True
+        if chunk.error is not None or chunk.object == "error":
+            self._set_error(_error_text(chunk))
+        return False
 
     def _handle_slow(self, t_ns: int, payloads: list[bytes]) -> None:
         """One payload at a time: [DONE] anywhere, and the reason of each bad one."""
@@ -261,12 +264,7 @@ class SSEReader:
             except ValueError:
                 self._set_error(f"malformed SSE data: {payload[:80]!r} ({_payload_reason(payload)})")
                 continue
-            if chunk.usage is not None:
-                self._take_usage(chunk.usage)
-            if _has_text(chunk):
-                tokens += 1
-            elif chunk.error is not None or chunk.object == "error":
-                self._set_error(_error_text(chunk))
+            tokens += self._chunk(chunk)
         if tokens:
             self._arrived(t_ns, tokens)
 
