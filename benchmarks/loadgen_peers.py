@@ -3,7 +3,7 @@ max throughput; and a memory soak.
 
     python benchmarks/loadgen_peers.py [--vllm-venv /work/venvs/vllm-bench] [--guidellm-venv /work/venvs/guidellm]
         [--seconds 30] [--only capacity,lateness,ttft,max] [--out /tmp/loadgen_peers.json]
-    python benchmarks/loadgen_peers.py --soak 600        # ctax at 1,000 req/s, RSS sampled
+(the 10-minute memory soak at 1,000 req/s is benchmarks/loadgen_soak.py, on the same server)
 
 The server is benchmarks/sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
 token per chunk every 1 ms, its own write-time log), pinned to CPU 0 — where ctax's plan puts a
@@ -19,10 +19,9 @@ and the report says so. Both peers run offline with a small word-level tokenizer
   >= 99 % of it.
 - lateness: ctax's send lateness (t_send - t_scheduled) at 100 and 1,000 req/s Poisson; guidellm's
   own (request_start - targeted_start) in the same cells; vLLM records no scheduled times.
-- ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (its
-  first token's write time minus the request's arrival). ctax pairs each record with the
-  server's line by request id; the peers' are medians of their own TTFTs minus the server's
-  median (unpaired: they do not report per-request times on a shared clock).
+- ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (first
+  token's write minus the request's arrival): ctax per request, paired by request id; the peers'
+  median TTFT minus the server's median (unpaired: no per-request times on a shared clock).
 - max: closed loop at 256 concurrent streams for `--seconds`: content chunks per second.
 """
 
@@ -51,14 +50,9 @@ import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, g
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
 TOKENS = 64
-VLLM_BENCH = r"""
-import sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.benchmarks.serve import add_cli_args, main
-p = FlexibleArgumentParser()
-add_cli_args(p)
-main(p.parse_args(sys.argv[1:]))
-"""
+VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
+              "main(p.parse_args(sys.argv[1:]))")  # `vllm bench serve`, without the `vllm` script
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -96,8 +90,7 @@ class BenchServer:
 
 # -- the three clients ----------------------------------------------------------------------------
 def _finish(proc: subprocess.Popen, limit_s: float) -> str:
-    """Its output, once it exits or after limit_s; it and its group are gone either way."""
-    try:
+    try:  # its output, once it exits or after limit_s; it and its group are gone either way
         output, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
         output = "timed out"
@@ -166,7 +159,21 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
     late.sort()
     errored = b["requests"].get("errored") or []
     return {"ok": tot["successful"], "errored": tot["errored"], "window_s": b["duration"], "lateness_us": late,
-            "ttft_ms": ttft, "error_sample": json.dumps(errored[0], default=str)[:300] if errored else None}  # fmt: skip
+            "ttft_ms": ttft, "error_sample": _error_of(errored[0]) if errored else None}  # fmt: skip
+
+
+def _error_of(obj: Any) -> str:
+    stack = [obj]  # the first text under a key that names an error, anywhere in a guidellm record
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if "error" in k.lower() and isinstance(v, str) and v:
+                    return v[:300]
+                stack.append(v)
+        elif isinstance(o, list):
+            stack.extend(o)
+    return json.dumps(obj, default=str)[:300]
 
 
 # -- the measures -------------------------------------------------------------------------------
@@ -193,9 +200,12 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
                            "--burstiness", "1000"], a.seconds * 3 + 120)  # fmt: skip
         if "error" in r:
             return False, r["error"]
-        thr = r["completed"] / r["duration"]
+        # Its duration runs to the last completion: the last request's E2E is not sending time
+        # (ctax's window is shifted by the median E2E the same way).
+        span = r["duration"] - r["median_e2el_ms"] / 1e3
+        thr = r["completed"] / span
         return r["failed"] == 0 and r["completed"] == n and thr >= 0.99 * rate, (
-            f"ok {r['completed']}/{n}, completed {thr:.1f}/s over {r['duration']:.1f} s")
+            f"ok {r['completed']}/{n}, completed {thr:.1f}/s over {span:.2f} s")
 
     def guidellm_cell(rate: float) -> tuple[bool, str]:
         total = a.seconds + 2
@@ -306,40 +316,29 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
     return res
 
 
-def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
-    """ctax at 1,000 req/s for `seconds`: RSS of its processes every 5 s; growth after the first minute."""
-    out = ctx.tmp / "soak"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--rate", "1000", "--input-len", "16", "--output-len", str(TOKENS), "--duration", f"{seconds:g}",
-           "--warmup", "5", "--phase", "soak", "--out", str(out)]  # fmt: skip
-    proc = cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    samples: list[tuple[float, float]] = []
-    t0 = time.monotonic()
-    while proc.poll() is None:
-        try:
-            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            rss = sum(p.memory_info().rss for p in tree) / 2**20
-            samples.append((time.monotonic() - t0, rss))
-            if len(samples) % 12 == 1:
-                print(f"  soak t={samples[-1][0]:5.0f} s  RSS {rss:7.1f} MiB", flush=True)
-        except psutil.Error:
-            pass
-        time.sleep(5)
-    output = proc.communicate()[0]
-    base = next((r for t, r in samples if t >= 60), samples[0][1] if samples else 0.0)
-    end = samples[-2][1] if len(samples) > 1 else base  # the last live sample before exit
-    peak = max((r for t, r in samples if t >= 60), default=base)
-    summary = json.loads(next(out.glob("summary_*.json")).read_text()) if list(out.glob("summary_*.json")) else {}
-    res = {"seconds": seconds, "rss_mib_at_60s": round(base, 1), "rss_mib_end": round(end, 1),
-           "rss_mib_peak_after_60s": round(peak, 1), "growth_pct": round(100 * (end - base) / base, 2) if base else None,
-           "peak_growth_pct": round(100 * (peak - base) / base, 2) if base else None,
-           "counts": summary.get("counts"), "summary_state_bytes": summary.get("summary_state_bytes"),
-           "lateness_us": summary.get("lateness_us"), "valid": summary.get("validity", {}).get("valid"),
-           "output_tail": output.strip()[-400:]}  # fmt: skip
-    print(f"soak: RSS {res['rss_mib_at_60s']} MiB at 60 s -> {res['rss_mib_end']} MiB at the end "
-          f"(growth {res['growth_pct']} %, peak {res['rss_mib_peak_after_60s']} MiB = +{res['peak_growth_pct']} %, bar <= 10 %); "
-          f"counts {res['counts']}", flush=True)  # fmt: skip
-    return res
+def table(r: dict[str, Any]) -> str:
+    """The side-by-side table (markdown), from one run."""
+    names = ("ctax", "vllm bench serve", "guidellm")
+    rows = ["| measure | bar | " + " | ".join(names) + " |", "|---|---|---|---|---|"]
+    get = lambda d, *ks: [(d or {}).get(n, "—") for n in names] if not ks else [ks[0](d.get(n)) for n in names]  # noqa: E731
+    if "capacity" in r:
+        cap_ = [v.get("capacity_rps", v.get("skipped")) if isinstance(v, dict) else v for v in get(r["capacity"])]
+        rows.append("| capacity: highest constant rate sustained within 1 % (req/s) | >= 3x best peer, >= 2,400 | "
+                    + " | ".join(str(c) for c in cap_) + " |")  # fmt: skip
+    for rate, bar in (("100", "<= 100"), ("1000", "<= 1,000")):
+        if rate in r.get("lateness", {}):
+            cells = [v["p99"] if isinstance(v, dict) else v for v in get(r["lateness"][rate])]
+            rows.append(f"| send lateness p99 at {rate} req/s Poisson (µs) | {bar} | " + " | ".join(map(str, cells)) + " |")
+    if "ttft" in r:
+        t = r["ttft"]
+        cells = [f"{v['median_us']} / {v.get('p99_us', '—')}" + ("" if v.get("paired") else " (unpaired)")
+                 if isinstance(v, dict) else "—" for v in get(t)]  # fmt: skip
+        rows.append("| TTFT excess over the server's write, 32 req/s, 256-token prompts: median / p99 (µs) "
+                    "| <= 200 / <= 1,000 | " + " | ".join(cells) + " |")  # fmt: skip
+    if "max" in r:
+        rows.append("| max-throughput mode, 256 streams (chunks/s) | >= 3x best peer | "
+                    + " | ".join(map(str, get(r["max"]))) + " |")  # fmt: skip
+    return "\n".join(rows)
 
 
 def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | None, dict[str, str]]:
@@ -368,7 +367,6 @@ def main() -> int:
     p.add_argument("--rates", default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
                    help="capacity steps, every client in turn at each")  # fmt: skip
     p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
-    p.add_argument("--soak", type=float, help="run only the memory soak, this many seconds")
     p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
     a = p.parse_args()
     a.rates = [float(x) for x in a.rates.split(",")]
@@ -377,32 +375,23 @@ def main() -> int:
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
-        ctx.vllm, ctx.guidellm, ctx.notes = (None, None, {}) if a.soak else find_peers(a, tok)
-        for name, note in ctx.notes.items():
-            print(f"{name}: {note}", flush=True)
+        ctx.vllm, ctx.guidellm, ctx.notes = find_peers(a, tok)
+        print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
         print(f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
               f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}", flush=True)  # fmt: skip
         report: dict[str, Any] = {"notes": ctx.notes, "seconds": a.seconds, "started": time.time()}
         try:
-            if a.soak:
-                report["soak"] = soak(ctx, a.soak)
-            else:
-                for part, fn in (("capacity", capacity), ("lateness", lateness), ("ttft", ttft), ("max", max_throughput)):
-                    if part in a.only.split(","):
-                        print(f"{part}:", flush=True)
-                        report[part] = fn(ctx)
+            for part, fn in (("capacity", capacity), ("lateness", lateness), ("ttft", ttft), ("max", max_throughput)):
+                if part in a.only.split(","):
+                    print(f"{part}:", flush=True)
+                    report[part] = fn(ctx)
         finally:
             ctx.server.close()
             cap.kill_all()
     report["load_average_end"] = os.getloadavg()
     a.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    if "capacity" in report:
-        c = report["capacity"]
-        peers = [v.get("capacity_rps", 0) for k, v in c.items() if k != "ctax"]
-        best = max(peers, default=0)
-        print(f"\ncapacity req/s: " + ", ".join(f"{k} {v.get('capacity_rps', v.get('skipped'))}" for k, v in c.items())
-              + (f"; ratio to the best peer {c['ctax']['capacity_rps'] / best:.2f}x (bar >= 3x and >= 2,400)" if best else ""))
+    print(table(report))
     print(f"wrote {a.out}")
     return 0
 
