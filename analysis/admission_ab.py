@@ -2,9 +2,9 @@
 
     python analysis/admission_ab.py [results/admission-ab]
 
-Reads the Phase A request records only (no server) and prints, per configuration and rate,
-TTFT p50/p99 of the short and the long prompts of the long-short-short-short pattern, post
-warm-up, status ok. Simulated data: the table says so.
+Reads the Phase A request records only (no server) of the cells the study's contract vouches
+for, and prints, per configuration and rate, TTFT p50/p99 of the short and the long prompts of
+the long-short-short-short pattern, post warm-up, status ok. Simulated data: the table says so.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from connector_tax.analysis.layout import load_study
+from connector_tax.contract import PHASE_A
 
 
 def ttft_by_length(path: Path) -> dict[int, np.ndarray]:
@@ -31,19 +34,16 @@ def ttft_by_length(path: Path) -> dict[int, np.ndarray]:
 
 def main() -> None:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results/admission-ab")
+    study = load_study(results)
     print(f"SIMULATED — prefill admission A/B from {results} (TTFT ms, post-warm-up, ok requests)")
     print(f"{'config':6} {'rate':>5} {'short p50':>10} {'short p99':>10} {'long p50':>9} {'long p99':>9}")
-    for config_dir in sorted(p for p in results.iterdir() if (p / "phase_a").is_dir()):
-        files = sorted((config_dir / "phase_a").glob("requests_phase_a_r*.jsonl"),
-                       key=lambda p: float(p.stem.rsplit("_r", 1)[1]))  # fmt: skip
-        for path in files:
-            lengths = ttft_by_length(path)
-            if len(lengths) < 2:
-                continue
-            short, long = lengths[min(lengths)], lengths[max(lengths)]
-            rate = path.stem.rsplit("_r", 1)[1]
-            print(f"{config_dir.name:6} {rate:>5} {np.percentile(short, 50):10.1f} {np.percentile(short, 99):10.1f} "
-                  f"{np.percentile(long, 50):9.1f} {np.percentile(long, 99):9.1f}")  # fmt: skip
+    for cell in study.cells(PHASE_A):
+        lengths = ttft_by_length(cell.path("requests"))
+        if len(lengths) < 2:
+            continue
+        short, long = lengths[min(lengths)], lengths[max(lengths)]
+        print(f"{cell.config:6} {cell.rate:>5g} {np.percentile(short, 50):10.1f} {np.percentile(short, 99):10.1f} "
+              f"{np.percentile(long, 50):9.1f} {np.percentile(long, 99):9.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

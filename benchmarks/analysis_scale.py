@@ -2,7 +2,7 @@
 
 Generates a synthetic study (connector_tax.analysis.synthetic for the layout: study config,
 preflight, run.json, summaries, metrics; then large request and step logs written with
-pandas), runs `analyze(results_dir, figures=True)` in a child process, and prints the
+pandas and sealed as the pipeline seals a cell), runs `analyze(results_dir, figures=True)` in a child process, and prints the
 child's wall time and peak RSS (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss).
 
     python benchmarks/analysis_scale.py                 # temp dir, removed afterwards
@@ -27,19 +27,29 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from connector_tax.analysis.layout import load_study
 from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from connector_tax.contract import CellFiles, StudyLayout
+from connector_tax.contract.index import seal_cell
 
 BUDGET_S = 60.0
 BUDGET_RSS_GIB = 4.0
 
 
-def _cells(root: Path) -> list[tuple[Path, str, str]]:
-    out = []
-    for summary in sorted(root.glob("*/*/summary_*.json")):
-        phase = summary.parent.name
-        label = summary.name[len(f"summary_{phase}_"): -len(".json")]
-        out.append((summary.parent, phase, label))
-    return out
+def _cells(root: Path) -> list[tuple[CellFiles, CellFiles, str]]:
+    """(sealed files, a staging folder for them, fingerprint) of every cell of the study."""
+    study = load_study(root)
+    layout = StudyLayout(root)
+    return [(c.files, layout.phase(c.config, c.phase).staging(c.label), c.summary["fingerprint"])
+            for c in study.cells()]  # fmt: skip
+
+
+def _reseal(final: CellFiles, staging: CellFiles, fingerprint: str) -> None:
+    """The bigger records replace the small ones the way the pipeline writes a cell: into
+    staging, then sealed (the summary vouches for the new sizes)."""
+    staging.folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(final.summary, staging.summary)
+    seal_cell(staging, final, fingerprint)
 
 
 def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[str, int]:
@@ -50,8 +60,8 @@ def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[s
     per_step = -(-n_steps // len(cells))
     rng = np.random.default_rng(seed)
     total_req = total_steps = 0
-    for i, (folder, phase, label) in enumerate(cells):
-        config = folder.parent.name
+    for i, (final, staging, fingerprint) in enumerate(cells):
+        phase, label, config = final.phase, final.label, final.folder.parent.name
         tax = spec.ttft_tax.get(config, 0.0)
         warm = per_req // 10
         t0 = 2_000_000_000_000 + i * 10**12
@@ -67,7 +77,8 @@ def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[s
             "error": None, "input_len": 4096, "output_len": 256, "chunks": 256, "http_status": 200,
             "worker": rng.integers(0, 4, per_req),
         })  # fmt: skip
-        req.to_json(folder / f"requests_{phase}_{label}.jsonl", orient="records", lines=True)
+        staging.folder.mkdir(parents=True, exist_ok=True)
+        req.to_json(staging.requests, orient="records", lines=True)
         total_req += per_req
         t_steps = np.linspace(sched[0], sched[-1], per_step).astype(np.int64)
         has_conn = config != "plain"
@@ -83,13 +94,13 @@ def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[s
             "forward_us": np.round(rng.lognormal(np.log(4800.0), 0.2, per_step), 3), "num_preempted": 0,
             "kv_cache_usage": np.round(rng.random(per_step), 6), "source": "sim",
         })  # fmt: skip
-        steps.to_json(folder / f"engine_step_{phase}_{label}.jsonl", orient="records", lines=True)
+        steps.to_json(staging.engine_step, orient="records", lines=True)
         total_steps += per_step
         # metrics at 1 Hz over the cell's window
         t_m = np.arange(sched[0], sched[-1], 1_000_000_000, dtype=np.int64)
         pd.DataFrame({"t_ns": t_m, "vllm:num_requests_running": 8.0, "vllm:num_requests_waiting": 0.0,
-                      "vllm:kv_cache_usage_perc": 0.3}).to_json(folder / f"metrics_{phase}_{label}.jsonl",
-                                                                orient="records", lines=True)  # fmt: skip
+                      "vllm:kv_cache_usage_perc": 0.3}).to_json(staging.metrics, orient="records", lines=True)  # fmt: skip
+        _reseal(final, staging, fingerprint)
     (root / ".scale.json").write_text(json.dumps({"requests": total_req, "steps": total_steps, "cells": len(cells)}))
     return {"requests": total_req, "steps": total_steps, "cells": len(cells)}
 

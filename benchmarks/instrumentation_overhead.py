@@ -1,15 +1,20 @@
-"""The step-timing instrumentation's own cost per engine step (patches/step_timing.py).
+"""The step-timing instrumentation's own cost per engine step (patches/).
 
     python benchmarks/instrumentation_overhead.py [--steps 20000] [--repeat 7] [--json]
+    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--json]
 
-An engine step of fakes that do no work of their own is timed twice: plain, and with exactly the
-wrappers a vLLM engine-core process gets (EngineCore.step_fn, Scheduler.schedule with the
-prefill/decode split over every scheduled request, the scheduler connector's
-build_connector_meta, the worker connector's start_load_kv and get_transfer_results), writing a
-real JSONL record per step to a temporary file. The difference per step is the
-instrumentation's cost; it is reported for several batch sizes (the split loops over the
-batch). The design's budget is 1% of a typical step: a decode step of the study's model is
-tens of milliseconds, so the budget is hundreds of microseconds.
+Fakes (default): an engine step of fakes that do no work of their own is timed twice: plain,
+and with exactly the wrappers vLLM's processes get (EngineCore.step_fn, Scheduler.schedule with
+the prefill/decode split over every scheduled request, the scheduler connector's
+build_connector_meta, and one worker-connector step: bind, start_load_kv, wait_for_layer_load
+and save_kv_layer on 2 layers, wait_for_save, get_transfer_results, clear), writing real JSONL
+records to a temporary file. The difference per step is the instrumentation's cost, for several
+batch sizes (the split loops over the batch).
+
+Real (--real, benchmarks/overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
+model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), two servers side by
+side, one instrumented and one not, the same seeded prompts sent to each in alternating rounds.
+The design's budget is 1% of a step.
 """
 
 from __future__ import annotations
@@ -72,11 +77,29 @@ class FakeConnector:
     def build_connector_meta(self, scheduler_output: object) -> object:
         return object
 
+    def bind_connector_metadata(self, connector_metadata: object) -> None:
+        return None
+
     def start_load_kv(self, forward_context: object, **kwargs: object) -> None:
         return None
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: object, attn_metadata: object, **kwargs: object) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple:
+        return None, None
+
     def get_transfer_results(self, finished_req_ids: set[str]) -> tuple:
-        return ()
+        return self.get_finished(finished_req_ids)
+
+    def clear_connector_metadata(self) -> None:
+        return None
 
 
 class FakeEngine:
@@ -88,8 +111,15 @@ class FakeEngine:
 
     def step(self) -> tuple[dict, bool]:
         out = self.scheduler.schedule(False)
-        self.worker_connector.start_load_kv(None)
-        self.worker_connector.get_transfer_results(self._finished)
+        w = self.worker_connector  # the V1 mixin's order around a 2-layer forward
+        w.bind_connector_metadata(out)
+        for layer in ("l0", "l1"):
+            w.wait_for_layer_load(layer)
+            w.save_kv_layer(layer, None, None)
+        w.start_load_kv(None)
+        w.wait_for_save()
+        w.get_transfer_results(self._finished)
+        w.clear_connector_metadata()
         return {}, out.total_num_scheduled_tokens > 0
 
 
@@ -114,8 +144,7 @@ def measure(batch: int, steps: int, repeat: int, folder: Path) -> dict[str, floa
     for _ in range(repeat):  # interleaved, so drift hits both alike
         plain_us.append(time_steps(plain, steps))
         wrapped_us.append(time_steps(wrapped, steps))
-    for fd in rec.fds.values():
-        step_timing.os.close(fd)
+    rec.close()
     records = (folder / f"bench_{batch}.engine.{rec.pid}.jsonl").read_text().splitlines()
     last = json.loads(records[-1])
     assert last["prefill_tokens"] == 512 and last["decode_tokens"] == batch - 1, last
@@ -138,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         "--step-ms", type=float, default=20.0, help="a typical real step, for the %% column"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
+    parser.add_argument("--rounds", type=int, default=8, help="--real: alternating rounds per server")
+    parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
+    parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
+    parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
+    if args.real:
+        from overhead_real import run_real
+
+        return run_real(args)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(b, args.steps, args.repeat, Path(tmp)) for b in batches]

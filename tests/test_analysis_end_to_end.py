@@ -13,7 +13,7 @@ from connector_tax.analysis.synthetic import SyntheticSpec, write_study
 
 EXPECTED_COLUMNS = [
     "config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status", "valid",
-    "validity_reasons", "complete",
+    "validity_reasons", "complete", "fingerprint",
     "n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout",
     "requested_rps", "offered_rps", "achieved_dispatch_rps", "effective_rps", "throughput_ratio",
     "throughput_ratio_requested", "rates_source",
@@ -36,7 +36,7 @@ EXPECTED_COLUMNS = [
 ]  # fmt: skip
 AGGREGATE_KEYS = [
     "schema_version", "study", "results_dir", "backend", "simulated", "configs", "baseline", "baseline_requested",
-    "connector_study", "config_status", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
+    "connector_study", "config_status", "ignored", "code", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
     "step_cdf", "artifacts", "runtime", "analysis_seconds",
 ]  # fmt: skip
 FIGURES = ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from connector_tax.analysis.saturation import cell_criteria, reference_rates
-from connector_tax.analysis.synthetic import SyntheticSpec, expected_reference, study_config, write_study
+from connector_tax.analysis.synthetic import SyntheticSpec, expected_reference, write_study
 
 SMALL = dict(n_requests=120, n_steps=50, step_logs=False, phase_b=False, phase_b_prime=False, write_reference=False)
 
@@ -21,7 +21,7 @@ def _study(tmp_path, **kw):
 def test_knee_and_reference_rates_exact(tmp_path):
     spec, root = _study(tmp_path, configs=["plain", "noop_connector", "mooncake_both"],
                         knee={"plain": 16.0, "mooncake_both": 8.0})
-    ref = reference_rates(root, study_config(spec))
+    ref = reference_rates(root)
     json.dumps(ref)  # JSON-serializable
     assert (ref["ref_safe"], ref["ref_load"]) == expected_reference(spec) == (4.0, 8.0)
     assert not ref["ref_safe_flagged"] and not ref["ref_load_flagged"]
@@ -50,7 +50,7 @@ def test_reads_study_config_yaml_when_no_config_given(tmp_path):
 def test_nearest_lower_rate_when_halves_are_missing(tmp_path):
     spec, root = _study(tmp_path, configs=["plain", "mooncake_both"], rates=[1.0, 3.0, 4.0, 7.0],
                         knee={"plain": 7.0, "mooncake_both": 7.0})
-    ref = reference_rates(root, study_config(spec))
+    ref = reference_rates(root)
     c = ref["cells"]["plain"]
     assert c["r7"]["criteria"]["ttft_growth"]["vs_rate"] == 3.0
     assert c["r7"]["criteria"]["ttft_growth"]["exact_half"] is False
@@ -62,7 +62,7 @@ def test_nearest_lower_rate_when_halves_are_missing(tmp_path):
 
 def test_no_rate_qualifies_is_flagged_with_a_reason(tmp_path):
     spec, root = _study(tmp_path, configs=["plain", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 1.0})
-    ref = reference_rates(root, study_config(spec))
+    ref = reference_rates(root)
     assert ref["ref_safe"] == 1.0 and ref["ref_safe_flagged"] is True
     assert "mooncake_both" in ref["ref_safe_reason"] and "\n" not in ref["ref_safe_reason"]
     assert ref["ref_load"] == 8.0 and not ref["ref_load_flagged"]
@@ -72,7 +72,7 @@ def test_skipped_config_is_excluded_not_blocking(tmp_path):
     spec, root = _study(tmp_path, configs=["plain", "mooncake_consumer", "mooncake_both"],
                         knee={"plain": 16.0, "mooncake_both": 8.0, "mooncake_consumer": 2.0},
                         skipped={"mooncake_consumer": "dummy bootstrap refused"})
-    ref = reference_rates(root, study_config(spec))
+    ref = reference_rates(root)
     assert "mooncake_consumer" in ref["configs_excluded"]
     assert "dummy bootstrap refused" in ref["configs_excluded"]["mooncake_consumer"]
     assert ref["ref_safe"] == 4.0
@@ -81,7 +81,7 @@ def test_skipped_config_is_excluded_not_blocking(tmp_path):
 def test_study_without_plain_uses_first_config_for_ref_load(tmp_path):
     spec, root = _study(tmp_path, study="admission-ab", configs=["fifo", "pack"], rates=[4.0, 8.0, 16.0, 32.0],
                         knee={"fifo": 16.0, "pack": 32.0})
-    ref = reference_rates(root, study_config(spec))
+    ref = reference_rates(root)
     assert ref["baseline"] == "fifo"
     assert ref["ref_load"] == 8.0 and ref["ref_safe"] == 8.0
     assert any("first config" in n for n in ref["notes"])

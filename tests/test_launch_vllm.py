@@ -73,7 +73,7 @@ def test_every_connector_config_of_the_design(h20):
         assert ktc_of(h20, name) == {
             "kv_connector": "MooncakeConnector",
             "kv_role": role,
-            "kv_connector_extra_config": {"mooncake_protocol": "rdma"},
+            "kv_connector_extra_config": {"mooncake_protocol": "tcp"},  # named in the config
         }
     assert ktc_of(h20, "nixl_both") == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     assert ktc_of(h20, "lmcache_only") == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
@@ -127,7 +127,27 @@ def test_custom_module_path_is_split_into_module_and_class(h20):
     }
 
 
-def test_environment_of_each_kind(h20, tmp_path):
+def test_mooncake_over_rdma_needs_a_device_and_the_transport_is_recorded(h20):
+    config = copy.deepcopy(h20)
+    assert launch.mooncake_transport(config, find_variant(config, "mooncake_both")) == "tcp"
+    assert launch.mooncake_transport(config, find_variant(config, "plain")) is None
+    config["vllm"]["mooncake"] = {"protocol": "rdma"}
+    with pytest.raises(ConfigError, match=r"^vllm\.mooncake\.device_name: .*rdma"):
+        spec_of(config, "mooncake_both")
+    spec_of(config, "nixl_both")  # no Mooncake: no transport to name
+    config["vllm"]["mooncake"]["device_name"] = "mlx5_0"
+    assert launch.mooncake_transport(config, find_variant(config, "multi_mooncake_lmcache")) == "rdma (mlx5_0)"
+
+
+def test_pythonpath_is_prepended_to_the_callers(h20, monkeypatch):
+    root = str(launch.repo_root())
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site-extra", root]))
+    env = spec_of(h20, "plain", 9000, "/tmp/s.jsonl").env
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, os.path.join(root, "patches", "site"), "/opt/site-extra"]
+
+
+def test_environment_of_each_kind(h20, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     root = str(launch.repo_root())
     env = spec_of(h20, "plain", 9000, str(tmp_path / "rel.jsonl")).env
     assert env["PYTHONPATH"] == os.pathsep.join([root, os.path.join(root, "patches", "site")])
@@ -148,7 +168,8 @@ def test_relative_step_log_is_made_absolute(h20, tmp_path, monkeypatch):
     assert env[launch.STEP_LOG_ENV] == str(tmp_path / "logs" / "steps.jsonl")
 
 
-def test_step_timing_can_be_turned_off(h20):
+def test_step_timing_can_be_turned_off(h20, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     config = copy.deepcopy(h20)
     config["vllm"]["step_timing"] = False
     env = spec_of(config, "plain", step_log="/tmp/x.jsonl").env

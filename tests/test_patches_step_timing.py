@@ -1,5 +1,10 @@
 """The step-timing instrumentation (patches/) on fakes: records, availability, loading chain.
 
+The fakes call the connector hooks in the orders vLLM's two model runners do (V1: the
+KVConnectorModelRunnerMixin context; V2, 0.33's default on GPUs: ActiveKVConnector's
+pre_forward / post_forward / finalize_step), checked against vLLM's source by
+tests/test_vllm_static.py.
+
 The same code runs against vLLM's real Scheduler in tests/test_vllm_real_scheduler.py (when a
 vLLM is importable) and is checked against vLLM's source in tests/test_vllm_static.py.
 """
@@ -17,12 +22,13 @@ import pytest
 
 from connector_tax.launch import steptiming
 from connector_tax.launch.vllm import STEP_LOG_ENV as LAUNCH_STEP_LOG_ENV
+from connector_tax.contract.records import STEP_LOG_ENV as PACKAGE_STEP_LOG_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # patches/ is imported by dotted path from the repository root
     sys.path.insert(0, str(REPO))
 
-from patches import step_timing  # noqa: E402
+from patches import engine_hooks, step_timing  # noqa: E402
 
 DESIGN_FIELDS = [
     "t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us",
@@ -82,7 +88,8 @@ class FakeScheduler:
 
 
 class FakeConnector:
-    """A 'subclass override' of every hook, each with vLLM 0.33's parameters."""
+    """A 'subclass override' of every hook, each with vLLM 0.33's parameters;
+    get_transfer_results calls get_finished, as KVConnectorBase_V1's does."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -91,25 +98,78 @@ class FakeConnector:
         self.calls.append("build_connector_meta")
         return object()
 
+    def bind_connector_metadata(self, connector_metadata: object) -> None:
+        self.calls.append("bind_connector_metadata")
+
     def start_load_kv(self, forward_context: object, **kwargs: object) -> None:
         self.calls.append("start_load_kv")
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self.calls.append("wait_for_layer_load")
+
+    def save_kv_layer(self, layer_name: str, kv_layer: object, attn_metadata: object, **kwargs: object) -> None:
+        self.calls.append("save_kv_layer")
+
+    def wait_for_save(self) -> None:
+        self.calls.append("wait_for_save")
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[None, None]:
+        self.calls.append("get_finished")
+        return None, None
+
     def get_transfer_results(self, finished_req_ids: set[str]) -> str:
         self.calls.append("get_transfer_results")
+        self.get_finished(finished_req_ids)
         return "results"
+
+    def clear_connector_metadata(self) -> None:
+        self.calls.append("clear_connector_metadata")
+
+
+LAYERS = ("model.layers.0.attn", "model.layers.1.attn")
+
+
+def v1_worker_step(conn: FakeConnector) -> None:
+    """KVConnectorModelRunnerMixin._get_kv_connector_output around a forward (vLLM 0.33)."""
+    conn.bind_connector_metadata(object())
+    for layer in LAYERS:  # maybe_transfer_kv_layer around each attention layer
+        conn.wait_for_layer_load(layer)
+        conn.save_kv_layer(layer, None, None)
+    conn.start_load_kv(None)  # async loads start after the forward
+    conn.wait_for_save()
+    conn.get_transfer_results(set())
+    conn.clear_connector_metadata()
+
+
+def v2_worker_step(conn: FakeConnector, defer_finalize: bool = False) -> None:
+    """ActiveKVConnector (vLLM 0.33's V2 model runner): pre_forward, the forward,
+    post_forward(defer_finalize), then finalize_step when deferred."""
+    conn.bind_connector_metadata(object())  # pre_forward (after handle_preemptions)
+    for layer in LAYERS:
+        conn.wait_for_layer_load(layer)
+        conn.save_kv_layer(layer, None, None)
+    conn.start_load_kv(None, request_ids=["a"], num_tokens=4)  # post_forward, pending load
+    if not defer_finalize:
+        conn.wait_for_save()
+    conn.get_transfer_results(set())
+    if not defer_finalize:
+        conn.clear_connector_metadata()
+    else:  # finalize_step after the draft model
+        conn.wait_for_save()
+        conn.clear_connector_metadata()
 
 
 class FakeEngine:
-    def __init__(self, scheduler: FakeScheduler, worker: FakeConnector | None = None) -> None:
+    def __init__(self, scheduler: FakeScheduler, worker: FakeConnector | None = None, runner=v1_worker_step) -> None:
         self.scheduler = scheduler
         self.worker = worker
+        self.runner = runner
         self.step_fn = self.step
 
     def step(self) -> tuple[dict, bool]:
         out = self.scheduler.schedule(False)
         if self.worker is not None:
-            self.worker.start_load_kv(None)
-            self.worker.get_transfer_results(set())
+            self.runner(self.worker)
         return {}, out.total_num_scheduled_tokens > 0
 
 
@@ -120,12 +180,16 @@ def read_jsonl(path: Path) -> list[dict]:
 # --------------------------------------------------------------------------- in-process
 
 
-def test_env_var_is_spelled_alike_everywhere():
+def test_env_var_is_defined_once_in_the_package_and_patches_copy_equals_it():
     from connector_tax.sim.steplog import STEP_LOG_ENV as SIM_STEP_LOG_ENV
 
     site = (REPO / "patches" / "site" / "sitecustomize.py").read_text()
-    assert step_timing.STEP_LOG_ENV == SIM_STEP_LOG_ENV == LAUNCH_STEP_LOG_ENV
-    assert f'"{step_timing.STEP_LOG_ENV}"' in site
+    assert step_timing.STEP_LOG_ENV == PACKAGE_STEP_LOG_ENV  # patches' own copy
+    assert SIM_STEP_LOG_ENV is PACKAGE_STEP_LOG_ENV and LAUNCH_STEP_LOG_ENV is PACKAGE_STEP_LOG_ENV
+    assert f'"{PACKAGE_STEP_LOG_ENV}"' in site
+    # and no module of the package spells it out again
+    spelled = [p for p in (REPO / "src").rglob("*.py") if f'"{PACKAGE_STEP_LOG_ENV}"' in p.read_text()]
+    assert spelled == [REPO / "src" / "connector_tax" / "contract" / "records.py"]
 
 
 def test_required_instance_names_match_the_package_reader():
@@ -135,12 +199,12 @@ def test_required_instance_names_match_the_package_reader():
     assert tuple(DESIGN_FIELDS) == step_timing.RECORD_FIELDS
 
 
-def instrumented(tmp_path: Path, prompts: list[int], connector: bool = True):
+def instrumented(tmp_path: Path, prompts: list[int], connector: bool = True, runner=v1_worker_step):
     rec = step_timing.StepRecorder(str(tmp_path / "steps.jsonl"))
     sched_conn = FakeConnector() if connector else None
     worker_conn = FakeConnector() if connector else None
     scheduler = FakeScheduler(prompts, budget=64, connector=sched_conn)
-    engine = FakeEngine(scheduler, worker_conn)
+    engine = FakeEngine(scheduler, worker_conn, runner)
     rec.engine_process = True  # as the EngineCore.__init__ wrapper sets it
     if connector:
         step_timing.wrap_connector(sched_conn, "scheduler", rec)
@@ -157,11 +221,15 @@ def test_engine_steps_write_design_records(tmp_path):
     records = read_jsonl(path)
     assert [r["step_id"] for r in records] == [1, 2, 3, 4, 5]
     for r in records:
+        assert list(r) == list(step_timing.ENGINE_FIELDS)
         assert list(r)[: len(DESIGN_FIELDS)] == DESIGN_FIELDS
         assert r["source"] == "vllm" and r["role"] == "engine" and r["pid"] == os.getpid()
-        assert r["step_duration_us"] > 0 and r["schedule_us"] > 0
-        assert r["step_duration_us"] >= r["schedule_us"]
-        assert r["build_meta_us"] > 0 and r["start_load_kv_us"] > 0 and r["get_finished_us"] > 0
+        # the design's step_duration_us is schedule() alone: inside the whole engine step
+        assert 0 < r["step_duration_us"] < r["engine_step_us"]
+        assert 0 < r["build_meta_us"] < r["step_duration_us"]  # build_connector_meta runs inside
+        # the worker connector lives in this process (single-process executor): its hooks'
+        # time during the step rides in the engine record too
+        assert r["start_load_kv_us"] > 0 and r["get_finished_us"] > 0
     t = [r["t_ns"] for r in records]
     assert t == sorted(t) and all(isinstance(x, int) for x in t)
     # budget 64: step 1 = 64 prompt tokens of r0; step 2 = 36 of r0 + 28 of r1; step 3 = 2 of
@@ -174,6 +242,76 @@ def test_engine_steps_write_design_records(tmp_path):
     # the hooks still ran and returned what the connector returned
     assert worker_conn.calls.count("get_transfer_results") == 5
     assert sched_conn.calls.count("build_connector_meta") == 5
+    # and one worker record per worker-connector step, in its own file
+    workers = read_jsonl(tmp_path / f"steps.worker.{os.getpid()}.jsonl")
+    check_worker_records(workers, 5)
+
+
+def check_worker_records(records: list[dict], steps: int) -> None:
+    assert [r["step_id"] for r in records] == list(range(1, steps + 1))
+    for r in records:
+        assert list(r) == list(step_timing.WORKER_FIELDS)
+        assert r["role"] == "worker" and r["source"] == "vllm"
+        assert r["step_duration_us"] is None and r["build_meta_us"] is None  # not a scheduler step
+        assert r["wait_for_layer_load_calls"] == r["save_kv_layer_calls"] == len(LAYERS)
+        hooks = ("start_load_kv_us", "wait_for_layer_load_us", "save_kv_layer_us", "wait_for_save_us", "get_finished_us")
+        assert all(r[h] > 0 for h in hooks), r
+        assert sum(r[h] for h in hooks) < r["worker_step_us"]
+
+
+@pytest.mark.parametrize("defer_finalize", [False, True])
+def test_the_v2_model_runner_order_is_recorded_the_same(tmp_path, defer_finalize):
+    def runner(conn):
+        v2_worker_step(conn, defer_finalize)
+
+    rec, engine, _, worker_conn = instrumented(tmp_path, [40], runner=runner)
+    for _ in range(3):
+        engine.step_fn()
+    check_worker_records(read_jsonl(tmp_path / f"steps.worker.{os.getpid()}.jsonl"), 3)
+    # get_finished was reached through get_transfer_results and timed once, not twice
+    assert worker_conn.calls.count("get_finished") == 3
+
+
+def test_get_finished_inside_get_transfer_results_is_timed_once(tmp_path):
+    import time
+
+    class Slow(FakeConnector):
+        def get_finished(self, finished_req_ids):
+            time.sleep(0.002)
+            return None, None
+
+    rec = step_timing.StepRecorder(str(tmp_path / "steps.jsonl"))
+    conn = Slow()
+    step_timing.wrap_connector(conn, "worker", rec)
+    conn.bind_connector_metadata(None)
+    conn.get_transfer_results(set())
+    conn.clear_connector_metadata()
+    (record,) = read_jsonl(tmp_path / f"steps.worker.{os.getpid()}.jsonl")
+    assert 2000 <= record["get_finished_us"] < 4000  # one 2 ms call, not two
+
+
+def test_a_step_without_schedule_has_no_scheduler_fields(tmp_path):
+    """EngineCore.step returns early when the scheduler has no requests, and a batch-queue
+    step may only finish an older batch: no schedule() call, so no step_duration_us."""
+    rec, engine, _, _ = instrumented(tmp_path, [10])
+    engine.scheduler.schedule = engine.scheduler.schedule  # keep the wrapped one
+    engine.step = lambda: ({}, False)
+    engine.step_fn = engine_hooks.wrap_step_fn(engine.step, rec, engine.scheduler)
+    engine.step_fn()
+    (record,) = read_jsonl(tmp_path / f"steps.engine.{os.getpid()}.jsonl")
+    assert record["step_duration_us"] is None and record["build_meta_us"] is None
+    assert record["engine_step_us"] > 0
+    assert record["prefill_tokens"] == record["decode_tokens"] == 0
+    assert (record["num_running"], record["num_waiting"]) == (0, 1)
+
+
+def test_num_waiting_counts_requests_holding_kv_as_vllm_metrics_does():
+    class Old:  # a scheduler without get_request_counts
+        running = ["a"]
+        waiting = ["b", "c"]
+        kv_holding_waiting = ["d"]
+
+    assert step_timing.request_counts(Old()) == (1, 3)
 
 
 def test_plain_vllm_has_null_connector_fields(tmp_path):
@@ -226,12 +364,12 @@ def test_worker_only_process_writes_worker_records(tmp_path):
     worker = FakeConnector()
     step_timing.wrap_connector(worker, "worker", rec)
     for _ in range(3):
-        worker.start_load_kv(None)
-        assert worker.get_transfer_results({"a"}) == "results"
-    records = read_jsonl(tmp_path / f"steps.worker.{os.getpid()}.jsonl")
-    assert [r["step_id"] for r in records] == [1, 2, 3]
-    assert all(r["role"] == "worker" and r["build_meta_us"] is None for r in records)
-    assert all(r["start_load_kv_us"] > 0 and r["get_finished_us"] > 0 for r in records)
+        v1_worker_step(worker)
+    check_worker_records(read_jsonl(tmp_path / f"steps.worker.{os.getpid()}.jsonl"), 3)
+    assert not (tmp_path / f"steps.engine.{os.getpid()}.jsonl").exists()
+    report = json.loads((tmp_path / f"steps.targets.{os.getpid()}.json").read_text())
+    assert report["role"] == "worker"
+    assert set(report["records"]) == {"worker"}
 
 
 def test_hook_exceptions_propagate_unchanged_and_time_is_kept(tmp_path):
@@ -317,8 +455,13 @@ FAKE_VLLM = {
 
             def step(self):
                 self.scheduler.schedule()
+                self.worker.bind_connector_metadata(None)
+                self.worker.wait_for_layer_load("l0")
+                self.worker.save_kv_layer("l0", None, None)
                 self.worker.start_load_kv(None)
+                self.worker.wait_for_save()
                 self.worker.get_transfer_results(set())
+                self.worker.clear_connector_metadata()
                 return {}, True
 
             def step_with_batch_queue(self):
@@ -332,10 +475,28 @@ FAKE_VLLM = {
             def build_connector_meta(self, scheduler_output):
                 return object()
 
+            def bind_connector_metadata(self, connector_metadata):
+                return None
+
             def start_load_kv(self, forward_context, **kwargs):
                 return None
 
+            def wait_for_layer_load(self, layer_name):
+                return None
+
+            def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+                return None
+
+            def wait_for_save(self):
+                return None
+
+            def get_finished(self, finished_req_ids):
+                return None, None
+
             def get_transfer_results(self, finished_req_ids):
+                return self.get_finished(finished_req_ids)
+
+            def clear_connector_metadata(self):
                 return None
 
         class KVConnectorFactory:
@@ -385,7 +546,8 @@ def test_sitecustomize_installs_the_hooks_into_a_fresh_process(tmp_path):
     assert out.strip() == "ok"
     files = steptiming.step_log_files(log)
     (engine_file,) = files["engine"]
-    assert files["worker"] == []  # the worker connector ran inside the engine's steps
+    (worker_file,) = files["worker"]  # the same process: the single-process executor
+    assert [r["wait_for_layer_load_calls"] for r in read_jsonl(worker_file)] == [1, 1, 1]
     records = read_jsonl(engine_file)
     assert [r["prefill_tokens"] for r in records] == [4, 4, 0]
     assert [r["decode_tokens"] for r in records] == [0, 0, 4]
@@ -458,3 +620,23 @@ def test_read_step_records_skips_a_truncated_line_and_slices_by_time(tmp_path):
     assert [r["t_ns"] for r in window] == [20]
     out = steptiming.merge_step_log(tmp_path / "s.jsonl", tmp_path / "cell.jsonl", 15, 31)
     assert [json.loads(x)["t_ns"] for x in out.read_text().splitlines()] == [20, 30]
+
+
+def test_an_instance_attribute_wrapping_a_bound_method_is_still_wrapped(tmp_path):
+    """A connector may replace its own hooks per instance (NoOpConnector's counting mode does,
+    with functools.wraps over the bound method): the signature check must see through it."""
+    import functools
+
+    conn = FakeConnector()
+    bound = conn.build_connector_meta
+
+    @functools.wraps(bound)
+    def counted(*args, **kwargs):
+        return bound(*args, **kwargs)
+
+    conn.build_connector_meta = counted
+    rec = step_timing.StepRecorder(str(tmp_path / "steps.jsonl"))
+    step_timing.wrap_connector(conn, "scheduler", rec)
+    assert rec.instances["connector.scheduler.build_connector_meta"].startswith("wrapped")
+    conn.build_connector_meta(None)
+    assert rec.build_meta_us > 0

@@ -68,14 +68,7 @@ print(json.dumps({
 
 
 def test_every_hook_is_a_no_op(tmp_path):
-    base = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "base.py"
-    base.parent.mkdir(parents=True)
-    for folder in [tmp_path / "vllm", *base.parents]:
-        if str(folder).startswith(str(tmp_path / "vllm")):
-            (folder / "__init__.py").touch()
-    base.write_text(textwrap.dedent(STUB_BASE))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
-    env.pop("CONNECTOR_TAX_STEP_LOG", None)
+    env = _stub_env(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60
     )
@@ -106,3 +99,55 @@ def test_tools_and_patches_import_nothing_from_the_package():
                 elif isinstance(node, ast.ImportFrom):
                     names = [node.module or ""]
                 assert not any(n.split(".")[0] == "connector_tax" for n in names), path
+
+
+COUNT_PROBE = """
+import json, sys
+from tools.noop_connector import NoOpConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+s = NoOpConnector("cfg", KVConnectorRole.SCHEDULER, "kvc")
+w = NoOpConnector("cfg", KVConnectorRole.WORKER, "kvc")
+for _ in range(3):
+    s.build_connector_meta(None)
+s.get_num_new_matched_tokens(object(), 0)
+w.start_load_kv(None)
+w.wait_for_layer_load("l0"); w.wait_for_layer_load("l1")
+print(json.dumps({"meta": type(s.build_connector_meta(None)).__name__,
+                  "same_plain": "build_connector_meta" in vars(s)}))
+"""
+
+
+def _stub_env(tmp_path: Path) -> dict[str, str]:
+    base = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "base.py"
+    base.parent.mkdir(parents=True)
+    for folder in [tmp_path / "vllm", *base.parents]:
+        if str(folder).startswith(str(tmp_path / "vllm")):
+            (folder / "__init__.py").touch()
+    base.write_text(textwrap.dedent(STUB_BASE))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    env.pop("CONNECTOR_TAX_STEP_LOG", None)
+    return env
+
+
+def test_call_counts_only_when_asked(tmp_path):
+    env = _stub_env(tmp_path)
+    env.pop("CONNECTOR_TAX_NOOP_COUNTS", None)
+    plain = subprocess.run([sys.executable, "-c", COUNT_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout)["same_plain"] is False  # no instance wrappers: the class as is
+    assert not list(tmp_path.glob("counts*"))
+
+    env["CONNECTOR_TAX_NOOP_COUNTS"] = str(tmp_path / "counts")
+    done = subprocess.run([sys.executable, "-c", COUNT_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"meta": "NoOpConnectorMetadata", "same_plain": True}
+    (sched,) = tmp_path.glob("counts.scheduler.*.json")
+    (worker,) = tmp_path.glob("counts.worker.*.json")
+    assert json.loads(sched.read_text()) == {
+        "get_num_new_matched_tokens": 1, "update_state_after_alloc": 0,
+        "build_connector_meta": 4, "request_finished": 0,
+    }  # fmt: skip
+    assert json.loads(worker.read_text()) == {
+        "start_load_kv": 1, "wait_for_layer_load": 2, "save_kv_layer": 0,
+        "wait_for_save": 0, "get_finished": 0,
+    }  # fmt: skip

@@ -192,6 +192,10 @@ if "LMCacheConnectorV1" in ktc:
 if "NixlConnector" in ktc:
     print("RuntimeError: NIXL agent failed to initialise", file=sys.stderr)
     sys.exit(1)
+if "kv_producer" in ktc:  # vLLM 0.33's words when mooncake is not installed
+    print("(EngineCore pid=9) ERROR Mooncake is not available", file=sys.stderr)
+    print("RuntimeError: Engine core initialization failed. See root cause above.", file=sys.stderr)
+    sys.exit(1)
 import vllm.v1.engine.core as core
 engine = core.EngineCore()
 
@@ -227,7 +231,7 @@ def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
     exe.chmod(0o755)
     env = script_env()
     env["PATH"] = f"{exe.parent}{os.pathsep}{env['PATH']}"
-    keep = ["plain", "noop_connector", "mooncake_both", "nixl_both", "multi_mooncake_lmcache"]
+    keep = ["plain", "noop_connector", "mooncake_producer", "mooncake_both", "nixl_both", "multi_mooncake_lmcache"]
     base = yaml.safe_load((REPO / "configs" / "h20-qwen3-coder.yaml").read_text())
     base["configs"] = [c for c in base["configs"] if c["name"] in keep]
     base["workload"]["phase_b_prime"]["configs"] = ["plain"]
@@ -245,7 +249,9 @@ def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
         "mooncake_both": "PASS",
         "nixl_both": "FAIL",
         "multi_mooncake_lmcache": "SKIP",  # LMCache "not installed"
+        "mooncake_producer": "SKIP",  # "Mooncake is not available"
     }, done.stdout + done.stderr
+    assert "Mooncake is not available" in summary["mooncake_producer"]["reason"]
     assert done.returncode == 1  # nixl_both failed
     assert "NIXL agent failed" in summary["nixl_both"]["reason"]
     assert summary["plain"]["step_timing"]["step_timing_available"] is True

@@ -22,6 +22,7 @@ def test_vllm_defaults_are_filled() -> None:
     config = validate_config(_raw())
     assert config["vllm"] == {
         "executable": "vllm",
+        "device": "cuda",
         "hybrid_kv_cache_manager": "disabled",
         "step_timing": True,
         "mooncake": {"protocol": "rdma"},
@@ -40,6 +41,8 @@ def test_vllm_settings_are_kept() -> None:
     config = _raw()
     config["vllm"] = {
         "executable": "/opt/vllm/bin/vllm",
+        "device": "cpu",
+        "cpu": {"kvcache_space_gib": 2, "omp_threads_bind": "0-1", "cache_root": "/tmp/vc"},
         "hybrid_kv_cache_manager": "auto",
         "step_timing": False,
         "mooncake": {"protocol": "tcp", "device_name": "mlx5_0"},

@@ -33,7 +33,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_VERSION = "0.33.0"
+VLLM_VERSIONS = ("0.33.0", "0.32.0")  # the release targeted, and the CPU build (vllm-cpu)
+try:
+    import pytest
+
+    pytestmark = pytest.mark.vllm_cpu
+except ImportError:  # the driver half runs under vLLM's Python, which need not have pytest
+    pass
 PROMPT_LEN = 40
 NUM_REQUESTS = 4
 MAX_TOKENS = 5
@@ -43,9 +49,11 @@ MAX_TOKENS = 5
 
 
 def _vllm_python() -> str | None:
-    env = os.environ.get("CONNECTOR_TAX_VLLM_PYTHON")
-    if env:
-        return env
+    from vllm_cpu_env import vllm_cpu_python
+
+    python = vllm_cpu_python()
+    if python is not None:
+        return str(python)
     import importlib.util
 
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
@@ -69,12 +77,12 @@ def test_real_vllm_scheduler_with_noop_connector_and_instrumentation(tmp_path):
     python = _vllm_python()
     if python is None:
         pytest.skip(
-            "vLLM is not importable here; set CONNECTOR_TAX_VLLM_PYTHON to a Python with "
-            f"vllm=={VLLM_VERSION} (CPU torch is enough, see tools/README.md)"
+            "vLLM is not importable here: run tools/vllm_cpu_env.sh or set "
+            "CONNECTOR_TAX_VLLM_PYTHON to a Python with vLLM (see tools/README.md)"
         )
     (tmp_path / "argvs.json").write_text(json.dumps(_launch_argvs()))
     summary = _run_driver(python, tmp_path, "sync")
-    assert summary["vllm_version"] == VLLM_VERSION
+    assert summary["vllm_version"] in VLLM_VERSIONS
 
     # 1. vLLM's own parser accepts every launch and sees what the config says
     for key, parsed in summary["parsed"].items():
@@ -111,6 +119,20 @@ def test_real_vllm_async_scheduler_with_the_batch_queue(tmp_path):
     _check_records(summary)
 
 
+def test_real_vllm_v2_model_runner_connector_path(tmp_path):
+    """vLLM 0.33's default model runner on GPUs (V2) drives the worker connector through
+    ActiveKVConnector (pre_forward / post_forward), not the V1 mixin: the same hooks, the same
+    records."""
+    import pytest
+
+    python = _vllm_python()
+    if python is None:
+        pytest.skip("vLLM is not importable here; set CONNECTOR_TAX_VLLM_PYTHON")
+    summary = _run_driver(python, tmp_path, "v2")
+    assert summary["runner"] == "ActiveKVConnector"
+    _check_records(summary)
+
+
 def _run_driver(python: str, out: Path, mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_TARGET_DEVICE": "cpu"}
     env.pop("CONNECTOR_TAX_STEP_LOG", None)
@@ -133,10 +155,18 @@ def _check_records(summary: dict) -> None:
     for r in records:
         assert list(r)[: len(fields)] == fields
         assert r["role"] == "engine" and r["source"] == "vllm"
-        assert r["step_duration_us"] > 0
-        if r["schedule_us"] is not None:  # a batch-queue step may only finish an older batch
-            assert r["build_meta_us"] > 0 and r["start_load_kv_us"] > 0 and r["get_finished_us"] > 0
-    assert sum(r["schedule_us"] is not None for r in records) >= len(records) - 1
+        assert r["engine_step_us"] > 0
+        if r["step_duration_us"] is not None:  # a batch-queue step may only finish an older batch
+            # schedule() alone, build_connector_meta inside it, both inside the engine step
+            assert 0 < r["build_meta_us"] < r["step_duration_us"] < r["engine_step_us"]
+        # the worker connector runs in this process: its hooks ride in the engine record
+        assert r["start_load_kv_us"] is not None and r["get_finished_us"] is not None
+    assert sum(r["step_duration_us"] is not None for r in records) >= len(records) - 1
+    workers = summary["worker_records"]
+    assert len(workers) >= len(records) - 1  # one per worker-connector step
+    for w in workers:
+        assert w["role"] == "worker" and w["start_load_kv_us"] > 0 and w["get_finished_us"] > 0
+        assert w["wait_for_save_us"] > 0 and w["worker_step_us"] > 0
     assert [r["step_id"] for r in records] == list(range(1, len(records) + 1))
     assert sum(r["prefill_tokens"] for r in records) == NUM_REQUESTS * PROMPT_LEN
     # the first output token comes from the last prefill chunk; each later one is a decode step
@@ -176,7 +206,11 @@ def _drive(out: Path, mode: str) -> None:  # noqa: PLR0915 - one straight-line s
 
 def _parse_launches(out: Path, summary: dict) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser  # 0.33
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
@@ -290,6 +324,13 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
     summary["scheduler_connector"] = type(scheduler.connector).__name__
     summary["worker_connector"] = type(worker).__name__
 
+    active = None
+    if mode == "v2":
+        from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+        active = ActiveKVConnector(vllm_config, {})
+        summary["runner"] = type(active).__name__
+
     class CpuExecutor:
         """Runs vLLM's real worker-side connector context; samples token 7 for every request
         whose prompt is complete (no token for a partial prefill chunk, as the model runner)."""
@@ -297,7 +338,10 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
         pending = None
 
         def execute_model(self, scheduler_output, non_block=False):
-            kv = KVConnectorModelRunnerMixin.kv_connector_no_forward(scheduler_output, vllm_config)
+            if active is not None:  # the V2 model runner's connector path
+                kv = active.no_forward(scheduler_output)
+            else:
+                kv = KVConnectorModelRunnerMixin.kv_connector_no_forward(scheduler_output, vllm_config)
             ids = list(scheduler_output.num_scheduled_tokens)
             # after schedule(), is_prefill_chunk says whether the prompt is still incomplete
             sampled = [[] if scheduler.requests[r].is_prefill_chunk else [7] for r in ids]
@@ -354,6 +398,8 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
 
     engine_files = sorted((out / "steps").glob("engine_step.engine.*.jsonl"))
     summary["records"] = [json.loads(x) for f in engine_files for x in f.read_text().splitlines()]
+    worker_files = sorted((out / "steps").glob("engine_step.worker.*.jsonl"))
+    summary["worker_records"] = [json.loads(x) for f in worker_files for x in f.read_text().splitlines()]
     (targets,) = sorted((out / "steps").glob("engine_step.targets.*.json"))
     summary["targets"] = json.loads(targets.read_text())
     sys.path.insert(0, str(REPO / "src"))

@@ -488,3 +488,39 @@ def test_dummy_bootstrap_speaks_the_routes_of_mooncakes_bootstrap_server(vllm_sr
     # and a consumer does not start one: the producer-only branches guard it
     connector = module_file(vllm_src, "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector")
     assert "# No need to launch server for D node." in connector.read_text()
+
+
+def _calls_on(tree: ast.AST, receiver: str) -> set[str]:
+    """Method names called as `<receiver>.<name>(...)` (receiver: `self.kv_connector`, ...)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and ast.unparse(n.func.value) == receiver:
+            out.add(n.func.attr)
+    return out
+
+
+def test_both_model_runners_reach_the_wrapped_worker_hooks(vllm_src):
+    """V1 (KVConnectorModelRunnerMixin) and V2 (ActiveKVConnector, 0.33's default on GPUs) call
+    the worker-step hooks the instrumentation wraps on the connector instance the factory made
+    (get_kv_transfer_group()); the layer hooks come from maybe_transfer_kv_layer."""
+    hooks = {"bind_connector_metadata", "start_load_kv", "wait_for_save", "get_transfer_results",
+             "clear_connector_metadata"}  # fmt: skip
+    v1 = _parse(module_file(vllm_src, "vllm.v1.worker.kv_connector_model_runner_mixin"))
+    assert hooks <= _calls_on(v1, "kv_connector")
+    v2_path = module_file(vllm_src, "vllm.v1.worker.gpu.kv_connector")
+    v2 = find_class(_parse(v2_path), "ActiveKVConnector")
+    assert hooks <= _calls_on(v2, "self.kv_connector")
+    assert "self.kv_connector = get_kv_transfer_group()" in v2_path.read_text()
+    layer = _parse(module_file(vllm_src, "vllm.model_executor.layers.attention.kv_transfer_utils"))
+    assert {"wait_for_layer_load", "save_kv_layer"} <= _calls_on(layer, "connector")
+    assert set(step_timing.WORKER_HOOKS) >= hooks | {"wait_for_layer_load", "save_kv_layer", "get_finished"}
+
+
+def test_num_waiting_is_what_vllm_metrics_report(vllm_src):
+    """vllm:num_requests_waiting = num_waiting_reqs + num_skipped_waiting_reqs, which make_stats
+    derives from get_request_counts(): the count the instrumentation records."""
+    sched = module_file(vllm_src, "vllm.v1.core.sched.scheduler").read_text()
+    assert "num_running, num_waiting = self.get_request_counts()" in sched
+    assert "return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)" in sched
+    loggers = module_file(vllm_src, "vllm.v1.metrics.loggers").read_text()
+    assert "scheduler_stats.num_waiting_reqs\n                + scheduler_stats.num_skipped_waiting_reqs" in loggers

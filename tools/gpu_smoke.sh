@@ -106,8 +106,10 @@ while IFS= read -r name; do
     fi
   else
     reason="${verdict#FAIL: }"
-    if grep -Eq "No module named '?(lmcache|nixl|nixl_cu12|mooncake)" "$dir/server.log"; then
-      record "$name" SKIP "optional connector package missing: $reason" "$timing"
+    # "Mooncake is not available", "NIXL is not available", "No module named 'lmcache'", ...
+    # (the patterns live in connector_tax.serving.process.MISSING_CONNECTOR)
+    if missing="$("$PY" -m connector_tax.launch.vllm_cli missing-connector "$dir/server.log")"; then
+      record "$name" SKIP "optional connector package missing: $missing ($reason)" "$timing"
     else
       record "$name" FAIL "$reason" "$timing"
       failed=1

@@ -15,12 +15,20 @@ It implements SupportsHMA, so it can run with the hybrid KV cache manager on; th
 launches every configuration with --disable-hybrid-kv-cache-manager, because LMCacheConnectorV1
 does not support HMA and like must be compared with like (see launch/README.md).
 
+For tests only: with $CONNECTOR_TAX_NOOP_COUNTS=PREFIX set, each instance counts the calls of
+its role's hooks and rewrites PREFIX.<role>.<pid>.json after every call, so a test can show
+that real vLLM called them. Unset (the study), the class is exactly the no-op above: the
+counting wrappers are instance attributes made only when the variable is set.
+
 Runs inside vLLM: imports vLLM, never connector_tax.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import json
+import os
+from typing import TYPE_CHECKING, Any, Callable
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -45,6 +53,49 @@ class NoOpConnectorMetadata(KVConnectorMetadata):
     """Empty per-step metadata (a fresh object each step, never None)."""
 
 
+COUNTS_ENV = "CONNECTOR_TAX_NOOP_COUNTS"
+# The hooks each role's caller reaches (vLLM's scheduler, vLLM's model runner).
+COUNTED_HOOKS = {
+    "scheduler": (
+        "get_num_new_matched_tokens",
+        "update_state_after_alloc",
+        "build_connector_meta",
+        "request_finished",
+    ),
+    "worker": (
+        "start_load_kv",
+        "wait_for_layer_load",
+        "save_kv_layer",
+        "wait_for_save",
+        "get_finished",
+    ),
+}
+
+
+class _CallCounts:
+    """Counts hook calls of one connector instance into PREFIX.<role>.<pid>.json."""
+
+    def __init__(self, prefix: str, role: str) -> None:
+        self.path = f"{prefix}.{role}.{os.getpid()}.json"
+        self.counts = dict.fromkeys(COUNTED_HOOKS[role], 0)
+        self.write()
+
+    def write(self) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self.counts, fh)
+        os.replace(tmp, self.path)
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        @functools.wraps(fn)  # keeps the signature the instrumentation checks
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            self.write()
+            return fn(*args, **kwargs)
+
+        return counted
+
+
 class NoOpConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(
         self,
@@ -53,6 +104,12 @@ class NoOpConnector(KVConnectorBase_V1, SupportsHMA):
         kv_cache_config: KVCacheConfig,
     ):
         super().__init__(vllm_config, role, kv_cache_config)
+        prefix = os.environ.get(COUNTS_ENV)
+        if prefix:  # tests only (see the module docstring)
+            role_name = str(getattr(role, "name", role)).lower()
+            counter = _CallCounts(prefix, role_name)
+            for name in COUNTED_HOOKS.get(role_name, ()):
+                setattr(self, name, counter.wrap(name, getattr(self, name)))
 
     # ------------------------------------------------------------------ worker side
 

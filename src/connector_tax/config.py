@@ -22,6 +22,8 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, relevance
 
+from connector_tax.contract.cells import check_labels
+
 _REPO = Path(__file__).resolve().parents[2]
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
@@ -328,6 +330,10 @@ def _check_semantics(config: dict) -> None:
         )
     if "inputs" not in phase_b and "shapes" not in phase_b:
         raise ConfigError("workload.phase_b", "give inputs and outputs, or shapes")
+
+    collision = check_labels(config)
+    if collision:
+        raise ConfigError(*collision)
 
     if config["backend"] == "openai" and "url" not in config.get("openai", {}):
         raise ConfigError("openai.url", "required when backend is openai")

@@ -1,60 +1,62 @@
 # analyze: per-cell statistics, saturation, taxes, verdicts on H1-H6 (reads results/ only).
 # figures: figures 1-8 from the same files, no server needed (skips are recorded with reasons).
-# manifest: one row per configuration x phase, skips included.
+# manifest: one row per configuration x phase, skips and failed cells included.
 
-ANALYSIS = f"{RESULTS}/analysis"
-PHASE_RUNS = expand(f"{RESULTS}/{{name}}/{{phase}}/run.json", name=CONFIGS, phase=["phase_a", "phase_b"])
+PHASE_INDEXES = [index_of(name, phase) for name in CONFIGS for phase in LAUNCH_PHASES]
+ANALYSIS = LAYOUT.analysis
 
 
 rule analyze:
     input:
-        runs=PHASE_RUNS,
+        config=STUDY_CONFIG,
+        runs=PHASE_INDEXES,
         reference=REFERENCE_RATES,
     output:
-        multiext(f"{ANALYSIS}/", "aggregate.json", "aggregate.csv", "hypotheses.json", "report.md"),
+        [str(path) for path in ANALYSIS.outputs()],
     log:
-        f"{RESULTS}/logs/analyze.log",
+        log_of("analyze"),
     params:
         python=PYTHON,
-        results=lambda wildcards, input: os.path.dirname(input.reference),
+        results=study_dir,
     conda:
         ENV
     shell:
         "{params.python} -m connector_tax.analysis.cli {params.results:q} > {log:q} 2>&1"
+        " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
 rule figures:
     input:
         rules.analyze.output,
+        config=STUDY_CONFIG,
     output:
-        f"{ANALYSIS}/figures/skipped.json",
+        str(ANALYSIS.figures_skipped),
     log:
-        f"{RESULTS}/logs/figures.log",
+        log_of("figures"),
     params:
         python=PYTHON,
-        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input[0])),
+        results=study_dir,
     conda:
         ENV
     shell:
         "{params.python} -m connector_tax.analysis.cli {params.results:q} --figures-only > {log:q} 2>&1"
+        " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
 rule manifest:
     input:
         config=STUDY_CONFIG,
-        runs=PHASE_RUNS,
+        runs=PHASE_INDEXES,
         preflight=PREFLIGHT_STATUS,
         figures=rules.figures.output,
     output:
-        f"{RESULTS}/MANIFEST.md",
-        f"{RESULTS}/MANIFEST.tsv",
+        str(LAYOUT.manifest_md),
+        str(LAYOUT.manifest_tsv),
     log:
-        f"{RESULTS}/logs/manifest.log",
+        log_of("manifest"),
     params:
         python=PYTHON,
-        results=lambda wildcards, input: os.path.dirname(input.config),
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.manifest --config {input.config:q}"
-        " --results {params.results:q} > {log:q} 2>&1"
+        "{params.python} -m connector_tax.pipeline.manifest --config {input.config:q} > {log:q} 2>&1"

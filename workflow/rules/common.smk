@@ -1,25 +1,31 @@
-# Validate the config before any rule runs, and name what every stage shares.
+# Validate the config before any rule runs, and name what every stage shares. Every path comes
+# from the study contract (connector_tax.contract): no rule builds a results path by hand.
 import os
 import shlex
 import sys
 
 from connector_tax.config import ConfigError, validate_config
-from connector_tax.pipeline.cells import run_order
+from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.pipeline.plan import describe_pending, job_params, study_outcome
+from connector_tax.pipeline.studyfolder import check_study_folder, stage_config
 
 try:
     _validated = validate_config(config)
+    check_study_folder(_validated)
 except ConfigError as _err:
     sys.exit(f"config error: {_err}")
 config.clear()
 config.update(_validated)
 
 STUDY = config["study"]
-RESULTS = f"results/{STUDY}"
+STAGED_CONFIG = str(stage_config(config))
+LAYOUT = StudyLayout.of(STUDY)
+RESULTS = str(LAYOUT.root)
 CONFIGS = [c["name"] for c in config["configs"]]
-STUDY_CONFIG = f"{RESULTS}/study_config.yaml"
-PREFLIGHT_STATUS = f"{RESULTS}/preflight/preflight_status.json"
-REFERENCE_RATES = f"{RESULTS}/reference_rates.json"
-RUN_ORDER = run_order(config)
+STUDY_CONFIG = str(LAYOUT.study_config)
+PREFLIGHT_STATUS = str(LAYOUT.preflight_status)
+REFERENCE_RATES = str(LAYOUT.reference_rates)
+RUN_ORDER = {phase: run_order(config, phase) for phase in LAUNCH_PHASES}
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
 GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
 # Jobs run the interpreter snakemake runs under, whatever is first on PATH, or the conda
@@ -29,16 +35,32 @@ PYTHON = "python" if _CONDA else shlex.quote(sys.executable)
 ENV = "../../environment.yml"
 
 
-rule study_config:
-    """The validated config the servers are launched with (the file plus any --config)."""
-    output:
-        STUDY_CONFIG,
-    log:
-        f"{RESULTS}/logs/study_config.log",
-    params:
-        config=config,
-    run:
-        import yaml
+def log_of(name):
+    return str(LAYOUT.log(name))
 
-        with open(output[0], "w", encoding="utf-8") as f:
-            yaml.safe_dump(params.config, f, sort_keys=False)
+
+def index_of(name, phase):
+    return str(LAYOUT.index(name, phase))
+
+
+# What the existing results lack, before anything runs (a dry run shows it too); once, in the
+# main process (a `run:` job re-reads this file in a subprocess).
+if workflow.is_main_process:
+    for _line in describe_pending(STUDY_CONFIG, config):
+        print(f"connector-tax: {_line}", file=sys.stderr)
+
+
+def reference_rates_checkpoint(wildcards):
+    """Phase B runs at the reference rates: its jobs exist once the checkpoint has run."""
+    return checkpoints.reference.get().output[0]
+
+
+def phase_b_plan(name):
+    """A Phase B job's params, computed once the reference rates exist."""
+    return lambda wildcards, input: job_params(STUDY_CONFIG, config, name, PHASE_B)
+
+
+def study_dir(wildcards, input):
+    """results/<study>, from a rule's study_config.yaml input."""
+    return os.path.dirname(input.config)
+

@@ -1,8 +1,10 @@
 # Phase A: per configuration, one server launch and the rate sweep at the Phase A shape.
 # One rule per configuration, so each gets a priority from the seeded run order (the
 # design's defence against thermal drift) while GPU jobs can still run side by side.
+# params.plan names every cell and its fingerprint: a changed setting re-runs the job, which
+# re-measures only the cells whose fingerprint changed.
 
-for _rank, _name in enumerate(RUN_ORDER):
+for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
 
     rule:
         name:
@@ -11,23 +13,23 @@ for _rank, _name in enumerate(RUN_ORDER):
             config=STUDY_CONFIG,
             preflight=PREFLIGHT_STATUS,
         output:
-            f"{RESULTS}/{_name}/phase_a/run.json",
+            index_of(_name, PHASE_A),
         log:
-            f"{RESULTS}/logs/phase_a_{_name}.log",
+            log_of(f"phase_a_{_name}"),
         params:
             python=PYTHON,
             name=_name,
-            results=lambda wildcards, input: os.path.dirname(input.config),
-        priority: len(RUN_ORDER) - _rank
+            plan=job_params(STUDY_CONFIG, config, _name, PHASE_A),
+        priority: len(RUN_ORDER[PHASE_A]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
         conda:
             ENV
         shell:
             "{params.python} -m connector_tax.pipeline.phase --config {input.config:q} --name {params.name:q}"
-            " --phase phase_a --results {params.results:q} > {log:q} 2>&1"
+            " --phase phase_a > {log:q} 2>&1"
 
 
 rule phase_a:
     input:
-        expand(f"{RESULTS}/{{name}}/phase_a/run.json", name=CONFIGS),
+        [index_of(name, PHASE_A) for name in CONFIGS],

@@ -1,8 +1,10 @@
 # Phase B: per configuration, one server launch and every shape at ref_safe; Phase B'
 # (the priority configurations on the priority shapes at ref_load, only when it differs
-# from ref_safe) runs in the same launch.
+# from ref_safe) runs in the same launch. Its cells and fingerprints depend on the reference
+# rates, so its params are computed once the reference checkpoint has run.
 
-for _rank, _name in enumerate(RUN_ORDER):
+
+for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
 
     rule:
         name:
@@ -10,25 +12,25 @@ for _rank, _name in enumerate(RUN_ORDER):
         input:
             config=STUDY_CONFIG,
             preflight=PREFLIGHT_STATUS,
-            reference=REFERENCE_RATES,
+            reference=reference_rates_checkpoint,
         output:
-            f"{RESULTS}/{_name}/phase_b/run.json",
+            index_of(_name, PHASE_B),
         log:
-            f"{RESULTS}/logs/phase_b_{_name}.log",
+            log_of(f"phase_b_{_name}"),
         params:
             python=PYTHON,
             name=_name,
-            results=lambda wildcards, input: os.path.dirname(input.config),
-        priority: len(RUN_ORDER) - _rank
+            plan=phase_b_plan(_name),
+        priority: len(RUN_ORDER[PHASE_B]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
         conda:
             ENV
         shell:
             "{params.python} -m connector_tax.pipeline.phase --config {input.config:q} --name {params.name:q}"
-            " --phase phase_b --results {params.results:q} > {log:q} 2>&1"
+            " --phase phase_b > {log:q} 2>&1"
 
 
 rule phase_b:
     input:
-        expand(f"{RESULTS}/{{name}}/phase_b/run.json", name=CONFIGS),
+        [index_of(name, PHASE_B) for name in CONFIGS],

@@ -1,18 +1,19 @@
 # Pre-flight: each configuration's server must start and serve one streamed request;
 # a failure is SKIP with its reason (preflight_status.json), and the study goes on.
 # Jobs run in their own process, so Ctrl-C of snakemake reaches them and they stop their server.
+# A config edit re-runs these jobs; one whose launch settings did not change reuses its ok.
 
 
 rule preflight_config:
     input:
         STUDY_CONFIG,
     output:
-        f"{RESULTS}/preflight/ready_{{name}}.json",
+        str(LAYOUT.preflight_ready("{name}")),
     log:
-        f"{RESULTS}/logs/preflight_{{name}}.log",
+        log_of("preflight_{name}"),
     params:
         python=PYTHON,
-        log_dir=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), wildcards.name),
+        log_dir=lambda wildcards: str(LAYOUT.preflight_logs(wildcards.name)),
     resources:
         gpu=GPUS_PER_JOB,
     conda:
@@ -24,11 +25,11 @@ rule preflight_config:
 
 rule preflight:
     input:
-        expand(f"{RESULTS}/preflight/ready_{{name}}.json", name=CONFIGS),
+        expand(str(LAYOUT.preflight_ready("{name}")), name=CONFIGS),
     output:
         PREFLIGHT_STATUS,
     log:
-        f"{RESULTS}/logs/preflight.log",
+        log_of("preflight"),
     params:
         python=PYTHON,
     conda:

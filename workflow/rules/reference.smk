@@ -1,20 +1,19 @@
 # Reference rates: a checkpoint after every Phase A job — saturation per cell by the design's
-# three criteria (with which fired), then ref_safe and ref_load.
+# three criteria (with which fired), then ref_safe and ref_load. A checkpoint, so that the
+# Phase B jobs (whose cells run at these rates) are planned only once the rates exist.
 
 
-rule reference:
+checkpoint reference:
     input:
         config=STUDY_CONFIG,
-        runs=expand(f"{RESULTS}/{{name}}/phase_a/run.json", name=CONFIGS),
+        runs=[index_of(name, PHASE_A) for name in CONFIGS],
     output:
         REFERENCE_RATES,
     log:
-        f"{RESULTS}/logs/reference.log",
+        log_of("reference"),
     params:
         python=PYTHON,
-        results=lambda wildcards, input: os.path.dirname(input.config),
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.reference --config {input.config:q}"
-        " --results {params.results:q} > {log:q} 2>&1"
+        "{params.python} -m connector_tax.pipeline.reference --config {input.config:q} > {log:q} 2>&1"

@@ -32,7 +32,7 @@ STEP_STATS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_loa
 LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
 
 _ID = ["config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status",
-       "valid", "validity_reasons", "complete"]  # fmt: skip
+       "valid", "validity_reasons", "complete", "fingerprint"]  # fmt: skip
 _COUNTS = ["n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout"]
 _RATES = ["requested_rps", "offered_rps", "achieved_dispatch_rps", "effective_rps", "throughput_ratio",
           "throughput_ratio_requested", "rates_source"]  # fmt: skip
@@ -213,7 +213,8 @@ def cell_row(cell: Cell, *, backend: str | None, simulated: bool, run_status: st
     shape = cell.shape
     row.update(config=cell.config, phase=cell.phase, cell=cell.label, rate=cell.rate,
                input_len=shape[0] if shape else None, output_len=shape[1] if shape else None,
-               backend=backend, simulated=simulated, run_status=run_status)  # fmt: skip
+               backend=backend, simulated=simulated, run_status=run_status,
+               fingerprint=(cell.summary or {}).get("fingerprint"))  # fmt: skip
     req, window, fallback = request_stats(cell)
     row.update(req)
     row.update(summary_fields(cell, fallback))

@@ -25,22 +25,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from connector_tax.analysis.core import analyze, redraw_figures
+    from connector_tax.analysis.layout import StudyRefused
+    from connector_tax.contract import StudyLayout
+    from connector_tax.contract.layout import AnalysisFiles
 
     results = Path(args.results_dir)
     if not results.is_dir():
         print(f"ctax analyze: {results}: no such directory", file=sys.stderr)
         return 2
     if getattr(args, "figures_only", False):
-        analysis_dir = Path(args.out) if args.out else results / "analysis"
-        if not (analysis_dir / "aggregate.json").is_file():
+        analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
+        if not AnalysisFiles(analysis_dir).aggregate_json.is_file():
             print(f"ctax analyze: {analysis_dir}/aggregate.json missing: run without --figures-only first", file=sys.stderr)
             return 2
         out = redraw_figures(analysis_dir)
         print(out["out_dir"] if args.quiet else
               f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s")
         return 0
-    out = analyze(results, figures=bool(args.figures), baseline=args.baseline, out_dir=args.out,
-                  throughput_basis=args.throughput_basis)
+    try:
+        out = analyze(results, figures=bool(args.figures), baseline=args.baseline, out_dir=args.out,
+                      throughput_basis=args.throughput_basis)
+    except StudyRefused as exc:
+        print(f"ctax analyze: refused: {exc}", file=sys.stderr)
+        return 2
     if args.quiet:
         print(out["out_dir"])
         return 0

@@ -1,13 +1,9 @@
-"""Names and numbers the analysis needs, re-declared here so that analysis never imports the
-load generator, the simulator or the pipeline (it reads files only). Keep in step with
-pipeline/cells.py (labels, phases) and workflow/schemas/config.schema.yaml (defaults)."""
+"""Names and numbers the analysis needs. Phases and labels are the study contract's; the design's
+thresholds live here."""
 
 from __future__ import annotations
 
-import re
-
-PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
-PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
+from connector_tax.contract import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES  # noqa: F401 (re-exported)
 
 # The design's configurations that the hypotheses name.
 PLAIN = "plain"
@@ -42,27 +38,3 @@ METRIC_NAMES = {"waiting": "vllm:num_requests_waiting", "running": "vllm:num_req
 
 STEP_FIELDS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us")
 CALLBACK_FIELDS = ("build_meta_us", "get_finished_us", "start_load_kv_us")
-
-_SHAPE_RE = re.compile(r"^(\d+)x(\d+)$")
-_RATE_RE = re.compile(r"^r(.+)$")
-
-
-def rate_label(rate: float) -> str:
-    """The Phase A cell label of a rate: Python's f"r{rate:g}" (r0.5, r1, r32)."""
-    return f"r{rate:g}"
-
-
-def parse_rate_label(label: str) -> float | None:
-    m = _RATE_RE.match(label)
-    if not m:
-        return None
-    try:
-        return float(m.group(1))
-    except ValueError:
-        return None
-
-
-def parse_shape_label(label: str) -> tuple[int, int] | None:
-    """(input, output) of a Phase B cell label "512x64"; None for mix / pattern shapes."""
-    m = _SHAPE_RE.match(label)
-    return (int(m.group(1)), int(m.group(2))) if m else None

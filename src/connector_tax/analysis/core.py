@@ -25,11 +25,13 @@ from connector_tax.analysis.hypotheses import check_artifacts, evaluate, runtime
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, CI_METHOD, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
+from connector_tax.contract import StudyLayout, rate_label
+from connector_tax.contract.layout import AnalysisFiles
 from connector_tax.analysis.taxes import compute_taxes
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -126,7 +128,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     reference = _reference(study, computed)
     for row in rows:
         if row["phase"] == PHASE_A and row.get("rate") is not None:
-            sat = computed["cells"].get(row["config"], {}).get(f"r{float(row['rate']):g}")
+            sat = computed["cells"].get(row["config"], {}).get(rate_label(float(row["rate"])))
             if sat:
                 apply_to_row(row, sat)
         else:
@@ -141,8 +143,9 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         config_status[name] = {
             "preflight": pf.get("status"), "preflight_reason": pf.get("reason"),
             "phases": {ph: {"status": r.status, "reason": r.reason, "step_timing_available": r.step_timing_available,
-                            "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells]}
-                       for (n, ph), r in study.runs.items() if n == name},
+                            "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells],
+                            "not_analysed": r.problems}
+                       for (n, ph), r in study.runs.items() if n == name and (r.run is not None or r.problems)},
         }  # fmt: skip
     aggregate = {
         "schema_version": SCHEMA_VERSION,
@@ -155,6 +158,8 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "baseline_requested": baseline,
         "connector_study": base == PLAIN,
         "config_status": config_status,
+        "ignored": study.ignored,
+        "code": study.code,
         "ci_method": {"percentiles": CI_METHOD, "taxes": TAX_CI_METHOD,
                       "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},
         "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
@@ -183,7 +188,7 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
 
     t0 = time.perf_counter()
     results_dir = Path(results_dir)
-    out = Path(out_dir) if out_dir is not None else results_dir / "analysis"
+    out = AnalysisFiles(Path(out_dir) if out_dir is not None else StudyLayout(results_dir).analysis_dir)
     built = build(results_dir, baseline=baseline, throughput_basis=throughput_basis)
     agg, hyp = built["aggregate"], built["hypotheses"]
     made: dict[str, list[str]] = {}
@@ -191,19 +196,19 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
     if figures:
         from connector_tax.plots import make_figures
 
-        fig = make_figures(agg, hyp, out / "figures")
+        fig = make_figures(agg, hyp, out.figures)
         made, skipped = fig["made"], fig["skipped"]
-        write_json_atomic(out / "figures" / "skipped.json", skipped)
-    write_json_atomic(out / "aggregate.json", agg)
-    write_atomic(out / "aggregate.csv", csv_text(agg["rows"]))
-    write_json_atomic(out / "hypotheses.json", hyp)
-    write_atomic(out / "report.md", render_report(agg, hyp, made, skipped, figures_made=figures))
-    files = ["aggregate.json", "aggregate.csv", "hypotheses.json", "report.md"]
+        write_json_atomic(out.figures_skipped, skipped)
+    write_json_atomic(out.aggregate_json, agg)
+    write_atomic(out.aggregate_csv, csv_text(agg["rows"]))
+    write_json_atomic(out.hypotheses_json, hyp)
+    write_atomic(out.report_md, render_report(agg, hyp, made, skipped, figures_made=figures))
+    files = [p.name for p in out.outputs()]
     if figures:
         files += ["figures/skipped.json"] + [str(Path("figures") / Path(p).name) for ps in made.values() for p in ps]
     verdicts = {h["id"]: h["verdict"] for h in hyp["hypotheses"]}
     verdicts.update({s["id"]: s["status"] for s in hyp["success_criteria"]})
-    return {"out_dir": str(out), "files": files, "figures": made, "skipped_figures": skipped, "verdicts": verdicts,
+    return {"out_dir": str(out.folder), "files": files, "figures": made, "skipped_figures": skipped, "verdicts": verdicts,
             "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
 
 
@@ -215,11 +220,11 @@ def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     from connector_tax.plots import make_figures
 
     t0 = time.perf_counter()
-    analysis_dir = Path(analysis_dir)
-    agg = json.loads((analysis_dir / "aggregate.json").read_text(encoding="utf-8"))
-    hyp = json.loads((analysis_dir / "hypotheses.json").read_text(encoding="utf-8"))
-    fig = make_figures(agg, hyp, analysis_dir / "figures")
-    write_json_atomic(analysis_dir / "figures" / "skipped.json", fig["skipped"])
-    write_atomic(analysis_dir / "report.md", render_report(agg, hyp, fig["made"], fig["skipped"]))
-    return {"out_dir": str(analysis_dir), "figures": fig["made"], "skipped_figures": fig["skipped"],
+    out = AnalysisFiles(Path(analysis_dir))
+    agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
+    hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
+    fig = make_figures(agg, hyp, out.figures)
+    write_json_atomic(out.figures_skipped, fig["skipped"])
+    write_atomic(out.report_md, render_report(agg, hyp, fig["made"], fig["skipped"]))
+    return {"out_dir": str(out.folder), "figures": fig["made"], "skipped_figures": fig["skipped"],
             "seconds": round(time.perf_counter() - t0, 3)}

@@ -399,8 +399,9 @@ def success_criteria(ctx: _Ctx, hyps: dict[str, dict[str, Any]], artifacts: dict
 
 
 def check_artifacts(study: Any) -> dict[str, Any]:
-    """SC6: per phase run: run.json, env.txt; per cell: requests, summary, metrics and (when
-    step timing was available) engine_step; every non-ok preflight entry has a reason."""
+    """SC6: per launch: its run.json index and env.txt; every planned cell complete (its sealed
+    summary vouches for requests, metrics and engine-step files); every non-ok preflight entry and
+    every cell not analysed has a reason."""
     missing: list[str] = []
     checked = 0
     for name in study.configs:
@@ -409,28 +410,25 @@ def check_artifacts(study: Any) -> dict[str, Any]:
             missing.append(f"{name}: not in preflight_status.json")
         elif pf is not None and pf.get("status") != "ok" and not pf.get("reason"):
             missing.append(f"{name}: preflight {pf.get('status')} without a reason")
+        if pf is not None and pf.get("status") != "ok":
+            continue
         for phase in K.PHASES:
             run = study.run_of(name, phase)
-            if run is None or run.status == "skipped":
-                if run is not None and not run.reason:
+            if run is None or (run.run is None and not run.problems):
+                continue
+            if run.status == "skipped":
+                if not run.reason:
                     missing.append(f"{name}/{phase}: skipped without a reason")
                 continue
-            own_run = (run.folder / "run.json").is_file() or (
-                phase == K.PHASE_B_PRIME and (study.root / name / K.PHASE_B / "run.json").is_file())
-            if not own_run:
+            if run.run is None:
                 missing.append(f"{name}/{phase}: run.json")
-            env_dir = run.folder if (run.folder / "env.txt").is_file() or phase != K.PHASE_B_PRIME else study.root / name / K.PHASE_B
-            if not (env_dir / "env.txt").is_file():
+            elif phase != K.PHASE_B_PRIME and not (run.folder / "env.txt").is_file():
                 missing.append(f"{name}/{phase}: env.txt")
-            for cell in run.cells:
-                checked += 1
-                kinds = ["requests", "summary", "metrics"] + (["engine_step"] if run.step_timing_available else [])
-                for kind in kinds:
-                    if not cell.has(kind):
-                        missing.append(f"{name}/{cell.key}: {kind}")
+            checked += len(run.cells) + len(run.problems)
+            missing += [f"{name}/{phase}/{label}: {why}" for label, why in run.problems.items()]
     return {"ok": not missing, "missing": missing, "cells_checked": checked,
             "file_types": ["run.json", "env.txt", "requests_*.jsonl", "summary_*.json", "metrics_*.jsonl",
-                           "engine_step_*.jsonl (when step timing is available)"]}  # fmt: skip
+                           "engine_step_*.jsonl"]}  # fmt: skip
 
 
 def runtime_of(study: Any) -> dict[str, Any]:

@@ -1,9 +1,23 @@
-"""What a study's results directory holds: configs, phases, cells and their files.
+"""Which cells a study's analysis may use: the config's plan, checked against the launch indexes.
 
-Discovery trusts the files, not the plan: a cell is whatever has a summary or a request log
-in <config>/<phase>/, joined with the labels run.json lists (a listed cell with no files is
-kept, so its absence is reported rather than silently dropped). Phase B' cells run in the
-Phase B launch, so a phase_b_prime folder without its own run.json borrows phase_b's.
+The set of cells comes from study_config.yaml (the config the study ran with) and, for Phase B,
+reference_rates.json; each planned cell is looked up in its launch's run.json index and used
+only if
+
+* the index belongs to this study and backend, and its launch settings (model, variant, server
+  and backend settings) are the config's;
+* the cell's recorded settings are the ones the config plans, and its fingerprint is the hash
+  of what the index recorded (launch, cell, code);
+* its sealed summary carries that fingerprint and every file it vouches for is there, intact
+  (contract.index.verify_cell);
+* every usable cell of the study was measured by the same code (load generator, sampler,
+  simulator or instrumentation).
+
+A violation of the first, second or fourth rule means results of other settings are on disk:
+loading refuses with one line naming the cell (`StudyRefused`). A cell that failed, was never
+measured or is incomplete is not used and is reported with its reason. Folders the plan does not
+name (a configuration or cell removed from the config, superseded/ cells) are listed in
+`ignored` and never read.
 """
 
 from __future__ import annotations
@@ -14,11 +28,20 @@ from typing import Any
 
 import yaml
 
-from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES, parse_rate_label, parse_shape_label
 from connector_tax.analysis.jsonl import read_json
+from connector_tax.config import ConfigError, find_variant, validate_config
+from connector_tax.contract import LAUNCH_OF, LAUNCH_PHASES, PHASE_A, PHASE_B, PHASES, CellFiles, StudyLayout
+from connector_tax.contract import Cell as PlannedCell
+from connector_tax.contract import planned_cells
+from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
+from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, verify_cell
 
-KINDS = ("requests", "summary", "metrics", "engine_step")
-_SUFFIX = {"requests": ".jsonl", "summary": ".json", "metrics": ".jsonl", "engine_step": ".jsonl"}
+# Launch settings the config determines (argv and server versions are facts of the launch).
+_CONFIG_LAUNCH_KEYS = ("backend", "model", "variant", "server", "sim", "vllm", "openai")
+
+
+class StudyRefused(ValueError):
+    """Results on disk belong to other settings; str() is one line naming the cell."""
 
 
 @dataclass
@@ -26,24 +49,28 @@ class Cell:
     config: str
     phase: str
     label: str
-    folder: Path
+    files: CellFiles
+    planned: PlannedCell
     summary: dict[str, Any] | None = None
 
+    @property
+    def folder(self) -> Path:
+        return self.files.folder
+
     def path(self, kind: str) -> Path:
-        return self.folder / f"{kind}_{self.phase}_{self.label}{_SUFFIX[kind]}"
+        return self.files.path(kind)
 
     def has(self, kind: str) -> bool:
         return self.path(kind).is_file()
 
     @property
-    def rate(self) -> float | None:
-        if self.summary and isinstance(self.summary.get("rate"), (int, float)):
-            return float(self.summary["rate"])
-        return parse_rate_label(self.label) if self.phase == PHASE_A else None
+    def rate(self) -> float:
+        return self.planned.rate
 
     @property
     def shape(self) -> tuple[int, int] | None:
-        return parse_shape_label(self.label)
+        s = self.planned.shape
+        return (int(s["input"]), int(s["output"])) if "input" in s else None
 
     @property
     def key(self) -> str:
@@ -57,24 +84,22 @@ class PhaseRun:
     folder: Path
     run: dict[str, Any] | None
     cells: list[Cell] = field(default_factory=list)
+    # Planned cells that cannot be used: {label: why} (failed, never measured, incomplete).
+    problems: dict[str, str] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
-        if self.run is None:
-            return "ok" if self.cells else "missing"
-        return str(self.run.get("status") or "ok")
+        return str((self.run or {}).get("status") or "missing")
 
     @property
     def reason(self) -> str | None:
         if self.run is None:
-            return None if self.cells else "no run.json and no cell files"
+            return "no run.json index"
         return self.run.get("reason")
 
     @property
     def step_timing_available(self) -> bool:
-        if self.run is not None and "step_timing_available" in self.run:
-            return bool(self.run["step_timing_available"])
-        return any(c.has("engine_step") for c in self.cells)
+        return bool((self.run or {}).get("step_timing_available"))
 
     @property
     def step_timing_reason(self) -> str | None:
@@ -90,151 +115,173 @@ class Study:
     preflight: dict[str, Any]
     runs: dict[tuple[str, str], PhaseRun]
     reference_file: dict[str, Any] | None
+    ignored: list[dict[str, str]] = field(default_factory=list)
+    code: dict[str, Any] | None = None
 
     @property
-    def backend(self) -> str | None:
-        if self.config.get("backend"):
-            return str(self.config["backend"])
-        for run in self.runs.values():
-            if run.run and run.run.get("backend"):
-                return str(run.run["backend"])
-        return None
+    def backend(self) -> str:
+        return str(self.config["backend"])
 
     @property
     def simulated(self) -> bool:
-        if self.backend == "sim":
-            return True
-        return any(bool((r.run or {}).get("simulated")) for r in self.runs.values())
+        return self.backend == "sim"
 
     def run_of(self, config: str, phase: str) -> PhaseRun | None:
         return self.runs.get((config, phase))
 
     def cells(self, phase: str | None = None) -> list[Cell]:
-        out = []
-        for name in self.configs:
-            for ph in PHASES:
-                if phase is not None and ph != phase:
-                    continue
-                run = self.runs.get((name, ph))
-                if run:
-                    out.extend(run.cells)
-        return out
+        return [c for name in self.configs for ph in PHASES if phase in (None, ph)
+                for c in (self.runs[(name, ph)].cells if (name, ph) in self.runs else [])]  # fmt: skip
 
     @property
     def phase_a_rates(self) -> list[float]:
-        rates = ((self.config.get("workload") or {}).get("phase_a") or {}).get("rates")
-        if rates:
-            return sorted(float(r) for r in rates)
-        found = {c.rate for c in self.cells(PHASE_A) if c.rate is not None}
-        return sorted(found)  # type: ignore[arg-type]
+        return sorted(float(r) for r in self.config["workload"]["phase_a"]["rates"])
 
     @property
     def saturation_thresholds(self) -> dict[str, float]:
-        from connector_tax.analysis.constants import DEFAULT_SATURATION
-
-        given = self.config.get("saturation") or {}
-        return {k: float(given.get(k, v)) for k, v in DEFAULT_SATURATION.items()}
+        return {k: float(v) for k, v in self.config["saturation"].items()}
 
 
-def _labels_from_files(folder: Path, phase: str) -> set[str]:
-    labels: set[str] = set()
-    if not folder.is_dir():
-        return labels
-    for kind in ("summary", "requests"):
-        prefix, suffix = f"{kind}_{phase}_", _SUFFIX[kind]
-        for path in folder.glob(f"{prefix}*{suffix}"):
-            label = path.name[len(prefix): -len(suffix)]
-            if phase == PHASE_B and path.name.startswith(f"{kind}_{PHASE_B_PRIME}_"):
+def _read_config(layout: StudyLayout) -> dict[str, Any]:
+    where = layout.study_config
+    try:
+        raw = yaml.safe_load(where.read_text(encoding="utf-8"))
+    except OSError:
+        raise StudyRefused(f"{layout.root}: no study_config.yaml, so no plan to check results against "
+                           "(not a study folder written by the pipeline)") from None  # fmt: skip
+    except yaml.YAMLError as exc:
+        raise StudyRefused(f"{where}: unreadable: {exc}") from None
+    try:
+        return validate_config(raw)
+    except ConfigError as exc:
+        raise StudyRefused(f"{where}: {exc}") from None
+
+
+def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None:
+    if index.study != config["study"]:
+        raise StudyRefused(f"{where}: results of study {index.study!r}, not {config['study']!r}")
+    if index.backend != config["backend"]:
+        raise StudyRefused(f"{where}: measured on backend {index.backend}, the study is backend "
+                           f"{config['backend']}: results of two backends are never mixed")  # fmt: skip
+    expected = launch_settings(config, find_variant(config, index.config), [], {})
+    recorded = {k: v for k, v in index.launch.items() if k in _CONFIG_LAUNCH_KEYS}
+    wanted = {k: v for k, v in expected.items() if k in _CONFIG_LAUNCH_KEYS}
+    if canonical(recorded) != canonical(wanted):
+        changed = "; ".join(differences(recorded, wanted))
+        raise StudyRefused(f"{where}: launched with other settings than study_config.yaml ({changed}); "
+                           "run the pipeline to re-measure")  # fmt: skip
+
+
+def _usable(config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files: CellFiles,
+            where: str) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+    """(sealed summary, None) for a usable cell, (None, why) for one that is not; raises
+    StudyRefused when the cell on record was planned with other settings."""
+    entry = index.cell(cell.phase, cell.label)
+    if entry is None:
+        return None, "not in its launch's run.json index"
+    expected = cell_settings(config, cell)
+    if canonical(entry.settings) != canonical(expected):
+        changed = "; ".join(differences(entry.settings, expected))
+        raise StudyRefused(f"{where}: measured with other settings than study_config.yaml ({changed}); "
+                           "run the pipeline to re-measure")  # fmt: skip
+    if fingerprint(index.launch, entry.settings, index.code) != entry.fingerprint:
+        raise StudyRefused(f"{where}: its fingerprint in run.json is not the hash of what run.json records")
+    if entry.status != COMPLETE:
+        return None, f"{entry.status}: {entry.reason or 'not measured'}"
+    ok, why = verify_cell(files, entry.fingerprint)
+    if not ok:
+        return None, f"incomplete: {why}"
+    return read_json(files.summary), None
+
+
+def _ignored(layout: StudyLayout, names: list[str], planned: dict[tuple[str, str], set[str]]) -> list[dict[str, str]]:
+    out = [{"path": str(layout.root / d), "why": "configuration not in the study config (orphan)"}
+           for d in layout.config_dirs() if d not in names]  # fmt: skip
+    for name in names:
+        for phase in PHASES:
+            pl = layout.phase(name, phase)
+            if pl.superseded_root.is_dir():
+                out += [{"path": str(p), "why": "superseded (kept, not analysed)"}
+                        for p in sorted(pl.superseded_root.iterdir())]  # fmt: skip
+            if not pl.folder.is_dir():
                 continue
-            if label:
-                labels.add(label)
-    return labels
+            for summary in sorted(pl.folder.glob(f"summary_{phase}_*.json")):
+                label = summary.name[len(f"summary_{phase}_"): -len(".json")]
+                if label not in planned.get((name, phase), set()):
+                    out.append({"path": str(summary.parent / f"*_{phase}_{label}.*"),
+                                "why": "cell not in the study config's plan (orphan)"})  # fmt: skip
+    return out
 
 
-def _labels_from_run(run: dict[str, Any] | None, phase: str) -> set[str]:
-    labels: set[str] = set()
-    for item in (run or {}).get("cells") or []:
-        item = str(item)
-        if "/" in item:
-            ph, label = item.split("/", 1)
-            if ph == phase:
-                labels.add(label)
-        elif phase != PHASE_B_PRIME:  # bare labels belong to the run's own phase
-            if (run or {}).get("phase") in (None, phase):
-                labels.add(item)
-    return labels
+def load_study(root: Path) -> Study:
+    """The study under `root` (= results/<study>), as its config plans it; raises StudyRefused."""
+    layout = StudyLayout(Path(root))
+    config = _read_config(layout)
+    names = [c["name"] for c in config["configs"]]
+    preflight = read_json(layout.preflight_status) or {}
+    reference = read_json(layout.reference_rates)
+    runs: dict[tuple[str, str], PhaseRun] = {}
+    planned_labels: dict[tuple[str, str], set[str]] = {}
+    codes: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in names:
+        for launch_phase in LAUNCH_PHASES:
+            index = read_index(layout.index(name, launch_phase))
+            phases = [ph for ph in PHASES if LAUNCH_OF[ph] == launch_phase]
+            for ph in phases:
+                runs[(name, ph)] = PhaseRun(name, ph, layout.phase(name, ph).folder, index.to_dict() if index else None)
+            if launch_phase == PHASE_B and reference is None:
+                if index is not None:
+                    runs[(name, PHASE_B)].problems["*"] = "no reference_rates.json: Phase B cells cannot be checked"
+                continue
+            plan = planned_cells(config, name, launch_phase, reference)
+            for cell in plan:
+                planned_labels.setdefault((name, cell.phase), set()).add(cell.label)
+            if index is None:
+                for cell in plan:
+                    runs[(name, cell.phase)].problems[cell.label] = "never measured (no run.json index)"
+                continue
+            where = f"{name}/{launch_phase}"
+            _check_launch(config, index, where)
+            for cell in plan:
+                files = layout.phase(name, cell.phase).cell(cell.label)
+                summary, why = _usable(config, index, cell, files, f"{name}/{cell.key}")
+                run = runs[(name, cell.phase)]
+                if why is not None:
+                    run.problems[cell.label] = why
+                    continue
+                run.cells.append(Cell(name, cell.phase, cell.label, files, cell, summary))
+                codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))
+    if len(codes) > 1:
+        (first, a), (second, b) = list(codes.values())[:2]
+        raise StudyRefused(f"{second}: measured by other code than {first} ({'; '.join(differences(a, b))}): "
+                           "cells of one study must come from one version of the instruments")  # fmt: skip
+    for run in runs.values():
+        run.cells.sort(key=_sort_key)
+    return Study(
+        root=layout.root, config=config, name=config["study"], configs=names, preflight=preflight, runs=runs,
+        reference_file=reference, ignored=_ignored(layout, names, planned_labels),
+        code=next(iter(codes.values()))[1] if codes else None,
+    )  # fmt: skip
 
 
 def _sort_key(cell: Cell) -> tuple:
-    if cell.rate is not None and cell.phase == PHASE_A:
-        return (0, cell.rate, cell.label)
+    if cell.phase == PHASE_A:
+        return (0, cell.rate, 0, cell.label)
     if cell.shape is not None:
         return (1, cell.shape[0], cell.shape[1], cell.label)
     return (2, 0, 0, cell.label)
 
 
-def load_study(root: Path) -> Study:
-    root = Path(root)
-    config: dict[str, Any] = {}
-    cfg_path = root / "study_config.yaml"
-    if cfg_path.is_file():
-        try:
-            config = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
-            config = {}
-    preflight = read_json(root / "preflight" / "preflight_status.json") or {}
-    names = [str(c["name"]) for c in config.get("configs") or [] if isinstance(c, dict) and "name" in c]
-    for name in preflight:
-        if name not in names:
-            names.append(str(name))
-    extra = sorted(
-        p.name for p in root.iterdir()
-        if p.is_dir() and p.name not in names and any((p / ph).is_dir() for ph in PHASES)
-    ) if root.is_dir() else []  # fmt: skip
-    names += extra
-    runs: dict[tuple[str, str], PhaseRun] = {}
-    for name in names:
-        for phase in PHASES:
-            folder = root / name / phase
-            run = read_json(folder / "run.json")
-            borrowed = None
-            if run is None and phase == PHASE_B_PRIME:
-                borrowed = read_json(root / name / PHASE_B / "run.json")
-            labels = _labels_from_files(folder, phase) | _labels_from_run(run or borrowed, phase)
-            if run is None and not labels:
-                continue
-            cells = []
-            for label in labels:
-                cell = Cell(name, phase, label, folder)
-                summary = read_json(cell.path("summary"))
-                cell.summary = summary if isinstance(summary, dict) else None
-                cells.append(cell)
-            cells.sort(key=_sort_key)
-            runs[(name, phase)] = PhaseRun(name, phase, folder, run if run is not None else borrowed, cells)
-    return Study(
-        root=root,
-        config=config,
-        name=str(config.get("study") or root.name),
-        configs=names,
-        preflight=preflight if isinstance(preflight, dict) else {},
-        runs=runs,
-        reference_file=read_json(root / "reference_rates.json"),
-    )
-
-
 def phase_completed(study: Study, config: str, phase: str = PHASE_A) -> tuple[bool, str | None]:
-    """Did `config` complete `phase`? (run.json status ok, or without run.json every planned
-    Phase A rate has a cell.)"""
+    """Did `config` complete `phase`? (its launch measured every planned cell)"""
     run = study.run_of(config, phase)
-    if run is None:
+    if run is None or run.run is None:
         pf = study.preflight.get(config) or {}
         if pf.get("status") not in (None, "ok"):
             return False, f"preflight {pf.get('status')}: {pf.get('reason')}"
         return False, f"no {phase} results"
-    if run.run is not None:
-        status = run.run.get("status")
-        if status not in ("ok", None):
-            return False, f"{phase} {status}: {run.run.get('reason')}"
+    if run.status not in ("ok", "partial"):
+        return False, f"{phase} {run.status}: {run.reason}"
     if not run.cells:
-        return False, f"no {phase} cells"
+        return False, f"no usable {phase} cells"
     return True, None

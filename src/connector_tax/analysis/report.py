@@ -65,6 +65,9 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
           + (f" (FLAGGED: {ref.get('ref_safe_reason')})" if ref.get("ref_safe_flagged") else "")
           + f", ref_load = **{_f(ref.get('ref_load'), 'g')} req/s**"
           + (f" (FLAGGED: {ref.get('ref_load_reason')})" if ref.get("ref_load_flagged") else ""),
+          "- Measured by: " + (", ".join(f"{k} {v}" for k, v in sorted((agg.get("code") or {}).items())
+                                         if isinstance(v, str)) or "–")
+          + "; every cell below was checked against its fingerprint (aggregate.csv `fingerprint`).",
           f"- Confidence intervals: {agg['ci_method']['percentiles']}. Taxes: {agg['ci_method']['taxes']}.",
           f"- Saturation criterion 1 basis: effective / {agg['saturation']['throughput_basis']} rate; thresholds "
           + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items()) + ".", ""]  # fmt: skip
@@ -163,6 +166,14 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
         L += ["## Cells the load generator marked invalid (kept, flagged)", ""] + [f"- {x}" for x in invalid] + [""]
     if notes:
         L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
+    not_analysed = [f"`{name}/{ph}/{label}`: {why}" for name, st in agg["config_status"].items()
+                    for ph, p in (st.get("phases") or {}).items() for label, why in (p.get("not_analysed") or {}).items()]
+    if not_analysed:
+        L += ["## Cells not analysed (failed, never measured or incomplete; a re-run measures them)", ""]
+        L += [f"- {x}" for x in not_analysed] + [""]
+    if agg.get("ignored"):
+        L += ["## Ignored on disk (not in this study's plan; never read)", ""]
+        L += [f"- `{x['path']}`: {x['why']}" for x in agg["ignored"]] + [""]
     art = agg.get("artifacts") or {}
     if art.get("missing"):
         L += ["## Missing artifacts", ""] + [f"- {x}" for x in art["missing"]] + [""]

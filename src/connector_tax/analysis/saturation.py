@@ -234,21 +234,14 @@ def reference_from_rows(rows: list[dict[str, Any]], configs: list[str], complete
     return doc
 
 
-def reference_rates(results_dir: Path, config: dict[str, Any] | None = None, *, baseline: str = PLAIN,
-                    throughput_basis: str = "offered") -> dict[str, Any]:  # fmt: skip
-    """The pipeline's reference stage: saturation of every Phase A cell under results_dir (=
-    results/<study>) and ref_safe / ref_load, JSON-serializable. `config` is the validated
-    study config (its configs, phase_a.rates, saturation thresholds); without it
-    study_config.yaml in results_dir is used. Reads request records, summaries and metrics;
-    never step logs."""
+def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
+    """The pipeline's reference stage: saturation of every Phase A cell of the study under
+    results_dir (= results/<study>, as its study_config.yaml plans it) and ref_safe / ref_load,
+    JSON-serializable. Reads request records, summaries and metrics; never step logs."""
     from connector_tax.analysis.cellstats import cell_row
     from connector_tax.analysis.layout import load_study, phase_completed
 
     study = load_study(Path(results_dir))
-    if config:
-        study.config = config
-        names = [str(c["name"]) for c in config.get("configs") or []]
-        study.configs = names + [n for n in study.configs if n not in names]
     rows = []
     for cell in study.cells(PHASE_A):
         run = study.run_of(cell.config, PHASE_A)

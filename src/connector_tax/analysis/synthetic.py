@@ -29,7 +29,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
+from connector_tax.atomic import write_atomic, write_json
+from connector_tax.config import find_variant, validate_config
+from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, phase_a_cells, phase_b_cells
+from connector_tax.contract import Cell as PlannedCell
+from connector_tax.contract.fingerprint import cell_settings, code_versions, fingerprint, launch_settings
+from connector_tax.contract.index import CellEntry, PhaseIndex, seal_cell
 
 CONNECTOR_CONFIGS = ["plain", "noop_connector", "mooncake_producer", "mooncake_consumer", "mooncake_both",
                      "nixl_both", "lmcache_only", "multi_mooncake_lmcache"]  # fmt: skip
@@ -104,6 +109,8 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, phase: str, label: str,
           rate: float, shape: tuple[int, int], ttft_tax: float, tpot_tax: float, saturate: bool) -> None:  # fmt: skip
+    """Write one cell's files into `folder` (a staging folder: write_study seals it)."""
+    folder.mkdir(parents=True, exist_ok=True)
     sat, growth = _knee_factor(spec, c, rate) if saturate else (False, 1.0)
     n_post = spec.n_requests
     n_warm = int(round(n_post * spec.warmup_frac))
@@ -181,16 +188,14 @@ def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, p
         _write_lines(folder / f"engine_step_{phase}_{label}.jsonl", slines)
 
 
-def _label(shape: tuple[int, int]) -> str:
-    return f"{shape[0]}x{shape[1]}"
-
-
 def study_config(spec: SyntheticSpec) -> dict[str, Any]:
     configs = []
     for c in spec.configs:
         entry: dict[str, Any] = {"name": c}
         if c not in spec.no_connector:
             entry["connector"] = {"type": "custom" if c not in CONNECTOR_CONFIGS else "mooncake", "role": "kv_both"}
+            if entry["connector"]["type"] == "custom":
+                entry["connector"]["module_path"] = "synthetic.connector:Synthetic"
         configs.append(entry)
     wl: dict[str, Any] = {
         "warmup_s": 1, "duration_s": 10, "min_completed": 20,
@@ -200,75 +205,84 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
     if spec.phase_b_prime:
         wl["phase_b_prime"] = {"rate": "ref_load", "configs": [c for c in spec.prime_configs if c in spec.configs],
                                "shapes": [{"input": i, "output": o} for i, o in spec.prime_shapes]}  # fmt: skip
-    return {"study": spec.study, "backend": "sim" if spec.simulated else "vllm", "seed": spec.seed,
-            "model": {"name": "synthetic/model"}, "configs": configs, "workload": wl,
-            "saturation": {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5}}  # fmt: skip
+    return validate_config({
+        "study": spec.study, "backend": "sim" if spec.simulated else "vllm", "seed": spec.seed,
+        "model": {"name": "synthetic/model"}, "configs": configs, "workload": wl,
+        "saturation": {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5},
+    })  # fmt: skip
 
 
-def _run_json(spec: SyntheticSpec, c: str, phase: str, cells: list[str], status: str = "ok",
-              reason: str | None = None) -> dict[str, Any]:  # fmt: skip
+def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str) -> PhaseIndex:
+    launch = launch_settings(config, find_variant(config, c), ["synthetic", c], {"server": "synthetic"})
     steps = _has_steps(spec, c)
-    return {"config": c, "phase": phase, "backend": "sim" if spec.simulated else "vllm", "simulated": spec.simulated,
-            "started": "2026-05-26T10:00:00+00:00", "finished": "2026-05-26T11:00:00+00:00", "status": status,
-            "reason": reason, "cells": cells, "launch_command": ["synthetic", c],
-            "step_timing_available": steps and status == "ok", "step_timing_reason": None if steps else spec.step_timing_reason}  # fmt: skip
+    return PhaseIndex(study=spec.study, config=c, phase=phase, backend=config["backend"], launch=launch,
+                      code=code_versions(config["backend"]), cells=[], launch_id="synthetic",
+                      started="2026-05-26T10:00:00+00:00", finished="2026-05-26T11:00:00+00:00", status="ok",
+                      launch_command=["synthetic", c], step_timing_available=steps,
+                      step_timing_reason=None if steps else spec.step_timing_reason)  # fmt: skip
+
+
+def _write_cells(spec: SyntheticSpec, rng: np.random.Generator, layout: StudyLayout, config: dict[str, Any],
+                 index: PhaseIndex, cells: list[PlannedCell], factors: Any) -> None:  # fmt: skip
+    """Generate, seal and index each planned cell; factors(cell) -> (ttft tax, tpot tax, saturate)."""
+    for cell in cells:
+        folder = layout.phase(index.config, cell.phase)
+        staging = folder.staging(cell.label)
+        ttft, tpot, saturate = factors(cell)
+        shape = (cell.shape["input"], cell.shape["output"])
+        _cell(spec, rng, staging.folder, index.config, cell.phase, cell.label, cell.rate, shape, ttft, tpot, saturate)
+        settings = cell_settings(config, cell)
+        fp = fingerprint(index.launch, settings, index.code)
+        seal_cell(staging, folder.cell(cell.label), fp)
+        index.cells.append(CellEntry(cell.phase, cell.label, fp, settings, status="complete"))
+    folder = layout.phase(index.config, index.phase)
+    index.write(folder.index)
+    write_atomic(folder.env_txt, "synthetic\n")
 
 
 def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
-    """Write results/<study>/ under `root` (root IS the study folder); returns it."""
+    """Write results/<study>/ under `root` (root IS the study folder) as the pipeline would,
+    every cell sealed and indexed; returns it."""
     spec = spec or SyntheticSpec()
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    layout = StudyLayout(Path(root))
+    layout.root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
-    (root / "study_config.yaml").write_text(yaml.safe_dump(study_config(spec), sort_keys=False), encoding="utf-8")
-    pre = root / "preflight"
-    pre.mkdir(exist_ok=True)
+    config = study_config(spec)
+    write_atomic(layout.study_config, yaml.safe_dump(config, sort_keys=False))
     status = {c: {"status": "skip" if c in spec.skipped else "ok", "reason": spec.skipped.get(c),
-                  "backend": "sim" if spec.simulated else "vllm"} for c in spec.configs}  # fmt: skip
-    (pre / "preflight_status.json").write_text(json.dumps(status, indent=1), encoding="utf-8")
-    for c in spec.configs:
-        for phase in (PHASE_A, PHASE_B):
-            folder = root / c / phase
-            folder.mkdir(parents=True, exist_ok=True)
-            if c in spec.skipped:
-                (folder / "run.json").write_text(json.dumps(_run_json(spec, c, phase, [], "skipped",
-                                                                      f"preflight SKIP: {spec.skipped[c]}")))  # fmt: skip
-                continue
-            (folder / "env.txt").write_text("synthetic\n")
-            cells: list[str] = []
-            if phase == PHASE_A:
-                for r in spec.rates:
-                    label = f"r{r:g}"
-                    _cell(spec, rng, folder, c, PHASE_A, label, r, spec.phase_a_shape, _tax(spec.ttft_tax, c),
-                          _tax(spec.tpot_tax, c), saturate=True)  # fmt: skip
-                    cells.append(f"{PHASE_A}/{label}")
-            elif spec.phase_b:
-                ref_safe, ref_load = _expected_refs(spec)
-                s_in, s_out = min(s[0] for s in spec.shapes), min(s[1] for s in spec.shapes)
-                for shape in spec.shapes:
-                    f_in = (shape[0] / s_in) ** spec.input_exponent
-                    f_out = (shape[1] / s_out) ** spec.output_exponent
-                    _cell(spec, rng, folder, c, PHASE_B, _label(shape), ref_safe, shape,
-                          _tax(spec.ttft_tax, c) * f_in, _tax(spec.tpot_tax, c) * f_out, saturate=False)  # fmt: skip
-                    cells.append(f"{PHASE_B}/{_label(shape)}")
-                if spec.phase_b_prime and c in spec.prime_configs and ref_load != ref_safe:
-                    pfolder = root / c / PHASE_B_PRIME
-                    pfolder.mkdir(parents=True, exist_ok=True)
-                    for shape in spec.prime_shapes:
-                        f_in = (shape[0] / s_in) ** spec.input_exponent
-                        f_out = (shape[1] / s_out) ** spec.output_exponent
-                        _cell(spec, rng, pfolder, c, PHASE_B_PRIME, _label(shape), ref_load, shape,
-                              _tax(spec.ttft_tax, c) * f_in * 1.5, _tax(spec.tpot_tax, c) * f_out * 1.5, saturate=False)  # fmt: skip
-                        cells.append(f"{PHASE_B_PRIME}/{_label(shape)}")
-            if phase == PHASE_B and not spec.phase_b:
-                continue
-            (folder / "run.json").write_text(json.dumps(_run_json(spec, c, phase, cells), indent=1))
+                  "backend": config["backend"]} for c in spec.configs}  # fmt: skip
+    write_json(layout.preflight_status, status)
+    ran = [c for c in spec.configs if c not in spec.skipped]
+    for c in spec.skipped:
+        for phase in LAUNCH_PHASES:
+            index = _index(spec, config, c, phase)
+            index.status, index.reason = "skipped", f"preflight SKIP: {spec.skipped[c]}"
+            index.write(layout.index(c, phase))
+    for c in ran:
+        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_A), phase_a_cells(config),
+                     lambda cell, c=c: (_tax(spec.ttft_tax, c), _tax(spec.tpot_tax, c), True))  # fmt: skip
+    ref_safe, ref_load = _expected_refs(spec)
+    reference: dict[str, Any] = {"ref_safe": ref_safe, "ref_load": ref_load}
     if spec.write_reference:
         from connector_tax.analysis.saturation import reference_rates
 
-        doc = reference_rates(root, study_config(spec))
-        (root / "reference_rates.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
-    return root
+        reference = reference_rates(layout.root)
+        write_json(layout.reference_rates, reference)
+    if not spec.phase_b:
+        return layout.root
+    s_in, s_out = min(s[0] for s in spec.shapes), min(s[1] for s in spec.shapes)
+
+    def factors(cell: PlannedCell, c: str) -> tuple[float, float, bool]:
+        f_in = (cell.shape["input"] / s_in) ** spec.input_exponent
+        f_out = (cell.shape["output"] / s_out) ** spec.output_exponent
+        boost = 1.5 if cell.phase == PHASE_B_PRIME else 1.0
+        return _tax(spec.ttft_tax, c) * f_in * boost, _tax(spec.tpot_tax, c) * f_out * boost, False
+
+    for c in ran:
+        cells = phase_b_cells(config, c, reference)
+        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_B), cells,
+                     lambda cell, c=c: factors(cell, c))  # fmt: skip
+    return layout.root
 
 
 def _expected_refs(spec: SyntheticSpec) -> tuple[float, float]:

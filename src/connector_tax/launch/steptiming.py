@@ -2,13 +2,15 @@
 
 For a launch with CONNECTOR_TAX_STEP_LOG=<base>.jsonl every vLLM process that imported the
 hooked modules leaves `<base>.targets.<pid>.json` (what it wrapped), the engine-core process
-writes `<base>.engine.<pid>.jsonl` (one record per engine step) and, with TP>1, each worker
-`<base>.worker.<pid>.jsonl`. The pipeline calls:
+writes `<base>.engine.<pid>.jsonl` (one record per engine step: step_duration_us is
+Scheduler.schedule(), engine_step_us the whole step) and the process holding the worker
+connector `<base>.worker.<pid>.jsonl` (one record per worker-connector step: start_load_kv,
+wait_for_layer_load, save_kv_layer, wait_for_save, get_finished). The pipeline calls:
 
 * step_timing_status(step_log, has_connector) -> (available, reason): the manifest's
   step_timing_available is true only when an engine process wrapped every needed target;
-* read_step_records(step_log) -> the engine records, oldest first (a truncated last line, as
-  a killed server leaves, is skipped);
+* read_step_records(step_log, role="engine"|"worker") -> the records, oldest first (a
+  truncated last line, as a killed server leaves, is skipped);
 * merge_step_log(step_log, dest) -> writes those records as one JSONL file (e.g. the
   design's engine_step_<phase>_<cell>.jsonl after slicing by t_ns).
 """
@@ -19,12 +21,22 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-# Must equal patches/step_timing.py's ENGINE_INSTANCES etc. (tests check it).
+# Must equal patches/targets.py's ENGINE_INSTANCES etc. (patches/ cannot import this package;
+# tests check the two agree).
 ENGINE_INSTANCES = ("engine.step_fn", "scheduler.schedule")
 SCHEDULER_CONNECTOR_INSTANCES = ("connector.scheduler.build_connector_meta",)
-WORKER_CONNECTOR_INSTANCES = (
-    "connector.worker.start_load_kv",
-    "connector.worker.get_transfer_results",
+WORKER_CONNECTOR_INSTANCES = tuple(
+    f"connector.worker.{hook}"
+    for hook in (
+        "bind_connector_metadata",
+        "start_load_kv",
+        "wait_for_layer_load",
+        "save_kv_layer",
+        "wait_for_save",
+        "get_finished",
+        "get_transfer_results",
+        "clear_connector_metadata",
+    )
 )
 
 

@@ -11,13 +11,17 @@ Facts of vLLM 0.33 this relies on (checked against its source by tests/test_vllm
 * kv_connector_module_path is imported as a module and kv_connector is the class name in it,
   so a `module:Class` path is split in two.
 * Mooncake reads kv_connector_extra_config.mooncake_protocol ("rdma", vLLM's default, or
-  "tcp") and device_name; its producer bootstrap port is $VLLM_MOONCAKE_BOOTSTRAP_PORT.
+  "tcp") and device_name; its producer bootstrap port is $VLLM_MOONCAKE_BOOTSTRAP_PORT. The
+  transport is always named in the launch (rdma only with a device_name, else an error: vLLM
+  would otherwise pick devices itself), and mooncake_transport() says which, for the run record.
   NIXL's handshake port is $VLLM_NIXL_SIDE_CHANNEL_PORT. Both get a port derived from the
   launch's HTTP port, so launches on one host never collide (see side_ports).
 * LMCacheConnectorV1 is configured through LMCACHE_* environment variables.
 * A connector without SupportsHMA makes vLLM turn the hybrid KV cache manager off by itself;
   LMCacheConnectorV1 has none, so for like-for-like every launch passes
   --disable-hybrid-kv-cache-manager (vllm.hybrid_kv_cache_manager: disabled, the default).
+* vllm.device: cpu launches vLLM's CPU build (vllm_cpu.py): CPU env, no GPU flags. The installed
+  vLLM's version (vllm_install.py) decides which flags exist: 0.32's CLI lacks a few of 0.33's.
 """
 
 from __future__ import annotations
@@ -28,11 +32,21 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config import ConfigError
+from connector_tax.launch import vllm_cpu
+from connector_tax.launch.paths import repo_root, tools_dir
+from connector_tax.launch.preflight import (
+    PREFLIGHT_SCRIPTS,
+    preflight_check,
+    preflight_plan,
+    preflight_script,
+)
 from connector_tax.launch.spec import LaunchSpec
+from connector_tax.launch.vllm_install import check_flags, installed_vllm
+from connector_tax.contract.records import STEP_LOG_ENV
 
-# The step-log variable the instrumentation (patches/step_timing.py) reads; it cannot import
-# this package, so tests check both spell it alike (and alike with connector_tax.sim.steplog).
-STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
+# re-exported: the pipeline, tools and tests ask this module for them
+__all__ = ["PREFLIGHT_SCRIPTS", "STEP_LOG_ENV", "preflight_check", "preflight_plan",
+           "preflight_script", "repo_root", "tools_dir"]  # fmt: skip
 
 # Registered names in vLLM 0.33's KVConnectorFactory.
 CONNECTOR_CLASSES = {
@@ -65,50 +79,20 @@ _MANAGED_FLAGS = {
     "--max-num-batched-tokens": "server.max_num_batched_tokens",
     "--max-num-seqs": "server.max_num_seqs",
     "--gpu-memory-utilization": "server.gpu_memory_utilization",
+    "--device-memory-utilization": "server.gpu_memory_utilization",
+    "--block-size": "server.block_size",
+    "--load-format": "model.load_format",
     "--kv-transfer-config": "the config's connector",
     "--disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
     "--no-disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
 }
 
-# Which pre-flight verify script gates which kind of configuration (the design's three).
-PREFLIGHT_SCRIPTS = {
-    "kv_consumer": "verify_kv_consumer.sh",
-    "multi_connector": "verify_multi_connector.sh",
-    "noop_connector": "verify_noop_connector.sh",
-}
 
 _LMCACHE_DEFAULT_ENV = {
     "LMCACHE_CHUNK_SIZE": "256",
     "LMCACHE_LOCAL_CPU": "True",
     "LMCACHE_MAX_LOCAL_CPU_SIZE": "5.0",
 }
-
-
-# --------------------------------------------------------------------------- locations
-
-
-def repo_root() -> Path:
-    """The connector-tax checkout whose tools/ and patches/ vLLM must import.
-
-    $CONNECTOR_TAX_ROOT if set; else the checkout this package lives in (an editable or
-    source install); else the current directory if it is a checkout."""
-    candidates = []
-    if os.environ.get("CONNECTOR_TAX_ROOT"):
-        candidates.append(Path(os.environ["CONNECTOR_TAX_ROOT"]))
-    candidates += [Path(__file__).resolve().parents[3], Path.cwd()]
-    for root in candidates:
-        if (root / "tools" / "noop_connector.py").is_file() and (
-            root / "patches" / "step_timing.py"
-        ).is_file():
-            return root.resolve()
-    raise ValueError(
-        "CONNECTOR_TAX_ROOT: cannot find the connector-tax checkout (tools/noop_connector.py, "
-        "patches/step_timing.py); set CONNECTOR_TAX_ROOT to it"
-    )
-
-
-def tools_dir() -> Path:
-    return repo_root() / "tools"
 
 
 # --------------------------------------------------------------------------- settings
@@ -203,15 +187,42 @@ def _one_connector(
     else:
         out = {"kv_connector": CONNECTOR_CLASSES[kind]}
         if kind == "mooncake":
-            mooncake = settings.get("mooncake") or {}
-            defaults = {"mooncake_protocol": mooncake.get("protocol", "rdma")}
-            if mooncake.get("device_name"):
-                defaults["device_name"] = mooncake["device_name"]
-            extra = {**defaults, **extra}
+            extra = {**_mooncake_defaults(settings), **extra}
     out["kv_role"] = conn["role"]
     if extra:
         out["kv_connector_extra_config"] = extra
     return out
+
+
+def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
+    """The transport every Mooncake connector of the study uses: named, never vLLM's default."""
+    mooncake = settings.get("mooncake") or {}
+    protocol = mooncake.get("protocol", "rdma")
+    if protocol == "rdma" and not mooncake.get("device_name"):
+        raise ConfigError(
+            "vllm.mooncake.device_name",
+            "Mooncake over rdma (vllm.mooncake.protocol, rdma by default) needs the RDMA "
+            "device, e.g. mlx5_0; on a host without RDMA set vllm.mooncake.protocol: tcp",
+        )
+    out = {"mooncake_protocol": protocol}
+    if mooncake.get("device_name"):
+        out["device_name"] = mooncake["device_name"]
+    return out
+
+
+def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str | None:
+    """How this variant's Mooncake connector moves KV, for the run record: "tcp", "rdma
+    (mlx5_0)", or None when it has no Mooncake connector."""
+    if "mooncake" not in _connector_kinds(variant.get("connector")):
+        return None
+    defaults = _mooncake_defaults(_vllm_settings(config))
+    conn = variant["connector"]
+    for c in [conn, *conn.get("children", [])]:
+        if c["type"] == "mooncake":
+            defaults.update({k: v for k, v in (c.get("extra_config") or {}).items()
+                             if k in ("mooncake_protocol", "device_name")})  # fmt: skip
+    device = defaults.get("device_name")
+    return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 
 def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any] | None:
@@ -246,9 +257,12 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
     )
     settings = _vllm_settings(config)
     executable = settings.get("executable", "vllm")
+    on_cpu = vllm_cpu.device(config) == "cpu"
+    if on_cpu:
+        vllm_cpu.check_server(server, "server")
     model = config["model"]
     argv = [
-        executable, "serve", model["name"],
+        executable, "serve", model_path(config),
         "--host", str(server["host"]),
         "--port", str(port),
         "--tensor-parallel-size", str(server["tensor_parallel_size"]),
@@ -257,8 +271,15 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
         "--enable-chunked-prefill" if server["enable_chunked_prefill"] else "--no-enable-chunked-prefill",
         "--max-num-batched-tokens", str(server["max_num_batched_tokens"]),
         "--max-num-seqs", str(server["max_num_seqs"]),
-        "--gpu-memory-utilization", str(server["gpu_memory_utilization"]),
     ]  # fmt: skip
+    if not on_cpu:  # the CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead
+        argv += ["--gpu-memory-utilization", str(server["gpu_memory_utilization"])]
+    if server.get("block_size") is not None:
+        argv += ["--block-size", str(server["block_size"])]
+    if server.get("enforce_eager") and "--enforce-eager" not in server["extra_args"]:
+        argv.append("--enforce-eager")  # a flag without a value: a repeat would be harmless
+    if model.get("load_format"):
+        argv += ["--load-format", model["load_format"]]
     if model.get("served_name"):
         argv += ["--served-model-name", model["served_name"]]
     if hma_policy(config) == "disabled":
@@ -267,7 +288,32 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"), sort_keys=True)]
     argv += server["extra_args"]
+    try:
+        installed = installed_vllm(executable)
+    except ValueError:
+        installed = None  # not installed here: the argv is for another host (vllm_version)
+    if installed is not None:
+        check_flags(argv, installed, {flag: key for flag, key in _MANAGED_FLAGS.items()})
     return argv
+
+
+def model_path(config: dict[str, Any]) -> str:
+    """model.name as `vllm serve` gets it: a hub id as written; with model.local a folder,
+    relative to the repository root unless absolute, that must exist (checked here, before any
+    launch: a missing dummy-weight model is a one-line error, not a server that dies)."""
+    model = config["model"]
+    if not model.get("local"):
+        return model["name"]
+    path = Path(model["name"])
+    if not path.is_absolute():
+        path = repo_root() / path
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            "model.name",
+            f"{path}: no model folder (config.json) there; make the tiny one with "
+            f"`python tools/tiny_model.py {model['name']}` (in the vLLM CPU environment)",
+        )
+    return str(path)
 
 
 def vllm_env(
@@ -280,7 +326,12 @@ def vllm_env(
     paths = [str(root)]
     if step_timing_enabled(config):
         paths.append(str(root / "patches" / "site"))
-    env = {"PYTHONPATH": os.pathsep.join(paths)}
+    # Prepended, not replacing: what the caller's environment needs on the path stays there
+    # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
+    caller = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
+    env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
+    if vllm_cpu.device(config) == "cpu":
+        env.update(vllm_cpu.cpu_env(config, root))
     kinds = _connector_kinds(variant.get("connector"))
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
@@ -305,39 +356,3 @@ def vllm_command(
     ValueError, one line naming the key or argument, on bad input)."""
     argv = vllm_argv(config, variant, port)
     return LaunchSpec(argv=argv, env=vllm_env(config, variant, port, step_log))
-
-
-# --------------------------------------------------------------------------- pre-flight
-
-
-def preflight_check(variant: dict[str, Any]) -> str | None:
-    """Which pre-flight check gates a variant (a key of PREFLIGHT_SCRIPTS), or None."""
-    connector = variant.get("connector") or {}
-    kind, role = connector.get("type"), connector.get("role")
-    if kind == "multi":
-        return "multi_connector"
-    if kind in ("noop", "custom"):
-        return "noop_connector"  # a class loaded by module path: the same risk
-    if kind == "mooncake" and role == "kv_consumer":
-        return "kv_consumer"
-    return None
-
-
-def preflight_script(config: dict[str, Any], name: str) -> Path | None:
-    """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
-    --only NAME`), or None if the design runs no pre-flight for it."""
-    from connector_tax.config import find_variant
-
-    check = preflight_check(find_variant(config, name))
-    return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
-
-
-def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
-    """{config name: verify script} for every gated config of the study."""
-    plan = {}
-    for variant in config["configs"]:
-        script = preflight_script(config, variant["name"])
-        if script is not None:
-            plan[variant["name"]] = script
-    return plan
-

@@ -5,6 +5,7 @@
     python -m connector_tax.launch.vllm_cli plan CONFIG NAME --port P
     python -m connector_tax.launch.vllm_cli smoke-config BASE OUT [--model M] ...
     python -m connector_tax.launch.vllm_cli step-timing STEP_LOG (--connector | --no-connector)
+    python -m connector_tax.launch.vllm_cli missing-connector SERVER_LOG
 
 The scripts never parse YAML or interpolate config values into shell code: names come out one
 per line (config names match ^[a-z0-9][a-z0-9_-]*$), everything else as JSON files that the
@@ -86,8 +87,8 @@ def smoke_config(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=min(int(server.get("max_num_seqs", 256)), 32),
     )
-    if enforce_eager and "--enforce-eager" not in server.get("extra_args", []):
-        server["extra_args"] = list(server.get("extra_args", [])) + ["--enforce-eager"]
+    if enforce_eager:
+        server["enforce_eager"] = True
     for variant in config["configs"]:
         variant.pop("sim", None)
         if "max_model_len" in (variant.get("server") or {}):
@@ -136,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mooncake-protocol", choices=["tcp", "rdma"], default="tcp")
     p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false")
 
+    p = sub.add_parser(
+        "missing-connector",
+        help="print vLLM's message if a server log says a connector package is missing (exit 0), else exit 1",
+    )
+    p.add_argument("server_log")
+
     p = sub.add_parser("step-timing", help="JSON: is step timing available for a step log")
     p.add_argument("step_log")
     group = p.add_mutually_exclusive_group(required=True)
@@ -173,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(_dump_yaml(config), encoding="utf-8")
             print(args.out)
+        elif args.command == "missing-connector":
+            from connector_tax.serving.process import missing_connector
+
+            try:
+                text = Path(args.server_log).read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise ValueError(f"SERVER_LOG: {exc}") from exc
+            reason = missing_connector(text)
+            if reason is None:
+                return 1
+            print(reason)
         elif args.command == "step-timing":
             ok, reason = step_timing_status(args.step_log, args.has_connector)
             print(json.dumps({"step_timing_available": ok, "reason": reason}))

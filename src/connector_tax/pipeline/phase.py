@@ -1,175 +1,123 @@
-"""One configuration's phase: one server launch, its cells in a row, then the server stops.
+"""One configuration's phase: plan its cells, reuse what provably belongs, measure the rest.
 
-Resumable at cell level: a cell whose summary says it completed is not run again, so a re-run
-after an interruption redoes only the incomplete cells. Every launch records what it did in
-run.json (status, reason, timings, step-timing availability) before it returns, whatever
-happened; a failure in one cell stops the phase (the server is likely gone) and is written
-down, and the pipeline goes on with the other configurations.
+Every planned cell has a fingerprint (contract.fingerprint). A cell is reused only when its
+sealed files carry that fingerprint; anything else under its label is moved to superseded/
+and the cell is measured again in one server launch (pipeline.measure). The launch's index,
+run.json, lists every planned cell with its fingerprint, settings and state (complete, failed,
+pending) and the launch's facts; it is written before the launch, after every cell and at the
+end, whatever happened. Recorded outcomes (a preflight SKIP, a server that would not start or
+died, a cell with no successful request) exit 0 so the study goes on with the other
+configurations; they are listed in the manifest and the report, and redone on the next run.
 
-    python -m connector_tax.pipeline.phase --config STUDY.yaml --name NAME --phase phase_a \
-        --results results/STUDY
+    python -m connector_tax.pipeline.phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
+import os
 import sys
-import time
-from pathlib import Path
-from typing import Any
-
+from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import find_variant, load_config
-from connector_tax.launch.command import launch_spec
-from connector_tax.loadgen.affinity import plan_affinity
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.stats import ValidityThresholds
-from connector_tax.metrics.sampler import MetricsSampler
-from connector_tax.pipeline.cells import PHASE_A, PHASE_B, phase_a_cells, phase_b_cells
-from connector_tax.atomic import write_json
+from connector_tax.contract import LAUNCH_PHASES, PHASE_B, StudyLayout, run_order
+from connector_tax.contract.index import COMPLETE, FAILED, CellEntry, PhaseIndex, read_index
+from connector_tax.contract.layout import now_iso, utc_stamp
+from connector_tax.pipeline.measure import ServerDied, measure
+from connector_tax.pipeline.plan import launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text
-from connector_tax.pipeline.steplog import RAW_NAME, StepLogSplitter, step_timing_status
-from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
+from connector_tax.pipeline.resume import decide
+from connector_tax.serving.process import ServerStartError
+
+# Launch facts a launch that measured nothing carries over from the one that measured.
+_CARRIED = ("launch_command", "server_cpus", "gpu", "step_timing_available", "step_timing_reason")
 
 
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def cell_done(cell_dir: Path, cell: CellSpec) -> bool:
-    summary = cell_dir / f"summary_{cell.phase}_{cell.label}.json"
-    requests = cell_dir / f"requests_{cell.phase}_{cell.label}.jsonl"
-    if not (summary.exists() and requests.exists()):
-        return False
+def _preflight_reason(layout: StudyLayout, name: str) -> str | None:
+    """None if the configuration passed preflight, else why it is skipped."""
     try:
-        return bool(json.loads(summary.read_text(encoding="utf-8")).get("complete"))
-    except ValueError:
-        return False
+        status = json.loads(layout.preflight_status.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no preflight_status.json"
+    entry = status.get(name) or {}
+    if entry.get("status") == "ok":
+        return None
+    return f"preflight SKIP: {entry.get('reason') or 'not in preflight_status.json'}"
 
 
-def plan(config: dict[str, Any], name: str, phase: str, results: Path) -> list[CellSpec]:
-    if phase == PHASE_A:
-        return phase_a_cells(config)
-    reference = json.loads((results / "reference_rates.json").read_text(encoding="utf-8"))
-    return phase_b_cells(config, name, reference)
+def _final_status(index: PhaseIndex) -> str:
+    states = [c.status for c in index.cells]
+    if all(s == COMPLETE for s in states):
+        return "ok"
+    if any(s == COMPLETE for s in states):
+        return "partial"
+    return "failed"
 
 
-def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
-    workload = config["workload"]
-    loadgen = config["loadgen"]
-    return LoadgenOptions(
-        url=url,
-        model=config["model"].get("served_name") or config["model"]["name"],
-        endpoint=workload["endpoint"],
-        prompt=workload["prompt"],
-        temperature=workload["temperature"],
-        ignore_eos=workload["ignore_eos"],
-        inflight_cap=workload["inflight_cap"],
-        timeout_s=workload["request_timeout_s"],
-        seed=config["seed"],
-        workers=loadgen["workers"],
-        affinity=loadgen["affinity"],
-        cpu_latency_us=loadgen["cpu_latency_us"],
-        validity=ValidityThresholds.from_dict(config.get("validity")),
-    )
-
-
-def run_phase(config_path: str, name: str, phase: str, results: Path) -> dict[str, Any]:
+def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
     config = load_config(config_path)
     variant = find_variant(config, name)
-    backend = config["backend"]
-    phase_dir = results / name / phase
-    phase_dir.mkdir(parents=True, exist_ok=True)
-    run: dict[str, Any] = {
-        "config": name, "phase": phase, "backend": backend, "simulated": backend == "sim",
-        "started": _now(), "finished": None, "status": "ok", "reason": None, "cells": [],
-        "cells_run": [], "cells_resumed": [], "launch_command": None, "server_cpus": None,
-        "step_timing_available": False, "step_timing_reason": None,
-    }  # fmt: skip
-    preflight = json.loads((results / "preflight" / "preflight_status.json").read_text(encoding="utf-8"))
-    if preflight.get(name, {}).get("status") != "ok":
-        reason = preflight.get(name, {}).get("reason") or "not in preflight_status.json"
-        run.update(status="skipped", reason=f"preflight SKIP: {reason}", finished=_now())
-        write_json(phase_dir / "run.json", run)
-        return run
+    layout = StudyLayout.of(config["study"])
+    folder = layout.phase(name, launch_phase)
+    folder.folder.mkdir(parents=True, exist_ok=True)
+    reference = read_reference(layout) if launch_phase == PHASE_B else None
+    plan = launch_plan(config_path, config, name, launch_phase, reference)
+    previous = read_index(folder.index)
+    index = PhaseIndex(
+        study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
+        code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
+        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"],
+    )  # fmt: skip
+    skip = _preflight_reason(layout, name)
+    if skip:
+        index.cells = [CellEntry(p.cell.phase, p.cell.label, p.fingerprint, p.settings) for p in plan.cells]
+        index.status, index.reason, index.finished = "skipped", skip, now_iso()
+        index.write(folder.index)
+        return index
 
-    cells = plan(config, name, phase, results)
-    run["cells"] = [f"{c.phase}/{c.label}" for c in cells]
-    todo = [c for c in cells if not cell_done(results / name / c.phase, c)]
-    run["cells_resumed"] = [f"{c.phase}/{c.label}" for c in cells if c not in todo]
-    (phase_dir / "config.json").write_text(json.dumps({"study": config["study"], "variant": variant,
-                                                       "workload": config["workload"]}, indent=2) + "\n")  # fmt: skip
-    (phase_dir / "env.txt").write_text(env_text(backend), encoding="utf-8")
-    if todo:
-        try:
-            _run_cells(config_path, config, variant, phase_dir, results, todo, run)
-        except (ServerStartError, OSError, RuntimeError) as exc:
-            run.update(status="failed", reason=str(exc))
-    else:
-        timing = step_timing_status(phase_dir, backend, bool(variant.get("connector")))
-        run.update(step_timing_available=timing[0], step_timing_reason=timing[1])
-    run["finished"] = _now()
-    write_json(phase_dir / "run.json", run)
-    return run
+    index.cells, index.superseded = decide(layout, plan)
+    todo = [p for p, entry in zip(plan.cells, index.cells) if not entry.reused]
+    if not todo:
+        if previous is not None:
+            for key in _CARRIED:
+                setattr(index, key, getattr(previous, key))
+        index.status, index.finished = _final_status(index), now_iso()
+        index.write(folder.index)
+        return index
 
-
-def _run_cells(
-    config_path: str,
-    config: dict[str, Any],
-    variant: dict[str, Any],
-    phase_dir: Path,
-    results: Path,
-    cells: list[CellSpec],
-    run: dict[str, Any],
-) -> None:
-    backend = config["backend"]
-    host = variant.get("server", {}).get("host") or config["server"]["host"]
-    port = free_port(host, block=3 if backend == "vllm" else 1)
-    raw_steps = phase_dir / RAW_NAME
-    for old in phase_dir.glob("engine_step_raw*"):
-        old.unlink()  # one launch, one raw log: resumed cells already have their slices
-    spec = launch_spec(config_path, config, variant, port, str(raw_steps) if backend != "openai" else None)
-    url = spec.url or f"http://{host}:{port}"
-    run["launch_command"] = spec.argv
-    with gpu_lease(backend) as gpu:
-        if gpu is not None:
-            spec.env["CUDA_VISIBLE_DEVICES"] = gpu
-        options = loadgen_options(config, url)
-        # Off the load generator's worker cores: a server waking there preempts a send spin.
-        cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
-        with ServerProcess(spec, url, phase_dir, cpus=cpus) as server:
-            run["server_cpus"] = list(server.cpus) or None
-            server.wait_ready(READY_TIMEOUT_S[backend])
-            splitter = StepLogSplitter(phase_dir)
-            with LoadGenerator(options) as gen:
-                for cell in cells:
-                    cell_dir = results / variant["name"] / cell.phase
-                    metrics = cell_dir / f"metrics_{cell.phase}_{cell.label}.jsonl"
-                    t0 = time.monotonic_ns()
-                    with MetricsSampler(server.url, metrics):
-                        summary = gen.run_cell(cell, cell_dir)
-                    splitter.split(t0, time.monotonic_ns(), cell_dir / f"engine_step_{cell.phase}_{cell.label}.jsonl")
-                    run["cells_run"].append(f"{cell.phase}/{cell.label}")
-                    if server.proc is not None and server.proc.poll() is not None:
-                        raise RuntimeError(f"server exited with code {server.proc.returncode} during {cell.label}")
-                    if summary["counts"]["ok"] == 0 and summary["counts"]["post_warmup"] > 0:
-                        run["reason"] = f"cell {cell.label}: no request succeeded"
-            timing = step_timing_status(phase_dir, backend, bool(variant.get("connector")))
-            run.update(step_timing_available=timing[0], step_timing_reason=timing[1])
+    write_json(folder.config_json, {"study": config["study"], "variant": variant, "workload": config["workload"],
+                                    "launch": plan.launch, "code": plan.code})  # fmt: skip
+    write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
+    index.write(folder.index)
+    try:
+        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index))
+    except (ServerStartError, ServerDied, OSError, RuntimeError) as exc:
+        index.reason = str(exc)
+        for entry in index.cells:
+            if entry.status == "pending":
+                entry.reason = f"not measured: {exc}"
+    except BaseException:
+        index.status, index.reason, index.finished = "interrupted", "stopped by a signal or Ctrl-C", now_iso()
+        index.write(folder.index)
+        raise
+    index.status, index.finished = _final_status(index), now_iso()
+    if index.status != "ok" and index.reason is None:
+        failed = [c for c in index.cells if c.status == FAILED]
+        index.reason = "; ".join(f"{c.key}: {c.reason}" for c in failed[:3])
+    index.write(folder.index)
+    return index
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.phase")
     parser.add_argument("--config", required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--phase", required=True, choices=[PHASE_A, PHASE_B])
-    parser.add_argument("--results", required=True, type=Path)
+    parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
     args = parser.parse_args(argv)
-    run = run_phase(args.config, args.name, args.phase, args.results)
-    print(f"{args.name} {args.phase}: {run['status']}" + (f" ({run['reason']})" if run["reason"] else ""))
+    index = run_phase(args.config, args.name, args.phase)
+    reused = sum(c.reused for c in index.cells)
+    print(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+          + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
     return 0
 
 

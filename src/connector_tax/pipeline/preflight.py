@@ -20,9 +20,10 @@ import httpx
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
+from connector_tax.pipeline.plan import launch_digest
+from connector_tax.launch.vllm_cpu import device
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
-
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -41,8 +42,8 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     argv = ["bash", str(script), config_path, str(out_dir), "--only", name, "--port", str(free_port(host, block=3))]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with gpu_lease("vllm") as gpu:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu or ""}
+        with gpu_lease("vllm", device=device(config)) as gpu:
+            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
             subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, timeout=READY_TIMEOUT_S["vllm"] + 300, check=False)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -52,6 +53,15 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
 
 
 def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
+    """ok, or SKIP with the reason: any failure to launch is a result, never a traceback."""
+    try:
+        return _readiness(config_path, config, name, log_dir)
+    except Exception as exc:  # noqa: BLE001 - every launch error is this configuration's SKIP
+        return {"config": name, "status": "skip", "reason": f"{type(exc).__name__}: {exc}",
+                "backend": config["backend"]}  # fmt: skip
+
+
+def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     variant = find_variant(config, name)
     backend = config["backend"]
     if backend == "vllm":
@@ -67,7 +77,7 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
     model = config["model"].get("served_name") or config["model"]["name"]
     started = time.monotonic()
     try:
-        with gpu_lease(backend) as gpu:
+        with gpu_lease(backend, device=device(config)) as gpu:
             if gpu is not None:
                 spec.env["CUDA_VISIBLE_DEVICES"] = gpu
             with ServerProcess(spec, url, log_dir) as server:
@@ -77,6 +87,14 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
         return {"config": name, "status": "skip", "reason": str(exc), "backend": backend}
     return {"config": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def merge_status(parts: list[Path]) -> dict[str, Any]:
@@ -98,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "check":
         config = load_config(args.config)
-        write_json(Path(args.out), check_readiness(args.config, config, args.name, Path(args.log_dir)))
+        out = Path(args.out)
+        digest = launch_digest(config, args.config, args.name)
+        previous = _read(out)
+        if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
+            print(f"{args.name}: ok (reused: this launch passed preflight with the same settings)")
+            return 0
+        result = check_readiness(args.config, config, args.name, Path(args.log_dir))
+        write_json(out, {**result, "launch": digest})
+        print(f"{args.name}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
     else:
         write_json(Path(args.out), merge_status([Path(p) for p in args.parts]))
     return 0

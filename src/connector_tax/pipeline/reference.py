@@ -1,26 +1,26 @@
 """The reference-rate checkpoint: saturation of every Phase A cell, then ref_safe and ref_load.
 
-    python -m connector_tax.pipeline.reference --config STUDY.yaml --results results/STUDY
+    python -m connector_tax.pipeline.reference --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from connector_tax.analysis.saturation import reference_rates
-from connector_tax.config import load_config
 from connector_tax.atomic import write_json
+from connector_tax.config import load_config
+from connector_tax.contract import StudyLayout
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.reference")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--results", required=True, type=Path)
     args = parser.parse_args(argv)
-    reference = reference_rates(args.results, load_config(args.config))
-    write_json(args.results / "reference_rates.json", reference)
+    layout = StudyLayout.of(load_config(args.config)["study"])
+    reference = reference_rates(layout.root)
+    write_json(layout.reference_rates, reference)
     print(f"ref_safe={reference['ref_safe']} ref_load={reference['ref_load']}")
     return 0
 

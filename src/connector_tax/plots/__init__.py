@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -49,13 +48,4 @@ def make_figures(aggregate: dict[str, Any], hypotheses: dict[str, Any] | None, o
     return {"made": made, "skipped": skipped, "meta": meta}
 
 
-def figures_from_analysis(analysis_dir: Path) -> dict[str, Any]:
-    """Redraw the figures from an existing analysis/ folder (aggregate.json, hypotheses.json)."""
-    analysis_dir = Path(analysis_dir)
-    agg = json.loads((analysis_dir / "aggregate.json").read_text(encoding="utf-8"))
-    hyp_path = analysis_dir / "hypotheses.json"
-    hyp = json.loads(hyp_path.read_text(encoding="utf-8")) if hyp_path.is_file() else None
-    return make_figures(agg, hyp, analysis_dir / "figures")
-
-
-__all__ = ["build_figure", "make_figures", "figures_from_analysis"]
+__all__ = ["build_figure", "make_figures"]

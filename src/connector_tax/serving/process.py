@@ -8,7 +8,9 @@ server when Snakemake cancels the job, as it does on Ctrl-C or normal exit.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,12 +29,49 @@ from connector_tax.launch.spec import LaunchSpec
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
 
+# Lines that say why a server could not start better than its last line does: a connector
+# whose package is missing (vLLM's own messages), then the exception a traceback ends in.
+# vLLM's engine start-up failure ends with "Engine core initialization failed. See root cause
+# above", so the root cause is the first match, not the last line.
+# A connector's package missing, as vLLM 0.32/0.33 say it (RuntimeError from the Mooncake
+# and NIXL workers; an ImportError naming the module for LMCache, or for nixl/mooncake when
+# imported directly). tools/gpu_smoke.sh reports these SKIP, not FAIL (`missing_connector`).
+MISSING_CONNECTOR = re.compile(
+    r"(Mooncake is not available|NIXL is not available"
+    r"|No module named '?(?:lmcache|nixl|nixl_cu12|mooncake)[\w.]*'?)"
+)
+ROOT_CAUSES = (
+    MISSING_CONNECTOR,
+    re.compile(r"(No module named '?[\w.]+'?)"),
+    re.compile(r"\b(\w+(?:Error|Exception): .+)$"),
+)
+
+
+def missing_connector(log: str) -> str | None:
+    """vLLM's own message when a configuration's connector package is not installed."""
+    found = MISSING_CONNECTOR.search(log)
+    return found.group(1) if found else None
+
+
+def root_cause(log_tail: str) -> str:
+    """The most telling line of a failed server's log: the first match of ROOT_CAUSES (in order
+    of the patterns), else the last non-empty line."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for pattern in ROOT_CAUSES:
+        for line in lines:
+            found = pattern.search(line)
+            if found and "See root cause above" not in line:
+                return found.group(1)
+    return lines[-1] if lines else ""
+
+
 class ServerStartError(RuntimeError):
-    """str() is one line (what failed and the server's last log line); `log_tail` has more."""
+    """str() is one line (what failed and the root cause from the server's log, see
+    root_cause); `log_tail` has more."""
 
     def __init__(self, what: str, log_tail: str = "") -> None:
-        last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "")
-        super().__init__(f"{what}: {last}" if last else what)
+        cause = root_cause(log_tail)
+        super().__init__(f"{what}: {cause}" if cause else what)
         self.log_tail = log_tail
 
 
@@ -62,6 +101,19 @@ def tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel SIGKILLs it when the launching process dies, however
+    it dies (kill -9 included), so no server outlives its phase job."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process-group kill on every stop path still applies
 
 
 def _raise_system_exit(signum: int, frame: object) -> None:
@@ -109,6 +161,7 @@ class ServerProcess:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         if self.cpus:
             try:
@@ -142,7 +195,7 @@ class ServerProcess:
                     time.sleep(0.05)
 
     def _failure(self, what: str) -> ServerStartError:
-        return ServerStartError(what, tail(self.stderr_path) or tail(self.stdout_path))
+        return ServerStartError(what, tail(self.stderr_path, 200) or tail(self.stdout_path, 200))
 
     def stop(self) -> int | None:
         proc = self.proc

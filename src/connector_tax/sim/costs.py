@@ -21,12 +21,17 @@ class BatchShape:
 
 @dataclass(frozen=True)
 class StepCost:
+    # The whole engine step (forward + connector hooks): how long the step takes.
     duration_us: float
     forward_us: float
     # None when no connector is configured: plain vLLM never calls these hooks.
     build_meta_us: float | None
     get_finished_us: float | None
     start_load_kv_us: float | None
+    # The scheduler's share of the step, Scheduler.schedule() entry to exit as the design
+    # defines step_duration_us: its own work (part of step_base_us, so it adds no time to the
+    # step) plus build_connector_meta, which runs inside schedule().
+    schedule_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,4 +91,5 @@ class CostModel:
         finished = self._hook("get_finished", batch)
         load = self._hook("start_load_kv", batch)
         hooks = (build or 0.0) + (finished or 0.0) + (load or 0.0)
-        return StepCost(forward + hooks, forward, build, finished, load)
+        schedule = hw.schedule_base_us + hw.schedule_request_us * batch.running + (build or 0.0)
+        return StepCost(forward + hooks, forward, build, finished, load, schedule_us=schedule)

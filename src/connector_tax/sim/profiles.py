@@ -9,9 +9,12 @@ Every number here is a model parameter, not a measurement: outputs made with the
             + context_token_us * context tokens attended by every scheduled sequence
             + connector hooks  (build_meta + get_finished + start_load_kv, see HookCost)
 
-and a connector hook costs `fixed_us + per_request_us * running + per_block_us * blocks`,
-where `blocks` is the number of KV blocks held by running requests, so a connector's tax
-grows with input length (H5) and is paid on every decode step too (H6).
+and a connector hook costs `fixed_us + per_request_us * running + per_block_us * blocks`.
+The step log's step_duration_us is the scheduler's share of a step, as the design defines it
+(Scheduler.schedule(): schedule_base_us + schedule_request_us * running, part of step_base_us,
+plus build_meta, which runs inside it); engine_step_us is the whole step_us above.
+`blocks` is the number of KV blocks held by running requests, so a connector's tax grows with
+input length (H5) and is paid on every decode step too (H6).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class HardwareProfile:
     context_token_us: float
     kv_cache_blocks: int
     block_size: int = 16
+    # The scheduler's own work per step (Scheduler.schedule() without the connector): counted
+    # inside step_base_us, reported as the scheduler's share of the step (step_duration_us).
+    schedule_base_us: float = 150.0
+    schedule_request_us: float = 1.5
 
 
 # tiny-fast: a small, fast "GPU" whose knee falls at tens of req/s with short prompts, so

@@ -1,4 +1,11 @@
-"""The per-step JSONL log, in the schema the vLLM instrumentation (patches/) also writes."""
+"""The per-step JSONL log, in the schema the vLLM instrumentation (patches/) also writes.
+
+As there, `step_duration_us` is the scheduler's share of the step (Scheduler.schedule() entry
+to exit, build_connector_meta included) and `engine_step_us` the whole step. The simulated
+engine has one process, so its worker-connector hook times (start_load_kv_us, get_finished_us)
+ride in the same record, as they do for vLLM's single-process executor; it writes no separate
+worker records.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,9 @@ import json
 from typing import IO
 
 from connector_tax.sim.engine import StepResult
+from connector_tax.contract.records import STEP_LOG_ENV
 
-# The instrumentation under patches/ reads the same variable; it cannot import this package,
-# so tests check that both spell it alike.
-STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
+__all__ = ["STEP_LOG_ENV", "StepLog", "step_record"]
 
 
 def _us(value: float | None) -> float | None:
@@ -22,7 +28,7 @@ def step_record(result: StepResult, t_ns: int) -> dict[str, object]:
     return {
         "t_ns": t_ns,
         "step_id": result.step_id,
-        "step_duration_us": _us(cost.duration_us),
+        "step_duration_us": _us(cost.schedule_us),
         "build_meta_us": _us(cost.build_meta_us),
         "get_finished_us": _us(cost.get_finished_us),
         "start_load_kv_us": _us(cost.start_load_kv_us),
@@ -30,6 +36,7 @@ def step_record(result: StepResult, t_ns: int) -> dict[str, object]:
         "num_waiting": result.num_waiting,
         "prefill_tokens": result.prefill_tokens,
         "decode_tokens": result.decode_tokens,
+        "engine_step_us": _us(cost.duration_us),
         "forward_us": _us(cost.forward_us),
         "num_preempted": result.num_preempted,
         "kv_cache_usage": round(result.kv_cache_usage, 6),

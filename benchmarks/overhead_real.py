@@ -1,0 +1,148 @@
+"""The instrumentation's overhead on a real engine: vLLM's CPU build, with and without patches/.
+
+Run through `python benchmarks/instrumentation_overhead.py --real` (needs tools/vllm_cpu_env.sh
+and tools/tiny_model.py). Two `vllm serve` launches of configs/vllm-cpu-tiny.yaml's
+noop_connector (the configuration with the most hooks wrapped) run side by side, made by the
+project's launcher: one with a step log (instrumented), one without (sitecustomize then loads
+nothing). Each round sends the same seeded prompts, one request at a time, to one server and
+then the other (the order alternates by round, so drift and order hit both alike).
+
+With one request in flight every streamed chunk is one engine step, so the client's inter-token
+latency is the per-step latency, whatever runs inside the step; E2E is the request's whole
+latency. Per round: median ITL and median E2E of each server; the overhead is the paired
+difference (instrumented - plain), reported as the median over rounds with a 95% bootstrap CI
+over rounds, and relative to the plain server's median step. The instrumented server's own
+records give the design's fields for scale (step_duration_us, engine_step_us, worker hooks).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # vllm_cpu_env: where the CPU environment is
+
+from connector_tax.config import find_variant, load_config  # noqa: E402
+from connector_tax.launch import steptiming  # noqa: E402
+from connector_tax.launch.command import launch_spec  # noqa: E402
+from connector_tax.serving.process import ServerProcess, free_port  # noqa: E402
+
+CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"
+INPUT_LEN = 64
+
+
+def one_request(client: httpx.Client, url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}  # fmt: skip
+    t0 = time.monotonic_ns()
+    arrivals = []
+    with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic_ns())
+    return {"e2e_us": (arrivals[-1] - t0) / 1000.0,
+            "itl_us": [(b - a) / 1000.0 for a, b in zip(arrivals, arrivals[1:])]}  # fmt: skip
+
+
+def round_stats(results: list[dict[str, Any]]) -> dict[str, float]:
+    itl = [x for r in results for x in r["itl_us"]]
+    return {"itl_us": statistics.median(itl), "e2e_us": statistics.median(r["e2e_us"] for r in results)}
+
+
+def bootstrap_ci(diffs: list[float], seed: int = 0, n: int = 10000) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    a = np.asarray(diffs)
+    meds = np.median(rng.choice(a, size=(n, a.size), replace=True), axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def run_real(args: Any) -> int:
+    from vllm_cpu_env import vllm_cpu_python
+
+    python = vllm_cpu_python()
+    if python is None:
+        print("instrumentation_overhead --real: no vLLM CPU environment (run tools/vllm_cpu_env.sh)", file=sys.stderr)
+        return 2
+    model = Path(args.model_dir)
+    model = model if model.is_absolute() else REPO / model
+    if not (model / "config.json").is_file():
+        print(f"instrumentation_overhead --real: --model-dir: {model}: run tools/tiny_model.py {args.model_dir}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    config = copy.deepcopy(load_config(CONFIG))
+    config["model"]["name"] = str(model)
+    config["vllm"]["executable"] = str(python.parent / "vllm")
+    variant = find_variant(config, "noop_connector")
+    tmp = Path(tempfile.mkdtemp(prefix="ctax-overhead-"))
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name in ("plain", "instrumented"):  # one at a time: start-up saturates both cores
+            port = free_port("127.0.0.1", block=3)
+            step_log = str(tmp / name / "steps" / "engine_step.jsonl") if name == "instrumented" else None
+            spec = launch_spec(str(CONFIG), config, variant, port, step_log)
+            servers[name] = ServerProcess(spec, f"http://127.0.0.1:{port}", tmp / name, grace_s=30.0)
+            servers[name].start()
+            servers[name].wait_ready(600)
+        rng = random.Random(20260526)
+        per_round: dict[str, list[dict[str, float]]] = {"plain": [], "instrumented": []}
+        with httpx.Client(timeout=120) as client:
+            for name, server in servers.items():  # warm-up
+                for _ in range(3):
+                    one_request(client, server.url, [5] * INPUT_LEN, args.output_len)
+            for r in range(args.rounds):
+                prompts = [[rng.randrange(3, 4000) for _ in range(INPUT_LEN)] for _ in range(args.requests)]
+                order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
+                for name in order:
+                    url = servers[name].url
+                    per_round[name].append(round_stats([one_request(client, url, p, args.output_len) for p in prompts]))
+    finally:
+        for server in servers.values():
+            server.stop()
+    log = tmp / "instrumented" / "steps" / "engine_step.jsonl"
+    engine = [x for x in steptiming.read_step_records(log) if x["step_duration_us"] is not None]
+    workers = steptiming.read_step_records(log, "worker")
+    report: dict[str, Any] = {"rounds": args.rounds, "requests_per_round": args.requests,
+                              "output_len": args.output_len, "input_len": INPUT_LEN}  # fmt: skip
+    for metric in ("itl_us", "e2e_us"):
+        plain = [x[metric] for x in per_round["plain"]]
+        inst = [x[metric] for x in per_round["instrumented"]]
+        diffs = [b - a for a, b in zip(plain, inst)]
+        lo, hi = bootstrap_ci(diffs)
+        base = statistics.median(plain)
+        report[metric] = {
+            "plain_median": round(base, 1), "instrumented_median": round(statistics.median(inst), 1),
+            "overhead_median": round(statistics.median(diffs), 1), "ci95": [round(lo, 1), round(hi, 1)],
+            "overhead_pct": round(100 * statistics.median(diffs) / base, 3),
+            "ci95_pct": [round(100 * lo / base, 3), round(100 * hi / base, 3)],
+        }  # fmt: skip
+    report["instrumented_records"] = {
+        "engine_steps": len(engine),
+        "step_duration_us_p50": statistics.median(x["step_duration_us"] for x in engine) if engine else None,
+        "engine_step_us_p50": statistics.median(x["engine_step_us"] for x in engine) if engine else None,
+        "worker_steps": len(workers),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds} alternating rounds x "
+          f"{args.requests} sequential requests of {INPUT_LEN}->{args.output_len} tokens per server")  # fmt: skip
+    for metric, label in (("itl_us", "per step (ITL, one request in flight)"), ("e2e_us", "end to end")):
+        m = report[metric]
+        print(f"{label:>40}: plain {m['plain_median']:.1f} us, instrumented {m['instrumented_median']:.1f} us, "
+              f"overhead {m['overhead_median']:+.1f} us ({m['overhead_pct']:+.3f} %), "
+              f"95% CI [{m['ci95'][0]:+.1f}, {m['ci95'][1]:+.1f}] us = "
+              f"[{m['ci95_pct'][0]:+.3f}, {m['ci95_pct'][1]:+.3f}] %")  # fmt: skip
+    print(f"instrumented server's records: {json.dumps(report['instrumented_records'])}")
+    return 0

@@ -1,0 +1,85 @@
+"""The study contract: what a study's results are, where they live, and when one may be reused.
+
+This package is the single truth that writers (rules, pipeline, load generator) and readers
+(analysis, manifest) share; ../shared/DESIGN.md is its background.
+
+Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
+
+    results/<study>/
+      study.json                  which study and backend this folder holds (one backend only)
+      study_config.yaml           the validated config the study ran with (file + --config)
+      preflight/                  ready_<config>.json, preflight_status.json, <config>/ logs
+      <config>/phase_a/           one server launch: run.json (its index), config.json, env.txt,
+                                  launch.sh, server logs, raw_steps/, and per cell:
+                                    requests_<phase>_<label>.jsonl
+                                    metrics_<phase>_<label>.jsonl
+                                    engine_step_<phase>_<label>.jsonl
+                                    summary_<phase>_<label>.json      (written last: the seal)
+                                  .staging/<phase>_<label>/   a cell being measured
+                                  superseded/<phase>_<label>.<why>.<UTC time>/   cells moved aside
+      <config>/phase_b/           the Phase B launch (its run.json also indexes Phase B' cells)
+      <config>/phase_b_prime/     Phase B' cells (measured in the Phase B launch)
+      reference_rates.json, analysis/, MANIFEST.md, MANIFEST.tsv, logs/
+
+Cells (`cells`): a cell is (configuration, phase, label); labels are `r<rate>` (Phase A) or the
+shape's label (`4096x256`, `mix-<hash>`, `pattern-<hash>`), unique per phase by construction:
+colliding rates or repeated shapes are a config error.
+
+Fingerprint (`fingerprint`): the sha256 of every setting that can change a cell's measurement
+(the launch: backend, model, variant, merged server settings, simulator or vLLM settings, the
+normalized launch argv and the server's versions; the cell: rate, arrival, shape, warm-up,
+duration floor, min-completed, request settings and timeouts, load-generator and validity
+settings, seed; the code of the load generator, metrics sampler, and simulator or
+instrumentation). It is stored in the cell's summary and in the launch's index (run.json).
+
+When a cell is reused: a re-run measures a cell again unless its sealed summary says complete,
+carries exactly the fingerprint the current settings give, and every record file it vouches for
+is present with the byte size it recorded. Otherwise its old files are moved to superseded/
+(kept, never read by the analysis) and it is measured again; a label that exists with another
+fingerprint is never overwritten. Failed cells are redone on the next run.
+
+The analysis takes the cells from the study config and the launch indexes, never from a folder
+listing: it verifies every fingerprint and refuses to mix fingerprints, backends or studies;
+superseded and orphan folders are listed in the report and otherwise ignored.
+"""
+
+from connector_tax.contract.cells import (
+    LAUNCH_OF,
+    LAUNCH_PHASES,
+    PHASE_A,
+    PHASE_B,
+    PHASE_B_PRIME,
+    PHASES,
+    Cell,
+    check_labels,
+    phase_a_cells,
+    phase_b_cells,
+    phase_b_shapes,
+    planned_cells,
+    rate_label,
+    run_order,
+    shape_label,
+)
+from connector_tax.contract.layout import CELL_RECORDS, CellFiles, PhaseLayout, StudyLayout
+
+__all__ = [
+    "CELL_RECORDS",
+    "LAUNCH_OF",
+    "LAUNCH_PHASES",
+    "PHASES",
+    "PHASE_A",
+    "PHASE_B",
+    "PHASE_B_PRIME",
+    "Cell",
+    "CellFiles",
+    "PhaseLayout",
+    "StudyLayout",
+    "check_labels",
+    "phase_a_cells",
+    "phase_b_cells",
+    "phase_b_shapes",
+    "planned_cells",
+    "rate_label",
+    "run_order",
+    "shape_label",
+]

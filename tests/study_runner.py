@@ -1,0 +1,116 @@
+"""Helpers for tests that run a whole study through `snakemake`, the way a user does.
+
+Not a conftest: test modules import it explicitly (`from study_runner import ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from connector_tax.config import validate_config
+from connector_tax.contract import LAUNCH_PHASES, StudyLayout, planned_cells
+from connector_tax.contract.index import read_index, read_summary, verify_cell
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
+
+# Two configurations, two rates, one Phase B shape, seconds per cell. Saturation thresholds
+# that never fire keep the reference rates (and so the Phase B cells) fixed whatever the noise.
+TINY: dict[str, Any] = {
+    "study": "integrity",
+    "backend": "sim",
+    "seed": 7,
+    "model": {"name": "Qwen/Qwen3-Coder-30B-A3B-Instruct"},
+    "sim": {"hardware_profile": "tiny-fast"},
+    "configs": [{"name": "plain"}, {"name": "noop_connector", "connector": {"type": "noop", "role": "kv_both"}}],
+    "workload": {
+        "warmup_s": 0.1,
+        "duration_s": 0.4,
+        "min_completed": 3,
+        "request_timeout_s": 10,
+        "phase_a": {"rates": [4, 8], "shape": {"input": 128, "output": 8}},
+        "phase_b": {"inputs": [128], "outputs": [8]},
+    },
+    "saturation": {"throughput_ratio_min": 0.01, "waiting_p50_max": 1000, "ttft_p90_ratio_max": 1000},
+    "loadgen": {"cpu_latency_us": None},
+}
+
+
+def write_config(folder: Path, config: dict[str, Any], name: str = "study.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time."""
+    argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def start_snakemake(folder: Path, config: Path, *args: str) -> subprocess.Popen[bytes]:
+    """In its own session, so the test can signal or kill the whole job tree."""
+    argv = [*SNAKEMAKE, "--cores", "1", *args, "--configfile", str(config), "--directory", str(folder)]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+
+def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
+    """{config/phase/label: when its seal was written, or None} for every planned cell."""
+    config = validate_config(config)
+    layout = StudyLayout(folder / "results" / config["study"])
+    reference = json.loads(layout.reference_rates.read_text()) if layout.reference_rates.exists() else None
+    out: dict[str, str | None] = {}
+    for variant in config["configs"]:
+        for launch_phase in LAUNCH_PHASES:
+            if launch_phase != LAUNCH_PHASES[0] and reference is None:
+                continue
+            for cell in planned_cells(config, variant["name"], launch_phase, reference):
+                files = layout.phase(variant["name"], cell.phase).cell(cell.label)
+                out[f"{variant['name']}/{cell.key}"] = (read_summary(files) or {}).get("sealed")
+    return out
+
+
+def consistent(folder: Path, study: str) -> list[str]:
+    """Problems on disk: a summary saying complete whose files do not all check out, or an
+    index calling a cell complete that is not."""
+    layout = StudyLayout(folder / "results" / study)
+    problems = []
+    for summary in layout.root.glob("*/*/summary_*.json"):
+        doc = json.loads(summary.read_text())
+        if doc.get("complete") and "superseded" not in summary.parts:
+            stem = summary.name[len("summary_"): -len(".json")]
+            phase = summary.parent.name
+            files = layout.phase(summary.parent.parent.name, phase).cell(stem[len(phase) + 1:])
+            ok, why = verify_cell(files, doc.get("fingerprint"))
+            if not ok:
+                problems.append(f"{summary}: {why}")
+    for index_path in layout.root.glob("*/*/run.json"):
+        index = read_index(index_path)
+        for entry in index.cells if index else []:
+            files = layout.phase(index.config, entry.phase).cell(entry.label)
+            if entry.status == "complete" and not verify_cell(files, entry.fingerprint)[0]:
+                problems.append(f"{index_path}: {entry.key} indexed complete but is not")
+    return problems
+
+
+def our_processes(folder: Path) -> list[psutil.Process]:
+    """Processes of a test's study: run in its folder, or naming it on their command line."""
+    marker = str(folder)
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            mine = (proc.info["cwd"] or "").startswith(marker) or any(marker in a for a in proc.info["cmdline"] or [])
+            if proc.pid != os.getpid() and mine:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

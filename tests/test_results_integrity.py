@@ -1,0 +1,213 @@
+"""Every number belongs to the settings that made it: through `snakemake`, as a user runs it.
+
+A changed measurement setting re-measures exactly the cells it touches and the analysis uses
+only the new ones; an unchanged re-run reuses everything; colliding labels and a second backend
+are refused before any launch; kill -9 at any moment never leaves a "complete" cell that is not;
+a cell whose server died is recorded as failed, reported, and redone by the next plain run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from study_runner import TINY, consistent, our_processes, sealed_cells, snakemake, start_snakemake, write_config
+
+from connector_tax.contract import StudyLayout
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One complete tiny study (the starting point every case copies)."""
+    folder = tmp_path_factory.mktemp("measured")
+    result = snakemake(folder, write_config(folder, TINY), "analyze")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def _copy(measured: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "study"
+    shutil.copytree(measured, folder, symlinks=True)
+    return folder
+
+
+def _set(path: str, value: object):
+    def edit(config: dict) -> None:
+        *parents, leaf = path.split(".")
+        node = config
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+        node[leaf] = value
+
+    return edit
+
+
+ALL_CELLS = {f"{c}/{cell}" for c in ("plain", "noop_connector")
+             for cell in ("phase_a/r4", "phase_a/r8", "phase_b/128x8")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "remeasured"),
+    [
+        pytest.param(_set("workload.phase_a.shape.input", 160),
+                     {f"{c}/phase_a/{r}" for c in ("plain", "noop_connector") for r in ("r4", "r8")}, id="shape"),
+        # r8 leaves the plan (an orphan), r6 joins it and becomes ref_safe, so Phase B moves to it
+        pytest.param(_set("workload.phase_a.rates", [4, 6]),
+                     {f"{c}/{cell}" for c in ("plain", "noop_connector") for cell in ("phase_a/r6", "phase_b/128x8")},
+                     id="rate"),
+        pytest.param(_set("workload.warmup_s", 0.15), ALL_CELLS, id="warm-up"),
+        pytest.param(_set("configs.1.sim", {"connector_costs": {"framework": {"build_meta": {"fixed_us": 500}}}}),
+                     {c for c in ALL_CELLS if c.startswith("noop_connector/")}, id="sim-parameter"),
+        pytest.param(_set("configs.0.server", {"max_num_seqs": 64}), {c for c in ALL_CELLS if c.startswith("plain/")},
+                     id="server-flag"),
+        pytest.param(_set("seed", 8), ALL_CELLS, id="seed"),
+    ],
+)  # fmt: skip
+def test_a_changed_setting_remeasures_exactly_its_cells(measured, tmp_path, edit, remeasured) -> None:
+    folder = _copy(measured, tmp_path)
+    before = sealed_cells(folder, TINY)
+    config = copy.deepcopy(TINY)
+    edit(config)
+    dry = snakemake(folder, write_config(folder, config, "changed.yaml"), "analyze", "-n")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    announced = {line.split(":")[1].strip().split("/")[0] for line in dry.stderr.splitlines()
+                 if line.startswith("connector-tax: ") and "cells to measure" in line}  # fmt: skip
+    assert announced == {c.split("/")[0] for c in remeasured if "/phase_a/" in c}
+
+    result = snakemake(folder, folder / "changed.yaml", "analyze")
+    assert result.returncode == 0, result.stderr[-3000:]
+    after = sealed_cells(folder, config)
+    changed = {k for k, v in after.items() if v is None or before.get(k) != v}
+    assert changed == remeasured
+    assert all(v is not None for v in after.values())
+    assert set(after) <= set(before) | remeasured
+    assert consistent(folder, config["study"]) == []
+    # The analysis stands on exactly the current cells, each with the fingerprint it was sealed with.
+    layout = StudyLayout(folder / "results" / config["study"])
+    agg = json.loads((layout.analysis_dir / "aggregate.json").read_text())
+    rows = {f"{r['config']}/{r['phase']}/{r['cell']}": r["fingerprint"] for r in agg["rows"]}
+    assert set(rows) == set(after)
+    for key, fp in rows.items():
+        name, phase, label = key.split("/")
+        assert json.loads(layout.phase(name, phase).cell(label).summary.read_text())["fingerprint"] == fp
+    # Superseded cells are kept; cells no longer planned stay where they were; the report lists both.
+    moved = {p.name.split(".")[0] for p in layout.root.glob("*/*/superseded/*")}
+    assert moved == {f"{k.split('/')[1]}_{k.split('/')[2]}" for k in remeasured if k in before}
+    report = (layout.analysis_dir / "report.md").read_text()
+    assert ("superseded (kept, not analysed)" in report) == bool(moved)
+    orphans = {x["path"] for x in agg["ignored"] if "orphan" in x["why"]}
+    relative = StudyLayout.of(config["study"])  # the analysis ran from the study's folder
+    assert orphans == {str(relative.phase(c, "phase_a").folder / "*_phase_a_r8.*") for c in ("plain", "noop_connector")
+                       if "phase_a/r8" not in str(after)}  # fmt: skip
+
+
+def test_an_unchanged_rerun_reuses_everything(measured, tmp_path) -> None:
+    folder = _copy(measured, tmp_path)
+    result = snakemake(folder, folder / "study.yaml", "analyze")
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_duplicate_labels_are_one_line_before_any_launch(tmp_path) -> None:
+    config = copy.deepcopy(TINY)
+    config["workload"]["phase_a"]["rates"] = [100, 100.000001]
+    result = snakemake(tmp_path, write_config(tmp_path, config), "all", "-n")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert lines == ["config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
+                     "(100); rates must differ in their first 6 significant digits"]  # fmt: skip
+    assert not (tmp_path / "results").exists()
+
+
+def test_another_backend_in_the_same_study_folder_is_refused(measured, tmp_path) -> None:
+    folder = _copy(measured, tmp_path)
+    config = {**copy.deepcopy(TINY), "backend": "vllm"}
+    result = snakemake(folder, write_config(folder, config, "vllm.yaml"), "all", "-n")
+    assert result.returncode != 0
+    assert "config error: backend: results/integrity holds backend sim results and this run is backend vllm" in (
+        result.stderr)  # fmt: skip
+
+
+def test_analysis_refuses_cells_of_other_settings(measured, tmp_path) -> None:
+    from connector_tax.cli import main
+
+    folder = _copy(measured, tmp_path)
+    layout = StudyLayout(folder / "results" / "integrity")
+    text = layout.study_config.read_text().replace("warmup_s: 0.1", "warmup_s: 0.2")
+    layout.study_config.write_text(text)  # as if the config changed and nothing was re-measured
+    assert main(["analyze", str(layout.root)]) == 2
+
+
+def test_kill_9_at_any_moment_never_leaves_a_false_complete(tmp_path) -> None:
+    config = copy.deepcopy(TINY)
+    config["configs"] = config["configs"][:1]
+    config["workload"].update(duration_s=0.8, phase_a={"rates": [4, 6, 8, 10], "shape": {"input": 128, "output": 8}})
+    path = write_config(tmp_path, config)
+    rng = random.Random(1)
+    kept: dict[Path, bytes] = {}
+    for attempt in range(5):
+        proc = start_snakemake(tmp_path, path, "phase_a")
+        time.sleep(rng.uniform(2.0, 6.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 10
+        while our_processes(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert our_processes(tmp_path) == [], f"attempt {attempt}: processes left behind"
+        assert consistent(tmp_path, config["study"]) == [], f"attempt {attempt}"
+        # A cell sealed complete stays exactly as it was: reused, never re-measured or lost.
+        for requests, data in kept.items():
+            assert requests.read_bytes() == data, f"attempt {attempt}: {requests.name} changed"
+        for summary in (tmp_path / "results" / "integrity" / "plain" / "phase_a").glob("summary_*.json"):
+            if json.loads(summary.read_text()).get("complete"):
+                requests = summary.with_name(summary.name.replace("summary_", "requests_").replace(".json", ".jsonl"))
+                kept.setdefault(requests, requests.read_bytes())
+        snakemake(tmp_path, path, "--unlock")
+    result = snakemake(tmp_path, path, "phase_a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all(sealed_cells(tmp_path, config)[f"plain/phase_a/r{r}"] for r in (4, 6, 8, 10))
+    assert consistent(tmp_path, config["study"]) == []
+    for requests, data in kept.items():
+        assert requests.read_bytes() == data
+
+
+def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> None:
+    config = copy.deepcopy(TINY)
+    config["configs"] = config["configs"][:1]
+    config["workload"].update(duration_s=3.0, phase_a={"rates": [4, 8], "shape": {"input": 128, "output": 8}})
+    path = write_config(tmp_path, config)
+    proc = start_snakemake(tmp_path, path, "all")
+    layout = StudyLayout(tmp_path / "results" / "integrity")
+    deadline = time.monotonic() + 120
+    while not layout.phase("plain", "phase_a").staging("r4").folder.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)
+    servers = [p for p in our_processes(tmp_path) if "sim" in p.info["cmdline"]]
+    assert servers, "no simulated server found"
+    for server in servers:
+        server.send_signal(signal.SIGKILL)  # the server dies mid-cell
+    assert proc.wait(180) == 0  # a recorded outcome: the study goes on and reports it
+    index = json.loads(layout.index("plain", "phase_a").read_text())
+    assert index["status"] == "failed" and index["cells_failed"]["phase_a/r4"].startswith("server exited with code -9")
+    assert index["cells"][1]["status"] == "pending" and index["cells"][1]["reason"].startswith("not measured")
+    summary = json.loads(layout.phase("plain", "phase_a").cell("r4").summary.read_text())
+    assert summary["complete"] is False and summary["status"] == "failed"
+    assert "- plain/phase_a/r4: server exited with code -9" in layout.manifest_md.read_text()
+    assert "`plain/phase_a/r4`: failed: server exited" in (layout.analysis_dir / "report.md").read_text()
+
+    again = snakemake(tmp_path, path, "all")  # the same command: the failed cells are retried
+    assert again.returncode == 0, again.stderr[-3000:]
+    index = json.loads(layout.index("plain", "phase_a").read_text())
+    assert index["status"] == "ok" and sorted(index["cells_run"]) == ["phase_a/r4", "phase_a/r8"]
+    assert any(p.name.startswith("phase_a_r4.failed.") for p in layout.phase("plain", "phase_a").superseded_root.iterdir())
+    assert consistent(tmp_path, "integrity") == []
+    assert not [p for p in psutil.process_iter() if p.pid in {s.pid for s in servers} and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
