@@ -2,7 +2,7 @@
 
 A cell's summary must not need every record in memory (2,000 req/s for 10 minutes is 1.2 M
 records and 77 M inter-token gaps). `Quantiles` keeps the values themselves, in a numpy buffer,
-up to `exact_cap` (default 200,000 values: 1.6 MB); the percentiles are then exact, as they were
+up to `exact_cap` (default 100,000 values: 0.8 MB); the percentiles are then exact, as they were
 when the summary read every record. Past the cap it folds them into a histogram of logarithmic
 buckets, relative width 2·REL_ERR, so any percentile it reports is within REL_ERR (0.5 %) of
 a value in the data at that rank; count, mean, min and max stay exact. Memory is fixed (the
@@ -22,7 +22,7 @@ import numpy as np
 REL_ERR = 0.005
 _GAMMA = (1 + REL_ERR) / (1 - REL_ERR)
 _LOG_GAMMA = math.log(_GAMMA)
-DEFAULT_EXACT_CAP = 200_000
+DEFAULT_EXACT_CAP = 100_000
 _FOLD_BLOCK = 65_536
 
 
