@@ -301,6 +301,15 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     # backend openai
     ("openai backend without url", _set("backend", "openai"), "openai.url: required when backend is openai"),
     ("openai url not http", _set("openai", {"url": "localhost:8000"}), "openai.url: 'localhost:8000' is not an http:// or https:// URL"),
+    # what a vLLM launch would refuse, refused when the config loads
+    ("extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c["configs"][2].update(server={"extra_args": ["--port=9"]})),
+     "configs[2].server.extra_args: --port is set by the launch from the launch's port; set that instead"),
+    ("study extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c.update(server={"extra_args": ["--max-num-seqs", "8"]})),
+     "server.extra_args: --max-num-seqs is set by the launch from server.max_num_seqs; set that instead"),
+    # cells that would share a label
+    ("colliding rates", _set("workload.phase_a.rates", [8, 8.0000001]), "workload.phase_a.rates[1]: 8.0000001 gives the same cell label r8 as rates[0] (8); rates must differ in their first 6 significant digits"),
+    ("a Phase B shape given twice", _set("workload.phase_b.shapes", [{"input": 128, "output": 16}]), "workload.phase_b.shapes[0]: repeats the shape of workload.phase_b (inputs x outputs: 128x16) (cell 128x16): every cell of a phase needs its own shape"),
+    ("a ready timeout that is not positive", _set("server.ready_timeout_s", 0), "server.ready_timeout_s: 0 must be greater than 0"),
 ]
 
 

@@ -6,8 +6,8 @@ import sys
 
 from connector_tax.config import ConfigError, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
-from connector_tax.pipeline.plan import describe_pending, job_params, study_outcome
-from connector_tax.pipeline.studyfolder import check_study_folder, stage_config
+from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
+from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 
 try:
     _validated = validate_config(config)
@@ -28,6 +28,8 @@ REFERENCE_RATES = str(LAYOUT.reference_rates)
 RUN_ORDER = {phase: run_order(config, phase) for phase in LAUNCH_PHASES}
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
 GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
+# The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
+PHASE_THREADS = job_threads(config)
 # Jobs run the interpreter snakemake runs under, whatever is first on PATH, or the conda
 # environment's own python under --sdm conda (the environment.yml conda users install).
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)
@@ -58,6 +60,11 @@ def reference_rates_checkpoint(wildcards):
 def phase_b_plan(name):
     """A Phase B job's params, computed once the reference rates exist."""
     return lambda wildcards, input: job_params(STUDY_CONFIG, config, name, PHASE_B)
+
+
+def lease_cpus(wildcards, threads):
+    """A phase job leases its CPUs only when others may run beside it (--cores > its threads)."""
+    return threads if threads < workflow.cores else 0
 
 
 def study_dir(wildcards, input):

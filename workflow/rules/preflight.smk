@@ -20,7 +20,7 @@ rule preflight_config:
         ENV
     shell:
         "{params.python} -m connector_tax.pipeline.preflight check --config {input:q} --name {wildcards.name:q}"
-        " --out {output:q} --log-dir {params.log_dir:q} > {log:q} 2>&1"
+        " --out {output:q} --log-dir {params.log_dir:q} 2>&1 | tee {log:q}"
 
 
 rule preflight:

@@ -63,6 +63,7 @@ class PhaseIndex:
     run_order: list[str] = field(default_factory=list)
     launch_command: list[str] | None = None
     server_cpus: list[int] | None = None
+    cpus_leased: list[int] | None = None
     gpu: str | None = None
     server_versions: dict[str, Any] = field(default_factory=dict)
     step_timing_available: bool = False

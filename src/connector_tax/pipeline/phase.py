@@ -27,6 +27,8 @@ from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text
 from connector_tax.pipeline.resume import decide
+from connector_tax.serving.cpus import cpu_lease
+from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
 
 # Launch facts a launch that measured nothing carries over from the one that measured.
@@ -54,7 +56,14 @@ def _final_status(index: PhaseIndex) -> str:
     return "failed"
 
 
-def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
+def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None = None) -> PhaseIndex:
+    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all."""
+    with cpu_lease(cpus) as leased:
+        index = _run_phase(config_path, name, launch_phase, leased)
+    return index
+
+
+def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
     config = load_config(config_path)
     variant = find_variant(config, name)
     layout = StudyLayout.of(config["study"])
@@ -66,7 +75,7 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
     index = PhaseIndex(
         study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
         code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
-        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"],
+        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
     )  # fmt: skip
     skip = _preflight_reason(layout, name)
     if skip:
@@ -91,7 +100,7 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
     index.write(folder.index)
     try:
         measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index))
-    except (ServerStartError, ServerDied, OSError, RuntimeError) as exc:
+    except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
         for entry in index.cells:
             if entry.status == "pending":
@@ -113,12 +122,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
+    parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     args = parser.parse_args(argv)
-    index = run_phase(args.config, args.name, args.phase)
+    stop_on_signals()
+    study = load_config(args.config)["study"]
+    lock_path = StudyLayout.of(study).phase(args.name, args.phase).lock
+    lock = exclusive_lock(lock_path)
+    if lock is None:
+        _say(f"{args.name} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        return 1
+    try:
+        with AncestorWatch():
+            index = run_phase(args.config, args.name, args.phase, args.cpus or None)
+    except KeyboardInterrupt as exc:
+        _say(f"{args.name} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        return 130
+    except OSError as exc:
+        _say(f"{args.name} {args.phase}: stopped: {exc}; the next run resumes it")
+        return 1
+    finally:
+        os.close(lock)
     reused = sum(c.reused for c in index.cells)
-    print(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
-          + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
+    _say(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+         + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
     return 0
+
+
+def _say(line: str) -> None:
+    """The job's outcome on stderr, which may be a pipe already closed by a signal."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

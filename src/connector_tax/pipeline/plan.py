@@ -6,6 +6,7 @@ changed) and by the phase job (to decide which cells to reuse), so both always a
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +165,17 @@ def study_outcome(config: dict[str, Any]) -> str:
     if not problems:
         return head
     shown = "; ".join(problems[:5]) + (f"; +{len(problems) - 5} more" if len(problems) > 5 else "")
-    return f"{head}, {len(problems)} not (see MANIFEST.md; a re-run retries them): {shown}"
+    return f"{head}, {len(problems)} not complete (listed in MANIFEST.md; a re-run retries them): {shown}"
+
+
+def job_threads(config: dict[str, Any]) -> int:
+    """CPUs a phase job keeps busy: the load generator's main process and workers, and the
+    server (one core for the simulator, four for vLLM's API server, engine core and worker on
+    a GPU host; on a CPU host vLLM computes on every core it may use)."""
+    loadgen = 1 + config["loadgen"]["workers"]
+    if config["backend"] != "vllm":
+        return loadgen + 1
+    return (os.cpu_count() or 1) if (config.get("vllm") or {}).get("device") == "cpu" else loadgen + 4
 
 
 def launch_digest(config: dict[str, Any], config_path: str | Path, name: str) -> str:

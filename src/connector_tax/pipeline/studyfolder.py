@@ -5,6 +5,11 @@ The Snakefile validates the config (file + --config) when it loads and stages it
 says when the study's settings last changed. The `study_config` rule copies it to
 results/<study>/study_config.yaml, the file every job reads.
 
+While a run executes, its snakemake process holds results/<study>/.study.lock (flock): a second
+run on the same study stops with one line naming the first, and the kernel releases the lock
+when the holder dies. That run also turns SIGTERM and SIGHUP into a stop of every running job
+(as Ctrl-C does): Snakemake alone would wait for jobs that may run for an hour.
+
 `results/<study>/study.json` records the study name and backend of the first run that wrote
 there. A later run of the same study name on another backend (a simulated run of the real
 study's config, say) is refused before anything starts: its cells would otherwise be measured
@@ -17,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import psutil
 import yaml
 
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import ConfigError, load_config
 from connector_tax.contract import StudyLayout
+from connector_tax.serving.lifecycle import exclusive_lock, lock_holder
 
 
 def staged_config(study: str) -> Path:
@@ -58,6 +67,37 @@ def check_study_folder(config: dict[str, Any]) -> None:
             f"{layout.root} holds backend {stamp.get('backend')} results and this run is backend "
             f"{config['backend']}: give it its own study name (e.g. --config study={config['study']}-{config['backend']})",
         )
+
+
+_held: dict[str, int] = {}
+
+
+def claim_study(config: dict[str, Any]) -> None:
+    """Hold the study's lock for the life of this process, or exit with the holder named."""
+    layout = StudyLayout.of(config["study"])
+    fd = exclusive_lock(layout.lock)
+    if fd is None:
+        sys.exit(f"connector-tax: {layout.root} is being run by {lock_holder(layout.lock)}; "
+                 "wait for it, or stop it, then run again")  # fmt: skip
+    _held[config["study"]] = fd
+
+
+def _stop_jobs(signum: int, frame: FrameType | None) -> None:
+    """Our running jobs stop now (each leaves its launch resumable), then Snakemake unwinds as
+    on Ctrl-C."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any("connector_tax.pipeline" in part for part in proc.cmdline()):
+                proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            continue
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def forward_stop_signals() -> None:
+    """In snakemake's main thread, once its scheduler exists (onstart)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_jobs)
 
 
 def write_study_config(config: dict[str, Any]) -> None:
