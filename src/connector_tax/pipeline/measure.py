@@ -62,6 +62,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
         validity=ValidityThresholds.from_dict(config.get("validity")),
+        api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
 
 
