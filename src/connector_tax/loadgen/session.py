@@ -15,7 +15,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +88,19 @@ class LoadGenerator:
         """Ask the running cell to stop issuing and drain (from any thread)."""
         self.stop_event.set()
 
-    def run_cell(self, cell: CellSpec, out_dir: Path) -> dict[str, Any]:
+    def run_cell(self, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Run one cell into `out_dir`. `enough` (called often: keep it cheap) may hold a cell past
+        its duration floor and min-completed, up to its max duration, until it says True."""
         cell.check()
         self.stop_event.clear()
         self.progress = Progress()
-        return _CellRun(self, cell, Path(out_dir)).run()
+        return _CellRun(self, cell, Path(out_dir), enough).run()
 
 
 class _CellRun:
-    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path) -> None:
+    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None) -> None:
         self.gen = gen
+        self.enough = enough
         self.opts = gen.options
         self.cell = cell
         self.out_dir = out_dir
@@ -254,7 +257,9 @@ class _CellRun:
     def _done(self, t: int) -> bool:
         if t < self.issue_end:
             return False
-        if self.collector.completed_post >= self.cell.min_completed or t >= self.hard_end:
+        if t >= self.hard_end:
+            return True
+        if self.collector.completed_post >= self.cell.min_completed and (self.enough is None or self.enough()):
             return True
         self.planned_end = self.hard_end  # extended: its planned end is the hard one
         return False

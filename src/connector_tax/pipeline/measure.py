@@ -32,6 +32,7 @@ from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOption
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.plan import PlannedCell
+from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.serving.gpus import gpu_lease
@@ -78,6 +79,7 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
         warmup_s=cell.warmup_s,
         duration_s=cell.duration_s,
         min_completed=cell.min_completed,
+        max_duration_s=cell.max_duration_s,
     )
 
 
@@ -245,14 +247,16 @@ def _measure_cell(
     staging, final = folder.staging(cell.label), folder.cell(cell.label)
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
-    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler:
+    precision = PrecisionWatch(staging.requests, cell.precision_target)
+    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision:
         with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
-            summary = gen.run_cell(cell_spec(planned), staging.folder)
+            summary = gen.run_cell(cell_spec(planned), staging.folder, precision.enough)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
     # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
     failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
     status, reason = _verdict(summary, failure)
-    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason)
+    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason,
+                       extra=precision.describe(summary))  # fmt: skip
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
         entry.status = COMPLETE if sealed["complete"] else FAILED
