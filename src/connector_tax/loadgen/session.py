@@ -88,19 +88,22 @@ class LoadGenerator:
         """Ask the running cell to stop issuing and drain (from any thread)."""
         self.stop_event.set()
 
-    def run_cell(self, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """Run one cell into `out_dir`. `enough` (called often: keep it cheap) may hold a cell past
-        its duration floor and min-completed, up to its max duration, until it says True."""
+    def run_cell(self, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None = None,
+                 give_up: Callable[[], bool] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
+        min-completed, up to its max duration, until it says True; `give_up` ends it at once,
+        min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""
         cell.check()
         self.stop_event.clear()
         self.progress = Progress()
-        return _CellRun(self, cell, Path(out_dir), enough).run()
+        return _CellRun(self, cell, Path(out_dir), enough, give_up).run()
 
 
 class _CellRun:
-    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None) -> None:
+    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None,
+                 give_up: Callable[[], bool] | None) -> None:  # fmt: skip
         self.gen = gen
-        self.enough = enough
+        self.enough, self.give_up = enough, give_up
         self.opts = gen.options
         self.cell = cell
         self.out_dir = out_dir
@@ -257,7 +260,7 @@ class _CellRun:
     def _done(self, t: int) -> bool:
         if t < self.issue_end:
             return False
-        if t >= self.hard_end:
+        if t >= self.hard_end or (self.give_up is not None and self.give_up()):
             return True
         if self.collector.completed_post >= self.cell.min_completed and (self.enough is None or self.enough()):
             return True

@@ -26,6 +26,25 @@ from connector_tax.analysis.batchmeans import relative_half_width
 CHECK_S = 1.0
 
 
+class OverloadGuard:
+    """Phase B's overload guard: a shape the server cannot take at the reference rate (the
+    queue's median above saturation criterion 2's threshold since the warm-up) ends at its
+    floor instead of running to its cap; it is flagged, and the analysis leaves it out of H5/H6."""
+
+    def __init__(self, sampler: Any, since: float, threshold: float, active: bool) -> None:
+        self.sampler, self.since, self.threshold, self.active = sampler, since, threshold, active
+        self.waiting_p50: float | None = None
+
+    def overloaded(self) -> bool:
+        if not self.active:
+            return False
+        queue = [w for t, w in list(self.sampler.waiting) if t >= self.since]
+        if len(queue) < 3:
+            return False
+        self.waiting_p50 = float(np.median(queue))
+        return self.waiting_p50 > self.threshold
+
+
 class PrecisionWatch:
     def __init__(self, requests: Path, target: float | None) -> None:
         self.requests, self.target = requests, target
@@ -86,15 +105,19 @@ class PrecisionWatch:
         while not self._stop.wait(CHECK_S):
             self.check()
 
-    def describe(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def describe(self, summary: dict[str, Any], guard: OverloadGuard | None = None) -> dict[str, Any]:
         """Why the cell ended, for its sealed summary."""
+        overloaded = guard is not None and guard.waiting_p50 is not None and guard.waiting_p50 > guard.threshold
         if summary.get("complete") is False:
             why = "stopped"
+        elif overloaded:
+            why = (f"ended at its floor: saturated at this rate (waiting p50 {guard.waiting_p50:g} > "
+                   f"{guard.threshold:g}); left out of H5/H6")  # type: ignore[union-attr]  # fmt: skip
         elif self.target is None:
             why = "duration floor and min-completed"
         elif self.reached:
             why = f"precision reached (target ±{self.target:.0%})"
         else:
             why = "cap reached (max_duration_s) before the precision target"
-        return {"stop_reason": why, "precision_target": self.target,
+        return {"stop_reason": why, "overloaded": overloaded, "precision_target": self.target,
                 "precision": {k: None if v is None else round(v, 4) for k, v in self.widths.items()}}  # fmt: skip
