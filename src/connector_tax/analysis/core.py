@@ -25,7 +25,8 @@ from connector_tax.analysis.artifacts import check_artifacts, runtime_of
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
-from connector_tax.analysis.quantiles import CDF_PERCENTILES, CI_METHOD, TAX_CI_METHOD
+from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
+from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.contract import StudyLayout, rate_label
 from connector_tax.contract.layout import AnalysisFiles
@@ -163,7 +164,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         "code": study.code,
-        "ci_method": {"percentiles": CI_METHOD, "taxes": TAX_CI_METHOD,
+        "ci_method": {"percentiles": BATCH_METHOD, "taxes": TAX_CI_METHOD,
                       "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},
         "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
         "columns": COLUMNS,
