@@ -18,6 +18,12 @@ def _sim(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _truth(args: argparse.Namespace) -> int:
+    from connector_tax.sim.truth_cli import main
+
+    return main(args)
+
+
 def _launch_command(args: argparse.Namespace) -> int:
     from connector_tax.launch.command import main
 
@@ -92,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="run the embedded simulated vLLM server")
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim)
+
+    from connector_tax.sim.truth_cli import add_arguments as add_truth_arguments
+
+    truth = sub.add_parser("truth", help="the simulator's true p90s, taxes and H1-H6 verdicts of a study config (virtual time)")
+    add_truth_arguments(truth)
+    truth.error = lambda message: truth.exit(2, f"ctax truth: {message}\n")  # type: ignore[method-assign]
+    truth.set_defaults(func=_truth)
 
     from connector_tax.launch.command import add_arguments as add_launch_arguments
 

@@ -77,9 +77,12 @@ def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) 
     return out
 
 
-def seed_for(seed: int, load: Load, replication: int) -> int:
-    """One seed per (study seed, load, replication), the same for every configuration."""
-    return int(np.random.SeedSequence([seed, zlib.crc32(load.key.encode()), replication]).generate_state(1)[0])
+def seed_for(seed: int, load: Load, replication: int, config: str = "") -> int:
+    """One seed per (study seed, load, replication): the same for every configuration unless
+    `config` is given (then each configuration draws its own traffic, as separate cells of a
+    real study do)."""
+    words = [seed, zlib.crc32(load.key.encode()), replication] + ([zlib.crc32(config.encode())] if config else [])
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
 
 
 def _arrival_us(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,114 @@
+"""`ctax truth`: the simulator's true p90s, taxes and H1–H6 for a study config (truth.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from connector_tax.sim.truth import TruthSettings
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TruthSettings()
+    parser.add_argument("--config", default="configs/default.yaml", metavar="FILE",
+                        help="study config (default configs/default.yaml); only backend sim has a truth")
+    parser.add_argument("--ref-safe", type=_positive(float), metavar="RATE",
+                        help="ref_safe in req/s (default: results/<study>/reference_rates.json)")
+    parser.add_argument("--ref-load", type=_positive(float), metavar="RATE",
+                        help="ref_load in req/s (default: the same file, else ref_safe)")
+    parser.add_argument("--configs", metavar="A,B", help="only these configurations (plain is always added)")
+    parser.add_argument("--precision", type=_positive(float), default=d.precision, metavar="REL",
+                        help=f"target relative 95%% half-width of every p90 (default {d.precision})")
+    parser.add_argument("--requests", type=_positive(int), default=d.requests, metavar="N",
+                        help=f"measured requests per replication (default {d.requests})")
+    parser.add_argument("--warmup", type=_positive(int), default=d.warmup, metavar="N",
+                        help=f"requests discarded at the start of each replication (default {d.warmup})")
+    parser.add_argument("--max-replications", type=_positive(int), default=d.max_replications, metavar="N",
+                        help=f"stop here even if the precision is not reached (default {d.max_replications})")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the replications (default 0)")
+    parser.add_argument("--jobs", type=_positive(int), default=1, metavar="N", help="worker processes (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="also write the whole document here")  # fmt: skip
+
+
+def reference_of(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, float]:
+    from connector_tax.contract import StudyLayout
+
+    if args.ref_safe is not None:
+        return {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
+    path = StudyLayout.of(config["study"]).reference_rates
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ValueError(f"--ref-safe: no reference rates given and none in {path} (run the reference stage, or give --ref-safe)") from None
+    if doc.get("ref_safe") is None:
+        raise ValueError(f"--ref-safe: {path} has no ref_safe")
+    ref_load = args.ref_load or doc.get("ref_load") or doc["ref_safe"]
+    return {"ref_safe": float(doc["ref_safe"]), "ref_load": float(ref_load)}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def render(doc: dict[str, Any]) -> str:
+    ref = doc["reference"]
+    s = doc["settings"]
+    lines = [f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
+             f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
+             "95% intervals from the replications", "",
+             f"{'config':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}"]  # fmt: skip
+    tax = {(t["config"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
+    for c in doc["cells"]:
+        key = (c["config"], c["cell"])
+        lines.append(f"{c['config']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
+                     f"{c['tpot_ms_p90']:9.3f} ±{c['tpot_ms_p90_half_width']:5.3f} "
+                     f"{_pct(tax.get((*key, 'ttft_p90'))):>9} {_pct(tax.get((*key, 'tpot_p90'))):>9}")  # fmt: skip
+    lines += ["", "true verdicts (the analysis's rules on the true numbers):"]
+    for h in doc["hypotheses"].values():
+        m = h.get("margin")
+        extra = f"; {m['distance']:.3g} from the threshold = {m['in_half_widths']:.1f} oracle half-widths" if m else ""
+        lines.append(f"  {h['id']}: {h['verdict']:14} {h.get('reason', '')}{extra}")
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    from connector_tax.config import ConfigError, load_config
+    from connector_tax.sim.truth import truth
+
+    try:
+        config = load_config(args.config)
+        if config["backend"] != "sim":
+            raise ValueError(f"backend: {config['backend']!r} — only the simulator (backend sim) has a known truth")
+        names = [c["name"] for c in config["configs"]]
+        chosen = args.configs.split(",") if args.configs else None
+        unknown = [n for n in chosen or [] if n not in names]
+        if unknown:
+            raise ValueError(f"--configs: {', '.join(unknown)} not in the study (it has {', '.join(names)})")
+        reference = reference_of(args, config)
+    except (ConfigError, ValueError) as exc:
+        print(f"ctax truth: {exc}", file=sys.stderr)
+        return 2
+    ts = TruthSettings(requests=args.requests, warmup=args.warmup, precision=args.precision,
+                       max_replications=max(args.max_replications, 2), seed=args.seed, jobs=args.jobs)  # fmt: skip
+    doc = truth(config, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    print(render(doc), end="")
+    return 0
