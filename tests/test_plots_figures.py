@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from connector_tax.analysis import build
 from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from connector_tax.contract.layout import FIGURES as CONTRACT_FIGURES
 from connector_tax.plots import build_figure, make_figures
 from connector_tax.plots.figures import FIGURES, Skip
 from connector_tax.plots.style import Palette, describe
@@ -94,3 +95,7 @@ def test_make_figures_writes_png_and_pdf_and_records_skips(docs, tmp_path):
     assert set(out["skipped"]) == set(FIGURES) - set(out["made"])
     assert all(out["skipped"].values())
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_the_contract_names_every_figure_the_plots_draw():
+    assert tuple(FIGURES) == CONTRACT_FIGURES

@@ -245,3 +245,16 @@ def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
     assert summary["stop_reason"] == "precision reached (target ±15%)", summary["stop_reason"]
     assert summary["counts"]["ok"] >= 200 and summary["extended"] is True
     assert all(w is not None and w <= 0.15 for w in summary["precision"].values())
+
+
+def test_snakemake_report_holds_the_figures_the_verdicts_and_the_manifest(measured, tmp_path) -> None:
+    """`snakemake --report` after a study: every figure with its caption, verdicts.tsv, MANIFEST.tsv."""
+    from connector_tax.contract.layout import FIGURES
+
+    folder = _copy(measured, tmp_path)
+    assert snakemake(folder, folder / "study.yaml", "all").returncode == 0
+    result = snakemake(folder, folder / "study.yaml", "--report", str(folder / "report.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    added = {line.split()[1] for line in result.stdout.splitlines() + result.stderr.splitlines() if line.startswith("Adding ")}
+    assert added == {f"{name}.png" for name in FIGURES} | {"verdicts.tsv", "MANIFEST.tsv"}
+    assert (folder / "report.html").stat().st_size > 100_000

@@ -206,8 +206,9 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
     write_json_atomic(out.aggregate_json, agg)
     write_atomic(out.aggregate_csv, csv_text(agg["rows"]))
     write_json_atomic(out.hypotheses_json, hyp)
+    write_atomic(out.verdicts_tsv, verdicts_tsv(hyp))
     write_atomic(out.report_md, render_report(agg, hyp, made, skipped, figures_made=figures))
-    files = [p.name for p in out.outputs()]
+    files = [p.name for p in out.outputs()] + [out.report_md.name]
     if figures:
         files += ["figures/skipped.json"] + [str(Path("figures") / Path(p).name) for ps in made.values() for p in ps]
     verdicts = {h["id"]: h["verdict"] for h in hyp["hypotheses"]}
@@ -218,9 +219,8 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
 
 def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     """Figures only, from an existing analysis/ folder (aggregate.json + hypotheses.json): draws
-    figures/, writes figures/skipped.json and re-renders report.md with the figure list.
+    figures/ (a notice for each one that cannot be drawn) and writes figures/skipped.json.
     Returns {"out_dir", "figures", "skipped_figures", "seconds"}."""
-    from connector_tax.analysis.report import render_report
     from connector_tax.plots import make_figures
 
     t0 = time.perf_counter()
@@ -229,6 +229,31 @@ def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
     fig = make_figures(agg, hyp, out.figures)
     write_json_atomic(out.figures_skipped, fig["skipped"])
-    write_atomic(out.report_md, render_report(agg, hyp, fig["made"], fig["skipped"]))
     return {"out_dir": str(out.folder), "figures": fig["made"], "skipped_figures": fig["skipped"],
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+
+
+def write_report(analysis_dir: Path) -> Path:
+    """report.md from an analysis/ folder whose figures are drawn (figures/skipped.json)."""
+    from connector_tax.analysis.report import render_report
+    from connector_tax.contract.layout import FIGURES
+
+    out = AnalysisFiles(Path(analysis_dir))
+    agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
+    hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
+    skipped = json.loads(out.figures_skipped.read_text(encoding="utf-8"))
+    made = {name: [str(out.figure(name, ext)) for ext in ("png", "pdf")] for name in FIGURES if name not in skipped}
+    write_atomic(out.report_md, render_report(agg, hyp, made, skipped))
+    return out.report_md
+
+
+def verdicts_tsv(hyp: dict[str, Any]) -> str:
+    """The verdict table (H1-H6, then the success criteria) as TSV, for Snakemake's report."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    writer.writerow(["id", "verdict or status", "95% interval", "outcome", "why"])
+    for h in hyp["hypotheses"]:
+        writer.writerow([h["id"], h["verdict"], h.get("confidence") or "", "", h["reason"]])
+    for c in hyp["success_criteria"]:
+        writer.writerow([c["id"], c["status"], c.get("confidence") or "", c.get("outcome") or "", c["reason"]])
+    return buf.getvalue()
