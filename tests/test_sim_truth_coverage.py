@@ -1,0 +1,73 @@
+"""Coverage: over >= 20 seeds, short virtual-time cells analysed with the analysis's own
+interval methods (batch means per p90, the taxes' delta-method combination) cover the
+oracle's true tax in >= 90% of seeds, and the calls agree with the true verdicts.
+
+Virtual time, seeded: the same numbers on every run (seconds). benchmarks/tax_coverage.py runs
+the same check over 200 seeds. Poisson arrivals (the design's process): under the default
+study's smoother gamma-4 arrivals the batch-means TPOT intervals of 400-request cells are too
+narrow (a known weakness, pinned by the strict xfail below; sim/README.md has the numbers)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from connector_tax.analysis import constants as K
+from connector_tax.config import load_config
+from connector_tax.sim.coverage import CoverageSettings, run_coverage
+from connector_tax.sim.truth import TruthSettings, truth
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = 20
+
+
+def _coverage(process: str, gamma_shape: float) -> dict:
+    config = copy.deepcopy(load_config(REPO / "configs" / "default.yaml"))
+    config["workload"]["phase_b"] = None  # Phase A at ref_safe: the taxes H1-H3 rest on
+    config["workload"]["phase_b_prime"] = None
+    config["workload"]["arrival"] = {"process": process, "gamma_shape": gamma_shape}
+    names = [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.NIXL_BOTH]
+    oracle = truth(config, {"ref_safe": 16.0, "ref_load": 16.0}, names,
+                   TruthSettings(requests=2000, warmup=200, min_replications=4, max_replications=4, jobs=2))  # fmt: skip
+    # 400 requests: the smallest cell whose batch-means interval exists (20 batches of >= 10)
+    # with room; a real cell past its precision target has about as many.
+    return run_coverage(config, oracle, CoverageSettings(requests=400, seeds=SEEDS, jobs=2))
+
+
+@pytest.fixture(scope="module")
+def coverage() -> dict:
+    return _coverage("poisson", 1.0)
+
+
+def test_tax_intervals_cover_the_true_tax(coverage):
+    taxes = coverage["summary"]["taxes"]
+    assert len(taxes) == 6  # TTFT and TPOT p90 tax of three connector configurations
+    for key, t in taxes.items():
+        assert t["with_ci"] == SEEDS, (key, t)  # every seed's cell gives an interval
+        assert t["coverage"] >= 0.85, (key, t)
+    covered = sum(t["covered"] for t in taxes.values())
+    assert covered / (SEEDS * len(taxes)) >= 0.90, taxes
+
+
+def test_hypothesis_intervals_cover_and_calls_agree(coverage):
+    hyps = coverage["summary"]["hypotheses"]
+    assert set(hyps) == {"H1", "H2", "H3"}  # H4 needs lmcache/multi, H5/H6 Phase B: not asked here
+    for hid, h in hyps.items():
+        assert h["coverage"] >= 0.85, (hid, h)
+        assert h["agrees"] == SEEDS, (hid, h)  # every short study calls it as the truth does
+
+
+def test_intervals_are_not_vacuous(coverage):
+    """Coverage by intervals so wide they say nothing would pass the test above: they are not."""
+    taxes = coverage["summary"]["taxes"]
+    assert taxes[f"{K.MOONCAKE_BOTH}/phase_a/r16/ttft_p90"]["median_half_width"] < 0.25  # vs a ~75% tax
+    assert taxes[f"{K.NOOP}/phase_a/r16/tpot_p90"]["median_half_width"] < 0.06
+
+
+@pytest.mark.xfail(strict=True, reason="batch means with 20 batches of 20 requests under-covers the TPOT p90 tax "
+                   "under gamma-4 arrivals (seen: 65% noop, 80% mooncake_both; 5 batches of 80 cover 97-100%)")
+def test_tpot_tax_coverage_under_smooth_arrivals():
+    taxes = _coverage("gamma", 4.0)["summary"]["taxes"]
+    assert all(t["coverage"] >= 0.85 for k, t in taxes.items() if k.endswith("tpot_p90")), taxes
