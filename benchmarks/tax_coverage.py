@@ -1,0 +1,88 @@
+"""Coverage of the analysis's 95% intervals against the simulator's truth, over many seeds.
+
+The oracle (connector_tax.sim.truth) gives the true p90s, taxes and H1-H6 of a study config at
+given reference rates; then `--seeds` short virtual-time studies, each configuration's cell
+`--requests` long on its own traffic, are analysed with the analysis's own methods (batch-means
+p90 intervals, the taxes' delta-method combination, the hypotheses' estimates and calls) and
+scored: per tax and per hypothesis, how often the interval covers the true value, the median
+half-width, and how often the call agrees with the true verdict. Virtual time: no server, no
+HTTP; the statistics, not the instruments.
+
+    python benchmarks/tax_coverage.py --seeds 200 --jobs 2
+    python benchmarks/tax_coverage.py --seeds 200 --configs noop_connector,mooncake_both,nixl_both  # H1-H3
+    python benchmarks/tax_coverage.py --seeds 200 --arrival gamma:4   # the default study's process
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+
+from connector_tax.config import load_config
+from connector_tax.sim.coverage import CoverageSettings, run_coverage
+from connector_tax.sim.truth import TruthSettings, truth
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/default.yaml")
+    p.add_argument("--ref-safe", type=float, default=16.0)
+    p.add_argument("--ref-load", type=float, default=None, help="default: ref_safe (Phase A at one rate)")
+    p.add_argument("--configs", help="only these configurations, comma-separated (plain is always added)")
+    p.add_argument("--seeds", type=int, default=200)
+    p.add_argument("--requests", type=int, default=400, help="measured requests per cell")
+    p.add_argument("--arrival", default="poisson", help="poisson | gamma:SHAPE | fixed | config (the study's own)")
+    p.add_argument("--phase-b", action="store_true", help="also the study's Phase B/B' cells (H5, H6)")
+    p.add_argument("--truth-requests", type=int, default=2000)
+    p.add_argument("--truth-replications", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--json", help="write the whole result here")
+    args = p.parse_args()
+
+    config = copy.deepcopy(load_config(args.config))
+    if args.arrival != "config":
+        process, _, shape = args.arrival.partition(":")
+        config["workload"]["arrival"] = {"process": process, "gamma_shape": float(shape or 1.0)}
+    if not args.phase_b:
+        config["workload"]["phase_b"] = None
+        config["workload"]["phase_b_prime"] = None
+    reference = {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
+    t0 = time.monotonic()
+    names = args.configs.split(",") if args.configs else None
+    oracle = truth(config, reference, names, TruthSettings(requests=args.truth_requests, warmup=200,
+                   min_replications=args.truth_replications, max_replications=args.truth_replications,
+                   jobs=args.jobs))  # fmt: skip
+    t1 = time.monotonic()
+    cov = run_coverage(config, oracle, CoverageSettings(requests=args.requests, seeds=args.seeds, jobs=args.jobs))
+    t2 = time.monotonic()
+    arrival = config["workload"]["arrival"]
+    print(f"SIMULATED coverage: {args.config}, ref_safe {reference['ref_safe']:g} / ref_load {reference['ref_load']:g} "
+          f"req/s, arrivals {arrival['process']}" + (f" (shape {arrival['gamma_shape']:g})" if arrival["process"] == "gamma" else "")
+          + f", {args.seeds} seeds x {args.requests}-request cells; truth {oracle['replications']} x "
+          f"{args.truth_requests} requests ({t1 - t0:.0f} s), coverage {t2 - t1:.0f} s")  # fmt: skip
+    print(f"\n{'tax':52} {'covered':>9} {'coverage':>9} {'median half-width':>18}")
+    total = covered = 0
+    for key, t in cov["summary"]["taxes"].items():
+        total += t["with_ci"]
+        covered += t["covered"]
+        cover = "-" if t["coverage"] is None else f"{t['coverage']:.1%}"
+        half = "-" if t["median_half_width"] is None else f"{t['median_half_width'] * 100:.1f} pp"
+        print(f"{key:52} {t['covered']:>4}/{t['with_ci']:<4} {cover:>9} {half:>18}")
+    if total:
+        print(f"{'all taxes':52} {covered:>4}/{total:<4} {covered / total:>9.1%}")
+    print(f"\n{'hypothesis':10} {'true':>10} {'covered':>9} {'coverage':>9} {'calls agree':>12} {'confident':>10}")
+    for hid, h in cov["summary"]["hypotheses"].items():
+        cover = "-" if h["coverage"] is None else f"{h['coverage']:.1%}"
+        print(f"{hid:10} {oracle['hypotheses'][hid]['verdict']:>10} {h['covered']:>4}/{h['with_ci']:<4} {cover:>9} "
+              f"{h['agrees']:>5}/{h['n']:<6} {h['confident']:>6}/{h['n']}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"truth": oracle, "coverage": cov}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
