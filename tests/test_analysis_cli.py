@@ -6,7 +6,7 @@ import argparse
 import json
 
 from connector_tax.analysis import cli
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
 
 
 def _parse(argv):

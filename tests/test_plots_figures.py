@@ -10,7 +10,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from connector_tax.analysis import build
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
 from connector_tax.contract.layout import FIGURES as CONTRACT_FIGURES
 from connector_tax.plots import build_figure, make_figures
 from connector_tax.plots.figures import FIGURES, Skip
