@@ -466,3 +466,23 @@ def test_cli_config_check_subprocess(tmp_path: Path) -> None:
     assert failed.returncode == 2
     assert failed.stdout == ""
     assert failed.stderr.splitlines() == [f"{bad}: workload: missing required keys 'phase_a', 'phase_b'"]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))
+def test_every_shipped_config_loads_as_typed_objects(path: Path) -> None:
+    """The typed view carries the schema's defaults (no reader has a default of its own) and is read-only."""
+    import dataclasses
+
+    from connector_tax.config import load_study
+
+    study = load_study(path)
+    raw = study.raw
+    assert study.names == [v["name"] for v in raw["configs"]]
+    assert study.workload.phase_a.prune_after_knee is raw["workload"]["phase_a"]["prune_after_knee"]
+    assert study.workload.arrival.process in ("poisson", "gamma", "fixed")
+    assert dataclasses.asdict(study.saturation) == raw["saturation"]
+    assert study.loadgen.workers == raw["loadgen"]["workers"] >= 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        study.seed = 1  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="no config named 'nope'"):
+        study.variant("nope")
