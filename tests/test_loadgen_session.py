@@ -282,8 +282,9 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     )
     g = LoadGenerator(options(sims["plain"].url))
     with g:
-        assert g.cpu_latency._fd is not None and device.read_bytes() == b"\0\0\0\0"
-    assert g.cpu_latency._fd is None
+        holder = g.cpu_latency.holder
+        assert holder is not None and holder.poll() is None and device.read_bytes() == b"\0\0\0\0"
+    assert g.cpu_latency.holder is None and holder.poll() is not None
     broken = LoadGenerator(options(sims["plain"].url))
 
     def fail(*_: object) -> None:
@@ -292,7 +293,7 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     monkeypatch.setattr(broken.pool, "start", fail)
     with pytest.raises(RuntimeError), broken:
         pass
-    assert broken.cpu_latency._fd is None
+    assert broken.cpu_latency.holder is None
     broken.pool.close()
 
 
