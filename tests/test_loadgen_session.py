@@ -475,3 +475,27 @@ def test_worker_crash_mid_cell(sims, out: Path) -> None:
     assert summary["validity"]["valid"] is False
     assert "load generator worker died" in summary["validity"]["reasons"]
     assert poll(lambda: _gone(pids), timeout=2.0)
+
+
+def test_a_result_the_receiver_cannot_handle_does_not_stop_the_drain(gen: LoadGenerator, out: Path, monkeypatch) -> None:
+    """One bad message costs its own request (recorded as an error), not the rest of the cell, and
+    the cell says so (the receiver's fd is edge-triggered: a drain that stopped would read no more)."""
+    from connector_tax.loadgen import collect as collector_module
+
+    real = collector_module.Collector.on_result
+    seen = {"n": 0}
+
+    def flaky(self, result):
+        seen["n"] += 1
+        if seen["n"] == 3:
+            raise ValueError("a result this version cannot read")
+        return real(self, result)
+
+    monkeypatch.setattr(collector_module.Collector, "on_result", flaky)
+    summary, records = run(gen, out, "badmsg", arrival="fixed", rate=40.0, duration_s=0.5)
+    assert len(records) >= 15
+    errors = [r for r in records if r["status"] != "ok"]
+    assert [e["error"] for e in errors] == ["no result from worker (worker %d)" % errors[0]["worker"]]
+    assert not summary["validity"]["valid"]
+    assert any("1 worker messages could not be handled (first: ValueError: a result this version cannot read)" in r
+               for r in summary["validity"]["reasons"])  # fmt: skip

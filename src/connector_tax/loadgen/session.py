@@ -127,6 +127,7 @@ class _CellRun:
             str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)
         ]
         pool.set_cell(chunk_paths)
+        self.receive_errors_before = pool.receive_errors
         pool.set_handler(self.on_message)
         set_timer_slack()  # this thread's sleeps wake closer to their targets
         cpu0, wall0 = pool.cpu_seconds(), time.monotonic()
@@ -169,6 +170,11 @@ class _CellRun:
         if not pool.alive():
             summary["validity"]["valid"] = False
             summary["validity"]["reasons"].append("load generator worker died")
+        receive_errors = pool.receive_errors - self.receive_errors_before
+        if receive_errors:  # their requests were recorded as errors by the drain ("no result from worker")
+            summary["validity"]["valid"] = False
+            summary["validity"]["reasons"].append(
+                f"{receive_errors} worker messages could not be handled (first: {pool.first_receive_errors[0]})")
         stopped = interrupted or ("stopped" if self.gen.stop_event.is_set() else None)
         if stopped:
             summary["validity"]["valid"] = False
