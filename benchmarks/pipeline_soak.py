@@ -51,7 +51,7 @@ def role(proc: psutil.Process) -> str:
     cmd = " ".join(proc.cmdline())
     for marker, name in (("snakemake", "snakemake"), ("pipeline phase", "phase job"), (" sim ", "sim server"),
                          ("spawn_main", "loadgen worker"), ("resource_tracker", "mp tracker"),
-                         ("killpg", "watchdog")):  # fmt: skip
+                         ("killpg", "watchdog"), ("latency_holder", "cpu-latency holder")):  # fmt: skip
         if marker in cmd:
             return name
     return cmd[:40]

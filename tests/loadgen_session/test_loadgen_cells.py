@@ -12,7 +12,14 @@ from pathlib import Path
 from statistics import median
 
 import pytest
-from loadgen_common import RECORD_KEYS, assert_one_record_each, by_index, options, run
+from loadgen_common import (
+    RECORD_KEYS,
+    SHAPE,
+    assert_one_record_each,
+    by_index,
+    options,
+    run,
+)
 from sim_server import SimProcess
 
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
@@ -262,3 +269,11 @@ def test_trace_replay_timing_and_prefix_sharing(gen: LoadGenerator, out: Path, s
     assert cached == [0, 512, 0, 1024, 288]
 
 
+
+
+def test_the_drain_waits_longer_for_longer_streams(gen: LoadGenerator, out: Path, basic) -> None:
+    """The drain's bound grows with the longest output issued (0.1 s a token), up to the request
+    timeout: a 1,024-token stream sent at a cell's end is not cut at a fixed 30 s."""
+    assert basic[0]["drain_budget_s"] == pytest.approx(2.0 + SHAPE["output"] * 0.1)  # options(): 2 s base
+    summary, _ = run(gen, out, "longdrain", arrival="fixed", rate=4.0, duration_s=0.3, shape={"input": 16, "output": 64})
+    assert summary["drain_budget_s"] == 5.0  # 2 + 6.4 s, capped at the request timeout (options(): 5 s)

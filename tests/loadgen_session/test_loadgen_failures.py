@@ -52,7 +52,7 @@ def hung(sims, out: Path) -> tuple[dict, list[dict]]:
     # Requests at 0, 0.5 and 1.0 s; the sim stalls every stream after 2 tokens. The first two
     # hit the 0.5 s request timeout (at ~0.5 and ~1.0 s) before the drain that follows the last
     # issue (~1.0 s) runs out at ~1.2 s; the third would time out at ~1.5 s, so the drain cancels it.
-    with LoadGenerator(options(sims["hang"].url, timeout_s=0.5, drain_timeout_s=0.2)) as g:
+    with LoadGenerator(options(sims["hang"].url, timeout_s=0.5, drain_timeout_s=0.2, drain_s_per_token=0.0)) as g:
         summary, records = run(g, out, "hang", arrival="fixed", rate=2.0, duration_s=1.2)
     return summary, by_index(records)
 
@@ -75,6 +75,7 @@ def test_drain_cancels_and_records_hung_requests(hung: tuple[dict, list[dict]]) 
     assert last["t_send_ns"] is not None and last["t_first_token_ns"] is not None
     # The last issue is at ~1.0 s; the drain, cancellation included, ends within its 0.2 s.
     assert 1.1 <= summary["wall_s"] < 1.5
+    assert summary["drain_budget_s"] == 0.2
     assert summary["validity"]["valid"] is False
     assert "error_frac 1.0 > 0.01" in summary["validity"]["reasons"]
 

@@ -115,6 +115,7 @@ class _CellRun:
         self.progress = gen.progress
         self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
         self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
+        self.longest_output = 0  # output tokens of the longest request issued (sizes the drain)
         self._behind_from: int | None = None
 
     # -- issuing (session thread) -----------------------------------------------------
@@ -164,6 +165,7 @@ class _CellRun:
         )  # fmt: skip
         summary["cell_id"] = self.cell_id
         summary["wall_s"] = round(wall, 3)
+        summary["drain_budget_s"] = round(self.drain_budget_s(), 3)
         summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
         summary["extended"] = self.t_issue_end > self.t_warm_end + int(self.cell.duration_s * 1e9) + 100_000_000
         summary["summary_state_bytes"] = self.stats.nbytes()
@@ -208,6 +210,7 @@ class _CellRun:
             yield (t0 + offset if offset >= 0 else -1), self._spec(i, pair.input, pair.output)
 
     def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
+        self.longest_output = max(self.longest_output, output_len)
         return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id)
 
     def _issue_all(self, t0: int) -> None:
@@ -312,11 +315,16 @@ class _CellRun:
             self.collector.on_result(message[1])
 
     # -- drain ------------------------------------------------------------------------
+    def drain_budget_s(self) -> float:
+        """The drain's bound: the base, plus time for the longest stream issued, up to the request timeout."""
+        opts = self.opts
+        return min(max(opts.timeout_s, opts.drain_timeout_s), opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token)
+
     def _drain(self, short: bool) -> None:
         """Wait for what is in flight, at most drain_timeout_s in all (2 s after a stop):
         cancel what is left a little before that, so the cell ends by then."""
         live = self.gen.pool.live_workers
-        total = 2.0 if short else self.opts.drain_timeout_s
+        total = 2.0 if short else self.drain_budget_s()
         grace = min(3.0, total / 4)
         start = time.monotonic()
         while self.collector.awaiting(live()) and time.monotonic() < start + total - grace:
