@@ -8,7 +8,7 @@ import json
 import pytest
 
 from connector_tax.analysis import analyze, build
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
 from connector_tax.plots.style import notice as build_notice
 
 SMALL = dict(n_requests=250, n_steps=300, shapes=[(512, 64), (4096, 64)], rates=[1.0, 2.0, 4.0, 8.0, 16.0])

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from connector_tax.config.study import StudyConfig
 from connector_tax.contract.cells import PHASE_A, phase_a_cells, phase_b_cells, rate_label
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
@@ -63,7 +64,8 @@ def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) 
     Phase A cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the
     contract's own cell plan, so the shapes and rates are exactly the study's)."""
     workload = config["workload"]
-    template = phase_a_cells(config)[0]
+    study = StudyConfig.from_mapping(config)  # the contract's cell plan reads the typed view
+    template = phase_a_cells(study)[0]
     loads: dict[str, Load] = {}
     for key in ("ref_safe", "ref_load"):
         rate = reference.get(key)
@@ -73,7 +75,7 @@ def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) 
                                            load.gamma_shape)  # fmt: skip
     out = list(loads.values())
     if workload.get("phase_b"):
-        out += [_load(c) for c in phase_b_cells(config, name, reference)]
+        out += [_load(c) for c in phase_b_cells(study, name, reference)]
     return out
 
 
