@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from connector_tax.analysis.batchmeans import BATCHES, MIN_PER_BATCH, percentile_ci, relative_half_width
+from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH, batch_count, percentile_ci, relative_half_width
 from connector_tax.analysis.quantiles import order_stat_ci_ranks
 
 TRUE_P90 = 1.2815515655446004
@@ -57,8 +57,12 @@ def test_independent_interval_loses_coverage_on_ar1(phi, below):
     assert _coverage(phi, iid_percentile_ci) < below
 
 
+def test_batches_are_long_before_they_are_many():
+    assert [batch_count(n) for n in (50, 400, 799, 800, 1600, 10_000)] == [5, 5, 9, 10, 20, 20]
+
+
 def test_no_interval_below_the_minimum():
-    values = np.arange(BATCHES * MIN_PER_BATCH - 1, dtype=float)
+    values = np.arange(MIN_BATCHES * MIN_PER_BATCH - 1, dtype=float)
     est, lo, hi = percentile_ci(values, 90)
     assert est == pytest.approx(np.percentile(values, 90)) and lo is None and hi is None
     assert relative_half_width(values, 90) is None
