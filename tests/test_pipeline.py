@@ -67,6 +67,7 @@ def test_tiny_study_preflight_skips_a_failing_config_and_goes_on(tmp_path):
     assert "--connector plain" in launch and "--host 127.0.0.1" in launch
     # The server runs off the load generator's worker cores (its plan's server CPUs).
     run = json.loads((results / "plain" / "phase_a" / "run.json").read_text())
+    assert run["served_by"] == "simulated vLLM (ctax sim)" and run["mooncake_transport"] is None
     assert run["server_cpus"] == list(plan_affinity(1).server_cpus)
     assert not set(run["server_cpus"]) & set(plan_affinity(1).worker_cpus[0]) or os.cpu_count() == 1
     # The config's load generator settings reach every cell, which says what they came to.
@@ -74,6 +75,10 @@ def test_tiny_study_preflight_skips_a_failing_config_and_goes_on(tmp_path):
     assert summaries
     for summary in summaries:
         assert json.loads(summary.read_text())["cpu_latency"]["requested_us"] == 25
+    manifest = (results / "MANIFEST.md").read_text()
+    assert "**SIMULATED**" in manifest and "- served by: simulated vLLM (ctax sim)" in manifest
+    report = (results / "analysis" / "report.md").read_text()
+    assert "> **SIMULATED DATA.**" in report and "- Served by: simulated vLLM (ctax sim)" in report
     up_to_date = snakemake("--cores", "1", "all", "--configfile", str(path), "--directory", str(tmp_path))
     assert up_to_date.returncode == 0 and "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 

@@ -83,7 +83,10 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     assert done.returncode == 0, done.stderr
     entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
     assert entry["status"] == "skip"
-    assert entry["reason"].startswith("server process exited during start-up")
+    # the cause is the server's own last word (vllm_cli root-cause), not just "it died"
+    assert entry["reason"] == (
+        "server process exited during start-up: ctax sim: noop_connector: failed to start: NoOpConnector import failed"
+    )
     assert "---- last 40 lines of" in (out / "verify_noop_connector.log").read_text()
 
 
@@ -162,13 +165,25 @@ def test_status_file_merges_concurrent_writers(tmp_path):
     assert data["c3"] == {"status": "ok", "reason": "r3", "checked_at": data["c3"]["checked_at"]}
 
 
-def test_last_error_line_finds_the_cause(tmp_path):
+def test_root_cause_prefers_vllms_own_error_to_the_last_line(tmp_path):
+    """What the verify scripts and gpu_smoke.sh ask for a server that died while starting: the
+    engine's root cause above vLLM's generic last words (as vLLM 0.32 on CPU prints them)."""
     log = tmp_path / "server.log"
     log.write_text(
-        "INFO starting\nTraceback (most recent call last):\n  File x\n"
-        "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n"
-    )
-    assert preflight_client.last_error_line(str(log)) == "ModuleNotFoundError: No module named 'lmcache'"
+        "(Worker pid=1) ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
+        "(Worker pid=1) ERROR RuntimeError: Mooncake is not available\nTraceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+        "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects\n"
+    )  # fmt: skip
+    cli = [sys.executable, "-m", "connector_tax.launch.vllm_cli", "root-cause"]
+    done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "Mooncake is not available\n"), done.stderr
+    log.write_text("INFO starting\nTraceback (most recent call last):\n  File x\n"
+                   "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n")  # fmt: skip
+    done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "No module named 'lmcache'\n"
+    done = subprocess.run([*cli, str(tmp_path / "absent.log")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "SERVER_LOG:" in done.stderr
 
 
 # --------------------------------------------------------------------------- GPU smoke test

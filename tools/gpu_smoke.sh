@@ -90,7 +90,7 @@ while IFS= read -r name; do
   set +m
   VERIFY_GROUPS+=("$pid")
   verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
-    --log "$dir/check.log" --server-log "$dir/server.log" --start-timeout "$start_timeout" | tail -n 1)" || true
+    --log "$dir/check.log" --start-timeout "$start_timeout" | tail -n 1)" || true
   verify_stop_group "$pid"
   has_connector="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["has_connector"])' "$plan")"
   connector_flag="--no-connector"
@@ -105,7 +105,7 @@ while IFS= read -r name; do
       failed=1
     fi
   else
-    reason="${verdict#FAIL: }"
+    reason="$(verify_reason "${verdict#FAIL: }" "$dir/server.log")"
     # "Mooncake is not available", "NIXL is not available", "No module named 'lmcache'", ...
     # (the patterns live in connector_tax.serving.process.MISSING_CONNECTOR)
     if missing="$("$PY" -m connector_tax.launch.vllm_cli missing-connector "$dir/server.log")"; then

@@ -1,6 +1,6 @@
 """The HTTP side of the pre-flight verify scripts and the GPU smoke test (standard library only).
 
-    preflight_client.py check --plan PLAN.json --pid PID --log LOG [--server-log F] ...
+    preflight_client.py check --plan PLAN.json --pid PID --log LOG ...
         wait for /health 200 (or the server process to die, or --start-timeout), then
         GET /v1/models (200, lists the model), then the plan's requests one after another
         (each 200 with a choice, all within the plan's budget), then /health 200 and the
@@ -37,6 +37,10 @@ class CheckFailed(Exception):
     pass
 
 
+# The FAIL reason of a server that died before /health answered; the shell adds its root cause.
+EXITED_AT_START = "server process exited during start-up"
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie (an exited child its parent has not reaped)."""
     try:
@@ -64,22 +68,6 @@ def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tupl
         return exc.code, exc.read()
 
 
-def last_error_line(path: str | None, limit: int = 300) -> str | None:
-    """The last line of a server log that looks like the cause of a failure."""
-    if not path:
-        return None
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    markers = ("Error", "error:", "Exception", "Traceback", "No module named", "failed")
-    for line in reversed(lines):
-        if any(m in line for m in markers) and not line.startswith("Traceback"):
-            text = " ".join(line.split())
-            return text if len(text) <= limit else text[: limit - 3] + "..."
-    return None
-
-
 class Log:
     def __init__(self, path: str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -91,15 +79,14 @@ class Log:
         self.fh.flush()
 
 
-def wait_ready(url: str, pid: int, timeout: float, log: Log, server_log: str | None) -> float:
+def wait_ready(url: str, pid: int, timeout: float, log: Log) -> float:
     start = time.monotonic()
     last = None
     while True:
         if not alive(pid):
-            cause = last_error_line(server_log)
-            raise CheckFailed(
-                "server process exited during start-up" + (f": {cause}" if cause else "")
-            )
+            # the cause is vLLM's, read from its log by the package (verify_reason in
+            # _verify_lib.sh): one reader of server logs for every path that reports a SKIP
+            raise CheckFailed(EXITED_AT_START)
         try:
             status, _ = http("GET", url + "/health", timeout=5)
             if status == 200:
@@ -191,7 +178,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     log = Log(args.log)
     log(f"check {plan['check']} of {plan['name']} at {plan['url']} (pid {args.pid})")
     try:
-        wait_ready(plan["url"], args.pid, args.start_timeout, log, args.server_log)
+        wait_ready(plan["url"], args.pid, args.start_timeout, log)
         check_models(plan["url"], plan["model"], log)
         send_requests(plan, args.pid, log, args.request_timeout)
         check_alive(plan["url"], args.pid, log)
@@ -257,7 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True)
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--log", required=True)
-    p.add_argument("--server-log")
     p.add_argument("--start-timeout", type=_positive, default=1200.0)
     p.add_argument("--request-timeout", type=_positive, default=120.0)
     p.set_defaults(func=cmd_check)

@@ -25,7 +25,7 @@ from connector_tax.contract.index import COMPLETE, FAILED, CellEntry, PhaseIndex
 from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text
+from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
 from connector_tax.pipeline.resume import decide
 from connector_tax.serving.process import ServerStartError
 
@@ -67,6 +67,7 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
         study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
         code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
         run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"],
+        served_by=served_by(config, plan.launch["server_versions"]), mooncake_transport=mooncake_transport(config, variant),
     )  # fmt: skip
     skip = _preflight_reason(layout, name)
     if skip:

@@ -35,6 +35,7 @@ class Ctx:
         self.configs: list[str] = list(agg.get("configs") or [])
         self.palette = Palette(self.configs)
         self.simulated = bool(agg.get("simulated"))
+        self.served_by = agg.get("served_by")
         self.ref = agg.get("reference") or {}
         self.taxes = agg.get("taxes")
         self.baseline = agg.get("baseline")
@@ -123,7 +124,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                           marker=kw["marker"], markersize=8, label=kw["label"]) for crit, kw in CRITERION_MARKERS.items()]  # fmt: skip
         ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), borderaxespad=0,
                   title="saturation criterion (fired)", title_fontsize=7)  # fmt: skip
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -169,7 +170,7 @@ def fig3(ctx: Ctx) -> Figure:
     ax.set_title(ctx.title("Fig. 3: achieved vs requested throughput (Phase A), saturation knees"))
     ax.grid(True, alpha=0.3)
     ax.legend(title="config", fontsize=8, loc="upper left")
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -225,7 +226,7 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
     handles += [Patch(facecolor=ctx.palette(c), label=c) for c in names]
     axes[1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(ctx.title("Fig. 4: substrate tax at ref_safe and ref_load (Phase A)"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -260,7 +261,7 @@ def fig4b(ctx: Ctx) -> Figure:
                                    label=f"Phase B' (ref_load {', '.join(f'{r:g}' for r in rl)} req/s)")]
                     + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title("Fig. 4b: TTFT p90 tax per shape, ref_safe (Phase B) vs ref_load (Phase B')"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -310,7 +311,7 @@ def fig5(ctx: Ctx) -> Figure:
     cb.set_label(f"tax TTFT p90 vs {taxes['baseline']} (%)")
     rates = (taxes.get(PHASE_B) or {}).get("rates") or []
     fig.suptitle(ctx.title(f"Fig. 5: TTFT p90 tax by shape (Phase B at {', '.join(f'{r:g}' for r in rates)} req/s)"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -340,7 +341,7 @@ def fig6(ctx: Ctx) -> Figure:
     ax.set_title(ctx.title(f"Fig. 6: per-step latency CDF at ref_safe = {float(rate):g} req/s (Phase A)"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(title="config", fontsize=8, loc="lower right")
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -388,7 +389,7 @@ def fig7(ctx: Ctx) -> Figure:
                         Patch(facecolor="0.45", alpha=0.45, hatch="//", label="unattributed = tax_step - tax_callback")]
                + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 7: per-step tax decomposition at ref_safe = {safe.get('rate'):g} req/s"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -428,7 +429,7 @@ def fig8(ctx: Ctx) -> Figure:
                    + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")], fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
                            f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
