@@ -65,7 +65,7 @@ def test_cpu_launch_argv_and_env(cpu, tmp_path):
     assert argv[argv.index("--served-model-name") + 1] == "tiny-llama"
     env = s.env
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["HF_HUB_OFFLINE"] == "1"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env["VLLM_CACHE_ROOT"] == str(launch.repo_root() / "results" / ".vllm-cache")
     assert "CUDA_VISIBLE_DEVICES" not in env
 

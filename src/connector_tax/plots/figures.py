@@ -336,7 +336,7 @@ def fig6(ctx: Ctx) -> Figure:
         ax.plot(values, pcts, color=ctx.palette(c), lw=1.6, label=c, drawstyle="steps-post")
     ax.set_xscale("log")
     ax.set_ylim(0, 1.0)
-    ax.set_xlabel("engine step duration (µs, log scale)")
+    ax.set_xlabel("step duration: Scheduler.schedule() (µs, log scale)")
     ax.set_ylabel("CDF (fraction of steps)")
     ax.set_title(ctx.title(f"Fig. 6: per-step latency CDF at ref_safe = {float(rate):g} req/s (Phase A)"))
     ax.grid(True, which="both", alpha=0.3)

@@ -61,7 +61,7 @@ def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
     CPU study is never taken for a GPU's."""
     if not simulated:
         if served_by:
-            fig.text(0.995, 0.005, f"served by {served_by}", fontsize=7, color="0.25", ha="right", va="bottom",
+            fig.text(0.005, 0.005, f"served by {served_by}", fontsize=7, color="0.25", ha="left", va="bottom",
                      transform=fig.transFigure, gid="served-by-stamp")  # fmt: skip
         return
     fig.text(0.5, 0.5, SIM_TEXT, fontsize=56, color="red", alpha=0.13, rotation=25, ha="center", va="center",
