@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="--real: rounds of --requests prompts (each prompt: one pair)")
     parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
     parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
+    parser.add_argument("--control", action="store_true",
+                        help="--real: A/A control, neither server instrumented (the set-up's own bias)")
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
     if args.real:

@@ -87,7 +87,9 @@ def run_real(args: Any) -> int:
     try:
         for name in ("plain", "instrumented"):  # one at a time: start-up saturates both cores
             port = free_port("127.0.0.1", block=3)
-            step_log = str(tmp / name / "steps" / "engine_step.jsonl") if name == "instrumented" else None
+            # --control: neither is instrumented (an A/A run: what the set-up alone shows)
+            instrumented = name == "instrumented" and not args.control
+            step_log = str(tmp / name / "steps" / "engine_step.jsonl") if instrumented else None
             spec = launch_spec(str(CONFIG), config, variant, port, step_log)
             servers[name] = ServerProcess(spec, f"http://127.0.0.1:{port}", tmp / name, grace_s=30.0)
             servers[name].start()
@@ -114,7 +116,7 @@ def run_real(args: Any) -> int:
     log = tmp / "instrumented" / "steps" / "engine_step.jsonl"
     engine = [x for x in steptiming.read_step_records(log) if x["step_duration_us"] is not None]
     workers = steptiming.read_step_records(log, "worker")
-    report: dict[str, Any] = {"rounds": args.rounds, "requests_per_round": args.requests,
+    report: dict[str, Any] = {"control": bool(args.control), "rounds": args.rounds, "requests_per_round": args.requests,
                               "output_len": args.output_len, "input_len": INPUT_LEN,
                               # the conditions: this host is shared, so say how busy it was
                               "cpus": os.cpu_count(), "loadavg_1m_before_after": [
@@ -138,6 +140,8 @@ def run_real(args: Any) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    if args.control:
+        print("CONTROL (A/A): neither server instrumented; the 'overhead' below is the set-up's own bias")
     print(f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds * args.requests} prompts of "
           f"{INPUT_LEN}->{args.output_len} tokens, each sent to both servers back to back (order alternating)")  # fmt: skip
     for metric, label in (("itl_us", "per step (ITL, one request in flight)"), ("e2e_us", "end to end")):
