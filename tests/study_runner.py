@@ -50,8 +50,9 @@ def write_config(folder: Path, config: dict[str, Any], name: str = "study.yaml")
     return path
 
 
-def snakemake(folder: Path, config: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    argv = [*SNAKEMAKE, "--cores", "1", *args, "--configfile", str(config), "--directory", str(folder)]
+def snakemake(folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time."""
+    argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -63,7 +64,7 @@ def start_snakemake(folder: Path, config: Path, *args: str) -> subprocess.Popen[
 
 
 def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
-    """{config/phase/label: when its seal was written, or None} for every planned cell."""
+    """{config/phase/label: when it was sealed complete, or None} for every planned cell."""
     config = validate_config(config)
     layout = StudyLayout(folder / "results" / config["study"])
     reference = json.loads(layout.reference_rates.read_text()) if layout.reference_rates.exists() else None
@@ -74,7 +75,8 @@ def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
                 continue
             for cell in planned_cells(config, variant["name"], launch_phase, reference):
                 files = layout.phase(variant["name"], cell.phase).cell(cell.label)
-                out[f"{variant['name']}/{cell.key}"] = (read_summary(files) or {}).get("sealed")
+                summary = read_summary(files) or {}
+                out[f"{variant['name']}/{cell.key}"] = summary.get("sealed") if summary.get("complete") else None
     return out
 
 

@@ -36,8 +36,9 @@ EXPECTED_COLUMNS = [
     "ttft_growth_vs_rate", "window_note",
 ]  # fmt: skip
 AGGREGATE_KEYS = [
-    "schema_version", "study", "results_dir", "backend", "simulated", "served_by", "configs", "baseline", "baseline_requested",
-    "connector_study", "config_status", "ignored", "code", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
+    "schema_version", "study", "results_dir", "backend", "simulated", "served_by", "configs", "baseline",
+    "baseline_requested", "connector_study", "config_status", "ignored", "like_for_like", "code", "ci_method",
+    "saturation", "columns", "rows", "reference", "taxes",
     "step_cdf", "artifacts", "runtime", "analysis_seconds",
 ]  # fmt: skip
 FIGURES = ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",

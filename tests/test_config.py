@@ -163,7 +163,8 @@ def test_h20_study_is_the_design() -> None:
     default = load_config(default_config_path())
     assert config["configs"] == default["configs"]
     workload = config["workload"]
-    assert workload["phase_a"] == {"rates": [0.5, 1, 2, 4, 8, 16, 32], "shape": {"input": 4096, "output": 256}}
+    assert workload["phase_a"] == {"rates": [0.5, 1, 2, 4, 8, 16, 32], "shape": {"input": 4096, "output": 256},
+                                   "prune_after_knee": True}
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 60, 200)
     assert workload["inflight_cap"] == 256
     assert (workload["temperature"], workload["ignore_eos"], workload["prompt"]) == (0, True, "token_ids")
@@ -301,6 +302,15 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     # backend openai
     ("openai backend without url", _set("backend", "openai"), "openai.url: required when backend is openai"),
     ("openai url not http", _set("openai", {"url": "localhost:8000"}), "openai.url: 'localhost:8000' is not an http:// or https:// URL"),
+    # what a vLLM launch would refuse, refused when the config loads
+    ("extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c["configs"][2].update(server={"extra_args": ["--port=9"]})),
+     "configs[2].server.extra_args: --port is set by the launch from the launch's port; set that instead"),
+    ("study extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c.update(server={"extra_args": ["--max-num-seqs", "8"]})),
+     "server.extra_args: --max-num-seqs is set by the launch from server.max_num_seqs; set that instead"),
+    # cells that would share a label
+    ("colliding rates", _set("workload.phase_a.rates", [8, 8.0000001]), "workload.phase_a.rates[1]: 8.0000001 gives the same cell label r8 as rates[0] (8); rates must differ in their first 6 significant digits"),
+    ("a Phase B shape given twice", _set("workload.phase_b.shapes", [{"input": 128, "output": 16}]), "workload.phase_b.shapes[0]: repeats the shape of workload.phase_b (inputs x outputs: 128x16) (cell 128x16): every cell of a phase needs its own shape"),
+    ("a ready timeout that is not positive", _set("server.ready_timeout_s", 0), "server.ready_timeout_s: 0 must be greater than 0"),
 ]
 
 

@@ -57,6 +57,7 @@ def test_mix_and_pattern_labels_agree_with_the_load_generator() -> None:
         (lambda c: c["configs"][1]["connector"].update(role="kv_producer"), "noop_connector"),
         (lambda c: c["configs"][0].update(env={"X": "1"}), "plain"),
         (lambda c: c["model"].update(name="other/model"), "all"),
+        (lambda c: c["workload"]["arrival"].update(process="gamma", gamma_shape=0.5), "all"),
     ],
 )
 def test_a_measurement_setting_changes_exactly_the_cells_it_touches(config, edit, changed) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -32,3 +33,57 @@ def test_unpinned_by_default_and_a_refused_pin_is_not_claimed(tmp_path: Path) ->
         assert server.cpus == ()
         assert psutil.Process(server.proc.pid).cpu_affinity() == allowed
     assert "pinned" not in (tmp_path / "launch.sh").read_text()
+
+
+# A "server" with a child of its own (as vLLM's API server has its engine core): the child is in
+# the server's process group, and has no parent-death signal.
+FAMILY = ["bash", "-c", "sleep 300 & echo $! > child.pid; sleep 300"]
+OWNER = """
+import sys, time
+from pathlib import Path
+from connector_tax.launch.spec import LaunchSpec
+from connector_tax.serving.process import ServerProcess
+folder = Path(sys.argv[1])
+server = ServerProcess(LaunchSpec(sys.argv[2:]), "http://127.0.0.1:1", folder)
+server.start()
+(folder / "leader.pid").write_text(str(server.proc.pid))
+time.sleep(300)
+"""
+
+
+def _family(tmp_path: Path) -> tuple[psutil.Process, list[psutil.Process]]:
+    owner = psutil.Popen([sys.executable, "-c", OWNER, str(tmp_path), *FAMILY], cwd=tmp_path)
+    deadline = time.monotonic() + 20
+    while not ((tmp_path / "leader.pid").exists() and (tmp_path / "child.pid").exists()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.2)
+    pids = [int((tmp_path / name).read_text()) for name in ("leader.pid", "child.pid")]
+    return owner, [psutil.Process(pid) for pid in pids]
+
+
+def _all_gone(procs: list[psutil.Process], within_s: float = 10.0) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=within_s)
+    return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_owner_takes_the_server_and_its_children_down(tmp_path: Path) -> None:
+    owner, family = _family(tmp_path)
+    owner.kill()  # SIGKILL: no cleanup code of the owner runs
+    owner.wait(10)
+    assert _all_gone(family)
+
+
+def test_stop_takes_the_whole_group_down_even_when_the_leader_exits_first(tmp_path: Path) -> None:
+    # The child ignores SIGTERM (as a busy engine core may); the leader exits on it at once.
+    child_cmd = f"(trap '' TERM; exec sleep 300) & echo $! > {tmp_path}/child.pid"
+    spec = LaunchSpec(["bash", "-c", f"{child_cmd}; trap 'exit 0' TERM; sleep 300 & wait"])
+    with ServerProcess(spec, "http://127.0.0.1:1", tmp_path, grace_s=5) as server:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "child.pid").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.2)
+        child = psutil.Process(int((tmp_path / "child.pid").read_text()))
+    assert server.proc.poll() is not None
+    assert _all_gone([child])

@@ -36,6 +36,47 @@ def _analyze(args: argparse.Namespace) -> int:
     return main(args)
 
 
+# `ctax pipeline STEP ...`: the logic behind each Snakemake rule, the same command the rule runs.
+PIPELINE_STEPS = {
+    "study-config": ("connector_tax.pipeline.studyfolder", "write the validated study config and the study folder's stamp"),
+    "preflight": ("connector_tax.pipeline.preflight", "one configuration's readiness (check), or merge the results"),
+    "phase": ("connector_tax.pipeline.phase", "one configuration's phase: reuse what provably belongs, measure the rest"),
+    "reference": ("connector_tax.pipeline.reference", "saturation of Phase A cells, then ref_safe and ref_load"),
+    "analyze": ("connector_tax.analysis.cli", "statistics, taxes and verdicts of a study (ctax analyze)"),
+    "manifest": ("connector_tax.pipeline.manifest", "MANIFEST.md and MANIFEST.tsv"),
+}
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from connector_tax.config import ConfigError, load_config
+    from connector_tax.pipeline.estimate import plan_study, render
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"ctax plan: {exc}", file=sys.stderr)
+        return 2
+    if args.gpus < 1:
+        print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
+        return 2
+    estimates, notes = plan_study(config)
+    print(render(config, estimates, notes, args.gpus), end="")
+    return 0
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(PIPELINE_STEPS[args.step][0])
+    if args.step == "analyze":
+        from connector_tax.analysis.cli import add_arguments
+
+        parser = argparse.ArgumentParser(prog="ctax pipeline analyze")
+        add_arguments(parser)
+        return int(module.main(parser.parse_args(args.args)) or 0)
+    return int(module.main(args.args) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -70,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="statistics, taxes, verdicts and figures from results/<study>")
     add_analyze_arguments(analyze)
     analyze.set_defaults(func=_analyze)
+
+    plan = sub.add_parser("plan", help="a study's cells, estimated wall time per stage, GPU-hours, nothing run")
+    plan.add_argument("--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)")
+    plan.add_argument("--gpus", type=int, default=1, metavar="N", help="also show the wall time on N GPUs side by side")
+    plan.set_defaults(func=_plan)
+
+    steps = "\n".join(f"  {name:13} {text}" for name, (_, text) in PIPELINE_STEPS.items())
+    pipeline = sub.add_parser("pipeline", help="run one step of the study as its Snakemake rule does",
+                              description=f"steps:\n{steps}", formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    pipeline.add_argument("step", choices=list(PIPELINE_STEPS), metavar="STEP")
+    pipeline.add_argument("args", nargs=argparse.REMAINDER, help="the step's own arguments (ctax pipeline STEP --help)")
+    pipeline.set_defaults(func=_pipeline)
     return parser
 
 

@@ -340,6 +340,10 @@ def _check_semantics(config: dict) -> None:
 
     if config["backend"] != "openai":  # an external server's context window is its own business
         _check_lengths(config)
+    if config["backend"] == "vllm":
+        from connector_tax.launch.vllm import check_settings
+
+        check_settings(config)
 
 
 # --------------------------------------------------------------------------- public API

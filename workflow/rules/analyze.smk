@@ -16,12 +16,12 @@ rule analyze:
     log:
         log_of("analyze"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
         results=study_dir,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.analysis.cli {params.results:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline analyze {params.results:q} > {log:q} 2>&1"
         " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
@@ -34,12 +34,12 @@ rule figures:
     log:
         log_of("figures"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
         results=study_dir,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.analysis.cli {params.results:q} --figures-only > {log:q} 2>&1"
+        "{params.ctax} pipeline analyze {params.results:q} --figures-only > {log:q} 2>&1"
         " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
@@ -55,8 +55,8 @@ rule manifest:
     log:
         log_of("manifest"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.manifest --config {input.config:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline manifest --config {input.config:q} > {log:q} 2>&1"

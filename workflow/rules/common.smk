@@ -3,12 +3,12 @@
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from connector_tax.config import ConfigError, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
-from connector_tax.contract.fingerprint import sha
-from connector_tax.pipeline.plan import describe_pending, job_params, study_outcome
-from connector_tax.pipeline.studyfolder import check_study_folder
+from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
+from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 
 try:
     _validated = validate_config(config)
@@ -19,6 +19,7 @@ config.clear()
 config.update(_validated)
 
 STUDY = config["study"]
+STAGED_CONFIG = str(stage_config(config))
 LAYOUT = StudyLayout.of(STUDY)
 RESULTS = str(LAYOUT.root)
 CONFIGS = [c["name"] for c in config["configs"]]
@@ -28,10 +29,13 @@ REFERENCE_RATES = str(LAYOUT.reference_rates)
 RUN_ORDER = {phase: run_order(config, phase) for phase in LAUNCH_PHASES}
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
 GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
-# Jobs run the interpreter snakemake runs under, whatever is first on PATH, or the conda
-# environment's own python under --sdm conda (the environment.yml conda users install).
+# The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
+PHASE_THREADS = job_threads(config)
+# Jobs run `ctax pipeline STEP`, the command a user can type: the one installed beside the
+# interpreter snakemake runs under, or the conda environment's own under --sdm conda.
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)
-PYTHON = "python" if _CONDA else shlex.quote(sys.executable)
+_CTAX = Path(sys.executable).with_name("ctax")
+CTAX = "ctax" if _CONDA or not _CTAX.exists() else shlex.quote(str(_CTAX))
 ENV = "../../environment.yml"
 
 
@@ -58,6 +62,11 @@ def reference_rates_checkpoint(wildcards):
 def phase_b_plan(name):
     """A Phase B job's params, computed once the reference rates exist."""
     return lambda wildcards, input: job_params(STUDY_CONFIG, config, name, PHASE_B)
+
+
+def lease_cpus(wildcards, threads):
+    """A phase job leases its CPUs only when others may run beside it (--cores > its threads)."""
+    return threads if threads < workflow.cores else 0
 
 
 def study_dir(wildcards, input):

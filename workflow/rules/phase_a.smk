@@ -2,7 +2,9 @@
 # One rule per configuration, so each gets a priority from the seeded run order (the
 # design's defence against thermal drift) while GPU jobs can still run side by side.
 # params.plan names every cell and its fingerprint: a changed setting re-runs the job, which
-# re-measures only the cells whose fingerprint changed.
+# re-measures only the cells whose fingerprint changed. A job's output goes to its log and to
+# snakemake's console (tee): its one-line outcome, and the reason it stopped even when the
+# results disk is full and the log cannot be written.
 
 for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
 
@@ -17,17 +19,20 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
         log:
             log_of(f"phase_a_{_name}"),
         params:
-            python=PYTHON,
+            ctax=CTAX,
             name=_name,
+            cpus=lease_cpus,
             plan=job_params(STUDY_CONFIG, config, _name, PHASE_A),
+        threads: PHASE_THREADS
         priority: len(RUN_ORDER[PHASE_A]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
         conda:
             ENV
         shell:
-            "{params.python} -m connector_tax.pipeline.phase --config {input.config:q} --name {params.name:q}"
-            " --phase phase_a > {log:q} 2>&1"
+            "{params.ctax} pipeline phase --config {input.config:q} --name {params.name:q}"
+            " --phase phase_a"
+            " --cpus {params.cpus} 2>&1 | tee {log:q}"
 
 
 rule phase_a:

@@ -18,17 +18,20 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
         log:
             log_of(f"phase_b_{_name}"),
         params:
-            python=PYTHON,
+            ctax=CTAX,
             name=_name,
+            cpus=lease_cpus,
             plan=phase_b_plan(_name),
+        threads: PHASE_THREADS
         priority: len(RUN_ORDER[PHASE_B]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
         conda:
             ENV
         shell:
-            "{params.python} -m connector_tax.pipeline.phase --config {input.config:q} --name {params.name:q}"
-            " --phase phase_b > {log:q} 2>&1"
+            "{params.ctax} pipeline phase --config {input.config:q} --name {params.name:q}"
+            " --phase phase_b"
+            " --cpus {params.cpus} 2>&1 | tee {log:q}"
 
 
 rule phase_b:

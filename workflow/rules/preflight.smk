@@ -12,15 +12,15 @@ rule preflight_config:
     log:
         log_of("preflight_{name}"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
         log_dir=lambda wildcards: str(LAYOUT.preflight_logs(wildcards.name)),
     resources:
         gpu=GPUS_PER_JOB,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.preflight check --config {input:q} --name {wildcards.name:q}"
-        " --out {output:q} --log-dir {params.log_dir:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline preflight check --config {input:q} --name {wildcards.name:q}"
+        " --out {output:q} --log-dir {params.log_dir:q} 2>&1 | tee {log:q}"
 
 
 rule preflight:
@@ -31,8 +31,8 @@ rule preflight:
     log:
         log_of("preflight"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.preflight merge --out {output:q} {input:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline preflight merge --out {output:q} {input:q} > {log:q} 2>&1"

@@ -12,8 +12,8 @@ checkpoint reference:
     log:
         log_of("reference"),
     params:
-        python=PYTHON,
+        ctax=CTAX,
     conda:
         ENV
     shell:
-        "{params.python} -m connector_tax.pipeline.reference --config {input.config:q} > {log:q} 2>&1"
+        "{params.ctax} pipeline reference --config {input.config:q} > {log:q} 2>&1"

@@ -1,23 +1,20 @@
-# The validated study config every job reads, and the study folder's stamp.
+# The validated study config every job reads, and the stamp that keeps one backend per study
+# folder. Its input is the config staged when the workflow loads (rewritten only when it changes),
+# so a config edit re-runs this rule and, through it, every job; each phase job then re-measures
+# only the cells whose fingerprint changed (listed when the workflow loads).
 
 
 rule study_config:
-    """The validated config the servers are launched with (the file plus any --config), and
-    the stamp that keeps one backend per study folder."""
+    input:
+        STAGED_CONFIG,
     output:
         STUDY_CONFIG,
         str(LAYOUT.stamp),
     log:
         log_of("study_config"),
     params:
-        # the config itself: any change rewrites the file; every phase job then re-runs and
-        # re-measures only the cells whose fingerprint changed (listed when the workflow loads)
-        digest=sha(config),
-    run:
-        import yaml
-
-        from connector_tax.atomic import write_atomic
-        from connector_tax.pipeline.studyfolder import stamp_study_folder
-
-        write_atomic(LAYOUT.study_config, yaml.safe_dump(config, sort_keys=False))
-        stamp_study_folder(config)
+        ctax=CTAX,
+    conda:
+        ENV
+    shell:
+        "{params.ctax} pipeline study-config --config {input:q} > {log:q} 2>&1"

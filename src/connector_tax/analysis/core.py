@@ -21,7 +21,9 @@ from typing import Any
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.atomic import write_atomic
 from connector_tax.analysis.constants import PHASE_A, PLAIN
-from connector_tax.analysis.hypotheses import check_artifacts, evaluate, runtime_of
+from connector_tax.analysis.artifacts import check_artifacts, runtime_of
+from connector_tax.analysis.hypotheses import evaluate
+from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, CI_METHOD, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
@@ -153,7 +155,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             "preflight": pf.get("status"), "preflight_reason": pf.get("reason"),
             "phases": {ph: {"status": r.status, "reason": r.reason, "step_timing_available": r.step_timing_available,
                             "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells],
-                            "not_analysed": r.problems}
+                            "not_analysed": r.problems, "pruned": r.pruned}
                        for (n, ph), r in study.runs.items() if n == name and (r.run is not None or r.problems)},
         }  # fmt: skip
     aggregate = {
@@ -169,6 +171,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "connector_study": base == PLAIN,
         "config_status": config_status,
         "ignored": study.ignored,
+        "like_for_like": like_for_like(study),
         "code": study.code,
         "ci_method": {"percentiles": CI_METHOD, "taxes": TAX_CI_METHOD,
                       "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},

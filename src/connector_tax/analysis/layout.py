@@ -34,7 +34,7 @@ from connector_tax.contract import LAUNCH_OF, LAUNCH_PHASES, PHASE_A, PHASE_B, P
 from connector_tax.contract import Cell as PlannedCell
 from connector_tax.contract import planned_cells
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
-from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, verify_cell
+from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
 
 # Launch settings the config determines (argv and server versions are facts of the launch).
 _CONFIG_LAUNCH_KEYS = ("backend", "model", "variant", "server", "sim", "vllm", "openai")
@@ -86,6 +86,8 @@ class PhaseRun:
     cells: list[Cell] = field(default_factory=list)
     # Planned cells that cannot be used: {label: why} (failed, never measured, incomplete).
     problems: dict[str, str] = field(default_factory=dict)
+    # Phase A cells not measured on purpose, past the configuration's knee: {label: why}.
+    pruned: dict[str, str] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -187,7 +189,7 @@ def _usable(config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files:
     if fingerprint(index.launch, entry.settings, index.code) != entry.fingerprint:
         raise StudyRefused(f"{where}: its fingerprint in run.json is not the hash of what run.json records")
     if entry.status != COMPLETE:
-        return None, f"{entry.status}: {entry.reason or 'not measured'}"
+        return None, entry.reason if entry.status == PRUNED else f"{entry.status}: {entry.reason or 'not measured'}"
     ok, why = verify_cell(files, entry.fingerprint)
     if not ok:
         return None, f"incomplete: {why}"
@@ -247,7 +249,7 @@ def load_study(root: Path) -> Study:
                 summary, why = _usable(config, index, cell, files, f"{name}/{cell.key}")
                 run = runs[(name, cell.phase)]
                 if why is not None:
-                    run.problems[cell.label] = why
+                    (run.pruned if why.startswith(PRUNED) else run.problems)[cell.label] = why
                     continue
                 run.cells.append(Cell(name, cell.phase, cell.label, files, cell, summary))
                 codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))

@@ -23,6 +23,8 @@ def _f(v: Any, fmt: str = ".1f") -> str:
         return "–"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if isinstance(v, int) and fmt.endswith("f"):
+        return str(v)
     if isinstance(v, (int, float)):
         return format(v, fmt)
     return str(v)
@@ -46,6 +48,13 @@ def _us(est: dict[str, Any] | None) -> str:
     if ci and None not in ci:
         s += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
     return s
+
+
+def _ratio(est: dict[str, Any] | None) -> str:
+    if not est or est.get("value") is None:
+        return "–"
+    ci = est.get("ci")
+    return f"{est['value']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and None not in ci else "")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -107,14 +116,20 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
                      *cells, str(step)])  # fmt: skip
     L += _table(["config", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
 
+    settings = agg.get("like_for_like") or {}
+    if settings:
+        keys = sorted({k for row in settings.values() for k in row})
+        L += ["## Server settings, as each launch recorded them (like for like)", ""]
+        L += _table(["config"] + keys, [[f"`{n}`"] + [_f(row.get(k)) for k in keys] for n, row in settings.items()])
+
     # verdicts
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
-    L += _table(["id", "verdict", "why", "CI overlaps threshold"],
-                [[h["id"], f"**{h['verdict']}**", h["reason"].replace("|", "/"), _f(h.get("ci_overlaps_threshold"))]
+    L += _table(["id", "verdict (design's call)", "95% interval", "why"],
+                [[h["id"], f"**{h['verdict']}**", _f(h.get("confidence")), h["reason"].replace("|", "/")]
                  for h in hyp["hypotheses"]])  # fmt: skip
-    L += _table(["criterion", "status", "outcome", "why"],
-                [[s["title"].split(":")[0], f"**{s['status']}**", _f(s.get("outcome")), s["reason"].replace("|", "/")]
-                 for s in hyp["success_criteria"]])  # fmt: skip
+    L += _table(["criterion", "status", "outcome", "95% interval", "why"],
+                [[s["title"].split(":")[0], f"**{s['status']}**", _f(s.get("outcome")), _f(s.get("confidence")),
+                  s["reason"].replace("|", "/")] for s in hyp["success_criteria"]])  # fmt: skip
     for h in hyp["hypotheses"]:
         for c in h.get("caveats") or []:
             L.append(f"- {h['id']} caveat: {c}")
@@ -153,6 +168,11 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
                         [[f"`{n}`", _pct(t.get("ttft_p90")), _pct(t.get("tpot_p90")), _us(t.get("step_p50_us")),
                           _us(t.get("callback_p50_us")), _us(t.get("unattributed_p50_us"))]
                          for n, t in e["configs"].items()])  # fmt: skip
+        amp = {n: a for n, a in (taxes.get("amplification") or {}).items() if (a.get("ttft_p90") or {}).get("value") is not None}
+        if amp:
+            L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
+            L += _table(["config", "TTFT p90 tax", "TPOT p90 tax"],
+                        [[f"`{n}`", _ratio(a.get("ttft_p90")), _ratio(a.get("tpot_p90"))] for n, a in amp.items()])  # fmt: skip
         for phase, title in ((PHASE_B, "Phase B (shapes at ref_safe)"), (PHASE_B_PRIME, "Phase B' (shapes at ref_load)")):
             cells = (taxes.get(phase) or {}).get("cells") or {}
             if not cells:
@@ -186,6 +206,10 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
     if not_analysed:
         L += ["## Cells not analysed (failed, never measured or incomplete; a re-run measures them)", ""]
         L += [f"- {x}" for x in not_analysed] + [""]
+    pruned = [f"`{name}/{ph}/{label}`: {why}" for name, st in agg["config_status"].items()
+              for ph, p in (st.get("phases") or {}).items() for label, why in (p.get("pruned") or {}).items()]
+    if pruned:
+        L += ["## Rates not measured, past a configuration's knee (Phase A pruning)", ""] + [f"- {x}" for x in pruned] + [""]
     if agg.get("ignored"):
         L += ["## Ignored on disk (not in this study's plan; never read)", ""]
         L += [f"- `{x['path']}`: {x['why']}" for x in agg["ignored"]] + [""]

@@ -5,6 +5,7 @@
   tax_step_p50(X)      = step_duration_us p50 (X) - step_duration_us p50 (baseline)
   tax_callback_p50(X)  = connector_total_us p50 (X)        (the baseline has no callbacks)
   unattributed_p50(X)  = tax_step_p50(X) - tax_callback_p50(X)
+  amplification(X)     = tax(X, ref_load) / tax(X, ref_safe)   (queueing amplification)
 
 "At ref" is the cell where both configs ran at the same load: Phase A's cell at the reference
 rate (ref_safe and ref_load), every Phase B shape (at Phase B's rate, ref_safe by default) and
@@ -59,6 +60,21 @@ def pair_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def amplification(safe: dict[str, Any] | None, load: dict[str, Any] | None) -> dict[str, Any]:
+    """The queueing amplification of a tax: tax at ref_load / tax at ref_safe (how much more the
+    same connector costs once the server queues), with the interval of a ratio of intervals when
+    the ref_safe tax's interval is above 0."""
+    if not safe or not load or safe.get("value") in (None, 0) or load.get("value") is None:
+        return {"value": None, "ci": None}
+    value = load["value"] / safe["value"]
+    s_ci, l_ci = safe.get("ci"), load.get("ci")
+    ci = None
+    if s_ci and l_ci and None not in s_ci and None not in l_ci and s_ci[0] > 0:
+        vals = [l_ci[0] / s_ci[0], l_ci[0] / s_ci[1], l_ci[1] / s_ci[0], l_ci[1] / s_ci[1]]
+        ci = [min(vals), max(vals)]
+    return {"value": value, "ci": ci}
+
+
 def compute_taxes(rows: list[dict[str, Any]], configs: list[str], baseline: str,
                   reference: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     index = {(r["config"], r["phase"], r["cell"]): r for r in rows}
@@ -81,6 +97,11 @@ def compute_taxes(rows: list[dict[str, Any]], configs: list[str], baseline: str,
                     continue
                 entry["configs"][name] = pair_taxes(x, b)
         out["phase_a"][ref] = entry
+    safe, load = out["phase_a"]["ref_safe"]["configs"], out["phase_a"]["ref_load"]["configs"]
+    out["amplification"] = {
+        name: {m: amplification((safe.get(name) or {}).get(m), (load.get(name) or {}).get(m)) for m in ("ttft_p90", "tpot_p90")}
+        for name in others if name in safe and name in load
+    }  # fmt: skip
     for phase in (PHASE_B, PHASE_B_PRIME):
         cells: dict[str, Any] = {}
         labels = sorted({r["cell"] for r in rows if r["phase"] == phase},

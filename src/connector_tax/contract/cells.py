@@ -20,10 +20,6 @@ PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
 LAUNCH_PHASES = (PHASE_A, PHASE_B)
 LAUNCH_OF = {PHASE_A: PHASE_A, PHASE_B: PHASE_B, PHASE_B_PRIME: PHASE_B}
 
-# The arrival process of every study cell (the design's open-loop Poisson arrivals).
-STUDY_ARRIVAL = "poisson"
-
-
 def rate_label(rate: float) -> str:
     """`r<rate>` with 6 significant digits (r0.5, r32, r1e+03): rates that collide here are
     rejected at config load rather than silently sharing a cell."""
@@ -59,7 +55,8 @@ class Cell:
     warmup_s: float
     duration_s: float
     min_completed: int
-    arrival: str = STUDY_ARRIVAL
+    arrival: str = "poisson"  # workload.arrival.process: poisson | gamma | fixed
+    gamma_shape: float = 1.0
 
     @property
     def key(self) -> str:
@@ -71,6 +68,7 @@ class Cell:
             "label": self.label,
             "rate": self.rate,
             "arrival": self.arrival,
+            "gamma_shape": self.gamma_shape if self.arrival == "gamma" else None,
             "shape": self.shape,
             "warmup_s": self.warmup_s,
             "duration_s": self.duration_s,
@@ -87,13 +85,16 @@ def _cell(workload: dict[str, Any], phase: str, label: str, rate: float, shape: 
         warmup_s=workload["warmup_s"],
         duration_s=workload["duration_s"],
         min_completed=workload["min_completed"],
+        arrival=workload["arrival"]["process"],
+        gamma_shape=float(workload["arrival"]["gamma_shape"]),
     )
 
 
 def phase_a_cells(config: dict[str, Any]) -> list[Cell]:
+    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
     workload = config["workload"]
     shape = workload["phase_a"]["shape"]
-    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in workload["phase_a"]["rates"]]
+    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in sorted(workload["phase_a"]["rates"])]
 
 
 def phase_b_shapes(config: dict[str, Any]) -> list[dict[str, Any]]:

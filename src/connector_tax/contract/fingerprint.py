@@ -20,6 +20,7 @@ re-measures.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -62,19 +63,27 @@ def sha(value: Any) -> str:
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
+    """`base` with `override` merged in, mapping by mapping (a copy: neither is changed)."""
+    out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 
+# Server settings that change how long the pipeline waits, never what is measured.
+_NOT_MEASURED = ("ready_timeout_s",)
+
+
 def merged_server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
-    """The study's `server` with a variant's overrides; extra_args of both, in order."""
+    """The study's `server` with a variant's overrides; extra_args of both, in order; without
+    the settings that cannot change a measurement."""
     overrides = variant.get("server") or {}
     merged = {**(config.get("server") or {}), **{k: v for k, v in overrides.items() if k != "extra_args"}}
+    for key in _NOT_MEASURED:
+        merged.pop(key, None)
     merged["extra_args"] = list((config.get("server") or {}).get("extra_args") or []) + list(
         overrides.get("extra_args") or []
     )

@@ -23,8 +23,10 @@ from connector_tax.contract.layout import CELL_RECORDS, CellFiles, now_iso
 INDEX_SCHEMA = "connector-tax/run-index/2"
 SUMMARY_SCHEMA = "connector-tax/cell-summary/2"
 
-# Cell states in the index.
-COMPLETE, FAILED, PENDING = "complete", "failed", "pending"
+# Cell states in the index. A pruned cell was not measured on purpose (Phase A, past the
+# configuration's knee): a final state, like complete, never retried.
+COMPLETE, FAILED, PENDING, PRUNED = "complete", "failed", "pending", "pruned"
+DONE = (COMPLETE, PRUNED)
 # Launch states: ok (every cell complete), partial (some failed), failed (no cell could run),
 # skipped (preflight SKIP), interrupted (stopped by a signal), running (still going, or killed).
 LAUNCH_STATES = ("ok", "partial", "failed", "skipped", "interrupted", "running")
@@ -63,6 +65,7 @@ class PhaseIndex:
     run_order: list[str] = field(default_factory=list)
     launch_command: list[str] | None = None
     server_cpus: list[int] | None = None
+    cpus_leased: list[int] | None = None
     gpu: str | None = None
     server_versions: dict[str, Any] = field(default_factory=dict)
     # What served the launch in words ("vLLM 0.32.0 on CPU, dummy weights", "simulated vLLM
@@ -86,9 +89,10 @@ class PhaseIndex:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["simulated"] = self.simulated
-        out["cells_run"] = [c.key for c in self.cells if c.status != PENDING and not c.reused]
+        out["cells_run"] = [c.key for c in self.cells if c.status in (COMPLETE, FAILED) and not c.reused]
         out["cells_resumed"] = [c.key for c in self.cells if c.reused]
         out["cells_failed"] = {c.key: c.reason for c in self.cells if c.status == FAILED}
+        out["cells_pruned"] = {c.key: c.reason for c in self.cells if c.status == PRUNED}
         return out
 
     def write(self, path: Path) -> None:

@@ -157,6 +157,11 @@ class PhaseLayout:
 
     # Launch-level files (only in a launch phase's folder).
     @property
+    def lock(self) -> Path:
+        """Held (flock) by the job measuring this launch: one writer per launch."""
+        return self.folder.parent / LAUNCH_OF[self.phase] / ".lock"
+
+    @property
     def config_json(self) -> Path:
         return self.folder / "config.json"
 

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from connector_tax.contract.fingerprint import merged_server
 from connector_tax.config import ConfigError
 from connector_tax.launch import vllm_cpu
 from connector_tax.launch.paths import repo_root, tools_dir
@@ -113,16 +114,6 @@ def hma_policy(config: dict[str, Any]) -> str:
 def step_timing_enabled(config: dict[str, Any]) -> bool:
     """Whether launches load patches/ (the step log is written only when a path is given)."""
     return bool(_vllm_settings(config).get("step_timing", True))
-
-
-def _server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(config.get("server") or {})
-    overrides = variant.get("server") or {}
-    merged.update({k: v for k, v in overrides.items() if k != "extra_args"})
-    merged["extra_args"] = list(merged.get("extra_args") or []) + list(
-        overrides.get("extra_args") or []
-    )
-    return merged
 
 
 def _variant_where(config: dict[str, Any], variant: dict[str, Any]) -> str:
@@ -246,10 +237,21 @@ def _check_extra_args(extra_args: list[str], where: str) -> None:
             )
 
 
+def check_settings(config: dict[str, Any]) -> None:
+    """What a launch would refuse, checked when the config loads (ConfigError, one line):
+    extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
+    _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
+    for i, variant in enumerate(config["configs"]):
+        _check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"configs[{i}].server.extra_args")
+        if vllm_cpu.device(config) == "cpu":
+            vllm_cpu.check_server(merged_server(config, variant), "server" if "block_size" not in
+                                  (variant.get("server") or {}) else f"configs[{i}].server")  # fmt: skip
+
+
 def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
     """The exact `vllm serve` command line of a variant on `port`."""
     _check_port(port)
-    server = _server(config, variant)
+    server = merged_server(config, variant)
     where = _variant_where(config, variant)
     _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
     _check_extra_args(

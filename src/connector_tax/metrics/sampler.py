@@ -18,6 +18,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 _PLAIN_LABELS = {"model_name", "engine"}
+# Counters that move whenever the engine does work: their sum standing still while requests are
+# in flight means the server is stuck (serving.ServerWatch), whatever its /health says.
+WORK_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 
 
 def parse_samples(text: str) -> dict[str, float]:
@@ -42,6 +45,11 @@ class MetricsSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctax-metrics-sampler", daemon=True)
         self.scrapes = 0
+        # Read by other threads: monotonic time of the last scrape that answered, and of the last
+        # one in which the engine's work counters had moved (None until they do).
+        self.last_answer: float | None = None
+        self.last_work: float | None = None
+        self._work: float | None = None
 
     def __enter__(self) -> MetricsSampler:
         self._thread.start()
@@ -70,6 +78,12 @@ class MetricsSampler:
         try:
             response = client.get(self.url)
             response.raise_for_status()
-            return {"t_ns": t_ns, **parse_samples(response.text)}
+            samples = parse_samples(response.text)
         except (httpx.HTTPError, ValueError) as exc:
             return {"t_ns": t_ns, "error": f"{type(exc).__name__}: {exc}"}
+        now = time.monotonic()
+        self.last_answer = now
+        work = sum(samples.get(name, 0.0) for name in WORK_COUNTERS)
+        if self._work is None or work != self._work:
+            self._work, self.last_work = work, now
+        return {"t_ns": t_ns, **samples}

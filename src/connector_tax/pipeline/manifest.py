@@ -1,6 +1,6 @@
 """MANIFEST.md and MANIFEST.tsv: one row per run (configuration × phase), skips included.
 
-    python -m connector_tax.pipeline.manifest --config results/STUDY/study_config.yaml
+    ctax pipeline manifest --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def write_manifest(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.manifest")
+    parser = argparse.ArgumentParser(prog="ctax pipeline manifest")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     write_manifest(load_config(args.config))

@@ -1,22 +1,30 @@
-"""One server launch measuring the cells a phase could not reuse, each sealed as it ends.
+"""Server launches measuring the cells a phase could not reuse, each cell sealed as it ends.
 
 Per cell: a staging folder receives the load generator's records and summary, the /metrics
 sampler's scrapes and the cell's slice of the raw step log; then `seal_cell` moves them into the
 phase folder, summary last. The index (run.json) is rewritten after every cell, so a kill at
-any moment leaves it true. A cell whose server died, or in which no request succeeded, is
-sealed as failed with the reason (its records are kept for a person to read) and is redone on
-the next run; the launch stops at a dead server and leaves the remaining cells pending.
+any moment leaves it true.
+
+While a cell runs, a `ServerWatch` looks at its server twice a second: a server that exited, or
+that is stuck (requests in flight, none answered and no engine work for STALL_S), stops the cell
+at once (every completed record is kept); the cell is sealed as failed with the reason, the
+server and load generator are stopped and launched anew for the next cell, at most MAX_RESTARTS
+times per phase job (each restart recorded in the index). A dead load-generator worker fails its
+cell the same way. A cell in which no request succeeded is failed too. Failed cells keep their
+records for a person to read and are redone on the next run.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
-from connector_tax.contract.index import COMPLETE, FAILED, PhaseIndex, seal_cell
+from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
+from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_cpu import device
 from connector_tax.loadgen.affinity import plan_affinity
@@ -27,11 +35,14 @@ from connector_tax.pipeline.plan import PlannedCell
 from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, free_port
+from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
+
+MAX_RESTARTS = 2  # server launches after the first, per phase job
+STALL_S = 30.0  # no answer and no engine work for this long, requests in flight: the server is stuck
 
 
 class ServerDied(RuntimeError):
-    """The server exited while cells were still to be measured."""
+    """The server failed more often than a launch may restart it."""
 
 
 def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
@@ -60,6 +71,7 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
         phase=cell.phase,
         label=cell.label,
         arrival=cell.arrival,
+        gamma_shape=cell.gamma_shape,
         rate=cell.rate,
         shape=cell.shape,
         warmup_s=cell.warmup_s,
@@ -68,9 +80,62 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
     )
 
 
-def _verdict(summary: dict[str, Any], server: ServerProcess) -> tuple[str, str | None]:
-    if server.proc is not None and server.proc.poll() is not None:
-        return FAILED, f"server exited with code {server.proc.returncode} during the cell"
+PROGRESS_S = 5.0  # a progress line per cell this often, in the job's log and snakemake's console
+
+
+class ServerWatch:
+    """Stops the running cell when its server exits or is stuck; `failure` says why. Prints the
+    cell's progress every PROGRESS_S (elapsed, sent, completed, errors, recent TTFT p50).
+
+    Stuck: requests in flight, none answered (ok or error) for `stall_s`, and the engine's work
+    counters on /metrics still for as long (or /metrics not answering). A long request that is
+    still decoding moves the counters; a slow /metrics alone, with requests completing, is not a
+    stuck server."""
+
+    def __init__(self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler, name: str,
+                 stall_s: float = STALL_S) -> None:  # fmt: skip
+        self.server, self.gen, self.sampler, self.stall_s, self.name = server, gen, sampler, stall_s, name
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctax-server-watch", daemon=True)
+
+    def __enter__(self) -> ServerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        answered, since, shown = -1, start, start
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            progress = self.gen.progress
+            if now - shown >= PROGRESS_S:
+                shown = now
+                ttft = progress.ttft_p50_ms()
+                print(f"  {self.name}: {now - start:.0f} s, sent {progress.issued}, completed {progress.completed}, "
+                      f"errors {progress.errors}, in flight {progress.in_flight}"
+                      + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""), flush=True)  # fmt: skip
+            if progress.completed + progress.errors != answered or progress.in_flight == 0:
+                answered, since = progress.completed + progress.errors, now
+            worked = max(self.sampler.last_work or start, start)
+            code = self.server.exited()
+            if code is not None:
+                self.failure = f"server exited with code {code} during the cell"
+            elif now - since > self.stall_s and now - worked > self.stall_s:
+                self.failure = (f"server stuck: no response and no engine work for {self.stall_s:g} s "
+                                f"with {progress.in_flight} requests in flight")  # fmt: skip
+            if self.failure:
+                self.gen.stop()
+                return
+
+
+def _verdict(summary: dict[str, Any], failure: str | None) -> tuple[str, str | None]:
+    if failure:
+        return FAILED, failure
     counts = summary.get("counts") or {}
     if counts.get("post_warmup", 0) > 0 and counts.get("ok", 0) == 0:
         return FAILED, "no request succeeded"
@@ -85,40 +150,84 @@ def measure(
     index: PhaseIndex,
     todo: list[PlannedCell],
     save: Callable[[], None],
+    prune: Callable[[PlannedCell], str | None] = lambda planned: None,
 ) -> None:
-    """Launch the variant's server once and measure `todo` in order, updating `index`."""
+    """Measure `todo` in order, launching the variant's server (again after a failure); a cell
+    `prune` gives a reason for is recorded as pruned with the rest, not measured."""
+    backend = config["backend"]
+    phase_dir = layout.phase(index.config, index.phase)
+    drop_raw_logs(phase_dir.raw_steps)  # an earlier launch's cells are sealed or will be redone
+    pending = list(todo)
+    _prune_from(index, pending, prune)
+    if not pending:
+        return
+    with gpu_lease(backend, device=device(config)) as gpu:
+        index.gpu = gpu_description(gpu, backend)
+        while pending:
+            failure = _launch(config_path, config, variant, layout, index, pending, gpu, save, prune)
+            if failure is None:
+                break
+            index.restarts.append({"at": now_iso(), "after": failure})
+            save()
+            if len(index.restarts) > MAX_RESTARTS:
+                raise ServerDied(f"server failed {len(index.restarts)} times; last: {failure}")
+    drop_raw_logs(phase_dir.raw_steps)
+
+
+def _launch(
+    config_path: str,
+    config: dict[str, Any],
+    variant: dict[str, Any],
+    layout: StudyLayout,
+    index: PhaseIndex,
+    pending: list[PlannedCell],
+    gpu: str | None,
+    save: Callable[[], None],
+    prune: Callable[[PlannedCell], str | None],
+) -> str | None:
+    """One server launch measuring cells off the front of `pending` until a server failure
+    (returned) or the end (None)."""
     backend = config["backend"]
     phase_dir = layout.phase(index.config, index.phase)
     host = variant.get("server", {}).get("host") or config["server"]["host"]
     port = free_port(host, block=3 if backend == "vllm" else 1)
-    drop_raw_logs(phase_dir.raw_steps)  # an earlier launch's cells are sealed or will be redone
-    raw = phase_dir.raw_step_log(index.launch_id)
+    raw = phase_dir.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
     raw.parent.mkdir(parents=True, exist_ok=True)
     spec = launch_spec(config_path, config, variant, port, str(raw) if backend != "openai" else None)
+    if gpu is not None:
+        spec.env["CUDA_VISIBLE_DEVICES"] = gpu
     url = spec.url or f"http://{host}:{port}"
     index.launch_command = spec.argv
-    with gpu_lease(backend, device=device(config)) as gpu:
-        if gpu is not None:
-            spec.env["CUDA_VISIBLE_DEVICES"] = gpu
-        index.gpu = gpu_description(gpu, backend)
-        options = loadgen_options(config, url)
-        # Off the load generator's worker cores: a server waking there preempts a send spin.
-        cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
-        with ServerProcess(spec, url, phase_dir.folder, cpus=cpus) as server:
-            index.server_cpus = list(server.cpus) or None
-            save()
-            server.wait_ready(READY_TIMEOUT_S[backend])
-            splitter = StepLogSplitter(raw)
-            with LoadGenerator(options) as gen:
-                for planned in todo:
-                    _measure_cell(layout, index, planned, gen, server, splitter)
-                    save()
-                    entry = index.cell(planned.cell.phase, planned.cell.label)
-                    if entry is not None and entry.reason and entry.reason.startswith("server exited"):
-                        raise ServerDied(f"{planned.cell.key}: {entry.reason}")
-            available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
-            index.step_timing_available, index.step_timing_reason = available, reason
-    drop_raw_logs(phase_dir.raw_steps)
+    options = loadgen_options(config, url)
+    # Off the load generator's worker cores: a server waking there preempts a send spin.
+    cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
+    with ServerProcess(spec, url, phase_dir.folder, cpus=cpus) as server:
+        index.server_cpus = list(server.cpus) or None
+        save()
+        server.wait_ready(ready_timeout_s(config, variant))
+        splitter = StepLogSplitter(raw)
+        with LoadGenerator(options) as gen:
+            while pending:
+                failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter)
+                _prune_from(index, pending, prune)
+                save()
+                if failure:
+                    return failure
+        available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
+        index.step_timing_available, index.step_timing_reason = available, reason
+    return None
+
+
+def _prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
+    """Once the next pending cell is to be pruned, so is every cell after it (higher rates)."""
+    why = prune(pending[0]) if pending else None
+    if why is None:
+        return
+    for planned in pending:
+        entry = index.cell(planned.cell.phase, planned.cell.label)
+        if entry is not None:
+            entry.status, entry.reason = PRUNED, why
+    pending.clear()
 
 
 def _measure_cell(
@@ -128,19 +237,24 @@ def _measure_cell(
     gen: LoadGenerator,
     server: ServerProcess,
     splitter: StepLogSplitter,
-) -> None:
+) -> str | None:
+    """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
     folder = layout.phase(index.config, cell.phase)
     staging, final = folder.staging(cell.label), folder.cell(cell.label)
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
-    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S):
-        summary = gen.run_cell(cell_spec(planned), staging.folder)
+    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler:
+        with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
+            summary = gen.run_cell(cell_spec(planned), staging.folder)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
-    status, reason = _verdict(summary, server)
+    # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
+    failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
+    status, reason = _verdict(summary, failure)
     sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason)
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
         entry.status = COMPLETE if sealed["complete"] else FAILED
         entry.reason = sealed.get("reason")
         entry.counts = {k: v["records"] for k, v in sealed["files"].items()}
+    return failure

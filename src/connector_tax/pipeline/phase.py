@@ -9,7 +9,7 @@ end, whatever happened. Recorded outcomes (a preflight SKIP, a server that would
 died, a cell with no successful request) exit 0 so the study goes on with the other
 configurations; they are listed in the manifest and the report, and redone on the next run.
 
-    python -m connector_tax.pipeline.phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
+    ctax pipeline phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import os
 import sys
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import find_variant, load_config
-from connector_tax.contract import LAUNCH_PHASES, PHASE_B, StudyLayout, run_order
-from connector_tax.contract.index import COMPLETE, FAILED, CellEntry, PhaseIndex, read_index
+from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
-from connector_tax.pipeline.plan import launch_plan, read_reference
+from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
+from connector_tax.pipeline.prune import knee
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
 from connector_tax.pipeline.resume import decide
+from connector_tax.serving.cpus import cpu_lease
+from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
 
 # Launch facts a launch that measured nothing carries over from the one that measured.
@@ -47,14 +50,34 @@ def _preflight_reason(layout: StudyLayout, name: str) -> str | None:
 
 def _final_status(index: PhaseIndex) -> str:
     states = [c.status for c in index.cells]
-    if all(s == COMPLETE for s in states):
+    if all(s in DONE for s in states):
         return "ok"
     if any(s == COMPLETE for s in states):
         return "partial"
     return "failed"
 
 
-def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
+def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None = None) -> PhaseIndex:
+    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all."""
+    with cpu_lease(cpus) as leased:
+        index = _run_phase(config_path, name, launch_phase, leased)
+    return index
+
+
+def _pruner(layout: StudyLayout, config: dict, name: str, plan: LaunchPlan, index: PhaseIndex):
+    """Phase A's knee check for a cell about to be measured: the complete cells below it."""
+    if plan.launch_phase != PHASE_A:
+        return lambda planned: None
+
+    def check(planned: PlannedCell) -> str | None:
+        done = [p for p in plan.cells if p.cell.rate < planned.cell.rate
+                and (index.cell(p.cell.phase, p.cell.label) or CellEntry("", "", "", {})).status == COMPLETE]  # fmt: skip
+        return knee(layout, config, name, done)
+
+    return check
+
+
+def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
     config = load_config(config_path)
     variant = find_variant(config, name)
     layout = StudyLayout.of(config["study"])
@@ -66,7 +89,7 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
     index = PhaseIndex(
         study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
         code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
-        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"],
+        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
         served_by=served_by(config, plan.launch["server_versions"]), mooncake_transport=mooncake_transport(config, variant),
     )  # fmt: skip
     skip = _preflight_reason(layout, name)
@@ -91,8 +114,9 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
     write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
     index.write(folder.index)
     try:
-        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index))
-    except (ServerStartError, ServerDied, OSError, RuntimeError) as exc:
+        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index),
+                _pruner(layout, config, name, plan, index))  # fmt: skip
+    except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
         for entry in index.cells:
             if entry.status == "pending":
@@ -110,16 +134,42 @@ def run_phase(config_path: str, name: str, launch_phase: str) -> PhaseIndex:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.phase")
+    parser = argparse.ArgumentParser(prog="ctax pipeline phase")
     parser.add_argument("--config", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
+    parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     args = parser.parse_args(argv)
-    index = run_phase(args.config, args.name, args.phase)
+    stop_on_signals()
+    study = load_config(args.config)["study"]
+    lock_path = StudyLayout.of(study).phase(args.name, args.phase).lock
+    lock = exclusive_lock(lock_path)
+    if lock is None:
+        _say(f"{args.name} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        return 1
+    try:
+        with AncestorWatch():
+            index = run_phase(args.config, args.name, args.phase, args.cpus or None)
+    except KeyboardInterrupt as exc:
+        _say(f"{args.name} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        return 130
+    except OSError as exc:
+        _say(f"{args.name} {args.phase}: stopped: {exc}; the next run resumes it")
+        return 1
+    finally:
+        os.close(lock)
     reused = sum(c.reused for c in index.cells)
-    print(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
-          + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
+    _say(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+         + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
     return 0
+
+
+def _say(line: str) -> None:
+    """The job's outcome on stderr, which may be a pipe already closed by a signal."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ changed) and by the phase job (to decide which cells to reuse), so both always a
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from connector_tax.contract.fingerprint import (
     sha,
     short,
 )
-from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, verify_cell
+from connector_tax.contract.index import COMPLETE, DONE, PRUNED, PhaseIndex, read_index, verify_cell
 from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.provenance import server_versions
 
@@ -105,7 +106,7 @@ def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
     index: PhaseIndex | None = read_index(layout.index(name, launch_phase))
     if index is None or index.status == "skipped":
         return ""
-    if index.status == "running" or any(c.status != COMPLETE for c in index.cells):
+    if index.status == "running" or any(c.status not in DONE for c in index.cells):
         return f"retry after launch {index.launch_id} ({index.status})"
     return ""
 
@@ -149,7 +150,7 @@ def describe_pending(config_path: str | Path, config: dict[str, Any]) -> list[st
 def study_outcome(config: dict[str, Any]) -> str:
     """The closing line of a study run: cells complete, and which failed or were skipped, why."""
     layout = StudyLayout.of(config["study"])
-    complete, problems = 0, []
+    complete, pruned, problems = 0, 0, []
     for variant in config["configs"]:
         for launch_phase in (PHASE_A, PHASE_B):
             index = read_index(layout.index(variant["name"], launch_phase))
@@ -159,12 +160,25 @@ def study_outcome(config: dict[str, Any]) -> str:
                 problems.append(f"{variant['name']}/{launch_phase} skipped ({index.reason})")
                 continue
             complete += sum(c.status == COMPLETE for c in index.cells)
-            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status != COMPLETE]
+            pruned += sum(c.status == PRUNED for c in index.cells)
+            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
     head = f"connector-tax: done; results in {layout.root}: {complete} cells complete"
+    if pruned:
+        head += f" ({pruned} pruned past a knee)"
     if not problems:
         return head
     shown = "; ".join(problems[:5]) + (f"; +{len(problems) - 5} more" if len(problems) > 5 else "")
-    return f"{head}, {len(problems)} not (see MANIFEST.md; a re-run retries them): {shown}"
+    return f"{head}, {len(problems)} not complete (listed in MANIFEST.md; a re-run retries them): {shown}"
+
+
+def job_threads(config: dict[str, Any]) -> int:
+    """CPUs a phase job keeps busy: the load generator's main process and workers, and the
+    server (one core for the simulator, four for vLLM's API server, engine core and worker on
+    a GPU host; on a CPU host vLLM computes on every core it may use)."""
+    loadgen = 1 + config["loadgen"]["workers"]
+    if config["backend"] != "vllm":
+        return loadgen + 1
+    return (os.cpu_count() or 1) if (config.get("vllm") or {}).get("device") == "cpu" else loadgen + 4
 
 
 def launch_digest(config: dict[str, Any], config_path: str | Path, name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,8 @@ from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.launch.vllm_cpu import device
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import READY_TIMEOUT_S, ServerProcess, ServerStartError, free_port
+from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
+from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -36,6 +38,26 @@ def _one_streamed_request(url: str, model: str) -> None:
             raise ServerStartError("test request's stream did not end with data: [DONE]")
 
 
+def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
+    """Run a script in its own process group and take the whole group down with it: on return,
+    on timeout, on any exception, and (watchdog, parent-death signal) if this process dies. A
+    verify script's `vllm serve` never outlives it."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    watchdog = GroupWatchdog(proc.pid)
+    try:
+        return proc.wait(timeout_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            if sig == signal.SIGTERM:
+                time.sleep(2.0)
+        proc.wait()
+        watchdog.release()
+
+
 def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     host = config["server"]["host"]
@@ -44,7 +66,7 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     try:
         with gpu_lease("vllm", device=device(config)) as gpu:
             env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-            subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, timeout=READY_TIMEOUT_S["vllm"] + 300, check=False)
+            run_group(argv, env, timeout_s=ready_timeout_s(config, find_variant(config, name)) + 300)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
         verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
@@ -81,7 +103,7 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
             if gpu is not None:
                 spec.env["CUDA_VISIBLE_DEVICES"] = gpu
             with ServerProcess(spec, url, log_dir) as server:
-                server.wait_ready(READY_TIMEOUT_S[backend])
+                server.wait_ready(ready_timeout_s(config, variant))
                 ready_s = time.monotonic() - started
                 _one_streamed_request(server.url, model)
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
@@ -103,7 +125,7 @@ def merge_status(parts: list[Path]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.preflight")
+    parser = argparse.ArgumentParser(prog="ctax pipeline preflight")
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="readiness of one configuration")
     check.add_argument("--config", required=True)
@@ -114,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--out", required=True)
     merge.add_argument("parts", nargs="+")
     args = parser.parse_args(argv)
+    stop_on_signals()
     if args.action == "check":
         config = load_config(args.config)
         out = Path(args.out)
@@ -122,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
             print(f"{args.name}: ok (reused: this launch passed preflight with the same settings)")
             return 0
-        result = check_readiness(args.config, config, args.name, Path(args.log_dir))
+        with AncestorWatch():
+            result = check_readiness(args.config, config, args.name, Path(args.log_dir))
         write_json(out, {**result, "launch": digest})
         print(f"{args.name}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
     else:

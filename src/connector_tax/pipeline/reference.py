@@ -1,6 +1,6 @@
 """The reference-rate checkpoint: saturation of every Phase A cell, then ref_safe and ref_load.
 
-    python -m connector_tax.pipeline.reference --config results/STUDY/study_config.yaml
+    ctax pipeline reference --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from connector_tax.contract import StudyLayout
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.pipeline.reference")
+    parser = argparse.ArgumentParser(prog="ctax pipeline reference")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     layout = StudyLayout.of(load_config(args.config)["study"])

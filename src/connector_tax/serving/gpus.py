@@ -1,24 +1,23 @@
 """Give each GPU job its own device, and wait for a device's memory to be released.
 
 Snakemake's `resources: gpu=1` bounds how many GPU jobs run at once but does not say which
-device each gets; a job takes the first free one under an exclusive file lock (released when
-the job's process ends, however it ends). Before a launch, the device's memory must have been
+device each gets; a job takes the first free one under an exclusive file lock in a private
+per-user directory (serving.lifecycle.private_dir; released when the job's process ends,
+however it ends). Before a launch, the device's memory must have been
 released by the previous server: poll nvidia-smi, bounded, instead of a blind sleep.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-LOCK_DIR = Path(os.environ.get("CONNECTOR_TAX_GPU_LOCKS", Path(tempfile.gettempdir()) / "connector-tax-gpus"))
+from connector_tax.serving.lifecycle import exclusive_lock, private_dir
+
 FREE_MIB = 1024  # a device using less than this is considered released
 
 
@@ -64,21 +63,18 @@ def gpu_lease(backend: str, timeout_s: float = 3600.0, device: str = "cuda") -> 
     gpus = visible_gpus()
     if not gpus:
         raise RuntimeError("backend vllm needs a GPU, and none is visible (nvidia-smi / CUDA_VISIBLE_DEVICES)")
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    locks = private_dir("gpus")
     deadline = time.monotonic() + timeout_s
     while True:
         for gpu in gpus:
-            handle = open(LOCK_DIR / f"gpu{gpu}.lock", "w")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
+            fd = exclusive_lock(locks / f"gpu{gpu}.lock")
+            if fd is None:
                 continue
             try:
                 wait_released(gpu)
                 yield gpu
             finally:
-                handle.close()
+                os.close(fd)
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"no free GPU among {gpus} after {timeout_s:.0f} s")

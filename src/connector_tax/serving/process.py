@@ -1,20 +1,19 @@
 """One launched server: its own process group, logs on disk, bounded readiness, sure stop.
 
 The server runs in a new session (process group), so stopping it reaches every process it
-spawned (vLLM's engine core and workers); SIGTERM first, SIGKILL after a grace period.
-SIGTERM to this process becomes SystemExit, so a `with ServerProcess(...)` block stops its
-server when Snakemake cancels the job, as it does on Ctrl-C or normal exit.
+spawned (vLLM's engine core and workers): SIGTERM first, SIGKILL after a grace period, then
+SIGKILL to what is left of the group, on every path. If this process dies instead, the server
+gets SIGKILL from the kernel (parent-death signal) and its group from a watchdog
+(serving.lifecycle): no server outlives its owner, however the owner ends.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -23,10 +22,17 @@ import httpx
 import psutil
 
 from connector_tax.launch.spec import LaunchSpec
+from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent
 
 
 # How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
+
+
+def ready_timeout_s(config: dict, variant: dict) -> float:
+    """`server.ready_timeout_s` of the variant, else of the study, else the backend's default."""
+    value = (variant.get("server") or {}).get("ready_timeout_s") or config["server"].get("ready_timeout_s")
+    return float(value or READY_TIMEOUT_S[config["backend"]])
 
 
 # Lines that say why a server could not start better than its last line does: a connector
@@ -103,23 +109,6 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel SIGKILLs it when the launching process dies, however
-    it dies (kill -9 included), so no server outlives its phase job."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the process-group kill on every stop path still applies
-
-
-def _raise_system_exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 class ServerProcess:
     def __init__(
         self, spec: LaunchSpec, url: str, log_dir: Path, grace_s: float = 10.0, cpus: tuple[int, ...] = ()
@@ -134,10 +123,9 @@ class ServerProcess:
         self.stdout_path = log_dir / "server_stdout.log"
         self.stderr_path = log_dir / "server_stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: GroupWatchdog | None = None
 
     def __enter__(self) -> ServerProcess:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _raise_system_exit)
         self.start()
         return self
 
@@ -161,8 +149,9 @@ class ServerProcess:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
+        self._watchdog = GroupWatchdog(self.proc.pid)
         if self.cpus:
             try:
                 psutil.Process(self.proc.pid).cpu_affinity(list(self.cpus))
@@ -197,7 +186,13 @@ class ServerProcess:
     def _failure(self, what: str) -> ServerStartError:
         return ServerStartError(what, tail(self.stderr_path, 200) or tail(self.stdout_path, 200))
 
+    def exited(self) -> int | None:
+        """The server's exit code once it has exited (None while it runs, or if external)."""
+        return None if self.proc is None else self.proc.poll()
+
     def stop(self) -> int | None:
+        """SIGTERM to the group, SIGKILL after the grace period, then SIGKILL to whatever of the
+        group is left (the engine core, workers) on every path."""
         proc = self.proc
         if proc is None:
             return None
@@ -206,10 +201,12 @@ class ServerProcess:
             try:
                 proc.wait(self.grace_s)
             except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                proc.wait()
-        else:
-            self._signal(signal.SIGKILL)  # the leader is gone; reap what it left behind
+                pass
+        self._signal(signal.SIGKILL)
+        proc.wait()
+        if self._watchdog is not None:
+            self._watchdog.release()
+            self._watchdog = None
         return proc.returncode
 
     def _signal(self, sig: int) -> None:

@@ -153,6 +153,8 @@ class SimApp:
         await _respond(send, HTTPStatus.OK, body, JSON)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.dice.settings.metrics_delay_s:
+            await asyncio.sleep(self.dice.settings.metrics_delay_s)
         await _respond(send, HTTPStatus.OK, self.metrics.exposition(), CONTENT_TYPE_LATEST.encode())
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,6 +168,7 @@ class SimApp:
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         t_arrival = time.monotonic_ns()
+        self.dice.begin_request()
         raw = await _read_body(receive)
         try:
             gen = parse_generation(raw, _header(scope, b"content-type"), chat, self.model, self.max_model_len)
@@ -225,6 +228,7 @@ class SimApp:
         if ids.chat:
             await _body(send, role_chunk(ids, usage(request.prompt_len, 0) if gen.continuous_usage else None))
         hang_at = self.dice.hang_at()
+        reset_at = request.max_tokens // 2 if self.dice.reset() else None
         sent = 0
         while not (stream.finished and not stream.pending):
             tokens = await stream.take()
@@ -256,6 +260,9 @@ class SimApp:
                 chunk = chunk[: len(chunk) // 2] + b"\n\n"
             _stamp(timing, len(tokens))
             await _body(send, chunk)
+            if reset_at is not None and sent >= reset_at:
+                # the server drops the connection mid-stream (uvicorn closes it on the error)
+                raise ConnectionResetError("simulated connection reset")
             if hung:
                 await _until_disconnected(stream)
                 return

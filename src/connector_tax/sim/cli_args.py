@@ -31,6 +31,9 @@ FAULT_FLAGS: dict[str, tuple[object, str]] = {
     "http_500_rate": (_number(float, 0, 1), "fraction of generation requests answered with HTTP 500"),
     "malformed_sse_rate": (_number(float, 0, 1), "fraction of SSE chunks sent malformed"),
     "health_503_after_s": (_number(float, 0), "engine 'dies' after this long: /health 503, requests 500"),
+    "reset_rate": (_number(float, 0, 1), "fraction of streams whose connection is dropped mid-stream"),
+    "metrics_delay_s": (_number(float, 0), "answer /metrics this much later"),
+    "after_requests": (_number(int, 0), "spare this many first requests from the per-request faults"),
 }
 
 

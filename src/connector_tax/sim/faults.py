@@ -18,6 +18,9 @@ class FaultSettings:
     http_500_rate: float = 0.0  # fraction of generation requests answered with HTTP 500
     malformed_sse_rate: float = 0.0  # fraction of streamed chunks sent malformed
     health_503_after_s: float | None = None  # the engine "dies": /health 503, requests 500
+    reset_rate: float = 0.0  # fraction of streams whose connection is dropped mid-stream
+    metrics_delay_s: float = 0.0  # /metrics answers this late (a slow exporter)
+    after_requests: int = 0  # the per-request faults spare this many first requests (a preflight's)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "FaultSettings":
@@ -31,17 +34,26 @@ class FaultDice:
     def __init__(self, settings: FaultSettings, seed: int) -> None:
         self.settings = settings
         self._rng = random.Random(seed)
+        self.requests = 0
+
+    def begin_request(self) -> None:
+        self.requests += 1
+
+    def _draw(self, rate: float) -> bool:
+        return rate > 0 and self.requests > self.settings.after_requests and self._rng.random() < rate
 
     def http_500(self) -> bool:
-        return self.settings.http_500_rate > 0 and self._rng.random() < self.settings.http_500_rate
+        return self._draw(self.settings.http_500_rate)
 
     def malformed_chunk(self) -> bool:
-        rate = self.settings.malformed_sse_rate
-        return rate > 0 and self._rng.random() < rate
+        return self._draw(self.settings.malformed_sse_rate)
+
+    def reset(self) -> bool:
+        return self._draw(self.settings.reset_rate)
 
     def hang_at(self) -> int | None:
         """The token count after which this request's stream stalls, if it does."""
         n = self.settings.hang_after_tokens
-        if n is None or self._rng.random() >= self.settings.hang_rate:
+        if n is None or not self._draw(self.settings.hang_rate):
             return None
         return n

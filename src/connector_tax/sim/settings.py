@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
+from connector_tax.contract.fingerprint import deep_merge
 from connector_tax.sim.admission import AdmissionSettings
 from connector_tax.sim.costs import CostModel, connector_terms
 from connector_tax.sim.engine import EngineSettings
@@ -23,16 +23,6 @@ class SimSettings:
     cost_model: CostModel
     faults: FaultSettings
     connector: dict[str, Any] | None
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def resolve(config: dict[str, Any], variant: dict[str, Any], faults: dict[str, Any]) -> SimSettings:

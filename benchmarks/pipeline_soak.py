@@ -1,0 +1,126 @@
+"""Soak: the simulator at a high sustained rate for 10 minutes, through the pipeline.
+
+    python benchmarks/pipeline_soak.py [--minutes 10] [--rate 100] [--interval 15] [--keep DIR]
+
+Runs `snakemake phase_a` on a one-configuration study whose single Phase A cell lasts
+--minutes at --rate req/s (16-token prompts, 16-token outputs, the tiny-fast profile), and
+samples every --interval seconds the RSS and open file descriptors of every process of the run
+(snakemake, the phase job, the simulated server, the load generator's workers, the watchdog),
+found by walking the process table for the run's folder. It prints one line per sample and, at
+the end, each process's growth from the first sample after the warm-up minute to the last:
+the bar is RSS growth <= 10 % and no file-descriptor growth. Exit status 1 when it is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BAR_RSS_GROWTH = 0.10
+
+
+def study(minutes: float, rate: float) -> dict:
+    return {
+        "study": "soak",
+        "backend": "sim",
+        "seed": 1,
+        "model": {"name": "Qwen/Qwen3-Coder-30B-A3B-Instruct"},
+        "sim": {"hardware_profile": "tiny-fast"},
+        "configs": [{"name": "plain"}],
+        "workload": {
+            "warmup_s": 5,
+            "duration_s": minutes * 60,
+            "min_completed": 1,
+            "request_timeout_s": 30,
+            "phase_a": {"rates": [rate], "shape": {"input": 16, "output": 16}},
+            "phase_b": {"inputs": [16], "outputs": [16]},
+        },
+    }
+
+
+def role(proc: psutil.Process) -> str:
+    cmd = " ".join(proc.cmdline())
+    for marker, name in (("snakemake", "snakemake"), ("pipeline phase", "phase job"), (" sim ", "sim server"),
+                         ("spawn_main", "loadgen worker"), ("resource_tracker", "mp tracker"),
+                         ("killpg", "watchdog")):  # fmt: skip
+        if marker in cmd:
+            return name
+    return cmd[:40]
+
+
+def ours(folder: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if (proc.info["cwd"] or "").startswith(str(folder)) or any(str(folder) in a for a in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def sample(folder: Path) -> dict[str, tuple[float, int]]:
+    """{role#pid: (RSS MiB, open fds)}"""
+    out = {}
+    for proc in ours(folder):
+        try:
+            out[f"{role(proc)}#{proc.pid}"] = (proc.memory_info().rss / 2**20, proc.num_fds())
+        except psutil.Error:
+            continue
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--rate", type=float, default=100.0)
+    p.add_argument("--interval", type=float, default=15.0)
+    p.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temp dir)")
+    args = p.parse_args(argv)
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="ctax-soak-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "soak.yaml"
+    config.write_text(yaml.safe_dump(study(args.minutes, args.rate)))
+    argv_ = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1",
+             "phase_a", "--configfile", str(config), "--directory", str(folder)]  # fmt: skip
+    print(f"soak: {args.rate:g} req/s for {args.minutes:g} min through `snakemake phase_a` in {folder}")
+    run = subprocess.Popen(argv_, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
+    t0 = time.monotonic()
+    try:
+        while run.poll() is None:
+            time.sleep(args.interval)
+            now = sample(folder)
+            samples.append((time.monotonic() - t0, now))
+            line = "  ".join(f"{k}: {rss:.0f} MiB/{fds} fds" for k, (rss, fds) in sorted(now.items()))
+            print(f"t={samples[-1][0]:6.0f} s  {line}", flush=True)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, 15)
+        run.wait()
+    print(f"snakemake exited {run.returncode} after {time.monotonic() - t0:.0f} s")
+    steady = [s for s in samples if s[0] >= 60.0] or samples
+    first, last = steady[0][1], steady[-1][1]
+    ok = run.returncode == 0
+    print("process                 RSS first -> last (growth)     fds first -> last")
+    for key in sorted(set(first) & set(last)):
+        (r0, f0), (r1, f1) = first[key], last[key]
+        growth = (r1 - r0) / r0 if r0 else 0.0
+        passed = growth <= BAR_RSS_GROWTH and f1 <= f0
+        ok &= passed
+        print(f"{key:22}  {r0:7.1f} -> {r1:7.1f} MiB ({growth:+.1%})   {f0:4d} -> {f1:4d}   {'ok' if passed else 'FAIL'}")
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

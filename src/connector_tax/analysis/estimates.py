@@ -1,0 +1,134 @@
+"""The numbers the hypotheses rest on, each an estimate with its 95% interval, from the taxes.
+
+Every function takes the taxes document (taxes.compute_taxes) and returns
+{"value", "ci", ...detail} or None when a configuration it needs has no tax; nothing here
+decides anything (hypotheses.py does, from the rule table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connector_tax.analysis import constants as K
+from connector_tax.analysis.quantiles import combine, tax_combination
+
+
+def ci_of(est: dict[str, Any] | None) -> list[float] | None:
+    ci = (est or {}).get("ci")
+    return list(ci) if ci and None not in ci else None
+
+
+def div_interval(num: list[float], den: list[float]) -> list[float] | None:
+    """num / den for intervals, den strictly positive (else unbounded: None)."""
+    if den[0] <= 0:
+        return None
+    vals = [num[0] / den[0], num[0] / den[1], num[1] / den[0], num[1] / den[1]]
+    return [min(vals), max(vals)]
+
+
+def tax_number(est: dict[str, Any]) -> dict[str, Any]:
+    return {"value": est.get("value"), "ci": ci_of(est), "x_p90": est.get("x_p90"), "base_p90": est.get("base_p90"),
+            "x_n": est.get("x_n"), "base_n": est.get("base_n"),
+            "cells_valid": [est.get("x_valid"), est.get("base_valid")]}  # fmt: skip
+
+
+class Taxes:
+    """The taxes at ref_safe (Phase A) and along Phase B, read by configuration and metric."""
+
+    def __init__(self, taxes: dict[str, Any] | None) -> None:
+        self.doc = taxes or {}
+        self.safe = (self.doc.get("phase_a") or {}).get("ref_safe") or {}
+
+    def at_safe(self, config: str, metric: str = "ttft_p90") -> dict[str, Any] | None:
+        est = ((self.safe.get("configs") or {}).get(config) or {}).get(metric)
+        return est if est and est.get("value") is not None else None
+
+    def missing_reason(self, config: str) -> str:
+        return (self.safe.get("missing") or {}).get(config, "no TTFT p90 tax at ref_safe")
+
+    def phase_b_cells(self) -> dict[str, Any]:
+        return (self.doc.get(K.PHASE_B) or {}).get("cells") or {}
+
+
+def h1_tax(t: Taxes) -> dict[str, Any] | None:
+    est = t.at_safe(K.MOONCAKE_BOTH)
+    return None if est is None else {**tax_number(est), "numbers": {"tax_ttft_p90_mooncake_both": tax_number(est)}}
+
+
+def h2_gap_pp(t: Taxes) -> dict[str, Any] | None:
+    m, n = t.at_safe(K.MOONCAKE_BOTH), t.at_safe(K.NIXL_BOTH)
+    if m is None or n is None:
+        return None
+    gap = tax_combination([(100.0, m), (-100.0, n)])
+    return {"value": gap["value"], "ci": ci_of(gap),
+            "numbers": {"gap_pp": {"value": gap["value"], "ci": ci_of(gap)}, "tax_ttft_p90_mooncake_both": tax_number(m),
+                        "tax_ttft_p90_nixl_both": tax_number(n)}}  # fmt: skip
+
+
+def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
+    noop, mb = t.at_safe(K.NOOP, metric), t.at_safe(K.MOONCAKE_BOTH, metric)
+    if noop is None or mb is None or not mb["value"]:
+        return None
+    ci, note = None, None
+    if ci_of(noop) and ci_of(mb):
+        ci = div_interval(ci_of(noop), ci_of(mb))  # type: ignore[arg-type]
+        note = None if ci else "mooncake_both tax CI reaches 0: the share is unbounded"
+    value = noop["value"] / mb["value"]
+    share = {"value": value, "ci": ci, "note": note}
+    return {"value": value, "ci": ci, "note": note,
+            "numbers": {"noop_share": share, "tax_ttft_p90_noop_connector": tax_number(noop),
+                        "tax_ttft_p90_mooncake_both": tax_number(mb)}}  # fmt: skip
+
+
+def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
+    mb, lmc, multi = t.at_safe(K.MOONCAKE_BOTH, metric), t.at_safe(K.LMCACHE_ONLY, metric), t.at_safe(K.MULTI, metric)
+    if mb is None or lmc is None or multi is None or not multi["value"]:
+        return None
+    total = tax_combination([(1.0, mb), (1.0, lmc)])
+    dev = tax_combination([(1.0, multi), (-1.0, mb), (-1.0, lmc)])
+    ci, note = None, None
+    if ci_of(dev) and ci_of(multi):
+        ci = div_interval(ci_of(dev), ci_of(multi))  # type: ignore[arg-type]
+        note = None if ci else "multi tax CI reaches 0: the relative deviation is unbounded"
+    value = dev["value"] / multi["value"]
+    return {"value": value, "ci": ci, "note": note,
+            "numbers": {"rel_dev": {"value": value, "ci": ci, "note": note}, "sum": total, "deviation": dev,
+                        "multi": tax_number(multi), "mooncake_both": tax_number(mb), "lmcache_only": tax_number(lmc)}}  # fmt: skip
+
+
+def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
+    """Steps of `config`'s tax along `along` ("input" / "output"), per fixed other dimension."""
+    across = "output" if along == "input" else "input"
+    groups: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for cell in t.phase_b_cells().values():
+        est = ((cell.get("configs") or {}).get(config) or {}).get(metric)
+        if cell.get(along) is None or cell.get(across) is None or not est or est.get("value") is None:
+            continue
+        groups.setdefault(int(cell[across]), []).append((int(cell[along]), est))
+    series = []
+    for fixed, pts in sorted(groups.items()):
+        pts.sort(key=lambda p: p[0])
+        if len(pts) < 2:
+            continue
+        steps = []
+        for (a, ea), (b, eb) in zip(pts, pts[1:]):
+            d = combine([(100.0, eb), (-100.0, ea)])
+            steps.append({"from": a, "to": b, "delta_pp": d["value"], "ci": ci_of(d)})
+        total = combine([(100.0, pts[-1][1]), (-100.0, pts[0][1])])
+        sign = None if total["value"] is None else ("+" if total["value"] > 0 else "-" if total["value"] < 0 else "0")
+        series.append({across: fixed, "points": [{along: x, "tax": e["value"], "ci": ci_of(e)} for x, e in pts],
+                       "steps": steps, "total_pp": total["value"], "total_ci": ci_of(total), "sign": sign})  # fmt: skip
+    return {"config": config, "metric": metric, "along": along, "series": series}
+
+
+def monotone_steps(t: Taxes, metric: str, along: str) -> dict[str, Any] | None:
+    """mooncake_both's tax steps along one dimension (H5: TTFT along input; H6: TPOT along output):
+    the value is the smallest step (pp) and its interval the smallest step interval's."""
+    tr = trend(t, K.MOONCAKE_BOTH, metric, along)
+    steps = [s for ser in tr["series"] for s in ser["steps"] if s["delta_pp"] is not None]
+    if not steps:
+        return None
+    low = min(steps, key=lambda s: s["delta_pp"])
+    cis = [s["ci"] for s in steps]
+    ci = [min(c[0] for c in cis), min(c[1] for c in cis)] if all(cis) else None
+    return {"value": low["delta_pp"], "ci": ci, "numbers": {K.MOONCAKE_BOTH: tr}, "steps": len(steps)}
