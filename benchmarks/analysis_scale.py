@@ -1,6 +1,6 @@
 """Analysis at scale: 1 M request records + 10 M engine-step records in <= 60 s and <= 4 GiB.
 
-Generates a synthetic study (connector_tax.analysis.synthetic for the layout: study config,
+Generates a synthetic study (tests/synthetic_study.py for the layout: study config,
 preflight, run.json, summaries, metrics; then large request and step logs written with
 pandas and sealed as the pipeline seals a cell), runs `analyze(results_dir, figures=True)` in a child process, and prints the
 child's wall time and peak RSS (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss).
@@ -28,9 +28,11 @@ import numpy as np
 import pandas as pd
 
 from connector_tax.analysis.layout import load_study
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import seal_cell
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test-data generator lives with the tests
+from synthetic_study import SyntheticSpec, write_study  # noqa: E402
 
 BUDGET_S = 60.0
 BUDGET_RSS_GIB = 4.0

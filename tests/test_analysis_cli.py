@@ -6,7 +6,7 @@ import argparse
 import json
 
 from connector_tax.analysis import cli
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
 
 
 def _parse(argv):
@@ -48,4 +48,5 @@ def test_cli_figures_only_redraws_from_existing_analysis(tmp_path, capsys):
     assert (figs / "fig1_ttft_p90_vs_rate.png").is_file()
     skipped = json.loads((figs / "skipped.json").read_text())
     assert "fig6_step_latency_cdf" in skipped
+    assert cli.main(_parse([str(root), "--report-only"])) == 0  # the report names what was skipped
     assert "fig6_step_latency_cdf" in (root / "analysis" / "report.md").read_text()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from connector_tax.analysis import analyze
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
 
 EXPECTED_COLUMNS = [
     "config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status", "valid",

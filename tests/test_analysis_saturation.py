@@ -7,7 +7,7 @@ import json
 import pytest
 
 from connector_tax.analysis.saturation import cell_criteria, reference_rates
-from connector_tax.analysis.synthetic import SyntheticSpec, expected_reference, write_study
+from synthetic_study import SyntheticSpec, expected_reference, write_study
 
 SMALL = dict(n_requests=120, n_steps=50, step_logs=False, phase_b=False, phase_b_prime=False, write_reference=False)
 

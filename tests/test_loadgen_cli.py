@@ -145,6 +145,18 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--input-len", "1.5"], "ctax bench: argument --input-len: '1.5' is not a valid int"),
         (["--cpu-latency-us", "-1"], "ctax bench: argument --cpu-latency-us: -1 must be >= 0"),
         (["--cpu-latency-us", "none"], "ctax bench: argument --cpu-latency-us: 'none' is not 'off' or a whole number of µs"),
+        (["--seed", "-1"], "ctax bench: argument --seed: -1 must be >= 0"),
+        (["--seed", "9223372036854775808"], "ctax bench: argument --seed: 9223372036854775808 must be < 2^63"),
+        (["--seed", "x"], "ctax bench: argument --seed: 'x' is not a whole number"),
+        (["--gamma-shape", "inf"], "ctax bench: argument --gamma-shape: inf must be finite"),
+        (["--timeout", "nan"], "ctax bench: argument --timeout: nan must be finite"),
+        (["--rates", ","], "ctax bench: argument --rates: ',' holds no rate"),
+        (["--model", " "], "ctax bench: argument --model: must not be empty"),
+        (["--phase", "a/b"], "ctax bench: argument --phase: 'a/b' is not a file-name-safe name (letters, digits, . _ -)"),
+        (["--min-completed", "-1"], "ctax bench: argument --min-completed: -1 must be >= 0"),
+        (["--input-len", "300000"], "ctax bench: --input-len: 300000 tokens is over the load generator's limit of 262143"),
+        (["--url", "localhost:99999"],
+         "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535"),
     ],
 )
 def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -162,9 +174,26 @@ def test_bad_trace_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
     line = _bad(["--trace", str(trace)], capsys, tmp_path)
-    assert line == f"ctax bench: {trace}:1: 1 hash_ids for input_length 600; expected 2 (one per 512-token block)"
+    assert line == f"ctax bench: --trace: {trace}:1: 1 hash_ids for input_length 600; expected 2 (one per 512-token block)"
     missing = tmp_path / "missing.jsonl"
-    assert str(missing) in _bad(["--trace", str(missing)], capsys, tmp_path)
+    line = _bad(["--trace", str(missing)], capsys, tmp_path)
+    assert line.startswith("ctax bench: --trace: ") and str(missing) in line
+    # Trace lengths get the same length check as --input-len.
+    trace.write_text('{"timestamp": 0, "input_length": 262144, "output_length": 4, "hash_ids": %s}\n'
+                     % list(range(512)))  # fmt: skip
+    line = _bad(["--trace", str(trace)], capsys, tmp_path)
+    assert line == "ctax bench: --trace: input_length 262144 is over the load generator's limit of 262143"
+
+
+def test_unwritable_out_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    try:
+        rc = ctax_main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--out", str(blocker / "sub")])
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"ctax bench: --out: cannot create '{blocker / 'sub'}'")
 
 
 def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:

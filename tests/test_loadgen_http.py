@@ -405,7 +405,9 @@ def test_keep_alive_against_the_sim(sim) -> None:
             reader.finish()
             pool.release(conn)
             conns.add(id(conn))
-            assert (reader.chunks, reader.done, reader.error) == (3, True, None)
+            # The sim, like vLLM, may put two tokens in one chunk when its stream lags (a loaded
+            # machine): usage says 3, the chunks 2 or 3.
+            assert (reader.done, reader.error) == (True, None) and 2 <= reader.chunks <= 3
             assert reader.usage == {"prompt_tokens": 16, "total_tokens": 19, "completion_tokens": 3}
         assert len(conns) == 1
         assert conn.used == 15

@@ -34,7 +34,7 @@ from connector_tax.loadgen.trace import TraceRequest  # noqa: E402
 RECORD_KEYS = [
     "request_id", "t_scheduled_ns", "t_send_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
     "completion_tokens", "inflight_at_send", "warmup", "status", "error",
-    "input_len", "output_len", "chunks", "http_status", "worker",
+    "input_len", "output_len", "chunks", "http_status", "worker", "cell", "usage_completion_tokens", "token_mismatch",
 ]  # fmt: skip
 SHAPE = {"input": 64, "output": 8}
 SIM_FLAGS = {
@@ -136,9 +136,12 @@ def test_warmup_flagged_and_excluded(basic: tuple[dict, list[dict]], out: Path) 
     warm = [r for r in records if r["warmup"]]
     post = [r for r in records if not r["warmup"]]
     assert warm and post
+    # A stream that lags gets two tokens in one chunk, as vLLM does: the count then comes from
+    # usage, and the chunk-count disagreement is recorded, not an error. It is counted exactly.
     assert summary["counts"] == {
         "scheduled": len(records), "warmup": len(warm), "post_warmup": len(post),
-        "ok": len(post), "error": 0, "timeout": 0, "dropped": 0,
+        "ok": len(post), "error": 0, "timeout": 0, "dropped": 0, "unissued": 0, "unmatched": 0,
+        "token_count_mismatch": sum(bool(r.get("token_mismatch")) for r in post),
     }  # fmt: skip
     assert summary["latency_ms"]["ttft"]["n"] == len(post)
     assert summary["latency_ms"]["itl"]["n"] == sum(r["chunks"] - 1 for r in post)
@@ -385,7 +388,8 @@ def test_drain_cancels_and_records_hung_requests(hung: tuple[dict, list[dict]]) 
     last = records[2]
     assert (last["status"], last["error"], last["http_status"]) == ("timeout", "drain timeout after 0.2 s", 200)
     assert last["t_send_ns"] is not None and last["t_first_token_ns"] is not None
-    assert 1.2 <= summary["wall_s"] < 2.5
+    # The last issue is at ~1.0 s; the drain, cancellation included, ends within its 0.2 s.
+    assert 1.1 <= summary["wall_s"] < 1.5
     assert summary["validity"]["valid"] is False
     assert "error_frac 1.0 > 0.01" in summary["validity"]["reasons"]
 
@@ -428,8 +432,9 @@ def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
     validity = summary["validity"]
     checks = {c["name"]: c for c in validity["checks"]}
     assert list(checks) == ["dispatch_rate_error", "lateness_p99_us", "lateness_max_us", "error_frac",
-                            "dropped_frac", "cpu_frac_main", "cpu_frac_worker0"]  # fmt: skip
-    assert [c["threshold"] for c in checks.values()] == [0.05, 0, 100_000.0, 0.01, 1.0, 0.95, 0.95]
+                            "dropped_frac", "unissued", "issue_overrun_ms", "unmatched_results",
+                            "cpu_frac_main", "cpu_frac_worker0"]  # fmt: skip
+    assert [c["threshold"] for c in checks.values()] == [0.05, 0, 100_000.0, 0.01, 1.0, 0, 100.0, 0, 0.95, 0.95]
     assert validity["valid"] is False
     assert checks["lateness_p99_us"]["passed"] is False
     assert f"lateness_p99_us {summary['lateness_us']['p99']} > 0" in validity["reasons"]

@@ -1,9 +1,10 @@
 """SSEReader: OpenAI/vLLM streams cut at arbitrary read boundaries.
 
 Every test states the exact chunk count, usage, done flag, error text and timestamps the reader
-must report. The streams use vLLM's compact JSON (no spaces), which is what the byte checks
-classify; the property tests feed the same stream in many different cuttings and demand the
-result of a single read.
+must report. The streams here use vLLM's compact JSON; other servers' formattings, an
+independent reference parser and the fuzz tests are in test_loadgen_sse_formats.py. The
+random-cut tests feed the same stream in many different cuttings and demand the result of a
+single read.
 """
 
 from __future__ import annotations
@@ -137,11 +138,18 @@ def test_missing_done_is_an_error() -> None:
     assert outcome(reader) == (2, None, False, "stream ended without data: [DONE]")
 
 
-def test_partial_last_event_is_not_processed() -> None:
-    # The last event lacks its blank line: neither the token nor [DONE] counts.
+def test_final_event_without_blank_line_counts_when_the_response_ends() -> None:
+    # The last events lack their blank line (and the very last its newline): the response's
+    # end completes them, at the time of its last read.
     stream = sse(completion_chunk(" a")) + ("data: " + completion_chunk(" b") + "\n").encode()
-    reader = read([stream])
-    assert outcome(reader) == (1, None, False, "stream ended without data: [DONE]")
+    reader = SSEReader()
+    reader.feed(1_000, stream)
+    assert reader.chunks == 1
+    reader.finish(2_000)
+    assert outcome(reader) == (2, None, False, "stream ended without data: [DONE]")
+    assert reader.t_last == 2_000
+    done = sse(completion_chunk(" a")) + b"data: [DONE]"
+    assert outcome(read([done])) == (1, None, True, None)
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -161,27 +169,28 @@ def test_error_event_with_spaced_json_as_the_sim_sends_it() -> None:
 
 def test_error_event_without_message_and_undecodable() -> None:
     assert read([sse('{"error":{"code":500}}', "[DONE]")]).error == "error event"
-    assert read([sse('{"error":oops}', "[DONE]")]).error == "malformed error event: b'{\"error\":oops}'"
+    assert read([sse('{"error":oops}', "[DONE]")]).error.startswith("malformed SSE data: b'{\"error\":oops}' (not JSON")
 
 
 def test_malformed_data_is_an_error_and_the_first_error_is_kept() -> None:
     cut = completion_chunk(" a")[:30]
     stream = sse(cut, completion_chunk(" b"), "not json", "[DONE]")
     reader = read([stream])
-    assert reader.error == f"malformed SSE data: {cut.encode()!r}"
+    assert reader.error.startswith(f"malformed SSE data: {cut.encode()!r} (not JSON: ")
     # Later well-formed chunks still count; [DONE] does not clear the error.
     assert (reader.chunks, reader.done) == (1, True)
 
 
 def test_malformed_data_is_truncated_to_80_bytes() -> None:
     junk = "x" * 200
-    assert read([sse(junk, "[DONE]")]).error == f"malformed SSE data: {(b'x' * 80)!r}"
+    assert read([sse(junk, "[DONE]")]).error.startswith(f"malformed SSE data: {(b'x' * 80)!r} (not JSON")
 
 
 def test_malformed_usage_chunk() -> None:
     bad = '{"choices":[],"usage":{"prompt_tokens":}'
     reader = read([sse(completion_chunk(" a"), bad, "[DONE]")])
-    assert outcome(reader) == (1, None, True, f"malformed usage chunk: {bad.encode()!r}")
+    assert outcome(reader)[:3] == (1, None, True)
+    assert reader.error.startswith(f"malformed SSE data: {bad.encode()!r} (not JSON")
 
 
 # -- timestamps -------------------------------------------------------------------------
@@ -318,48 +327,7 @@ def test_empty_reads_change_nothing() -> None:
     assert outcome(read(pieces)) == (4, USAGE, True, None)
 
 
-# -- the bulk path: a read holding many plain token events -----------------------------------
-def _reference(stream: bytes) -> tuple[int, dict | None, bool, str | None]:
-    """Event by event, the way the reader is specified (no bulk shortcut)."""
-    tokens, usage, done, error = 0, None, False, None
-    for event in stream.replace(b"\r\n", b"\n").split(b"\n\n")[:-1]:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                done = True
-            elif not (payload.startswith(b"{") and payload.endswith(b"}")):
-                error = error or f"malformed SSE data: {payload[:80]!r}"
-            elif payload.startswith(b'{"error"'):
-                error = error or json.loads(payload)["error"]["message"]
-            elif b'"choices":[]' in payload:
-                usage = json.loads(payload)["usage"]
-            elif b'"text":""' not in payload and b'"content":""' not in payload:
-                tokens += 1
-    return tokens, usage, done, error or (None if done else "stream ended without data: [DONE]")
-
-
-# Token texts that look like what the bulk path searches for; JSON escapes their quotes.
-TRICKY = ["data: {", "[DONE]", '"text":""', '}\n\ndata: {', '{"error"', '"choices":[]', "\r\n", " tok"]
-
-
-def test_bulk_read_of_plain_tokens_equals_event_by_event() -> None:
-    rng = random.Random(11)
-    for trial in range(200):
-        payloads = [completion_chunk(rng.choice(TRICKY)) for _ in range(rng.randint(1, 80))]
-        if rng.random() < 0.3:  # something the bulk check must not swallow, somewhere
-            payloads.insert(rng.randrange(len(payloads) + 1), rng.choice(
-                [completion_chunk(""), "not json", _compact({"error": {"message": "boom"}}), "[DONE]"]))  # fmt: skip
-        stream = sse(*payloads, usage_chunk(), "[DONE]", eol=rng.choice(["\n", "\r\n"]))
-        reader = read([stream], [5])
-        assert outcome(reader) == _reference(stream), trial
-        n = outcome(reader)[0]
-        # One read: every token arrived at once, so all gaps after the first token are 0.
-        assert list(reader.gaps_us) == [0] * max(0, n - 1), trial
-        assert (reader.t_first, reader.t_last) == ((5, 5) if n else (None, None))
-
-
+# -- a read holding many plain token events (the split path; formats: test_loadgen_sse_formats.py)
 def test_bulk_reads_keep_gaps_between_reads() -> None:
     first = sse(*(completion_chunk(" a") for _ in range(3)))
     second = sse(*(completion_chunk(" b") for _ in range(2)), usage_chunk(), "[DONE]")

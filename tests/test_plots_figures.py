@@ -10,7 +10,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from connector_tax.analysis import build
-from connector_tax.analysis.synthetic import SyntheticSpec, write_study
+from synthetic_study import SyntheticSpec, write_study
+from connector_tax.contract.layout import FIGURES as CONTRACT_FIGURES
 from connector_tax.plots import build_figure, make_figures
 from connector_tax.plots.figures import FIGURES, Skip
 from connector_tax.plots.style import Palette, describe
@@ -97,3 +98,47 @@ def test_make_figures_writes_png_and_pdf_and_records_skips(docs, tmp_path):
     assert set(out["skipped"]) == set(FIGURES) - set(out["made"])
     assert all(out["skipped"].values())
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_the_contract_names_every_figure_the_plots_draw():
+    assert tuple(FIGURES) == CONTRACT_FIGURES
+
+
+def _data_boxes(ax):
+    """Display-space boxes of what an axes plots: bars, markers and line vertices, error bars."""
+    import numpy as np
+    from matplotlib.collections import Collection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+    from matplotlib.transforms import Bbox
+
+    boxes = []
+    for artist in ax.get_children():
+        if not artist.get_visible():
+            continue
+        if isinstance(artist, Rectangle) and artist is not ax.patch and artist.get_width() and artist.get_height():
+            boxes.append(artist.get_window_extent())
+        elif isinstance(artist, Line2D) and artist.get_xydata().size:
+            if artist.get_linestyle() in ("None", "") and artist.get_marker() in (None, "None", ""):
+                continue
+            xy = artist.get_transform().transform(artist.get_xydata())
+            boxes += [Bbox.from_extents(x - 1, y - 1, x + 1, y + 1) for x, y in xy if np.isfinite([x, y]).all()]
+        elif isinstance(artist, Collection):
+            offsets = artist.get_offsets()
+            if len(offsets):
+                xy = artist.get_offset_transform().transform(offsets)
+                boxes += [Bbox.from_extents(x - 2, y - 2, x + 2, y + 2) for x, y in xy if np.isfinite([x, y]).all()]
+    return boxes
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_no_legend_covers_plotted_data(docs, name):
+    agg, hyp = docs
+    fig = build_figure(name, agg, hyp)
+    fig.canvas.draw()
+    legends = [lg for ax in fig.axes for lg in ax.get_children() if lg.__class__.__name__ == "Legend"] + list(fig.legends)
+    for legend in legends:
+        box = legend.get_window_extent()
+        for ax in fig.axes:
+            covered = [b for b in _data_boxes(ax) if box.overlaps(b)]
+            assert not covered, f"{name}: legend {[t.get_text() for t in legend.get_texts()][:2]} covers {len(covered)} plotted items"

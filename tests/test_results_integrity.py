@@ -235,3 +235,31 @@ def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
     assert index["status"] == "ok" and "1 pruned past a knee" in result.stdout + result.stderr
     again = snakemake(tmp_path, path, "phase_a")  # a pruned cell is a final state: nothing to redo
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
+    config = copy.deepcopy(TINY)
+    config["configs"] = config["configs"][:1]
+    config["workload"].update(duration_s=0.3, min_completed=3, phase_a={"rates": [40], "shape": {"input": 64, "output": 8}},
+                              precision={"target": 0.15, "max_duration_s": 60})  # fmt: skip
+    result = snakemake(tmp_path, write_config(tmp_path, config), "phase_a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(StudyLayout(tmp_path / "results" / "integrity").phase("plain", "phase_a").cell("r40")
+                         .summary.read_text())  # fmt: skip
+    # far past its 0.3 s floor and 3 requests: batch means need 200 requests before any interval
+    assert summary["stop_reason"] == "precision reached (target ±15%)", summary["stop_reason"]
+    assert summary["counts"]["ok"] >= 200 and summary["extended"] is True
+    assert all(w is not None and w <= 0.15 for w in summary["precision"].values())
+
+
+def test_snakemake_report_holds_the_figures_the_verdicts_and_the_manifest(measured, tmp_path) -> None:
+    """`snakemake --report` after a study: every figure with its caption, verdicts.tsv, MANIFEST.tsv."""
+    from connector_tax.contract.layout import FIGURES
+
+    folder = _copy(measured, tmp_path)
+    assert snakemake(folder, folder / "study.yaml", "all").returncode == 0
+    result = snakemake(folder, folder / "study.yaml", "--report", str(folder / "report.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    added = {line.split()[1] for line in result.stdout.splitlines() + result.stderr.splitlines() if line.startswith("Adding ")}
+    assert added == {f"{name}.png" for name in FIGURES} | {"verdicts.tsv", "MANIFEST.tsv"}
+    assert (folder / "report.html").stat().st_size > 100_000

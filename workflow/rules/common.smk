@@ -66,7 +66,11 @@ def phase_b_plan(name):
 
 def lease_cpus(wildcards, threads):
     """A phase job leases its CPUs only when others may run beside it (--cores > its threads)."""
-    return threads if threads < workflow.cores else 0
+    try:
+        cores = workflow.cores
+    except Exception:  # snakemake --report and --dag ask for params without --cores
+        return 0
+    return threads if threads < cores else 0
 
 
 def study_dir(wildcards, input):

@@ -18,6 +18,8 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
             index_of(_name, PHASE_A),
         log:
             log_of(f"phase_a_{_name}"),
+        benchmark:
+            str(LAYOUT.benchmark(f"phase_a_{_name}"))
         params:
             ctax=CTAX,
             name=_name,

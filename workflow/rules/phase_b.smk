@@ -17,6 +17,8 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
             index_of(_name, PHASE_B),
         log:
             log_of(f"phase_b_{_name}"),
+        benchmark:
+            str(LAYOUT.benchmark(f"phase_b_{_name}"))
         params:
             ctax=CTAX,
             name=_name,

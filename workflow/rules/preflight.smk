@@ -11,6 +11,8 @@ rule preflight_config:
         str(LAYOUT.preflight_ready("{name}")),
     log:
         log_of("preflight_{name}"),
+    benchmark:
+        str(LAYOUT.benchmark("preflight_{name}"))
     params:
         ctax=CTAX,
         log_dir=lambda wildcards: str(LAYOUT.preflight_logs(wildcards.name)),

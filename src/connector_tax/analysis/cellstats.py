@@ -18,6 +18,7 @@ import numpy as np
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES, PHASE_A
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Cell
+from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.quantiles import cdf_grid, summarize
 
 REQUEST_FIELDS = {
@@ -51,6 +52,17 @@ _STEPS = ["step_timing_available", "steps_n"] + [
 _SAT = ["saturated", "saturation_criteria", "crit_throughput", "crit_waiting", "crit_ttft_growth",
         "ttft_growth_ratio", "ttft_growth_vs_rate"]  # fmt: skip
 COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"]
+
+
+def time_series_stats(values: np.ndarray, order: np.ndarray, ci_p: float,
+                      ps: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:  # fmt: skip
+    """Percentiles of `values`, and the batch-means 95% interval of the ci_p-th, the values taken
+    in the order of `order` (send or step times): consecutive requests and steps are correlated."""
+    st = summarize(values, ps=ps, ci_for=(ci_p,))
+    finite = ~np.isnan(np.asarray(values, dtype=np.float64))
+    _, lo, hi = percentile_ci(np.asarray(values)[finite][np.argsort(np.asarray(order)[finite], kind="stable")], ci_p)
+    st[f"p{ci_p:g}_ci_lo"], st[f"p{ci_p:g}_ci_hi"] = lo, hi
+    return st
 
 
 def _null(a: np.ndarray) -> np.ndarray:
@@ -89,15 +101,15 @@ def request_stats(cell: Cell) -> tuple[dict[str, Any], tuple[int | None, int | N
     has_first, has_last, has_send = ~_null(first), ~_null(last), ~_null(send)
     ct = r["completion_tokens"]
     m = ok & has_first & has_send
-    ttft = (first[m] - send[m]) / 1e6
+    ttft = ((first[m] - send[m]) / 1e6, sched[m])
     m = ok & has_first & ~_null(sched)
-    ttft_sched = (first[m] - sched[m]) / 1e6
+    ttft_sched = ((first[m] - sched[m]) / 1e6, sched[m])
     m = ok & has_first & has_last & ~_null(ct) & (ct > 1)
-    tpot = (last[m] - first[m]) / 1e6 / (ct[m] - 1)
+    tpot = ((last[m] - first[m]) / 1e6 / (ct[m] - 1), sched[m])
     m = ok & has_last & has_send
-    e2e = (last[m] - send[m]) / 1e6
-    for name, values in (("ttft_ms", ttft), ("ttft_sched_ms", ttft_sched), ("tpot_ms", tpot), ("e2e_ms", e2e)):
-        row.update({f"{name}_{k}": v for k, v in summarize(values).items()})
+    e2e = ((last[m] - send[m]) / 1e6, sched[m])
+    for name, (values, order) in (("ttft_ms", ttft), ("ttft_sched_ms", ttft_sched), ("tpot_ms", tpot), ("e2e_ms", e2e)):
+        row.update({f"{name}_{k}": v for k, v in time_series_stats(values, order, ci_p=90).items()})
     lo, hi = _window(sched, post)
     fallback: dict[str, Any] = {}
     if lo is not None and hi is not None and hi > lo:
@@ -193,7 +205,7 @@ def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[
     cols["connector_total_us"] = total
     row["steps_n"] = int(engine.sum())
     for name in STEP_STATS:
-        st = summarize(cols[name], ps=(50, 90), ci_for=(50,))
+        st = time_series_stats(cols[name], t[sel][engine] if name == "connector_total_us" else t[sel], ci_p=50, ps=(50, 90))
         row[f"{name}_p50"], row[f"{name}_p90"] = st["p50"], st["p90"]
         row[f"{name}_p50_ci_lo"], row[f"{name}_p50_ci_hi"] = st["p50_ci_lo"], st["p50_ci_hi"]
     return row, note, cdf_grid(cols["step_duration_us"])

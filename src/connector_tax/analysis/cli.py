@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--figures", action="store_true", help="also draw figures 1-8 (PNG + PDF) under analysis/figures/")
     parser.add_argument("--figures-only", action="store_true",
                         help="redraw the figures from an existing RESULTS_DIR/analysis (or --out) without re-reading raw data")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write report.md from an existing RESULTS_DIR/analysis (or --out) whose figures are drawn")
     parser.add_argument("--baseline", default="plain",
                         help="config the taxes are measured against (default plain; 'first' = the study's first config)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/analysis)")
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from connector_tax.analysis.core import analyze, redraw_figures
+    from connector_tax.analysis.core import analyze, redraw_figures, write_report
     from connector_tax.analysis.layout import StudyRefused
     from connector_tax.contract import StudyLayout
     from connector_tax.contract.layout import AnalysisFiles
@@ -41,6 +43,13 @@ def main(args: argparse.Namespace) -> int:
         out = redraw_figures(analysis_dir)
         print(out["out_dir"] if args.quiet else
               f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s")
+        return 0
+    if getattr(args, "report_only", False):
+        analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
+        if not AnalysisFiles(analysis_dir).figures_skipped.is_file():
+            print(f"ctax analyze: {analysis_dir}/figures/skipped.json missing: draw the figures first", file=sys.stderr)
+            return 2
+        print(write_report(analysis_dir))
         return 0
     try:
         out = analyze(results, figures=bool(args.figures), baseline=args.baseline, out_dir=args.out,

@@ -25,7 +25,8 @@ from connector_tax.analysis.artifacts import check_artifacts, runtime_of
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
-from connector_tax.analysis.quantiles import CDF_PERCENTILES, CI_METHOD, TAX_CI_METHOD
+from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
+from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.contract import StudyLayout, rate_label
 from connector_tax.contract.layout import AnalysisFiles
@@ -173,7 +174,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         "code": study.code,
-        "ci_method": {"percentiles": CI_METHOD, "taxes": TAX_CI_METHOD,
+        "ci_method": {"percentiles": BATCH_METHOD, "taxes": TAX_CI_METHOD,
                       "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},
         "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
         "columns": COLUMNS,
@@ -215,8 +216,9 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
     write_json_atomic(out.aggregate_json, agg)
     write_atomic(out.aggregate_csv, csv_text(agg["rows"]))
     write_json_atomic(out.hypotheses_json, hyp)
+    write_atomic(out.verdicts_tsv, verdicts_tsv(hyp))
     write_atomic(out.report_md, render_report(agg, hyp, made, skipped, figures_made=figures))
-    files = [p.name for p in out.outputs()]
+    files = [p.name for p in out.outputs()] + [out.report_md.name]
     if figures:
         files += ["figures/skipped.json"] + [str(Path("figures") / Path(p).name) for ps in made.values() for p in ps]
     verdicts = {h["id"]: h["verdict"] for h in hyp["hypotheses"]}
@@ -227,9 +229,8 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
 
 def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     """Figures only, from an existing analysis/ folder (aggregate.json + hypotheses.json): draws
-    figures/, writes figures/skipped.json and re-renders report.md with the figure list.
+    figures/ (a notice for each one that cannot be drawn) and writes figures/skipped.json.
     Returns {"out_dir", "figures", "skipped_figures", "seconds"}."""
-    from connector_tax.analysis.report import render_report
     from connector_tax.plots import make_figures
 
     t0 = time.perf_counter()
@@ -238,6 +239,31 @@ def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
     fig = make_figures(agg, hyp, out.figures)
     write_json_atomic(out.figures_skipped, fig["skipped"])
-    write_atomic(out.report_md, render_report(agg, hyp, fig["made"], fig["skipped"]))
     return {"out_dir": str(out.folder), "figures": fig["made"], "skipped_figures": fig["skipped"],
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+
+
+def write_report(analysis_dir: Path) -> Path:
+    """report.md from an analysis/ folder whose figures are drawn (figures/skipped.json)."""
+    from connector_tax.analysis.report import render_report
+    from connector_tax.contract.layout import FIGURES
+
+    out = AnalysisFiles(Path(analysis_dir))
+    agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
+    hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
+    skipped = json.loads(out.figures_skipped.read_text(encoding="utf-8"))
+    made = {name: [str(out.figure(name, ext)) for ext in ("png", "pdf")] for name in FIGURES if name not in skipped}
+    write_atomic(out.report_md, render_report(agg, hyp, made, skipped))
+    return out.report_md
+
+
+def verdicts_tsv(hyp: dict[str, Any]) -> str:
+    """The verdict table (H1-H6, then the success criteria) as TSV, for Snakemake's report."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    writer.writerow(["id", "verdict or status", "95% interval", "outcome", "why"])
+    for h in hyp["hypotheses"]:
+        writer.writerow([h["id"], h["verdict"], h.get("confidence") or "", "", h["reason"]])
+    for c in hyp["success_criteria"]:
+        writer.writerow([c["id"], c["status"], c.get("confidence") or "", c.get("outcome") or "", c["reason"]])
+    return buf.getvalue()

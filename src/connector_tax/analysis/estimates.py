@@ -97,12 +97,19 @@ def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
 
 
 def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
-    """Steps of `config`'s tax along `along` ("input" / "output"), per fixed other dimension."""
+    """Steps of `config`'s tax along `along` ("input" / "output"), per fixed other dimension;
+    shapes where `config` or the baseline was saturated are left out (listed in `excluded`)."""
     across = "output" if along == "input" else "input"
     groups: dict[int, list[tuple[int, dict[str, Any]]]] = {}
-    for cell in t.phase_b_cells().values():
+    excluded = []
+    baseline = t.doc.get("baseline")
+    for label, cell in t.phase_b_cells().items():
         est = ((cell.get("configs") or {}).get(config) or {}).get(metric)
         if cell.get(along) is None or cell.get(across) is None or not est or est.get("value") is None:
+            continue
+        hit = {n: why for n, why in (cell.get("saturated") or {}).items() if n in (config, baseline)}
+        if hit:
+            excluded.append({"shape": label, "saturated": hit})
             continue
         groups.setdefault(int(cell[across]), []).append((int(cell[along]), est))
     series = []
@@ -118,7 +125,7 @@ def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
         sign = None if total["value"] is None else ("+" if total["value"] > 0 else "-" if total["value"] < 0 else "0")
         series.append({across: fixed, "points": [{along: x, "tax": e["value"], "ci": ci_of(e)} for x, e in pts],
                        "steps": steps, "total_pp": total["value"], "total_ci": ci_of(total), "sign": sign})  # fmt: skip
-    return {"config": config, "metric": metric, "along": along, "series": series}
+    return {"config": config, "metric": metric, "along": along, "series": series, "excluded": excluded}
 
 
 def monotone_steps(t: Taxes, metric: str, along: str) -> dict[str, Any] | None:

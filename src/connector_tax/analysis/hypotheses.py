@@ -211,6 +211,9 @@ def evaluate(taxes: dict[str, Any] | None, reference: dict[str, Any], configs: l
         h["caveats"] = list(caveats) + [f"{key}: rests on a cell the load generator marked invalid"
                                         for key, val in (h.get("numbers") or {}).items()
                                         if isinstance(val, dict) and False in (val.get("cells_valid") or [])]  # fmt: skip
+        for left_out in ((h.get("numbers") or {}).get(K.MOONCAKE_BOTH) or {}).get("excluded") or []:
+            why = "; ".join(f"{n}: {c}" for n, c in left_out["saturated"].items())
+            h["caveats"].append(f"shape {left_out['shape']} left out: saturated at ref_safe ({why})")
     return {
         "schema_version": 2,
         "simulated": simulated,

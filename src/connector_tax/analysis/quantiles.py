@@ -109,8 +109,8 @@ def cdf_grid(values: np.ndarray) -> list[float] | None:
 # scale for ratios, linearly for differences. This is approximate (~95%) but keeps the
 # analysis free of resampling at 10^7 samples; it is stated in every output next to the CIs.
 TAX_CI_METHOD = (
-    "delta method on the order-statistic intervals: each quantile's 95% interval -> standard error "
-    "(half-width / 1.96); ratios combined on the log scale, differences linearly, independent samples"
+    "delta method on each quantile's 95% batch-means interval -> standard error (half-width / 1.96); "
+    "ratios combined on the log scale, differences linearly; the two cells are independent measurements"
 )
 
 

@@ -110,8 +110,12 @@ def compute_taxes(rows: list[dict[str, Any]], configs: list[str], baseline: str,
         for label in labels:
             b = index.get((baseline, phase, label))
             any_row = next(r for r in rows if r["phase"] == phase and r["cell"] == label)
+            # Which configurations the server could not take at this shape (the design's criteria):
+            # their taxes stand, but a trend across shapes (H5, H6) must not rest on them.
+            saturated = {r["config"]: r.get("saturation_criteria") or "saturated" for r in rows
+                         if r["phase"] == phase and r["cell"] == label and r.get("saturated")}  # fmt: skip
             cell: dict[str, Any] = {"input": any_row.get("input_len"), "output": any_row.get("output_len"),
-                                    "configs": {}, "missing": {}}  # fmt: skip
+                                    "configs": {}, "missing": {}, "saturated": saturated}  # fmt: skip
             for name in others:
                 x = index.get((name, phase, label))
                 if x is None:

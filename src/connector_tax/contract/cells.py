@@ -57,6 +57,8 @@ class Cell:
     min_completed: int
     arrival: str = "poisson"  # workload.arrival.process: poisson | gamma | fixed
     gamma_shape: float = 1.0
+    precision_target: float | None = None  # workload.precision: adaptive length (pipeline.precision)
+    max_duration_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -73,6 +75,8 @@ class Cell:
             "warmup_s": self.warmup_s,
             "duration_s": self.duration_s,
             "min_completed": self.min_completed,
+            "precision_target": self.precision_target,
+            "max_duration_s": self.max_duration_s,
         }
 
 
@@ -87,6 +91,8 @@ def _cell(workload: dict[str, Any], phase: str, label: str, rate: float, shape: 
         min_completed=workload["min_completed"],
         arrival=workload["arrival"]["process"],
         gamma_shape=float(workload["arrival"]["gamma_shape"]),
+        precision_target=workload["precision"]["target"],
+        max_duration_s=workload["precision"]["max_duration_s"],
     )
 
 

@@ -133,12 +133,19 @@ def read_summary(files: CellFiles) -> dict[str, Any] | None:
 
 
 def seal_cell(
-    staging: CellFiles, final: CellFiles, fingerprint: str, *, status: str = COMPLETE, reason: str | None = None
+    staging: CellFiles,
+    final: CellFiles,
+    fingerprint: str,
+    *,
+    status: str = COMPLETE,
+    reason: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Move a measured cell from staging into its phase folder, summary last. Returns the summary.
+    """Move a measured cell from staging into its phase folder, summary last (with `extra`
+    facts of the measurement added). Returns the summary.
 
     status "failed" keeps the records for a person to read but the cell is not complete."""
-    summary = read_summary(staging) or {}
+    summary = {**(read_summary(staging) or {}), **(extra or {})}
     final.folder.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, int]] = {}
     for kind in CELL_RECORDS:

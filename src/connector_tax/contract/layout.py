@@ -90,6 +90,14 @@ class CellFiles:
         return CellFiles(folder, self.phase, self.label)
 
 
+# The design's figures, one file pair each (plots.figures.FIGURES draws them under these names).
+FIGURES = (
+    "fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",
+    "fig4_tax_bars_ref_safe_ref_load", "fig4b_tax_shapes_phase_b_prime", "fig5_tax_shape_heatmaps",
+    "fig6_step_latency_cdf", "fig7_tax_decomposition", "fig8_h4_additivity",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AnalysisFiles:
     """What the analysis writes into its folder (results/<study>/analysis by default)."""
@@ -109,6 +117,10 @@ class AnalysisFiles:
         return self.folder / "hypotheses.json"
 
     @property
+    def verdicts_tsv(self) -> Path:
+        return self.folder / "verdicts.tsv"
+
+    @property
     def report_md(self) -> Path:
         return self.folder / "report.md"
 
@@ -120,8 +132,12 @@ class AnalysisFiles:
     def figures_skipped(self) -> Path:
         return self.figures / "skipped.json"
 
+    def figure(self, name: str, ext: str) -> Path:
+        return self.figures / f"{name}.{ext}"
+
     def outputs(self) -> list[Path]:
-        return [self.aggregate_json, self.aggregate_csv, self.hypotheses_json, self.report_md]
+        """What the analyze step writes (the figures and report.md are steps of their own)."""
+        return [self.aggregate_json, self.aggregate_csv, self.hypotheses_json, self.verdicts_tsv]
 
 
 @dataclass(frozen=True)
@@ -238,6 +254,10 @@ class StudyLayout:
 
     def log(self, name: str) -> Path:
         return self.logs_dir / f"{name}.log"
+
+    def benchmark(self, name: str) -> Path:
+        """Snakemake's `benchmark:` record of a server-driving job (wall time, memory, CPU)."""
+        return self.logs_dir / "benchmarks" / f"{name}.tsv"
 
     def phase(self, config: str, phase: str) -> PhaseLayout:
         if phase not in PHASES:

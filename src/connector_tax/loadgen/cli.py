@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import sys
 import threading
 import time
@@ -14,6 +17,11 @@ from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.shapes import parse_shapes, shape_spec
 from connector_tax.loadgen.stats import ValidityThresholds
+from connector_tax.loadgen.urls import parse_url
+
+# LoadgenOptions / CellSpec fields, as the flags that set them (their errors name the flag).
+_FLAGS = {"url": "--url", "seed": "--seed", "api_key_env": "--api-key-env", "tls_ca_file": "--cacert",
+          "trace": "--trace", "shape": "--input-len"}  # fmt: skip
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,6 +39,8 @@ def _positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} must be finite")
         return value
 
     parse.__name__ = kind.__name__
@@ -45,6 +55,8 @@ def _non_negative(kind: type, noun: str) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
         if value < 0:
             raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} must be finite")
         return value
 
     return parse
@@ -59,7 +71,49 @@ def _cpu_latency(text: str) -> int | None:
 
 
 def _rates(text: str) -> list[float]:
-    return [_positive(float)(item) for item in text.split(",") if item.strip()]
+    rates = [_positive(float)(item) for item in text.split(",") if item.strip()]
+    if not rates:
+        raise argparse.ArgumentTypeError(f"{text!r} holds no rate")
+    return rates
+
+
+def _url(text: str) -> str:
+    try:
+        parse_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _seed(text: str) -> int:
+    value = _non_negative(int, "a whole number")(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"{text} must be < 2^63")
+    return value
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file-name-safe name (letters, digits, . _ -)")
+    return text
+
+
+def _env_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an environment variable name")
+    return text
+
+
+def _file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return text
 
 
 def _shapes(text: str) -> list:
@@ -84,8 +138,13 @@ def _reject_unknown(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, help="model name sent in each request")
+    p.add_argument("--url", required=True, type=_url,
+                   help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000")
+    p.add_argument("--model", required=True, type=_nonempty, help="model name sent in each request")
+    p.add_argument("--api-key-env", type=_env_name, metavar="NAME",
+                   help="send 'Authorization: Bearer $NAME' with every request")
+    p.add_argument("--insecure", action="store_true", help="https: do not verify the server's certificate")
+    p.add_argument("--cacert", type=_file, help="https: verify the server against this CA bundle (PEM)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=_positive(float), help="requests per second (one cell)")
     rate.add_argument("--rates", type=_rates, help="comma-separated rates: one cell each")
@@ -98,7 +157,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", type=_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
     p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
     p.add_argument("--warmup", type=_seconds, default=10.0)
-    p.add_argument("--min-completed", type=int, default=0, help="extend a cell until this many completed")
+    p.add_argument("--min-completed", type=_non_negative(int, "a whole number"), default=0,
+                   help="extend a cell until this many completed")
     p.add_argument("--max-duration", type=_positive(float), help="hard end of a cell's extension")
     p.add_argument("--num-requests", type=_positive(int), help="with --arrival max, or a cap on --trace")
     p.add_argument("--inflight-cap", type=_positive(int), default=256)
@@ -108,14 +168,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=_positive(float), default=1.0, help="trace speed-up factor")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     p.add_argument("--prompt", choices=["token_ids", "text"], default="token_ids")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
     p.add_argument("--cpu-latency-us", type=_cpu_latency, default=0, metavar="US|off",
                    help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
                         "0 (default) keeps idle CPUs polling; off leaves it alone")  # fmt: skip
     p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
-    p.add_argument("--phase", default="bench", help="phase name in output file names")
+    p.add_argument("--phase", type=_name, default="bench", help="phase name in output file names")
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     _reject_unknown(p)
 
@@ -126,9 +186,14 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
     if args.trace:
         from connector_tax.loadgen.trace import load_trace
 
-        trace = tuple(load_trace(args.trace))
-        return [CellSpec(label="trace", arrival="trace", trace=trace, time_scale=args.time_scale,
-                         num_requests=args.num_requests, **common)]  # fmt: skip
+        try:
+            trace = tuple(load_trace(args.trace))
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--trace: {exc}") from None
+        cells = [CellSpec(label="trace", arrival="trace", trace=trace, time_scale=args.time_scale,
+                          num_requests=args.num_requests, **common)]  # fmt: skip
+        _check(cells)
+        return cells
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
     longest = max(s.input for s in shapes)
     if longest >= POOL_TOKENS:
@@ -149,6 +214,15 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
                  shape=shape_spec(s), **common)
         for r in rates for s in shapes
     ]  # fmt: skip
+
+
+def _check(cells: list[CellSpec]) -> None:
+    for cell in cells:
+        try:
+            cell.check()
+        except ValueError as exc:
+            field, _, rest = str(exc).partition(": ")
+            raise ValueError(f"{_FLAGS.get(field, field)}: {rest}") from None
 
 
 def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
@@ -198,9 +272,20 @@ def main(args: argparse.Namespace) -> int:
         workers=args.workers, inflight_cap=args.inflight_cap, timeout_s=args.timeout, seed=args.seed,
         affinity=not args.no_affinity, cpu_latency_us=args.cpu_latency_us,
         chunk_log=args.chunk_log, events_log=args.events_log,
-        validity=ValidityThresholds(),
+        validity=ValidityThresholds(), api_key_env=args.api_key_env,
+        tls_verify=not args.insecure, tls_ca_file=args.cacert,
     )  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        options.check()
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(": ")
+        print(f"ctax bench: {_FLAGS.get(field, field)}: {rest}", file=sys.stderr)
+        return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"ctax bench: --out: cannot create {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     with LoadGenerator(options) as gen:
         for cell in cells:
             done = threading.Event()

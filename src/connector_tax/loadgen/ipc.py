@@ -30,6 +30,7 @@ class RequestSpec:
     output_len: int
     # Trace replay: (hash_id, tokens) per prefix block; None for random content.
     blocks: tuple[tuple[int, int], ...] | None = None
+    cell: str = ""  # the cell run this request belongs to; its result must name it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,10 @@ class RequestResult:
     status: str  # ok | error | timeout
     error: str | None
     itl_us: bytes  # array('I') of gaps between content chunks, in µs
+    # End to end identity: a result is matched to its request by both, never by position.
+    cell: str = ""
+    request_id: str = ""
+    usage_completion_tokens: int | None = None  # what the server's usage said, if it said
 
 
 def pack(message: tuple[Any, ...]) -> bytes:

@@ -1,21 +1,32 @@
 """A cell's summary: counts, rates, latency percentiles, and the validity gate.
 
 Validity is about the instrument, not the server: did the load generator send what it was
-asked, when it was asked, with CPU to spare? A cell that fails a check is marked invalid
-with the reasons, so the analysis can exclude or flag it. Thresholds come from the config's
-`validity:` section.
+asked, when it was asked, with CPU to spare, and did every result come back to its request?
+A cell that fails a check is marked invalid with the reasons, so the analysis can exclude or
+flag it. Thresholds come from the config's `validity:` section.
+
+The summary streams: `CellStats.add` takes each record as it completes and keeps only bounded
+state (sketch.Quantiles per latency, counters, and 10 ms bins of the scheduled and completion
+times for the window counts), so a cell's memory does not grow with its length; the records
+themselves go to the JSONL file as they complete.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from connector_tax.loadgen.records import RequestRecord
+from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP, Quantiles
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
+# Window counts resolve completion and schedule times to 10 ms: at 1,000 req/s an edge is off by
+# at most ~10 of a 30 s window's 30,000 requests, and the bins cost 400 bytes per second of cell
+# (1 ms bins would be 8 KB per second of cell, 4.8 MB for 10 minutes).
+BIN_NS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,9 @@ class ValidityThresholds:
     max_error_frac: float = 0.01  # errors + timeouts among post-warm-up requests sent
     max_dropped_frac: float = 1.0  # drops are the design's overload signal: counted, not fatal
     max_cpu_frac: float = 0.95  # of one core, for any load-generator process
+    max_unissued: int = 0  # requests due before the cell's end that the generator never sent
+    max_overrun_ms: float = 100.0  # issuing ended this long after the cell's planned end
+    max_unmatched: int = 0  # results that matched no request of the cell
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> ValidityThresholds:
@@ -33,19 +47,187 @@ class ValidityThresholds:
         return cls(**{k: v for k, v in (values or {}).items() if k in known})
 
 
-def percentiles(values: np.ndarray | list[float]) -> dict[str, float | int | None]:
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
+def _describe(q: Quantiles) -> dict[str, Any]:
+    if not q.count:
         return {"n": 0, "mean": None, **{k: None for k in QUANTILES}}
-    qs = np.percentile(arr, list(QUANTILES.values()))
-    return {"n": int(arr.size), "mean": round(float(arr.mean()), 4), **{k: round(float(v), 4) for k, v in zip(QUANTILES, qs)}}
+    values = q.percentiles(list(QUANTILES.values()))
+    out: dict[str, Any] = {"n": q.count, "mean": round(q.total / q.count, 4)}
+    out.update({k: round(v, 4) for k, v in zip(QUANTILES, values)})
+    if not q.exact:
+        out["approx_rel_err"] = 0.005
+    return out
 
 
-def _rate(times: list[int]) -> float | None:
-    if len(times) < 2:
-        return None
-    span = (max(times) - min(times)) / 1e9
-    return (len(times) - 1) / span if span > 0 else None
+def percentiles(values: np.ndarray | list[float]) -> dict[str, Any]:
+    q = Quantiles(max(1, len(values)))
+    q.extend(np.asarray(values, dtype=np.float64))
+    return _describe(q)
+
+
+class _Span:
+    """Count, first and last of a time series: a rate without the series."""
+
+    __slots__ = ("n", "lo", "hi")
+
+    def __init__(self) -> None:
+        self.n, self.lo, self.hi = 0, 0, 0
+
+    def add(self, t: int) -> None:
+        if not self.n:
+            self.lo = self.hi = t
+        elif t < self.lo:
+            self.lo = t
+        elif t > self.hi:
+            self.hi = t
+        self.n += 1
+
+    def rate(self) -> float | None:
+        span = (self.hi - self.lo) / 1e9
+        return (self.n - 1) / span if self.n >= 2 and span > 0 else None
+
+
+class _Bins:
+    """Counts per BIN_NS from a base time: 4 bytes per 10 ms of the cell."""
+
+    def __init__(self, base_ns: int) -> None:
+        self.base = base_ns
+        self.counts = array("I")
+
+    def add(self, t: int) -> None:
+        b = max(0, (t - self.base) // BIN_NS)
+        if b >= len(self.counts):
+            self.counts.frombytes(bytes(4 * (b + 1 - len(self.counts) + 1024)))
+        self.counts[b] += 1
+
+    def between(self, lo_ns: int, hi_ns: int) -> int:
+        """Times in [lo_ns, hi_ns], at BIN_NS resolution."""
+        lo = max(0, -(-(lo_ns - self.base) // BIN_NS))
+        hi = (hi_ns - self.base) // BIN_NS
+        if hi < lo or lo >= len(self.counts):
+            return 0
+        return int(np.frombuffer(self.counts, dtype=np.uint32)[lo : hi + 1].sum())
+
+
+class CellStats:
+    """Everything the summary needs, fed one record at a time, in bounded memory."""
+
+    def __init__(self, base_ns: int, exact_cap: int = DEFAULT_EXACT_CAP) -> None:
+        self.counts = {s: 0 for s in ("ok", "error", "timeout", "dropped")}
+        self.records = 0
+        self.warmup = 0
+        self.token_mismatch = 0  # ok requests whose usage disagreed with the chunks counted
+        self.unmatched = 0
+        q = lambda: Quantiles(exact_cap)  # noqa: E731
+        self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness = q(), q(), q(), q(), q(), q()
+        self.sched, self.sent = _Span(), _Span()
+        self.sched_post = _Bins(base_ns)  # post-warm-up scheduled times
+        self.done_ok = _Bins(base_ns)  # completion times of ok requests
+
+    def add(self, r: RequestRecord, itl_us: bytes | None = None) -> None:
+        self.records += 1
+        if r.t_send_ns is not None:
+            self.sched.add(r.t_scheduled_ns)
+            self.sent.add(r.t_send_ns)
+            self.lateness.add((r.t_send_ns - r.t_scheduled_ns) / 1e3)
+        if r.status == "ok" and r.t_last_token_ns:
+            self.done_ok.add(r.t_last_token_ns)
+        if r.warmup:
+            self.warmup += 1
+            return
+        self.sched_post.add(r.t_scheduled_ns)
+        self.counts[r.status] = self.counts.get(r.status, 0) + 1
+        if r.status != "ok":
+            return
+        if r.token_mismatch:
+            self.token_mismatch += 1
+        first, last, send = r.t_first_token_ns, r.t_last_token_ns, r.t_send_ns
+        if first and send:
+            self.ttft.add((first - send) / 1e6)
+        if first:
+            self.ttft_sched.add((first - r.t_scheduled_ns) / 1e6)
+        if first and last and (r.completion_tokens or 0) > 1:
+            self.tpot.add((last - first) / 1e6 / (r.completion_tokens - 1))  # type: ignore[operator]
+        if last and send:
+            self.e2e.add((last - send) / 1e6)
+        if itl_us:
+            self.itl.extend(np.frombuffer(itl_us, dtype=np.uint32) / 1e3)
+
+    def nbytes(self) -> int:
+        qs = (self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness)
+        return sum(q.nbytes() for q in qs) + 4 * (len(self.sched_post.counts) + len(self.done_ok.counts))
+
+    def summary(
+        self,
+        cell: dict[str, Any],
+        t_warmup_end_ns: int,
+        t_issue_end_ns: int,
+        cpu_frac: dict[str, float],
+        thresholds: ValidityThresholds,
+        unissued: int = 0,
+        overrun_ms: float = 0.0,
+    ) -> dict[str, Any]:
+        count = dict(self.counts)
+        post = self.records - self.warmup
+        scheduled_rate, achieved_rate = self.sched.rate(), self.sent.rate()
+        window_s = max((t_issue_end_ns - t_warmup_end_ns) / 1e9, 1e-9)
+        # Completions are counted over the window shifted by the median E2E latency: a request
+        # that arrived near the window's end completes after it, and in a short window those
+        # would otherwise read as lost throughput; in saturation the rate still falls short.
+        shift = int(self.e2e.percentiles([50])[0] * 1e6) if self.e2e.count else 0
+        effective = self.done_ok.between(t_warmup_end_ns + shift, t_issue_end_ns + shift) / window_s
+        offered = self.sched_post.between(t_warmup_end_ns, t_issue_end_ns) / window_s
+        lat = _describe(self.lateness)
+        lat_max = self.lateness.max if self.lateness.count else 0.0
+        rate_error = abs(achieved_rate - scheduled_rate) / scheduled_rate if scheduled_rate and achieved_rate else 0.0
+        sent_post = count["ok"] + count["error"] + count["timeout"]
+        error_frac = (count["error"] + count["timeout"]) / sent_post if sent_post else 0.0
+        dropped_frac = count["dropped"] / post if post else 0.0
+        t = thresholds
+        checks = [
+            _check("dispatch_rate_error", rate_error, t.max_rate_error),
+            _check("lateness_p99_us", lat["p99"] or 0.0, t.max_lateness_p99_us),
+            _check("lateness_max_us", lat_max, t.max_lateness_max_us),
+            _check("error_frac", error_frac, t.max_error_frac),
+            _check("dropped_frac", dropped_frac, t.max_dropped_frac),
+            _check("unissued", unissued, t.max_unissued),
+            _check("issue_overrun_ms", overrun_ms, t.max_overrun_ms),
+            _check("unmatched_results", self.unmatched, t.max_unmatched),
+            *(_check(f"cpu_frac_{name}", frac, t.max_cpu_frac) for name, frac in cpu_frac.items()),
+        ]
+        min_completed = cell.get("min_completed")
+        if min_completed:
+            checks.append(_check("min_completed_shortfall", max(0, min_completed - count["ok"]), 0))
+        failed = [c for c in checks if not c["passed"]]
+        return {
+            **cell,
+            "counts": {
+                "scheduled": self.records, "warmup": self.warmup, "post_warmup": post, **count,
+                "unissued": unissued, "unmatched": self.unmatched, "token_count_mismatch": self.token_mismatch,
+            },  # fmt: skip
+            "rates": {
+                "requested_rps": cell.get("rate"),
+                "scheduled_rps": _round(scheduled_rate),
+                "achieved_dispatch_rps": _round(achieved_rate),
+                "offered_in_window_rps": _round(offered),
+                "effective_throughput_rps": _round(effective),
+                "throughput_ratio": _round(effective / offered) if offered else None,
+                "completion_window_shift_ms": _round(shift / 1e6),
+            },
+            "latency_ms": {
+                "ttft": _describe(self.ttft),
+                "ttft_from_scheduled": _describe(self.ttft_sched),
+                "tpot": _describe(self.tpot),
+                "e2e": _describe(self.e2e),
+                "itl": _describe(self.itl),
+            },
+            "lateness_us": {**lat, "max": _round(lat_max)},
+            "cpu_frac": {k: _round(v) for k, v in cpu_frac.items()},
+            "validity": {
+                "valid": not failed,
+                "reasons": [f"{c['name']} {c['value']} > {c['threshold']}" for c in failed],
+                "checks": checks,
+            },
+        }
 
 
 def summarize(
@@ -57,86 +239,13 @@ def summarize(
     cpu_frac: dict[str, float],
     thresholds: ValidityThresholds,
 ) -> dict[str, Any]:
-    post = [r for r in records if not r.warmup]
-    ok = [r for r in post if r.status == "ok"]
-    sent = [r for r in records if r.t_send_ns is not None]
-    count = {s: sum(r.status == s for r in post) for s in ("ok", "error", "timeout", "dropped")}
-
-    ttft = [(r.t_first_token_ns - r.t_send_ns) / 1e6 for r in ok if r.t_first_token_ns]
-    ttft_sched = [(r.t_first_token_ns - r.t_scheduled_ns) / 1e6 for r in ok if r.t_first_token_ns]
-    tpot = [
-        (r.t_last_token_ns - r.t_first_token_ns) / 1e6 / (r.completion_tokens - 1)
-        for r in ok
-        if r.t_first_token_ns and r.t_last_token_ns and (r.completion_tokens or 0) > 1
-    ]
-    e2e = [(r.t_last_token_ns - r.t_send_ns) / 1e6 for r in ok if r.t_last_token_ns]
-    itl = np.concatenate(itl_us) / 1e3 if itl_us else np.empty(0)
-    lateness = [(r.t_send_ns - r.t_scheduled_ns) / 1e3 for r in sent]
-
-    scheduled_rate = _rate([r.t_scheduled_ns for r in sent])
-    achieved_rate = _rate([r.t_send_ns for r in sent])  # type: ignore[misc]
-    window_s = max((t_issue_end_ns - t_warmup_end_ns) / 1e9, 1e-9)
-    in_window = [r for r in records if r.t_scheduled_ns >= t_warmup_end_ns and r.t_scheduled_ns <= t_issue_end_ns]
-    # Completions are counted over the window shifted by the median E2E latency: a request
-    # that arrived near the window's end completes after it, and in a short window those
-    # would otherwise read as lost throughput; in saturation the rate still falls short.
-    shift = int(np.median(e2e) * 1e6) if e2e else 0
-    completed_in_window = sum(
-        1 for r in records
-        if r.status == "ok" and r.t_last_token_ns and t_warmup_end_ns + shift <= r.t_last_token_ns <= t_issue_end_ns + shift
-    )
-    effective = completed_in_window / window_s
-    offered = len(in_window) / window_s
-
-    lat = percentiles(lateness)
-    rate_error = abs(achieved_rate - scheduled_rate) / scheduled_rate if scheduled_rate and achieved_rate else 0.0
-    sent_post = count["ok"] + count["error"] + count["timeout"]
-    error_frac = (count["error"] + count["timeout"]) / sent_post if sent_post else 0.0
-    dropped_frac = count["dropped"] / len(post) if post else 0.0
-    checks = [
-        _check("dispatch_rate_error", rate_error, thresholds.max_rate_error),
-        _check("lateness_p99_us", lat["p99"] or 0.0, thresholds.max_lateness_p99_us),
-        _check("lateness_max_us", max(lateness, default=0.0), thresholds.max_lateness_max_us),
-        _check("error_frac", error_frac, thresholds.max_error_frac),
-        _check("dropped_frac", dropped_frac, thresholds.max_dropped_frac),
-        *(_check(f"cpu_frac_{name}", frac, thresholds.max_cpu_frac) for name, frac in cpu_frac.items()),
-    ]
-    min_completed = cell.get("min_completed")
-    if min_completed:
-        checks.append(_check("min_completed_shortfall", max(0, min_completed - count["ok"]), 0))
-    failed = [c for c in checks if not c["passed"]]
-    return {
-        **cell,
-        "counts": {
-            "scheduled": len(records),
-            "warmup": len(records) - len(post),
-            "post_warmup": len(post),
-            **count,
-        },
-        "rates": {
-            "requested_rps": cell.get("rate"),
-            "scheduled_rps": _round(scheduled_rate),
-            "achieved_dispatch_rps": _round(achieved_rate),
-            "offered_in_window_rps": _round(offered),
-            "effective_throughput_rps": _round(effective),
-            "throughput_ratio": _round(effective / offered) if offered else None,
-            "completion_window_shift_ms": _round(shift / 1e6),
-        },
-        "latency_ms": {
-            "ttft": percentiles(ttft),
-            "ttft_from_scheduled": percentiles(ttft_sched),
-            "tpot": percentiles(tpot),
-            "e2e": percentiles(e2e),
-            "itl": percentiles(itl),
-        },
-        "lateness_us": {**lat, "max": _round(max(lateness, default=0.0))},
-        "cpu_frac": {k: _round(v) for k, v in cpu_frac.items()},
-        "validity": {
-            "valid": not failed,
-            "reasons": [f"{c['name']} {c['value']} > {c['threshold']}" for c in failed],
-            "checks": checks,
-        },
-    }
+    """The summary of records held in a list (tests, re-summaries); the cell streams instead."""
+    stats = CellStats(min((r.t_scheduled_ns for r in records), default=0))
+    for r in records:
+        stats.add(r)
+    for gaps in itl_us:
+        stats.itl.extend(np.asarray(gaps, dtype=np.float64) / 1e3)
+    return stats.summary(cell, t_warmup_end_ns, t_issue_end_ns, cpu_frac, thresholds)
 
 
 def _round(value: float | None) -> float | None:

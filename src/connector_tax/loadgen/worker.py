@@ -17,10 +17,10 @@ import gc
 import json
 import os
 import signal
+import ssl
 import time
 from dataclasses import dataclass
 from typing import IO
-from urllib.parse import urlsplit
 
 import uvloop
 import zmq
@@ -31,8 +31,10 @@ from connector_tax.loadgen.firetimer import FireTimer
 from connector_tax.loadgen.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
 from connector_tax.loadgen.prompts import BodyBuilder, BodySettings
 from connector_tax.loadgen.sse import SSEReader
+from connector_tax.loadgen.urls import parse_url
 
 PR_SET_PDEATHSIG = 1
+MAX_ERROR_BODY = 64 * 1024  # of a non-200 or non-SSE body, kept for the message; the rest is not read
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ class WorkerConfig:
     results_addr: str
     cpus: tuple[int, ...] | None = None
     helper_cpus: tuple[int, ...] | None = None  # for ZMQ's I/O thread: off this worker's core
+    api_key_env: str | None = None  # read here, sent as "Authorization: Bearer"
+    tls_verify: bool = True
+    tls_ca_file: str | None = None
+
+
+def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
+    """The standard library's client defaults; `verify` False is curl's --insecure."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def worker_main(cfg: WorkerConfig) -> None:
@@ -73,16 +87,16 @@ def _die_with_parent() -> None:
 class Worker:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        parts = urlsplit(cfg.url)
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.path = (parts.path.rstrip("/") or "") + (
-            "/v1/chat/completions" if cfg.body.endpoint == "chat" else "/v1/completions"
-        )
+        target = parse_url(cfg.url, cfg.body.endpoint)
+        self.host, self.port, self.path = target.host, target.port, target.path
         self.builder = BodyBuilder(cfg.body, cfg.seed)
-        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections, spare=cfg.prewarm_connections)
+        tls = tls_context(cfg.tls_verify, cfg.tls_ca_file) if target.tls else None
+        self.pool = ConnectionPool(self.host, self.port, cfg.max_connections, spare=cfg.prewarm_connections, tls=tls)
+        auth = ""
+        if cfg.api_key_env:
+            auth = f"Authorization: Bearer {os.environ.get(cfg.api_key_env, '')}\r\n".replace("%", "%%")
         self._head = (
-            f"POST {self.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"POST {self.path.replace('%', '%%')} HTTP/1.1\r\nHost: {target.host_header}\r\n{auth}"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             "X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n"
         )
@@ -105,6 +119,8 @@ class Worker:
         self.results.connect(self.cfg.results_addr)
         if self.cfg.helper_cpus:
             pin_helper_threads(self.cfg.helper_cpus)  # ZMQ's I/O thread exists now
+        self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
+        self.pool.before_read = self.timer.run_due  # a send due now goes before a response's parsing
         try:
             await self.pool.prewarm(self.cfg.prewarm_connections)
         except OSError:
@@ -114,7 +130,6 @@ class Worker:
         # at 64 req/s against a saturated server, with ~100 requests in flight).
         gc.freeze()
         self.results.send(ipc.pack((ipc.READY, self.cfg.worker_id, os.getpid())))
-        self.timer = FireTimer(loop, self.cfg.spin_ns, self.cfg.spin_share)
         loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
         loop.call_later(1.0, self._watchdog)
         self._on_readable()  # messages may have queued before the reader was added
@@ -184,16 +199,18 @@ class Worker:
 
     def _fire(self, spec: ipc.RequestSpec, data: bytes) -> None:
         sent: tuple[HttpConnection, Response, int] | None = None
+        reader = SSEReader(keep_times=self._chunk_log is not None)
         conn = self.pool.try_acquire()
         if conn is not None:
             t_send = time.monotonic_ns()
-            sent = (conn, conn.send(data), t_send)
-        task = asyncio.get_running_loop().create_task(self._run(spec, data, sent))
+            sent = (conn, conn.send(data, reader, MAX_ERROR_BODY), t_send)
+        task = asyncio.get_running_loop().create_task(self._run(spec, data, reader, sent))
         if not task.done():
             self._tasks[spec.index] = task
 
-    async def _run(self, spec: ipc.RequestSpec, data: bytes, sent: tuple[HttpConnection, Response, int] | None) -> None:
-        reader = SSEReader(keep_times=self._chunk_log is not None)
+    async def _run(
+        self, spec: ipc.RequestSpec, data: bytes, reader: SSEReader, sent: tuple[HttpConnection, Response, int] | None
+    ) -> None:
         result = await self._exchange(spec, data, reader, sent)
         self._tasks.pop(spec.index, None)
         self.results.send(ipc.pack((ipc.RESULT, result)), zmq.NOBLOCK)
@@ -210,6 +227,7 @@ class Worker:
         t_send: int | None = None
         status_code = 0
         conn: HttpConnection | None = None
+        response: Response | None = None
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.cfg.timeout_s, self._timeout, spec.index)
         try:
@@ -219,9 +237,11 @@ class Worker:
                 else:
                     conn = self.pool.try_acquire() or await self.pool.acquire()
                     t_send = time.monotonic_ns()
-                    response = conn.send(data)
+                    response = conn.send(data, reader, MAX_ERROR_BODY)
                 try:
-                    status_code = await response.wait_headers()
+                    # The body goes to the reader inside the connection's callbacks, read by
+                    # read: this task wakes once, when the response is complete.
+                    await response.wait_complete()
                     break
                 except ConnectionClosed:
                     # A keep-alive connection the server closed while idle: retry once, fresh.
@@ -230,14 +250,14 @@ class Worker:
                     self.pool.release(conn)
                     conn = None
             assert conn is not None
-            if status_code != 200:
-                raw = await response.read_all()
-                return self._result(spec, t_send, reader, status_code, "error", _error_text(status_code, raw))
-            async for batch in response.iter_chunks():
-                self.timer.run_due()  # a send due now goes before this response's parsing
-                for t_ns, chunk in batch:
-                    reader.feed(t_ns, chunk)
-            reader.finish()
+            status_code = response.status
+            if not response.streaming:
+                raw = b"".join(chunk for _, chunk in response.chunks)[:MAX_ERROR_BODY]
+                text = _error_text(status_code, raw, response.cut)
+                if status_code == 200:
+                    ctype = (response.content_type or b"").decode("latin-1")
+                    text = f"not an event stream (content-type {ctype!r}): {text}"
+                return self._result(spec, t_send, reader, status_code, "error", text)
             status = "error" if reader.error else "ok"
             return self._result(spec, t_send, reader, status_code, status, reader.error)
         except asyncio.CancelledError as exc:
@@ -245,9 +265,10 @@ class Worker:
                 conn.abort()
             reason = str(exc.args[0]) if exc.args else "cancelled"
             status = "timeout" if reason.startswith("timeout") or reason.startswith("drain") else "error"
-            return self._result(spec, t_send, reader, status_code, status, reason)
+            return self._result(spec, t_send, reader, response.status if response else 0, status, reason)
         except (ConnectionClosed, OSError) as exc:
-            return self._result(spec, t_send, reader, status_code, "error", f"{type(exc).__name__}: {exc}")
+            code = response.status if response else 0
+            return self._result(spec, t_send, reader, code, "error", f"{type(exc).__name__}: {exc}")
         finally:
             timer.cancel()
             if conn is not None:
@@ -268,6 +289,7 @@ class Worker:
         error: str | None,
     ) -> ipc.RequestResult:
         usage = reader.usage or {}
+        usage_tokens = usage.get("completion_tokens")
         return ipc.RequestResult(
             index=spec.index,
             worker=self.cfg.worker_id,
@@ -275,18 +297,29 @@ class Worker:
             t_first_token_ns=reader.t_first,
             t_last_token_ns=reader.t_last,
             prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens", reader.chunks if reader.chunks else None),
+            completion_tokens=usage_tokens if usage_tokens is not None else (reader.chunks or None),
             chunks=reader.chunks,
             http_status=status_code,
             status=status,
             error=error,
             itl_us=reader.gaps_us.tobytes(),
+            cell=spec.cell,
+            request_id=spec.request_id,
+            usage_completion_tokens=usage_tokens,
         )
 
 
-def _error_text(status_code: int, raw: bytes) -> str:
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+def _error_text(status_code: int, raw: bytes, cut: bool = False) -> str:
+    message = None
+    if not cut:
+        try:
+            obj = json.loads(raw)
+            err = obj.get("error") if isinstance(obj, dict) else None
+            message = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("message")
+        except (ValueError, AttributeError):
+            pass
+    if not isinstance(message, str) or not message:
         message = raw[:200].decode("utf-8", "replace")
+    if cut:
+        message += f" (body over {MAX_ERROR_BODY} bytes, not read further)"
     return f"HTTP {status_code}: {message}"

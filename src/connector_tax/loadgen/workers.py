@@ -49,6 +49,9 @@ class WorkerPool:
         spin_ns: int = 1_000_000,
         spin_share: float = 0.1,
         affinity: bool = True,
+        api_key_env: str | None = None,
+        tls_verify: bool = True,
+        tls_ca_file: str | None = None,
     ) -> None:
         self.n_workers = n_workers
         self.plan: AffinityPlan | None = plan_affinity(n_workers) if affinity else None
@@ -83,6 +86,9 @@ class WorkerPool:
                 results_addr=f"ipc://{self._dir}/results",
                 cpus=self.plan.worker_cpus[k] if self.plan else None,
                 helper_cpus=self.plan.loadgen_cpus if self.plan else None,
+                api_key_env=api_key_env,
+                tls_verify=tls_verify,
+                tls_ca_file=tls_ca_file,
             )
             proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
             self._procs.append(proc)

@@ -21,6 +21,7 @@ _PLAIN_LABELS = {"model_name", "engine"}
 # Counters that move whenever the engine does work: their sum standing still while requests are
 # in flight means the server is stuck (serving.ServerWatch), whatever its /health says.
 WORK_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+WAITING = "vllm:num_requests_waiting"
 
 
 def parse_samples(text: str) -> dict[str, float]:
@@ -50,6 +51,9 @@ class MetricsSampler:
         self.last_answer: float | None = None
         self.last_work: float | None = None
         self._work: float | None = None
+        # (monotonic time, vllm:num_requests_waiting) of every answered scrape: the overload guard
+        # reads the queue's median once the cell's floor has passed (saturation criterion 2).
+        self.waiting: list[tuple[float, float]] = []
 
     def __enter__(self) -> MetricsSampler:
         self._thread.start()
@@ -83,6 +87,8 @@ class MetricsSampler:
             return {"t_ns": t_ns, "error": f"{type(exc).__name__}: {exc}"}
         now = time.monotonic()
         self.last_answer = now
+        if WAITING in samples:
+            self.waiting.append((now, samples[WAITING]))
         work = sum(samples.get(name, 0.0) for name in WORK_COUNTERS)
         if self._work is None or work != self._work:
             self._work, self.last_work = work, now

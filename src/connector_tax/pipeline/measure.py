@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from connector_tax.contract import StudyLayout
+from connector_tax.contract import PHASE_A, StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import now_iso
@@ -32,6 +32,7 @@ from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOption
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.plan import PlannedCell
+from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.serving.gpus import gpu_lease
@@ -62,6 +63,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
         validity=ValidityThresholds.from_dict(config.get("validity")),
+        api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
 
 
@@ -77,6 +79,7 @@ def cell_spec(planned: PlannedCell) -> CellSpec:
         warmup_s=cell.warmup_s,
         duration_s=cell.duration_s,
         min_completed=cell.min_completed,
+        max_duration_s=cell.max_duration_s,
     )
 
 
@@ -153,7 +156,7 @@ def measure(
     prune: Callable[[PlannedCell], str | None] = lambda planned: None,
 ) -> None:
     """Measure `todo` in order, launching the variant's server (again after a failure); a cell
-    `prune` gives a reason for is recorded as pruned with the rest, not measured."""
+    `prune` gives a reason for, when its turn comes, is recorded as pruned, not measured."""
     backend = config["backend"]
     phase_dir = layout.phase(index.config, index.phase)
     drop_raw_logs(phase_dir.raw_steps)  # an earlier launch's cells are sealed or will be redone
@@ -208,7 +211,7 @@ def _launch(
         splitter = StepLogSplitter(raw)
         with LoadGenerator(options) as gen:
             while pending:
-                failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter)
+                failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter, config["saturation"])
                 _prune_from(index, pending, prune)
                 save()
                 if failure:
@@ -219,15 +222,12 @@ def _launch(
 
 
 def _prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
-    """Once the next pending cell is to be pruned, so is every cell after it (higher rates)."""
-    why = prune(pending[0]) if pending else None
-    if why is None:
-        return
-    for planned in pending:
-        entry = index.cell(planned.cell.phase, planned.cell.label)
+    """Record as pruned, not measured, the next pending cells `prune` gives a reason for."""
+    while pending and (why := prune(pending[0])) is not None:
+        entry = index.cell(pending[0].cell.phase, pending[0].cell.label)
         if entry is not None:
             entry.status, entry.reason = PRUNED, why
-    pending.clear()
+        pending.pop(0)
 
 
 def _measure_cell(
@@ -237,6 +237,7 @@ def _measure_cell(
     gen: LoadGenerator,
     server: ServerProcess,
     splitter: StepLogSplitter,
+    saturation: dict[str, float],
 ) -> str | None:
     """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
@@ -244,14 +245,18 @@ def _measure_cell(
     staging, final = folder.staging(cell.label), folder.cell(cell.label)
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
-    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler:
+    precision = PrecisionWatch(staging.requests, cell.precision_target)
+    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision:
+        guard = OverloadGuard(sampler, time.monotonic() + cell.warmup_s, saturation["waiting_p50_max"],
+                              active=cell.phase != PHASE_A)  # fmt: skip
         with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
-            summary = gen.run_cell(cell_spec(planned), staging.folder)
+            summary = gen.run_cell(cell_spec(planned), staging.folder, precision.enough, guard.overloaded)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
     # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
     failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
     status, reason = _verdict(summary, failure)
-    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason)
+    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason,
+                       extra=precision.describe(summary, guard))  # fmt: skip
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
         entry.status = COMPLETE if sealed["complete"] else FAILED

@@ -20,12 +20,12 @@ import os
 import sys
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import find_variant, load_config
-from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, run_order
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
-from connector_tax.pipeline.prune import knee
+from connector_tax.pipeline.prune import knee, overloaded_shape
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
 from connector_tax.pipeline.resume import decide
 from connector_tax.serving.cpus import cpu_lease
@@ -65,14 +65,19 @@ def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None =
 
 
 def _pruner(layout: StudyLayout, config: dict, name: str, plan: LaunchPlan, index: PhaseIndex):
-    """Phase A's knee check for a cell about to be measured: the complete cells below it."""
-    if plan.launch_phase != PHASE_A:
-        return lambda planned: None
+    """Why a cell about to be measured is not worth it (prune.py): Phase A past the knee of the
+    complete cells below it; Phase B' on a shape saturated in Phase B."""
+
+    def complete(p: PlannedCell) -> bool:
+        return (index.cell(p.cell.phase, p.cell.label) or CellEntry("", "", "", {})).status == COMPLETE
 
     def check(planned: PlannedCell) -> str | None:
-        done = [p for p in plan.cells if p.cell.rate < planned.cell.rate
-                and (index.cell(p.cell.phase, p.cell.label) or CellEntry("", "", "", {})).status == COMPLETE]  # fmt: skip
-        return knee(layout, config, name, done)
+        if planned.cell.phase == PHASE_A:
+            return knee(layout, config, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
+        if planned.cell.phase == PHASE_B_PRIME:
+            shape = next((p for p in plan.cells if p.cell.phase == PHASE_B and p.cell.label == planned.cell.label), None)
+            return overloaded_shape(layout, config, name, shape) if shape is not None and complete(shape) else None
+        return None
 
     return check
 

@@ -1,12 +1,17 @@
-"""Knee pruning in Phase A: once a configuration is saturated at a rate, higher rates are not
-measured (unless `workload.phase_a.prune_after_knee: false`).
+"""Cells not worth measuring: Phase A past a configuration's knee, Phase B' on a shape the server
+could not take at ref_safe.
+
+Knee pruning: once a configuration is saturated at a rate, higher rates are not measured
+(unless `workload.phase_a.prune_after_knee: false`).
 
 Phase A's cells run from the lowest rate up. After each complete cell, the design's three
 saturation criteria are evaluated on it exactly as the reference stage will (analysis.saturation
 on the cell's sealed files; criterion 3 against the highest complete rate <= r/2). A saturated
 cell is the configuration's knee: every higher rate is recorded as `pruned` with the knee and
 the criteria that fired, never as failed, and is not measured — hours of GPU time on a server
-that is past its knee buy nothing the reference rates use.
+that is past its knee buy nothing the reference rates use. Likewise a Phase B shape saturated
+at ref_safe (criteria 1 and 2; the analysis leaves it out of H5/H6) is cut from Phase B', which
+runs it at ref_load, a rate no lower.
 """
 
 from __future__ import annotations
@@ -21,12 +26,25 @@ from connector_tax.contract.index import PRUNED, read_summary
 from connector_tax.pipeline.plan import PlannedCell
 
 
-def _row(layout: StudyLayout, config: dict[str, Any], name: str, planned: PlannedCell) -> dict[str, Any]:
-    files = layout.phase(name, PHASE_A).cell(planned.cell.label)
-    cell = Cell(name, PHASE_A, planned.cell.label, files, planned.cell, read_summary(files))
+def _row(layout: StudyLayout, config: dict[str, Any], name: str, planned: Any) -> dict[str, Any]:
+    files = layout.phase(name, planned.cell.phase).cell(planned.cell.label)
+    cell = Cell(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
     row, _ = cell_row(cell, backend=config["backend"], simulated=config["backend"] == "sim", run_status="ok",
                       step_timing_available=False, steps=False)  # fmt: skip
+    row["phase"] = planned.cell.phase
     return row
+
+
+def saturated(layout: StudyLayout, config: dict[str, Any], name: str, planned: PlannedCell,
+              lower: PlannedCell | None = None) -> str | None:  # fmt: skip
+    """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
+    Phase A only), as a phrase; None when it is not saturated."""
+    lower_row = _row(layout, config, name, lower) if lower else None
+    verdict = cell_criteria(_row(layout, config, name, planned), config["saturation"], "offered", lower_row)
+    if not verdict["saturated"]:
+        return None
+    return ", ".join(f"{c} {verdict['criteria'][c]['value']:.3g} vs {verdict['criteria'][c]['threshold']:g}"
+                     for c in verdict["fired"])  # fmt: skip
 
 
 def knee(layout: StudyLayout, config: dict[str, Any], name: str, done: list[PlannedCell]) -> str | None:
@@ -35,10 +53,12 @@ def knee(layout: StudyLayout, config: dict[str, Any], name: str, done: list[Plan
         return None
     top = done[-1]
     lower = [p for p in done[:-1] if p.cell.rate <= top.cell.rate / 2 + 1e-9]
-    verdict = cell_criteria(_row(layout, config, name, top), config["saturation"], "offered",
-                            _row(layout, config, name, lower[-1]) if lower else None)  # fmt: skip
-    if not verdict["saturated"]:
-        return None
-    fired = ", ".join(f"{c} {verdict['criteria'][c]['value']:.3g} vs {verdict['criteria'][c]['threshold']:g}"
-                      for c in verdict["fired"])  # fmt: skip
-    return f"{PRUNED}: saturated at {top.cell.label} ({fired})"
+    fired = saturated(layout, config, name, top, lower[-1] if lower else None)
+    return None if fired is None else f"{PRUNED}: saturated at {top.cell.label} ({fired})"
+
+
+def overloaded_shape(layout: StudyLayout, config: dict[str, Any], name: str, shape_cell: PlannedCell) -> str | None:
+    """Phase B' runs a shape at ref_load (>= ref_safe): one saturated at ref_safe in Phase B is cut."""
+    fired = saturated(layout, config, name, shape_cell)
+    return None if fired is None else (f"{PRUNED}: the shape was saturated at ref_safe in Phase B ({fired}); "
+                                       "cut from Phase B'")  # fmt: skip

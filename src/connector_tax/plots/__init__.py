@@ -21,10 +21,10 @@ def build_figure(name: str, aggregate: dict[str, Any], hypotheses: dict[str, Any
 
 
 def make_figures(aggregate: dict[str, Any], hypotheses: dict[str, Any] | None, out_dir: Path) -> dict[str, Any]:
-    """Draw every figure into out_dir as PNG + PDF. Returns {"made": {name: [paths]},
-    "skipped": {name: reason}, "meta": {name: titles/labels/legends}}."""
+    """Draw every figure into out_dir as PNG + PDF (a skipped one as a notice of why). Returns
+    {"made": {name: [paths]}, "skipped": {name: reason}, "meta": {name: titles/labels/legends}}."""
     from connector_tax.plots.figures import FIGURES, Ctx, Skip
-    from connector_tax.plots.style import describe, save
+    from connector_tax.plots.style import describe, notice, save
 
     out_dir = Path(out_dir)
     made: dict[str, list[str]] = {}
@@ -36,12 +36,13 @@ def make_figures(aggregate: dict[str, Any], hypotheses: dict[str, Any] | None, o
             fig = builder(ctx, skipped) if name.startswith("fig4_") else builder(ctx)
         except Skip as exc:
             skipped[name] = str(exc)
-            for ext in ("png", "pdf"):  # never leave a stale figure of an earlier run behind
-                (out_dir / f"{name}.{ext}").unlink(missing_ok=True)
-            continue
         except Exception as exc:  # a plotting bug must not lose the analysis outputs
             log.exception("figure %s failed", name)
             skipped[name] = f"internal error while drawing: {type(exc).__name__}: {exc}"
+        if name in skipped:
+            # Every figure file exists (the workflow declares them all), and one without its data
+            # says so in words: a notice, never an empty chart, nor a stale one of an earlier run.
+            save(notice(name, skipped[name], aggregate.get("simulated", False)), out_dir, name)
             continue
         meta[name] = describe(fig)
         made[name] = save(fig, out_dir, name)

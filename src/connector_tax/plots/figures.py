@@ -382,12 +382,13 @@ def fig7(ctx: Ctx) -> Figure:
         ax.set_xlabel("configuration")
         ax.set_ylabel(f"tax step p50 vs {taxes['baseline']} (µs)")
         ax.grid(True, axis="y", alpha=0.3)
-    ax1.legend(handles=[Patch(facecolor="0.75", hatch="..", edgecolor="0.3", label="framework = tax(noop_connector)"),
-                        Patch(facecolor="0.45", label="implementation = tax(X) - tax(noop), config colour")],
-               fontsize=7)  # fmt: skip
-    ax2.legend(handles=[Patch(facecolor="0.45", label="callbacks: build_meta + get_finished + start_load_kv (p50)"),
+    # Below the axes, never over bars (the tallest bar's height is not known in advance).
+    fig.legend(handles=[Patch(facecolor="0.75", hatch="..", edgecolor="0.3", label="framework = tax(noop_connector)"),
+                        Patch(facecolor="0.45", label="implementation = tax(X) - tax(noop), config colour"),
+                        Patch(facecolor="0.45", label="callbacks: build_meta + get_finished + start_load_kv (p50)"),
                         Patch(facecolor="0.45", alpha=0.45, hatch="//", label="unattributed = tax_step - tax_callback")]
-               + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
+               + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
+               loc="outside lower center", ncol=3, fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 7: per-step tax decomposition at ref_safe = {safe.get('rate'):g} req/s"))
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
@@ -425,8 +426,9 @@ def fig8(ctx: Ctx) -> Figure:
         ax.set_title(label)
         ax.grid(True, axis="y", alpha=0.3)
     rel = ((h4.get("numbers") or {}).get("rel_dev") or {}).get("value")
-    axes[0].legend(handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
-                   + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")], fontsize=7)  # fmt: skip
+    fig.legend(handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
+               + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
+               loc="outside lower center", ncol=2, fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
                            f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")))
     stamp(fig, ctx.simulated, ctx.served_by)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,16 @@ def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
              transform=fig.transFigure, zorder=0, gid="simulated-stamp")  # fmt: skip
     fig.text(0.995, 0.005, "simulated data (backend sim)", fontsize=7, color="red", ha="right", va="bottom",
              transform=fig.transFigure)  # fmt: skip
+
+
+def notice(name: str, reason: str, simulated: bool) -> Figure:
+    """The file of a figure that could not be drawn: its name and why, in words, no axes."""
+    fig = new_figure(7.0, 2.2)
+    fig.text(0.5, 0.62, f"{name}: not drawn", ha="center", va="center", fontsize=13, weight="bold",
+             gid="not-drawn")  # fmt: skip
+    fig.text(0.5, 0.35, "\n".join(textwrap.wrap(reason, 90)[:4]), ha="center", va="center", fontsize=9)
+    stamp(fig, simulated)
+    return fig
 
 
 def describe(fig: Figure) -> dict[str, Any]:

