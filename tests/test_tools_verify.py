@@ -287,3 +287,30 @@ def test_gpu_smoke_bad_arguments(tmp_path):
 def test_fake_executable_template_is_valid_python(tmp_path):
     text = FAKE_VLLM_EXECUTABLE.format(python=sys.executable, fake_pkg=str(tmp_path))
     compile(textwrap.dedent(text), "vllm", "exec")
+
+
+def test_a_server_that_hangs_after_vllms_engine_failure_fails_the_start(tmp_path):
+    """vLLM 0.32 on CPU sometimes hangs instead of exiting after "EngineCore failed to start"
+    (a Mooncake worker's shutdown raises): the check ends a grace period after that line, with
+    a reason the verify scripts complete with vLLM's root cause, instead of its 1200 s timeout."""
+    server_log = tmp_path / "server.log"
+    server_log.write_text("INFO starting\n")
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        log = preflight_client.Log(str(tmp_path / "check.log"))
+        with pytest.raises(preflight_client.CheckFailed) as err:  # not yet: the plain timeout
+            preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 1.5, log, str(server_log), grace=0.5)
+        assert "not ready within" in str(err.value)
+        server_log.write_text("ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
+                              "ERROR [core.py:1510] EngineCore failed to start.\n")  # fmt: skip
+        with pytest.raises(preflight_client.CheckFailed) as err:
+            preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 60, log, str(server_log), grace=0.5)
+        assert str(err.value) == preflight_client.HUNG_AT_START
+        assert hung.poll() is None  # it did hang: the check, not the server, ended the wait
+    finally:
+        hung.kill()
+        hung.wait()
+    reason = subprocess.run(["bash", "-c", f'PY={sys.executable}; . {TOOLS}/_verify_lib.sh; verify_reason "$1" "$2"',
+                             "_", preflight_client.HUNG_AT_START, str(server_log)],
+                            capture_output=True, text=True, timeout=60, env=script_env())  # fmt: skip
+    assert reason.stdout.strip() == f"{preflight_client.HUNG_AT_START}: Mooncake is not available", reason.stderr

@@ -67,7 +67,8 @@ verify_stop_group() {
 # "server process exited during start-up: Mooncake is not available".
 verify_reason() { # reason server_log
   local reason="$1" cause
-  if [ "$reason" = "server process exited during start-up" ] &&
+  if { [ "$reason" = "server process exited during start-up" ] ||
+    [ "$reason" = "engine core failed during start-up (the server hung instead of exiting)" ]; } &&
     cause="$("$PY" -m connector_tax.launch.vllm_cli root-cause "$2" 2>/dev/null)"; then
     reason="$reason: $cause"
   fi
@@ -142,7 +143,7 @@ verify_one() {
   note "server started: pid $pid (process group $pid)"
 
   verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
-    --log "$log" --start-timeout "$start_timeout" | tail -n 1)" || true
+    --log "$log" --server-log "$server_log" --start-timeout "$start_timeout" | tail -n 1)" || true
 
   verify_stop_group "$pid"
   note "server stopped"

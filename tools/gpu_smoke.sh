@@ -90,7 +90,7 @@ while IFS= read -r name; do
   set +m
   VERIFY_GROUPS+=("$pid")
   verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
-    --log "$dir/check.log" --start-timeout "$start_timeout" | tail -n 1)" || true
+    --log "$dir/check.log" --server-log "$dir/server.log" --start-timeout "$start_timeout" | tail -n 1)" || true
   verify_stop_group "$pid"
   has_connector="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["has_connector"])' "$plan")"
   connector_flag="--no-connector"
