@@ -40,16 +40,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import math
-import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,171 +54,16 @@ import psutil
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 
 HERE = Path(__file__).resolve().parent
-MODEL = "null-model"
-PROMPT_TOKENS = 64
+sys.path.insert(0, str(HERE))
+from bench_procs import MODEL, _on_signal  # noqa: E402
+
 OURS_RATES = "100,200,400,600,800,1000,1200,1600,2000,2400,3200,4000"
 COMPETITOR_RATES = "50,100,150,200,250,300,400,600,800,1200,1600"
 
-_CHILDREN: list[subprocess.Popen] = []
-
-
-# -- child processes ------------------------------------------------------------------------
-def spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
-    _CHILDREN.append(proc)
-    return proc
-
-
-def kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
-    """End a child we started and everything in its process group."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers left in the group
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(2.0)
-    except subprocess.TimeoutExpired:
-        pass
-    if proc in _CHILDREN:
-        _CHILDREN.remove(proc)
-
-
-def kill_all() -> None:
-    for proc in list(_CHILDREN):  # noqa: PERF101 - kill_tree removes from it
-        kill_tree(proc, grace_s=1.0)
-
-
-def _on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
-# -- CPU sampling ---------------------------------------------------------------------------
-class CpuMonitor:
-    """CPU seconds of labelled process trees, and of the whole machine, sampled over time so that
-    a window inside the run (the measured part of a cell) can be cut out afterwards."""
-
-    def __init__(self, roots: dict[str, int], interval_s: float = 0.2) -> None:
-        self.roots = roots
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, float, dict[tuple[str, int], float]]] = []  # (epoch, machine busy s, cpu)
-        self.names: dict[tuple[str, int], str] = {}
-        self.born: dict[tuple[str, int], float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        now = time.time()
-        m = psutil.cpu_times()
-        busy = sum(m) - m.idle - getattr(m, "iowait", 0.0)
-        cpu: dict[tuple[str, int], float] = {}
-        for label, pid in self.roots.items():
-            try:
-                root = psutil.Process(pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for i, p in enumerate(procs):
-                key = (label, p.pid)
-                try:
-                    with p.oneshot():
-                        t = p.cpu_times()
-                        cpu[key] = t.user + t.system
-                        if key not in self.names:
-                            self.names[key] = "main" if i == 0 else _short_name(p)
-                            self.born[key] = p.create_time()
-                except psutil.Error:
-                    continue
-        self.samples.append((now, busy, cpu))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def start(self) -> CpuMonitor:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def stop(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
-        """Per-process CPU (cores) over window (epoch seconds; default: the whole run)."""
-        self._stop.set()
-        self._thread.join(2.0)
-        self._sample()
-        lo_t, hi_t = window or (self.samples[0][0], self.samples[-1][0])
-        lo = max((s for s in self.samples if s[0] <= lo_t), key=lambda s: s[0], default=self.samples[0])
-        hi = min((s for s in self.samples if s[0] >= hi_t), key=lambda s: s[0], default=self.samples[-1])
-        wall = max(hi[0] - lo[0], 1e-9)
-        per: dict[str, dict[str, float]] = {}
-        last: dict[tuple[str, int], float] = {}
-        for s in self.samples:  # a process that died before hi keeps its last reading
-            if s[0] <= hi[0]:
-                last.update(s[2])
-        for key, cpu in last.items():
-            label, _ = key
-            if key in lo[2]:
-                base = lo[2][key]
-            elif self.born.get(key, 0.0) >= lo[0]:
-                base = 0.0  # born inside the window
-            else:
-                continue  # seen only later: no baseline
-            frac = max(0.0, cpu - base) / wall
-            group = per.setdefault(label, {})
-            if self.names[key] == "main":
-                group["main"] = round(frac, 3)
-            else:
-                group["max_child"] = round(max(group.get("max_child", 0.0), frac), 3)
-                group["children"] = round(group.get("children", 0.0) + frac, 3)
-        tracked = sum(v.get("main", 0.0) + v.get("children", 0.0) for v in per.values())
-        machine = (hi[1] - lo[1]) / wall
-        return {
-            "window_s": round(wall, 2),
-            "by_process": per,
-            "machine_busy_cores": round(machine, 3),
-            "machine_cores": psutil.cpu_count(),
-            "other_cores": round(max(0.0, machine - tracked), 3),
-        }
-
-
-def _short_name(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline()[:3])[-60:]
-    except psutil.Error:
-        return "?"
-
-
-# -- the server -----------------------------------------------------------------------------
-class NullServer:
-    def __init__(self, cpus: list[int] | None) -> None:
-        cmd = [sys.executable, str(HERE / "sse_null_server.py"), "--port", "0", "--model", MODEL]
-        for c in cpus or []:
-            cmd += ["--cpu", str(c)]
-        self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
-        line = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline() if self.proc.stdout else ""
-            if line.startswith("ready ") or self.proc.poll() is not None:
-                break
-        if not line.startswith("ready "):
-            kill_tree(self.proc)
-            raise RuntimeError(f"null server did not start (got {line!r})")
-        self.url = line.split()[1]
-
-    def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
-            return json.loads(r.read())
-
-    def close(self) -> None:
-        kill_tree(self.proc)
+# The peers and soak benchmarks use these as cap.*.
+from bench_guidellm import PROMPT_TOKENS, TOKENIZER_SCRIPT, _pct, find_competitor, run_guidellm  # noqa: E402,F401
+from bench_procs import CpuMonitor, NullServer, kill_all, kill_tree, spawn  # noqa: E402,F401
+from capacity_report import _cell_line, _saturated, source_state, summarize  # noqa: E402,F401
 
 
 # -- one cell of ours -------------------------------------------------------------------------
@@ -289,131 +129,6 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
     return cell
 
 
-# -- one cell of guidellm ---------------------------------------------------------------------
-def run_guidellm(ctx: Ctx, rate: float, procs: int | None) -> dict[str, Any]:
-    a = ctx.args
-    tag = f"guidellm-p{procs or 'default'}"
-    work = ctx.tmp / f"{tag}-r{rate:g}-{time.monotonic_ns()}"
-    work.mkdir(parents=True)
-    out = work / "out.json"
-    total = a.warmup + a.seconds
-    profile = {"kind": "constant" if a.arrival == "fixed" else "poisson", "rate": [rate],
-               "warmup": round(a.warmup / total, 6)}  # fmt: skip
-    cmd = [str(ctx.competitor_bin), "run",
-           "--backend", f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
-           "--profile", json.dumps(profile),
-           "--constraint", f"kind=max_duration,seconds={total:g}",
-           "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={a.tokens}",
-           "--tokenizer", f"kind=hf_auto,model={a.tokenizer_dir}",
-           "--metrics", "kind=generative,sample_size=0",
-           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))  # fmt: skip
-    if procs:
-        env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(procs)
-    limit = total + a.competitor_overhead_s
-    s0 = ctx.server.stats()
-    proc = spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    mon = CpuMonitor({"client": proc.pid, "server": ctx.server.proc.pid}).start()
-    try:
-        output, _ = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        output = f"timed out after {limit:g} s"
-    finally:
-        kill_tree(proc)
-    d = json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else None
-    b = d["benchmarks"][0] if d else None
-    # Its measured window (epoch times in its report); the whole run where there is none.
-    window = (b["scheduler_metrics"]["measure_start_time"], b["scheduler_metrics"]["measure_end_time"]) if b else None
-    cpu = mon.stop(window)
-    s1 = ctx.server.stats()
-    cell: dict[str, Any] = {"client": tag, "rate": rate, "cpu": cpu, "server_requests": s1["requests"] - s0["requests"]}
-    if b is None:
-        cell.update(passed=False, reason=f"guidellm exit {proc.returncode}: {(output or '').strip()[-300:]}")
-        return cell
-    tot = b["metrics"]["request_totals"]
-    sm = b["scheduler_metrics"]
-    window = b["duration"]
-    ok = tot["successful"]
-    completed_rps = ok / window if window else 0.0
-    # Send lateness and dispatch rate from its per-request timings, in its measured window.
-    t_lo, t_hi = sm["measure_start_time"], sm["measure_end_time"]
-    starts, late = [], []
-    for group in ("successful", "errored", "incomplete"):
-        for r in b["requests"].get(group) or []:
-            t = (r.get("info") or {}).get("timings") or {}
-            ts, tt = t.get("request_start"), t.get("targeted_start")
-            if ts is None or tt is None or not (t_lo <= tt <= t_hi):
-                continue
-            starts.append(ts)
-            late.append((ts - tt) * 1e6)
-    late.sort()
-    dispatch = (len(starts) - 1) / (max(starts) - min(starts)) if len(starts) > 1 and max(starts) > min(starts) else 0.0
-    reasons = []
-    if completed_rps < 0.99 * rate:
-        reasons.append(f"completed {completed_rps:.1f}/s < 99% of {rate:g}")
-    if tot["errored"]:
-        reasons.append(f"{tot['errored']} errored")
-    cell.update(
-        passed=not reasons, reason="; ".join(reasons) or None,
-        achieved_rps=round(completed_rps, 2), dispatch_rps=round(dispatch, 2), ok=ok,
-        errored=tot["errored"], incomplete=tot["incomplete"], window_s=round(window, 3),
-        completed_rps=round(completed_rps, 2),
-        events_per_s=round(ok * ctx.events_per_stream / window, 1) if window else 0.0,
-        lateness_us={"p50": _pct(late, 50), "p99": _pct(late, 99), "max": round(late[-1], 1) if late else None},
-        requests_made=sm["requests_made"],
-    )  # fmt: skip
-    return cell
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return round(xs[min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1)], 1)
-
-
-# -- competitor setup -----------------------------------------------------------------------
-TOKENIZER_SCRIPT = r"""
-import sys
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-from faker import Faker
-f = Faker(); f.seed_instance(0)
-words = set()
-for _ in range(3000):
-    words.update(w.strip(".,").lower() for w in f.text(400).split())
-vocab = {"[UNK]": 0}
-for w in sorted(words):
-    vocab[w] = len(vocab)
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-tok.pre_tokenizer = pre_tokenizers.Whitespace()
-tok.decoder = decoders.WordPiece(prefix="##")
-PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=10**6).save_pretrained(sys.argv[1])
-"""
-
-
-def find_competitor(args: argparse.Namespace) -> tuple[Path | None, str]:
-    venv = Path(args.competitor_venv)
-    exe, py = venv / "bin" / "guidellm", venv / "bin" / "python"
-    if not exe.exists() or not py.exists():
-        return None, (f"guidellm not found in {venv} (install: python -m venv {venv} && "
-                      f"{venv}/bin/pip install 'guidellm[perf]'); measuring ours only")  # fmt: skip
-    try:
-        version = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout.strip()  # fmt: skip
-    except (subprocess.SubprocessError, OSError) as exc:
-        return None, f"guidellm in {venv} does not run ({exc}); measuring ours only"
-    tok = Path(args.tokenizer_dir)
-    if not (tok / "tokenizer.json").exists():
-        try:
-            subprocess.run([str(py), "-c", TOKENIZER_SCRIPT, str(tok)], capture_output=True, text=True,
-                           timeout=300, check=True)  # fmt: skip
-        except (subprocess.SubprocessError, OSError) as exc:
-            return None, f"could not build an offline tokenizer for guidellm ({exc}); measuring ours only"
-    return exe, f"guidellm {version}"
-
-
 # -- sweeps ---------------------------------------------------------------------------------
 class Ctx:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
@@ -465,53 +180,6 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
         "saturated_at_first_failure": _saturated(first_fail) if first_fail else None,
         "note": note, "cells": cells,
     }  # fmt: skip
-
-
-def _saturated(cell: dict[str, Any]) -> str:
-    cpu = cell["cpu"]
-    parts = []
-    for label, v in cpu["by_process"].items():
-        if v.get("main", 0) >= 0.85:
-            parts.append(f"{label} main {v['main']:.2f}")
-        if v.get("max_child", 0) >= 0.85:
-            parts.append(f"{label} child {v['max_child']:.2f}")
-    busy = cpu["machine_busy_cores"]
-    if busy >= 0.9 * cpu["machine_cores"]:
-        parts.append(f"machine {busy:.2f}/{cpu['machine_cores']} cores busy (other {cpu['other_cores']:.2f})")
-    return "; ".join(parts) or "no process at >= 0.85 core"
-
-
-def _cell_line(c: dict[str, Any]) -> str:
-    cpu = c["cpu"]["by_process"]
-    cl, sv = cpu.get("client", {}), cpu.get("server", {})
-    lat = c.get("lateness_us") or {}
-    fmt = lambda v: "-" if v is None else f"{v:.0f}"
-    return (f"{c['client']:<18} {c['rate']:>6g}/s  {'PASS' if c['passed'] else 'fail'}  "
-            f"achieved {c.get('achieved_rps', 0):>8.1f}/s  events {c.get('events_per_s', 0):>9.0f}/s  "
-            f"lateness p50/p99 {fmt(lat.get('p50'))}/{fmt(lat.get('p99'))} us  "
-            f"cpu client main {cl.get('main', 0):.2f} max-child {cl.get('max_child', 0):.2f} "
-            f"server {sv.get('main', 0):.2f} machine {c['cpu']['machine_busy_cores']:.2f} "
-            f"(other {c['cpu']['other_cores']:.2f})"
-            + (f"  [{c['reason']}]" if c.get("reason") else ""))  # fmt: skip
-
-
-def source_state() -> dict[str, Any]:
-    """Which load generator was measured: git HEAD and a hash of its sources as they are now
-    (the tree may hold uncommitted edits; the hash is taken again at the end to catch changes)."""
-    import hashlib
-
-    src = HERE.parent / "src" / "connector_tax" / "loadgen"
-    h = hashlib.sha256()
-    for f in sorted(src.glob("*.py")):
-        h.update(f.name.encode() + f.read_bytes())
-    try:
-        head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
-                              text=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(HERE.parent), "status", "--porcelain", "--", str(src)],
-                               check=False, capture_output=True, text=True, timeout=10).stdout.split()[1::2]  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        head, dirty = "?", []
-    return {"git_head": head, "loadgen_uncommitted": dirty, "loadgen_sha256": h.hexdigest()[:16]}
 
 
 def main() -> int:
@@ -603,47 +271,6 @@ def main() -> int:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0 if repeats else 1
-
-
-def summarize(args: argparse.Namespace, repeats: list[dict[str, Any]], competitor: str, wall: float) -> dict[str, Any]:
-    names = list(dict.fromkeys(n for r in repeats for n in r))
-    med: dict[str, dict[str, Any]] = {}
-    for n in names:
-        runs = [r[n] for r in repeats if n in r]
-        med[n] = {
-            "capacity_rps": statistics.median(x["capacity_rps"] for x in runs),
-            "events_per_s": statistics.median(x["events_per_s"] for x in runs),
-            "capacity_rps_each": [x["capacity_rps"] for x in runs],
-            "events_per_s_each": [x["events_per_s"] for x in runs],
-            "saturated_at_first_failure_each": [x["saturated_at_first_failure"] for x in runs],
-        }
-    ours = [n for n in names if n.startswith("ours")]
-    theirs = [n for n in names if not n.startswith("ours")]
-    best_ours = max(ours, key=lambda n: med[n]["capacity_rps"], default=None)
-    best_theirs = max(theirs, key=lambda n: med[n]["capacity_rps"], default=None)
-    ratio = ev_ratio = None
-    if best_ours and best_theirs and med[best_theirs]["capacity_rps"] > 0:
-        ratio = med[best_ours]["capacity_rps"] / med[best_theirs]["capacity_rps"]
-        ev_ratio = med[best_ours]["events_per_s"] / max(med[best_theirs]["events_per_s"], 1e-9)
-
-    print(f"\ncapacity: medians of {len(repeats)} repeat(s), {args.tokens}-token streams, {args.arrival} arrival, "
-          f"null SSE server on loopback ({wall / 60:.1f} min)")  # fmt: skip
-    print(f"{'client':<20} {'capacity req/s':>15} {'SSE events/s':>13}   per repeat (req/s)")
-    for n in names:
-        m = med[n]
-        each = ", ".join(f"{x:g}" for x in m["capacity_rps_each"])
-        print(f"{n:<20} {m['capacity_rps']:>15g} {m['events_per_s']:>13.0f}   {each}")
-    if ratio is not None:
-        print(f"ratio {best_ours} / {best_theirs}: {ratio:.2f}x requests/s, {ev_ratio:.2f}x SSE events/s "
-              f"(bar: >= 3x) [{competitor}]")  # fmt: skip
-    else:
-        print(f"no ratio: competitor {competitor}")
-    return {
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "competitor": competitor, "machine_cpus": psutil.cpu_count(), "wall_s": round(wall, 1),
-        "medians": med, "best_ours": best_ours, "best_competitor": best_theirs,
-        "ratio_rps": ratio, "ratio_events": ev_ratio, "repeats": repeats,
-    }  # fmt: skip
 
 
 if __name__ == "__main__":

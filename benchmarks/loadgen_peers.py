@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,133 +46,15 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
 
+from peer_clients import (  # noqa: E402
+    TOKENS,
+    BenchServer,
+    run_ctax,
+    run_guidellm,
+    run_vllm,
+)
+
 HERE = Path(__file__).resolve().parent
-MODEL = "bench-model"
-TOKENS = 64
-VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-              "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
-              "main(p.parse_args(sys.argv[1:]))")  # `vllm bench serve`, without the `vllm` script
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-class BenchServer:
-    def __init__(self, log: Path, cpus: list[int]) -> None:
-        cmd = [sys.executable, str(HERE / "sse_bench_server.py"), "--port", "0", "--log", str(log)]
-        for c in cpus:
-            cmd += ["--cpu", str(c)]
-        self.log = log
-        self.proc = cap.spawn(cmd, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("ready "):
-            cap.kill_tree(self.proc)
-            raise RuntimeError(f"benchmark server did not start: {line!r}")
-        self.url = line.split()[1]
-
-    def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
-            return json.loads(r.read())
-
-    def lines(self) -> dict[str, dict]:
-        time.sleep(1.2)  # its log is flushed every second
-        out = {}
-        for line in self.log.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            out[e["rid"]] = e
-        return out
-
-    def close(self) -> None:
-        cap.kill_tree(self.proc)
-
-
-# -- the three clients ----------------------------------------------------------------------------
-def _finish(proc: subprocess.Popen, limit_s: float) -> str:
-    try:  # its output, once it exits or after limit_s; it and its group are gone either way
-        output, _ = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        output = "timed out"
-    finally:
-        cap.kill_tree(proc)
-    return output or ""
-
-
-def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
-    out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--phase", "p", "--out", str(out), "--timeout", "30", *argv]  # fmt: skip
-    output = _finish(cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
-    summaries = sorted(out.glob("summary_*.json"))
-    if not summaries:
-        return {"error": output.strip()[-300:]}
-    s = json.loads(summaries[0].read_text())
-    records = [json.loads(x) for x in next(out.glob("requests_*.jsonl")).read_text().splitlines()]
-    return {"summary": s, "records": records}
-
-
-def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str, Any]:
-    if ctx.vllm is None:
-        return {"error": "skipped"}
-    work = ctx.tmp / f"vllm-{time.monotonic_ns()}"
-    work.mkdir()
-    cmd = [str(ctx.vllm), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", ctx.server.url,
-           "--endpoint", "/v1/completions", "--model", MODEL, "--tokenizer", str(ctx.tokenizer),
-           "--dataset-name", "random", "--random-output-len", str(TOKENS), "--ignore-eos", "--save-result",
-           "--result-dir", str(work), "--result-filename", "r.json", "--disable-tqdm", "--num-warmups", "0",
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0", *argv]  # fmt: skip
-    output = _finish(cap.spawn(cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True), limit_s)  # fmt: skip
-    path = work / "r.json"
-    return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
-
-
-def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tokens: int) -> dict[str, Any]:
-    if ctx.guidellm is None:
-        return {"error": "skipped"}
-    work = ctx.tmp / f"guidellm-{time.monotonic_ns()}"
-    work.mkdir()
-    out = work / "out.json"
-    cmd = [str(ctx.guidellm), "run",
-           "--backend", f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
-           "--profile", json.dumps(profile), "--constraint", f"kind=max_duration,seconds={seconds:g}",
-           "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={TOKENS}",
-           "--tokenizer", f"kind=hf_auto,model={ctx.tokenizer}", "--metrics", "kind=generative,sample_size=0",
-           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
-    env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
-    output = _finish(cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-                     seconds + 240)  # fmt: skip
-    if not out.exists():
-        return {"error": output.strip()[-300:]}
-    b = json.loads(out.read_text())["benchmarks"][0]
-    tot, sm = b["metrics"]["request_totals"], b["scheduler_metrics"]
-    late, ttft = [], []
-    for r in b["requests"].get("successful") or []:
-        t = (r.get("info") or {}).get("timings") or {}
-        if t.get("request_start") is not None and t.get("targeted_start") is not None and (
-            sm["measure_start_time"] <= t["targeted_start"] <= sm["measure_end_time"]
-        ):
-            late.append((t["request_start"] - t["targeted_start"]) * 1e6)
-        if t.get("first_token_iteration") is not None and t.get("request_start") is not None:
-            ttft.append((t["first_token_iteration"] - t["request_start"]) * 1e3)
-    late.sort()
-    errored = b["requests"].get("errored") or []
-    return {"ok": tot["successful"], "errored": tot["errored"], "window_s": b["duration"], "lateness_us": late,
-            "ttft_ms": ttft, "error_sample": _error_of(errored[0]) if errored else None}  # fmt: skip
-
-
-def _error_of(obj: Any) -> str:
-    stack = [obj]  # the first text under a key that names an error, anywhere in a guidellm record
-    while stack:
-        o = stack.pop()
-        if isinstance(o, dict):
-            for k, v in o.items():
-                if "error" in k.lower() and isinstance(v, str) and v:
-                    return v[:300]
-                stack.append(v)
-        elif isinstance(o, list):
-            stack.extend(o)
-    return json.dumps(obj, default=str)[:300]
 
 
 # -- the measures -------------------------------------------------------------------------------

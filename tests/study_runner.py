@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import yaml
 
-from connector_tax.config import validate_config
+from connector_tax.config import StudyConfig, validate_config
 from connector_tax.contract import LAUNCH_PHASES, StudyLayout, planned_cells
 from connector_tax.contract.index import read_index, read_summary, verify_cell
 
@@ -73,7 +73,7 @@ def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
         for launch_phase in LAUNCH_PHASES:
             if launch_phase != LAUNCH_PHASES[0] and reference is None:
                 continue
-            for cell in planned_cells(config, variant["name"], launch_phase, reference):
+            for cell in planned_cells(StudyConfig.from_mapping(config), variant["name"], launch_phase, reference):
                 files = layout.phase(variant["name"], cell.phase).cell(cell.label)
                 summary = read_summary(files) or {}
                 out[f"{variant['name']}/{cell.key}"] = summary.get("sealed") if summary.get("complete") else None

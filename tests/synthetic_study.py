@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.config import find_variant, validate_config
+from connector_tax.config import StudyConfig, find_variant, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, phase_a_cells, phase_b_cells
 from connector_tax.contract import Cell as PlannedCell
 from connector_tax.contract.fingerprint import cell_settings, code_versions, fingerprint, launch_settings
@@ -259,7 +259,7 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
             index.status, index.reason = "skipped", f"preflight SKIP: {spec.skipped[c]}"
             index.write(layout.index(c, phase))
     for c in ran:
-        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_A), phase_a_cells(config),
+        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_A), phase_a_cells(StudyConfig.from_mapping(config)),
                      lambda cell, c=c: (_tax(spec.ttft_tax, c), _tax(spec.tpot_tax, c), True))  # fmt: skip
     ref_safe, ref_load = _expected_refs(spec)
     reference: dict[str, Any] = {"ref_safe": ref_safe, "ref_load": ref_load}
@@ -279,7 +279,7 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
         return _tax(spec.ttft_tax, c) * f_in * boost, _tax(spec.tpot_tax, c) * f_out * boost, False
 
     for c in ran:
-        cells = phase_b_cells(config, c, reference)
+        cells = phase_b_cells(StudyConfig.from_mapping(config), c, reference)
         _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_B), cells,
                      lambda cell, c=c: factors(cell, c))  # fmt: skip
     return layout.root

@@ -132,8 +132,30 @@ def test_csv_and_json_schemas_stable(study):
     assert [s["id"] for s in hyp["success_criteria"]] == [f"SC{i}" for i in range(1, 8)]
     for h in hyp["hypotheses"]:
         assert {"id", "title", "verdict", "reason", "numbers", "ci_overlaps_threshold", "caveats"} <= set(h)
-    assert sorted(out["files"])[:4] == ["aggregate.csv", "aggregate.json", "figures/fig1_ttft_p90_vs_rate.pdf",
-                                        "figures/fig1_ttft_p90_vs_rate.png"]
+    assert sorted(out["files"])[:4] == ["aggregate.csv", "aggregate.json", "aggregate.parquet",
+                                        "figures/fig1_ttft_p90_vs_rate.pdf"]
+    assert {"taxes.csv", "taxes.parquet"} <= set(out["files"])
+
+
+def test_tidy_tables_hold_what_the_json_holds(study):
+    """aggregate.parquet is the per-cell rows; taxes.parquet one row per (phase, point, config, metric)."""
+    import pandas as pd
+
+    root, _, agg, _ = study
+    cells = pd.read_parquet(root / "analysis" / "aggregate.parquet")
+    assert list(cells.columns) == EXPECTED_COLUMNS and len(cells) == len(agg["rows"])
+    assert cells["ttft_ms_p90"].tolist() == pytest.approx([r["ttft_ms_p90"] for r in agg["rows"]])
+    taxes = pd.read_parquet(root / "analysis" / "taxes.parquet")
+    safe = agg["taxes"]["phase_a"]["ref_safe"]
+    for config, metrics in safe["configs"].items():
+        row = taxes.query("phase == 'phase_a' and point == 'ref_safe' and config == @config and metric == 'ttft_p90'")
+        assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(metrics["ttft_p90"]["value"])
+        assert row["rate"].iloc[0] == safe["rate"]
+    shapes = taxes.query("phase == 'phase_b'")
+    assert set(shapes["point"]) == set(agg["taxes"]["phase_b"]["cells"])
+    assert (shapes["input_len"].notna() & shapes["output_len"].notna()).all()
+    by_config = taxes.query("metric == 'ttft_p90'").groupby("config")["value"].count()
+    assert set(by_config.index) == set(safe["configs"])  # a group-by away from any question
 
 
 def test_per_cell_stats(study):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from connector_tax.config import ConfigError, validate_config
+from connector_tax.config import ConfigError, StudyConfig, Variant, validate_config
 from connector_tax.contract import PHASE_A, PHASE_B, StudyLayout, phase_a_cells, phase_b_cells, run_order, shape_label
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
 from connector_tax.contract.index import CellEntry, PhaseIndex, read_index, seal_cell, verify_cell
@@ -30,7 +31,8 @@ def _fingerprints(config: dict) -> dict[str, str]:
     for variant in config["configs"]:
         launch = launch_settings(config, variant, ["argv", variant["name"]], {"server": "x"})
         code = code_versions(config["backend"])
-        cells = phase_a_cells(config) + phase_b_cells(config, variant["name"], reference)
+        study = StudyConfig.from_mapping(config)
+        cells = phase_a_cells(study) + phase_b_cells(study, variant["name"], reference)
         for cell in cells:
             out[f"{variant['name']}/{cell.key}"] = fingerprint(launch, cell_settings(config, cell), code)
     return out
@@ -105,10 +107,11 @@ def test_colliding_labels_are_a_one_line_config_error(config, edit, where, words
 
 
 def test_phase_b_runs_in_another_seeded_order(config) -> None:
-    config["configs"] = [{"name": f"c{i}"} for i in range(8)]
-    assert run_order(config, PHASE_A) == run_order(config, PHASE_A)
-    assert run_order(config, PHASE_A) != run_order(config, PHASE_B)
-    assert sorted(run_order(config, PHASE_B)) == sorted(run_order(config, PHASE_A))
+    study = StudyConfig.from_mapping(validate_config(config))
+    study = dataclasses.replace(study, variants=tuple(Variant(f"c{i}", None, {"name": f"c{i}"}) for i in range(8)))
+    assert run_order(study, PHASE_A) == run_order(study, PHASE_A)
+    assert run_order(study, PHASE_A) != run_order(study, PHASE_B)
+    assert sorted(run_order(study, PHASE_B)) == sorted(run_order(study, PHASE_A))
 
 
 def _staged_cell(layout: StudyLayout, label: str = "r4") -> tuple:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from connector_tax.loadgen.cli import add_bench_arguments, OneLineParser
@@ -18,6 +23,23 @@ def _driver(tmp_path: Path, name: str = "haltpoll") -> Path:
     return path
 
 
+def _holds(pid: int, device: Path) -> bool:
+    """Whether process `pid` has `device` open."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(device) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def _eventually(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
 def test_writes_the_limit_as_a_native_s32_and_keeps_the_file_open(tmp_path: Path) -> None:
     device = tmp_path / "cpu_dma_latency"
     device.write_bytes(b"")
@@ -26,12 +48,9 @@ def test_writes_the_limit_as_a_native_s32_and_keeps_the_file_open(tmp_path: Path
         assert device.read_bytes() == struct.pack("=i", 50)
         assert state.held and state.requested_us == 50
         assert state.detail == f"held at 50 us through {device} (cpuidle driver haltpoll)"
-        fd = hold._fd
-        assert fd is not None
-        os.fstat(fd)  # open: the kernel keeps a request only while its file is
-    with pytest.raises(OSError):
-        os.fstat(fd)
-    assert hold._fd is None
+        holder = hold.holder
+        assert holder is not None and _holds(holder.pid, device)  # open: the kernel keeps a request only while its file is
+    assert holder.poll() is not None and hold.holder is None
     assert hold.state.held  # the summary still says what held during the run
 
 
@@ -40,11 +59,46 @@ def test_acquire_twice_opens_once(tmp_path: Path) -> None:
     device.write_bytes(b"")
     hold = CpuLatencyHold(0, device=device, driver=_driver(tmp_path))
     hold.acquire()
-    first = hold._fd
+    first = hold.holder
     hold.acquire()
-    assert hold._fd == first and device.read_bytes() == struct.pack("=i", 0)
+    assert hold.holder is first and device.read_bytes() == struct.pack("=i", 0)
     hold.release()
     hold.release()
+
+
+_OWNER = """
+import sys, time
+from pathlib import Path
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+hold = CpuLatencyHold(0, device=Path(sys.argv[1]))
+state = hold.acquire()
+print(hold.holder.pid if state.held else "not held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("end", ["SIGSTOP then SIGCONT", "SIGKILL"])
+def test_a_stopped_or_killed_owner_does_not_keep_the_limit(tmp_path: Path, end: str) -> None:
+    """The request lives in the holder's open file: it goes while its owner is stopped, comes back
+    when it resumes, and goes for good when the owner is killed (no exit path of its own)."""
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(device)], stdout=subprocess.PIPE, text=True)
+    try:
+        holder = int(owner.stdout.readline())
+        assert _holds(holder, device)
+        if end == "SIGKILL":
+            owner.kill()
+            owner.wait()
+            assert _eventually(lambda: not psutil.pid_exists(holder) or psutil.Process(holder).status() == "zombie")
+            return
+        os.kill(owner.pid, signal.SIGSTOP)
+        assert _eventually(lambda: not _holds(holder, device)), "a stopped run still holds the CPU latency limit"
+        os.kill(owner.pid, signal.SIGCONT)
+        assert _eventually(lambda: _holds(holder, device)), "the limit did not come back when the run resumed"
+    finally:
+        owner.kill()
+        owner.wait()
 
 
 def test_no_cpuidle_driver_is_said(tmp_path: Path) -> None:

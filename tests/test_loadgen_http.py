@@ -1,7 +1,5 @@
-"""The worker's HTTP/1.1 client (http.py) and its request exchange (Worker._exchange), against a
-real `ctax sim` and against a tiny asyncio server written here, which counts connections and
-requests per connection and can misbehave on cue (close an idle keep-alive connection, drop a
-request on a reused connection, answer non-200 with bodies framed either way).
+"""The worker's HTTP/1.1 client (http.py) (http.py): its connection pool against a tiny
+asyncio server (tests/mini_http_server.py) and against a real `ctax sim`.
 """
 
 from __future__ import annotations
@@ -9,160 +7,26 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sim_server import MODEL, running_sim  # noqa: E402
+from sim_server import running_sim  # noqa: E402
 
-from connector_tax.loadgen import ipc  # noqa: E402
-from connector_tax.loadgen.firetimer import FireTimer  # noqa: E402
 from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
-from connector_tax.loadgen.prompts import BodySettings  # noqa: E402
 from connector_tax.loadgen.sse import SSEReader  # noqa: E402
-from connector_tax.loadgen.worker import Worker, WorkerConfig  # noqa: E402
-
-SSE_BODY = (
-    b'data: {"id":"cmpl-1","choices":[{"index":0,"text":" a","finish_reason":null}]}\n\n'
-    b'data: {"id":"cmpl-1","choices":[{"index":0,"text":" b","finish_reason":"length"}]}\n\n'
-    b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}\n\n'
-    b"data: [DONE]\n\n"
+from mini_http_server import (  # noqa: E402
+    SSE_BODY,
+    MiniServer,
+    exchange,
+    make_worker,
+    plain_response,
+    request_bytes,
+    run,
+    sse_response,
 )
-
-
-# -- a tiny HTTP/1.1 server -------------------------------------------------------------
-class MiniServer:
-    """Counts connections and the requests each one carried. `behave(server, conn_no,
-    req_no_on_conn, request_bytes)` returns the response bytes, or None to close the
-    connection without answering; `idle_close_s` closes a connection that long after its last
-    response."""
-
-    def __init__(self, behave: Callable[..., bytes | None] | None = None, idle_close_s: float | None = None,
-                 delay_s: float = 0.0) -> None:  # fmt: skip
-        self.behave = behave or (lambda *a: sse_response())
-        self.idle_close_s = idle_close_s
-        self.delay_s = delay_s
-        self.requests_per_conn: list[int] = []
-        self.open_now = 0
-        self.max_open = 0
-        self.active = 0
-        self.max_active = 0
-        self.bodies: list[bytes] = []
-        self.server: asyncio.AbstractServer | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        self.server = await asyncio.get_running_loop().create_server(lambda: _MiniProto(self), "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-
-
-class _MiniProto(asyncio.Protocol):
-    def __init__(self, srv: MiniServer) -> None:
-        self.srv = srv
-        self.buf = b""
-        self.conn_no = len(srv.requests_per_conn)
-        srv.requests_per_conn.append(0)
-        self.idle: asyncio.TimerHandle | None = None
-        self.busy = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.srv.open_now += 1
-        self.srv.max_open = max(self.srv.max_open, self.srv.open_now)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.srv.open_now -= 1
-        if self.idle:
-            self.idle.cancel()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = self.buf[:head_end].decode()
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            end = head_end + 4 + length
-            if len(self.buf) < end:
-                return
-            request, self.buf = self.buf[:end], self.buf[end:]
-            self._handle(request)
-
-    def _handle(self, request: bytes) -> None:
-        srv = self.srv
-        if self.idle:
-            self.idle.cancel()
-        req_no = srv.requests_per_conn[self.conn_no]
-        srv.requests_per_conn[self.conn_no] += 1
-        srv.bodies.append(request.split(b"\r\n\r\n", 1)[1])
-        response = srv.behave(srv, self.conn_no, req_no, request)
-        if response is None:
-            self.transport.close()
-            return
-        srv.active += 1
-        srv.max_active = max(srv.max_active, srv.active)
-        loop = asyncio.get_running_loop()
-        loop.call_later(srv.delay_s, self._respond, response)
-
-    def _respond(self, response: bytes) -> None:
-        self.srv.active -= 1
-        if self.transport.is_closing():
-            return
-        self.transport.write(response)
-        if b"\r\nConnection: close\r\n" in response:
-            self.transport.close()
-        elif self.srv.idle_close_s is not None:
-            self.idle = asyncio.get_running_loop().call_later(self.srv.idle_close_s, self.transport.close)
-
-
-def sse_response(body: bytes = SSE_BODY) -> bytes:
-    """Chunked transfer encoding, one HTTP chunk per SSE event, as uvicorn streams."""
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in body.split(b"\n\n")[:-1] for e in [e + b"\n\n"])
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + chunks + b"0\r\n\r\n")  # fmt: skip
-
-
-def plain_response(status: str, body: bytes, close: bool = False, chunked: bool = False) -> bytes:
-    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
-    if close:
-        head += "Connection: close\r\n"
-    if chunked:
-        half = len(body) // 2
-        framed = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, body[:half], len(body) - half, body[half:])
-        return (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + framed
-    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-def request_bytes(port: int, body: bytes = b'{"x":1}', rid: str = "r") -> bytes:
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"X-Request-Id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
-
-
-async def exchange(pool: ConnectionPool, data: bytes) -> tuple[int, bytes, Any]:
-    conn = await pool.acquire()
-    response = conn.send(data)
-    status = await response.wait_headers()
-    raw = await response.read_all()
-    pool.release(conn)
-    return status, raw, conn
-
-
-def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
-    return uvloop.run(coro_fn())
 
 
 # -- the pool against the mini server ---------------------------------------------------
@@ -259,127 +123,6 @@ def test_connection_close_response_is_not_reused() -> None:
     run(main)
 
 
-# -- Worker._exchange: retry once on a dropped keep-alive connection ---------------------
-def _worker(port: int, timeout_s: float = 5.0) -> Worker:
-    """A worker whose exchange runs without its run(): call from inside the event loop."""
-    worker = Worker(WorkerConfig(
-        worker_id=0, url=f"http://127.0.0.1:{port}", body=BodySettings(model=MODEL), seed=0,
-        timeout_s=timeout_s, max_connections=4, prewarm_connections=0, spin_ns=200_000, spin_share=0.1,
-        requests_addr="ipc:///nonexistent/requests", results_addr="ipc:///nonexistent/results",
-    ))  # fmt: skip
-    worker.timer = FireTimer(asyncio.get_running_loop())
-    return worker
-
-
-async def worker_exchange(worker: Worker, index: int) -> ipc.RequestResult:
-    spec = ipc.RequestSpec(index, f"t_c-{index}", 8, 2)
-    body = worker.builder.body(spec.request_id, 8, 2, None)
-    data = (worker._head % (spec.request_id, len(body))).encode() + body
-    return await worker._exchange(spec, data, SSEReader(), None)
-
-
-def test_request_on_a_connection_the_server_dropped_is_retried_once_and_succeeds() -> None:
-    # The race a keep-alive client must survive: the server closes a connection just as a
-    # request is written to it. Here the second request on every connection is dropped.
-    def behave(srv: MiniServer, conn: int, req: int, data: bytes) -> bytes | None:
-        return None if req == 1 else sse_response()
-
-    async def main() -> None:
-        srv = MiniServer(behave)
-        await srv.start()
-        worker = _worker(srv.port)
-        r0 = await worker_exchange(worker, 0)
-        r1 = await worker_exchange(worker, 1)
-        for r in (r0, r1):
-            assert (r.status, r.error, r.http_status, r.chunks, r.completion_tokens) == ("ok", None, 200, 2, 2)
-        # Request 1 went out twice: on connection 0 (dropped), then on a fresh connection 1.
-        assert srv.requests_per_conn == [2, 1]
-        assert r1.t_send_ns is not None and r1.t_send_ns > r0.t_last_token_ns
-        worker.pool.close()
-        await srv.stop()
-
-    run(main)
-
-
-def test_retry_happens_only_once() -> None:
-    # Every request after the very first is dropped: the retry on a fresh connection fails too,
-    # and the request is an error rather than a loop of retries.
-    def behave(srv: MiniServer, conn: int, req: int, data: bytes) -> bytes | None:
-        return sse_response() if conn == 0 and req == 0 else None
-
-    async def main() -> None:
-        srv = MiniServer(behave)
-        await srv.start()
-        worker = _worker(srv.port)
-        assert (await worker_exchange(worker, 0)).status == "ok"
-        r = await worker_exchange(worker, 1)
-        assert (r.status, r.error, r.http_status, r.t_first_token_ns) == (
-            "error", "ConnectionClosed: connection closed by server", 0, None
-        )  # fmt: skip
-        assert srv.requests_per_conn == [2, 1]
-        # A fresh connection that fails is not retried at all.
-        r = await worker_exchange(worker, 2)
-        assert r.status == "error"
-        assert srv.requests_per_conn == [2, 1, 1]
-        worker.pool.close()
-        await srv.stop()
-
-    run(main)
-
-
-@pytest.mark.parametrize("chunked", [False, True])
-def test_exchange_reports_non_200_with_its_message(chunked: bool) -> None:
-    def behave(srv: MiniServer, conn: int, req: int, data: bytes) -> bytes:
-        if req == 0:
-            return plain_response("503 Service Unavailable",
-                                  b'{"error":{"message":"overloaded","type":"x","code":503}}', chunked=chunked)
-        if req == 1:
-            return plain_response("404 Not Found", b'{"detail":"Not Found"}', chunked=chunked)
-        return sse_response()
-
-    async def main() -> None:
-        srv = MiniServer(behave)
-        await srv.start()
-        worker = _worker(srv.port)
-        r0, r1, r2 = [await worker_exchange(worker, i) for i in range(3)]
-        assert (r0.status, r0.http_status, r0.error, r0.chunks) == ("error", 503, "HTTP 503: overloaded", 0)
-        assert (r1.status, r1.http_status, r1.error) == ("error", 404, 'HTTP 404: {"detail":"Not Found"}')
-        assert (r2.status, r2.http_status) == ("ok", 200)
-        assert srv.requests_per_conn == [3]  # error bodies were read to the end: the connection lived on
-        worker.pool.close()
-        await srv.stop()
-
-    run(main)
-
-
-def test_exchange_times_out_a_stalled_stream() -> None:
-    first_event = SSE_BODY.split(b"\n\n")[0] + b"\n\n"
-    # Headers and one token, then nothing: the stream stalls without closing.
-    stalled = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + b"%x\r\n%s\r\n" % (len(first_event), first_event))  # fmt: skip
-
-    async def main() -> None:
-        srv = MiniServer(lambda *a: stalled)
-        await srv.start()
-        worker = _worker(srv.port, timeout_s=0.2)
-        spec = ipc.RequestSpec(0, "t_c-0", 8, 2)
-        body = worker.builder.body(spec.request_id, 8, 2, None)
-        data = (worker._head % (spec.request_id, len(body))).encode() + body
-        task = asyncio.get_running_loop().create_task(worker._exchange(spec, data, SSEReader(), None))
-        worker._tasks[0] = task  # as _fire registers it, so the timeout can find it
-        r = await task
-        elapsed_ns = time.monotonic_ns() - r.t_send_ns
-        assert (r.status, r.error, r.http_status, r.chunks) == ("timeout", "timeout after 0.2 s", 200, 1)
-        assert r.t_first_token_ns == r.t_last_token_ns
-        assert 0.19e9 <= elapsed_ns < 1e9  # libuv timers have 1 ms granularity
-        await asyncio.sleep(0.05)
-        assert srv.open_now == 0  # the timed-out connection was aborted, not pooled
-        worker.pool.close()
-        await srv.stop()
-
-    run(main)
-
-
 # -- against ctax sim -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory):
@@ -390,7 +133,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory):
 def test_keep_alive_against_the_sim(sim) -> None:
     async def main() -> None:
         pool = ConnectionPool("127.0.0.1", sim.port, max_connections=4)
-        worker = _worker(sim.port)
+        worker = make_worker(sim.port)
         conns = set()
         for i in range(15):
             body = worker.builder.body(f"http_keepalive-{i}", 16, 3, None)
@@ -430,7 +173,7 @@ def test_pool_bound_against_the_sim(sim) -> None:
 
     async def main() -> None:
         pool = ConnectionPool("127.0.0.1", sim.port, max_connections=2)
-        worker = _worker(sim.port)
+        worker = make_worker(sim.port)
 
         async def one(i: int) -> tuple[int, bytes, Any]:
             rid = f"http_bound-{i}"

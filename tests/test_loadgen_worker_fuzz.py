@@ -8,7 +8,14 @@ import asyncio
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_loadgen_http import MiniServer, _worker, plain_response, run, sse_response, worker_exchange
+from mini_http_server import (
+    MiniServer,
+    make_worker,
+    plain_response,
+    run,
+    sse_response,
+    worker_exchange,
+)
 
 from connector_tax.loadgen.sse import MAX_EVENT_BYTES
 from connector_tax.loadgen.worker import MAX_ERROR_BODY
@@ -31,7 +38,7 @@ def _serve(body_for_first: bytes) -> tuple:
     async def main() -> tuple:
         srv = MiniServer(lambda s, conn, req, data: body_for_first if len(s.bodies) == 1 else sse_response())
         await srv.start()
-        worker = _worker(srv.port, timeout_s=3.0)
+        worker = make_worker(srv.port, timeout_s=3.0)
         first = await asyncio.wait_for(worker_exchange(worker, 0), 10)
         second = await asyncio.wait_for(worker_exchange(worker, 1), 10)
         worker.pool.close()

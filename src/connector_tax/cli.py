@@ -48,19 +48,19 @@ PIPELINE_STEPS = {
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from connector_tax.config import ConfigError, load_config
+    from connector_tax.config import ConfigError, load_study
     from connector_tax.pipeline.estimate import plan_study, render
 
     try:
-        config = load_config(args.config)
+        study = load_study(args.config)
     except ConfigError as exc:
         print(f"ctax plan: {exc}", file=sys.stderr)
         return 2
     if args.gpus < 1:
         print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
         return 2
-    estimates, notes = plan_study(config)
-    print(render(config, estimates, notes, args.gpus), end="")
+    estimates, notes = plan_study(study)
+    print(render(study, estimates, notes, args.gpus), end="")
     return 0
 
 

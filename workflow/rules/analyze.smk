@@ -17,6 +17,9 @@ rule analyze:
     output:
         str(ANALYSIS.aggregate_json),
         str(ANALYSIS.aggregate_csv),
+        str(ANALYSIS.aggregate_parquet),
+        str(ANALYSIS.taxes_csv),
+        str(ANALYSIS.taxes_parquet),
         str(ANALYSIS.hypotheses_json),
         report(str(ANALYSIS.verdicts_tsv), caption="../report/verdicts.rst", category="Verdicts"),
     log:

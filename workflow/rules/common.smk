@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from connector_tax.config import ConfigError, validate_config
+from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
@@ -17,20 +17,22 @@ except ConfigError as _err:
     sys.exit(f"config error: {_err}")
 config.clear()
 config.update(_validated)
+# The typed view every helper below takes (the mapping stays what Snakemake hashes and stages).
+SETTINGS = StudyConfig.from_mapping(config)
 
-STUDY = config["study"]
+STUDY = SETTINGS.study
 STAGED_CONFIG = str(stage_config(config))
 LAYOUT = StudyLayout.of(STUDY)
 RESULTS = str(LAYOUT.root)
-CONFIGS = [c["name"] for c in config["configs"]]
+CONFIGS = SETTINGS.names
 STUDY_CONFIG = str(LAYOUT.study_config)
 PREFLIGHT_STATUS = str(LAYOUT.preflight_status)
 REFERENCE_RATES = str(LAYOUT.reference_rates)
-RUN_ORDER = {phase: run_order(config, phase) for phase in LAUNCH_PHASES}
+RUN_ORDER = {phase: run_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
-GPUS_PER_JOB = 1 if config["backend"] == "vllm" else 0
+GPUS_PER_JOB = 1 if SETTINGS.backend == "vllm" else 0
 # The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
-PHASE_THREADS = job_threads(config)
+PHASE_THREADS = job_threads(SETTINGS)
 # Jobs run `ctax pipeline STEP`, the command a user can type: the one installed beside the
 # interpreter snakemake runs under, or the conda environment's own under --sdm conda.
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)
@@ -50,7 +52,7 @@ def index_of(name, phase):
 # What the existing results lack, before anything runs (a dry run shows it too); once, in the
 # main process (a `run:` job re-reads this file in a subprocess).
 if workflow.is_main_process:
-    for _line in describe_pending(STUDY_CONFIG, config):
+    for _line in describe_pending(STUDY_CONFIG, SETTINGS):
         print(f"connector-tax: {_line}", file=sys.stderr)
 
 
@@ -61,7 +63,7 @@ def reference_rates_checkpoint(wildcards):
 
 def phase_b_plan(name):
     """A Phase B job's params, computed once the reference rates exist."""
-    return lambda wildcards, input: job_params(STUDY_CONFIG, config, name, PHASE_B)
+    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B)
 
 
 def lease_cpus(wildcards, threads):

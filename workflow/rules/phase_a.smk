@@ -24,7 +24,7 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
             ctax=CTAX,
             name=_name,
             cpus=lease_cpus,
-            plan=job_params(STUDY_CONFIG, config, _name, PHASE_A),
+            plan=job_params(STUDY_CONFIG, SETTINGS, _name, PHASE_A),
         threads: PHASE_THREADS
         priority: len(RUN_ORDER[PHASE_A]) - _rank
         resources:

@@ -30,6 +30,7 @@ from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.contract import StudyLayout, rate_label
 from connector_tax.contract.layout import AnalysisFiles
+from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
 
 log = logging.getLogger(__name__)
@@ -58,25 +59,6 @@ def _clean(value: Any) -> Any:
 
 def write_json_atomic(path: Path, doc: Any) -> None:
     write_atomic(path, json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
-
-
-def _csv_value(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return "" if not math.isfinite(v) else repr(round(v, 6))
-    return v
-
-
-def csv_text(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    for row in rows:
-        writer.writerow([_csv_value(row.get(c)) for c in COLUMNS])
-    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------- analysis
@@ -192,7 +174,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
 
 def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = PLAIN, out_dir: Path | None = None,
             throughput_basis: str = "offered") -> dict[str, Any]:  # fmt: skip
-    """Analyse results/<study>/ and write analysis/{aggregate.json,aggregate.csv,hypotheses.json,
+    """Analyse results/<study>/ and write analysis/{aggregate.json,aggregate.csv/.parquet,taxes.csv/.parquet,hypotheses.json,
     report.md,figures/} there (or in out_dir). Returns {"out_dir", "files", "figures",
     "skipped_figures", "verdicts", "seconds"}.
 
@@ -214,7 +196,7 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
         made, skipped = fig["made"], fig["skipped"]
         write_json_atomic(out.figures_skipped, skipped)
     write_json_atomic(out.aggregate_json, agg)
-    write_atomic(out.aggregate_csv, csv_text(agg["rows"]))
+    write_tables(agg, out.aggregate_csv, out.aggregate_parquet, out.taxes_csv, out.taxes_parquet)
     write_json_atomic(out.hypotheses_json, hyp)
     write_atomic(out.verdicts_tsv, verdicts_tsv(hyp))
     write_atomic(out.report_md, render_report(agg, hyp, made, skipped, figures_made=figures))

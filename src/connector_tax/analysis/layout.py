@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from connector_tax.analysis.jsonl import read_json
-from connector_tax.config import ConfigError, find_variant, validate_config
+from connector_tax.config import ConfigError, StudyConfig, find_variant, validate_config
 from connector_tax.contract import LAUNCH_OF, LAUNCH_PHASES, PHASE_A, PHASE_B, PHASES, CellFiles, StudyLayout
 from connector_tax.contract import Cell as PlannedCell
 from connector_tax.contract import planned_cells
@@ -219,6 +219,7 @@ def load_study(root: Path) -> Study:
     """The study under `root` (= results/<study>), as its config plans it; raises StudyRefused."""
     layout = StudyLayout(Path(root))
     config = _read_config(layout)
+    study = StudyConfig.from_mapping(config)
     names = [c["name"] for c in config["configs"]]
     preflight = read_json(layout.preflight_status) or {}
     reference = read_json(layout.reference_rates)
@@ -235,7 +236,7 @@ def load_study(root: Path) -> Study:
                 if index is not None:
                     runs[(name, PHASE_B)].problems["*"] = "no reference_rates.json: Phase B cells cannot be checked"
                 continue
-            plan = planned_cells(config, name, launch_phase, reference)
+            plan = planned_cells(study, name, launch_phase, reference)
             for cell in plan:
                 planned_labels.setdefault((name, cell.phase), set()).add(cell.label)
             if index is None:

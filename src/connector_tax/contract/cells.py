@@ -11,8 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # config imports this module (label checks at load time)
+    from connector_tax.config.study import StudyConfig, Workload
 
 PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
 PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
@@ -80,66 +84,65 @@ class Cell:
         }
 
 
-def _cell(workload: dict[str, Any], phase: str, label: str, rate: float, shape: dict[str, Any]) -> Cell:
+def _cell(workload: Workload, phase: str, label: str, rate: float, shape: Mapping[str, Any]) -> Cell:
     return Cell(
         phase=phase,
         label=label,
         rate=float(rate),
-        shape=shape,
-        warmup_s=workload["warmup_s"],
-        duration_s=workload["duration_s"],
-        min_completed=workload["min_completed"],
-        arrival=workload["arrival"]["process"],
-        gamma_shape=float(workload["arrival"]["gamma_shape"]),
-        precision_target=workload["precision"]["target"],
-        max_duration_s=workload["precision"]["max_duration_s"],
+        shape=dict(shape),
+        warmup_s=workload.warmup_s,
+        duration_s=workload.duration_s,
+        min_completed=workload.min_completed,
+        arrival=workload.arrival.process,
+        gamma_shape=workload.arrival.gamma_shape,
+        precision_target=workload.precision.target,
+        max_duration_s=workload.precision.max_duration_s,
     )
 
 
-def phase_a_cells(config: dict[str, Any]) -> list[Cell]:
+def phase_a_cells(study: StudyConfig) -> list[Cell]:
     """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
-    workload = config["workload"]
-    shape = workload["phase_a"]["shape"]
-    return [_cell(workload, PHASE_A, rate_label(r), r, shape) for r in sorted(workload["phase_a"]["rates"])]
+    phase_a = study.workload.phase_a
+    return [_cell(study.workload, PHASE_A, rate_label(r), r, phase_a.shape) for r in sorted(phase_a.rates)]
 
 
-def phase_b_shapes(config: dict[str, Any]) -> list[dict[str, Any]]:
+def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
     """The Phase B grid: inputs x outputs, then the explicit shapes."""
-    phase_b = config["workload"]["phase_b"]
+    phase_b = study.workload.phase_b
     grid = [{"input": i, "output": o} for i in phase_b.get("inputs", []) for o in phase_b.get("outputs", [])]
     return grid + list(phase_b.get("shapes", []))
 
 
-def runs_phase_b_prime(config: dict[str, Any], name: str, reference: dict[str, Any]) -> bool:
-    prime = config["workload"].get("phase_b_prime")
+def runs_phase_b_prime(study: StudyConfig, name: str, reference: dict[str, Any]) -> bool:
+    prime = study.workload.phase_b_prime
     return bool(prime) and name in prime["configs"] and reference.get("ref_load") != reference.get("ref_safe")
 
 
-def phase_b_cells(config: dict[str, Any], name: str, reference: dict[str, Any]) -> list[Cell]:
+def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any]) -> list[Cell]:
     """Phase B at its reference rate, then Phase B' (same launch) where the study asks for it."""
-    workload = config["workload"]
-    rate = reference[workload["phase_b"]["rate"]]
-    cells = [_cell(workload, PHASE_B, shape_label(s), rate, s) for s in phase_b_shapes(config)]
-    if runs_phase_b_prime(config, name, reference):
-        prime = workload["phase_b_prime"]
+    workload = study.workload
+    rate = reference[workload.phase_b["rate"]]
+    cells = [_cell(workload, PHASE_B, shape_label(s), rate, s) for s in phase_b_shapes(study)]
+    if runs_phase_b_prime(study, name, reference):
+        prime = workload.phase_b_prime or {}
         cells += [_cell(workload, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s) for s in prime["shapes"]]
     return cells
 
 
-def planned_cells(config: dict[str, Any], name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:
+def planned_cells(study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:
     """The cells of one launch (Phase A, or Phase B with its B'); Phase B needs the reference rates."""
     if launch_phase == PHASE_A:
-        return phase_a_cells(config)
+        return phase_a_cells(study)
     if reference is None:
         raise ValueError("Phase B cells need the reference rates (reference_rates.json)")
-    return phase_b_cells(config, name, reference)
+    return phase_b_cells(study, name, reference)
 
 
-def run_order(config: dict[str, Any], launch_phase: str = PHASE_A) -> list[str]:
+def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
     """The design's defence against drift: configs in a seeded random order, a different one
     per phase (a config measured first in Phase A is not first again in Phase B)."""
-    names = [c["name"] for c in config["configs"]]
-    seed = config["seed"] if launch_phase == PHASE_A else f"{launch_phase}/{config['seed']}"
+    names = study.names
+    seed = study.seed if launch_phase == PHASE_A else f"{launch_phase}/{study.seed}"
     random.Random(seed).shuffle(names)
     return names
 

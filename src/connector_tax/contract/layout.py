@@ -113,6 +113,18 @@ class AnalysisFiles:
         return self.folder / "aggregate.csv"
 
     @property
+    def aggregate_parquet(self) -> Path:
+        return self.folder / "aggregate.parquet"
+
+    @property
+    def taxes_csv(self) -> Path:
+        return self.folder / "taxes.csv"
+
+    @property
+    def taxes_parquet(self) -> Path:
+        return self.folder / "taxes.parquet"
+
+    @property
     def hypotheses_json(self) -> Path:
         return self.folder / "hypotheses.json"
 
@@ -137,7 +149,8 @@ class AnalysisFiles:
 
     def outputs(self) -> list[Path]:
         """What the analyze step writes (the figures and report.md are steps of their own)."""
-        return [self.aggregate_json, self.aggregate_csv, self.hypotheses_json, self.verdicts_tsv]
+        return [self.aggregate_json, self.aggregate_csv, self.aggregate_parquet, self.taxes_csv, self.taxes_parquet,
+                self.hypotheses_json, self.verdicts_tsv]  # fmt: skip
 
 
 @dataclass(frozen=True)

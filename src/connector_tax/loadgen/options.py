@@ -69,6 +69,11 @@ class LoadgenOptions:
     inflight_cap: int = 256
     timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
+    # ...plus this much per output token of the longest request issued, up to timeout_s: a request
+    # sent at the end of a cell needs its whole stream, and 1,024 tokens at a loaded TPOT take
+    # longer than 30 s (0.1 s/token is past any TPOT a valid cell has). It only bounds the wait:
+    # the drain ends as soon as nothing is in flight.
+    drain_s_per_token: float = 0.1
     # Requests leave for their worker this early; the worker fires them at their time. Must
     # exceed the hand-over's worst case: IPC p99 is ~0.5 ms here, but the session thread and
     # the ZMQ I/O threads share a core with the server, and 2 ms left ~1 % of requests late at

@@ -62,6 +62,10 @@ class WorkerPool:
         self._pushes: list[zmq.Socket] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._handler: Handler | None = None
+        # Messages the receiver could not decode or handle: counted, the first few kept, never
+        # fatal (the ZMQ fd is edge-triggered: a drain that stopped would leave the rest unread).
+        self.receive_errors = 0
+        self.first_receive_errors: list[str] = []
         self._lock = threading.Lock()
         self._cell_acks = 0
         spawn = multiprocessing.get_context("spawn")
@@ -226,13 +230,19 @@ class WorkerPool:
     def _drain(self) -> None:
         while True:
             try:
-                message = ipc.unpack(self._results.recv(zmq.NOBLOCK))
+                data = self._results.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if message[0] == ipc.CELL_SET:
-                with self._lock:
-                    self._cell_acks += 1
-                continue
-            handler = self._handler
-            if handler is not None:
-                handler(message)
+            try:
+                message = ipc.unpack(data)
+                if message[0] == ipc.CELL_SET:
+                    with self._lock:
+                        self._cell_acks += 1
+                    continue
+                handler = self._handler
+                if handler is not None:
+                    handler(message)
+            except Exception as exc:  # noqa: BLE001 - one bad message must not stop the drain
+                self.receive_errors += 1
+                if len(self.first_receive_errors) < 3:
+                    self.first_receive_errors.append(f"{type(exc).__name__}: {exc}")

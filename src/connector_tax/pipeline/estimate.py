@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from connector_tax.config import StudyConfig
 from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, phase_a_cells, phase_b_cells
 from connector_tax.contract.index import read_summary
 
@@ -38,24 +39,24 @@ class Estimate:
     measured: int = 0  # cells whose time comes from a previous run
 
 
-def _unloaded_e2e_s(config: dict[str, Any], shape: dict[str, Any]) -> float:
+def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
     from connector_tax.sim.profiles import hardware_profile
 
-    sim = config.get("sim") or {}
-    hw = hardware_profile(sim.get("hardware_profile", "tiny-fast"), sim.get("hardware"))
+    sim = study.raw["sim"]
+    hw = hardware_profile(sim["hardware_profile"], sim.get("hardware"))
     entries = shape.get("mix") or shape.get("pattern") or [shape]
     inp = max(e["input"] for e in entries)
     out = max(e["output"] for e in entries)
-    chunk = config["server"]["max_num_batched_tokens"]
+    chunk = study.raw["server"]["max_num_batched_tokens"]
     prefill = -(-inp // chunk) * hw.step_base_us + inp * hw.prefill_token_us
     decode = out * (hw.step_base_us + hw.decode_seq_us)
     return (prefill + decode) / 1e6
 
 
-def cell_seconds(config: dict[str, Any], cell: Cell) -> float:
+def cell_seconds(study: StudyConfig, cell: Cell) -> float:
     issue = max(cell.duration_s, cell.min_completed / cell.rate)
-    return cell.warmup_s + issue + _unloaded_e2e_s(config, cell.shape) + CELL_FIXED_S
+    return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + CELL_FIXED_S
 
 
 def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
@@ -64,34 +65,33 @@ def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
     return float(wall) + CELL_FIXED_S if summary.get("complete") and isinstance(wall, (int, float)) else None
 
 
-def _reference(layout: StudyLayout, config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any], str | None]:
     try:
         return json.loads(layout.reference_rates.read_text(encoding="utf-8")), None
     except (OSError, ValueError):
-        rates = sorted(config["workload"]["phase_a"]["rates"])
+        rates = sorted(study.workload.phase_a.rates)
         mid = rates[len(rates) // 2]
         return ({"ref_safe": mid, "ref_load": mid},
                 f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s), "
                 "without Phase B' (it runs only where ref_load differs from ref_safe)")
 
 
-def plan_study(config: dict[str, Any]) -> tuple[list[Estimate], list[str]]:
-    layout = StudyLayout.of(config["study"])
-    reference, note = _reference(layout, config)
+def plan_study(study: StudyConfig) -> tuple[list[Estimate], list[str]]:
+    layout = StudyLayout.of(study.study)
+    reference, note = _reference(layout, study)
     notes = [note] if note else []
-    launch = LAUNCH_S[config["backend"]]
+    launch = LAUNCH_S[study.backend]
     out = []
-    for variant in config["configs"]:
-        name = variant["name"]
+    for name in study.names:
         out.append(Estimate("preflight", name, 0, launch + 2.0))
-        for stage, cells in ((PHASE_A, phase_a_cells(config)), (PHASE_B, phase_b_cells(config, name, reference))):
+        for stage, cells in ((PHASE_A, phase_a_cells(study)), (PHASE_B, phase_b_cells(study, name, reference))):
             seconds, measured = launch, 0
             for cell in cells:
                 took = _measured(layout, name, cell)
                 measured += took is not None
-                seconds += took if took is not None else cell_seconds(config, cell)
+                seconds += took if took is not None else cell_seconds(study, cell)
             out.append(Estimate(stage, name, len(cells), seconds, measured))
-    if config["workload"]["phase_a"].get("prune_after_knee", True) and not any(e.measured for e in out):
+    if study.workload.phase_a.prune_after_knee and not any(e.measured for e in out):
         notes.append("no rate assumed pruned: knees are found while Phase A runs (an upper bound)")
     return out, notes
 
@@ -104,8 +104,8 @@ def makespan(jobs: list[float], gpus: int) -> float:
     return max(loads)
 
 
-def render(config: dict[str, Any], estimates: list[Estimate], notes: list[str], gpus: int) -> str:
-    lines = [f"plan of study '{config['study']}' (backend {config['backend']}, {len(config['configs'])} configurations)", ""]
+def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int) -> str:
+    lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
     lines.append(f"{'stage':10} {'config':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
         lines.append(f"{e.stage:10} {e.config:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
@@ -114,15 +114,15 @@ def render(config: dict[str, Any], estimates: list[Estimate], notes: list[str], 
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
     lines += ["", "per stage, one job at a time: " + ", ".join(f"{s} {v / 3600:.2f} h" for s, v in by_stage.items())]
     jobs = [e.seconds for e in estimates if e.stage != "preflight"]
-    gpu_s = sum(jobs) + (sum(e.seconds for e in estimates if e.stage == "preflight") if config["backend"] == "vllm" else 0)
+    gpu_s = sum(jobs) + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
     serial = sum(by_stage.values())
-    gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if config["backend"] == "vllm" else "no GPU held (simulated)"
+    gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if study.backend == "vllm" else "no GPU held (simulated)"
     lines.append(f"total {serial / 3600:.2f} h one job at a time; {gpu_hours}")
     for n in sorted({1, gpus}):
         pre = max((e.seconds for e in estimates if e.stage == "preflight"), default=0.0)
         a = makespan([e.seconds for e in estimates if e.stage == PHASE_A], n)
         b = makespan([e.seconds for e in estimates if e.stage == PHASE_B], n)
-        first = sum(e.seconds for e in estimates if e.stage == "preflight") if n == 1 else pre * -(-len(config["configs"]) // n)
+        first = sum(e.seconds for e in estimates if e.stage == "preflight") if n == 1 else pre * -(-len(study.variants) // n)
         lines.append(f"on {n} GPU{'s' if n > 1 else ''}: {(first + a + b) / 3600:.2f} h wall clock")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import StudyConfig, find_variant, load_study
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, run_order
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import now_iso, utc_stamp
@@ -64,7 +64,7 @@ def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None =
     return index
 
 
-def _pruner(layout: StudyLayout, config: dict, name: str, plan: LaunchPlan, index: PhaseIndex):
+def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
     """Why a cell about to be measured is not worth it (prune.py): Phase A past the knee of the
     complete cells below it; Phase B' on a shape saturated in Phase B."""
 
@@ -73,28 +73,29 @@ def _pruner(layout: StudyLayout, config: dict, name: str, plan: LaunchPlan, inde
 
     def check(planned: PlannedCell) -> str | None:
         if planned.cell.phase == PHASE_A:
-            return knee(layout, config, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
+            return knee(layout, study, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
         if planned.cell.phase == PHASE_B_PRIME:
             shape = next((p for p in plan.cells if p.cell.phase == PHASE_B and p.cell.label == planned.cell.label), None)
-            return overloaded_shape(layout, config, name, shape) if shape is not None and complete(shape) else None
+            return overloaded_shape(layout, study, name, shape) if shape is not None and complete(shape) else None
         return None
 
     return check
 
 
 def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
-    config = load_config(config_path)
+    study = load_study(config_path)
+    config = study.raw
     variant = find_variant(config, name)
     layout = StudyLayout.of(config["study"])
     folder = layout.phase(name, launch_phase)
     folder.folder.mkdir(parents=True, exist_ok=True)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
-    plan = launch_plan(config_path, config, name, launch_phase, reference)
+    plan = launch_plan(config_path, study, name, launch_phase, reference)
     previous = read_index(folder.index)
     index = PhaseIndex(
         study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
         code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
-        run_order=run_order(config, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
+        run_order=run_order(study, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
         served_by=served_by(config, plan.launch["server_versions"]), mooncake_transport=mooncake_transport(config, variant),
     )  # fmt: skip
     skip = _preflight_reason(layout, name)
@@ -120,7 +121,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     index.write(folder.index)
     try:
         measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index),
-                _pruner(layout, config, name, plan, index))  # fmt: skip
+                _pruner(layout, study, name, plan, index))  # fmt: skip
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
         for entry in index.cells:
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     args = parser.parse_args(argv)
     stop_on_signals()
-    study = load_config(args.config)["study"]
+    study = load_study(args.config).study
     lock_path = StudyLayout.of(study).phase(args.name, args.phase).lock
     lock = exclusive_lock(lock_path)
     if lock is None:

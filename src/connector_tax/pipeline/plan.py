@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import find_variant
+from connector_tax.config import StudyConfig, find_variant
 from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, planned_cells
 from connector_tax.contract.fingerprint import (
     cell_settings,
@@ -69,14 +69,15 @@ def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
 
 
 def launch_plan(
-    config_path: str | Path, config: dict[str, Any], name: str, launch_phase: str, reference: dict[str, Any] | None
+    config_path: str | Path, study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None
 ) -> LaunchPlan:
+    config = study.raw
     variant = find_variant(config, name)
     argv = launch_argv(config_path, config, variant, _PLAN_PORT)
     launch = launch_settings(config, variant, argv, server_versions(config))
     code = code_versions(config["backend"])
     cells = []
-    for cell in planned_cells(config, name, launch_phase, reference):
+    for cell in planned_cells(study, name, launch_phase, reference):
         settings = cell_settings(config, cell)
         cells.append(PlannedCell(cell, settings, fingerprint(launch, settings, code)))
     return LaunchPlan(name, launch_phase, launch, code, cells)
@@ -111,57 +112,57 @@ def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
     return ""
 
 
-def job_params(config_path: str | Path, config: dict[str, Any], name: str, launch_phase: str) -> str:
+def job_params(config_path: str | Path, study: StudyConfig, name: str, launch_phase: str) -> str:
     """What the Snakemake job of (name, launch phase) is asked to produce: its planned cells and
     fingerprints, and a retry token. A change of either makes Snakemake run the job again."""
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
     if launch_phase == PHASE_B and reference is None:
         digest = "cells planned after the reference stage"
     else:
-        digest = launch_plan(config_path, config, name, launch_phase, reference).digest
+        digest = launch_plan(config_path, study, name, launch_phase, reference).digest
     return f"{digest} {retry_token(layout, name, launch_phase)}".strip()
 
 
-def describe_pending(config_path: str | Path, config: dict[str, Any]) -> list[str]:
+def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
     """One line per launch whose cells will be (re-)measured, with why, for a study that has
     results already (a dry run shows it before anything runs)."""
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     if not layout.root.is_dir():
         return []
     reference = read_reference(layout)
     lines = []
-    for variant in config["configs"]:
+    for name in study.names:
         for launch_phase in (PHASE_A, PHASE_B):
             if launch_phase == PHASE_B and reference is None:
                 continue
-            if read_index(layout.index(variant["name"], launch_phase)) is None:
+            if read_index(layout.index(name, launch_phase)) is None:
                 continue
-            plan = launch_plan(config_path, config, variant["name"], launch_phase, reference)
+            plan = launch_plan(config_path, study, name, launch_phase, reference)
             pending = pending_cells(layout, plan)
             if pending:
                 why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
                 more = f" (+{len(pending) - 3} more)" if len(pending) > 3 else ""
-                lines.append(f"{variant['name']}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure"
+                lines.append(f"{name}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure"
                              f" — {why}{more}")  # fmt: skip
     return lines
 
 
-def study_outcome(config: dict[str, Any]) -> str:
+def study_outcome(study: StudyConfig) -> str:
     """The closing line of a study run: cells complete, and which failed or were skipped, why."""
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     complete, pruned, problems = 0, 0, []
-    for variant in config["configs"]:
+    for name in study.names:
         for launch_phase in (PHASE_A, PHASE_B):
-            index = read_index(layout.index(variant["name"], launch_phase))
+            index = read_index(layout.index(name, launch_phase))
             if index is None:
                 continue
             if index.status == "skipped":
-                problems.append(f"{variant['name']}/{launch_phase} skipped ({index.reason})")
+                problems.append(f"{name}/{launch_phase} skipped ({index.reason})")
                 continue
             complete += sum(c.status == COMPLETE for c in index.cells)
             pruned += sum(c.status == PRUNED for c in index.cells)
-            problems += [f"{variant['name']}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
+            problems += [f"{name}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
     head = f"connector-tax: done; results in {layout.root}: {complete} cells complete"
     if pruned:
         head += f" ({pruned} pruned past a knee)"
@@ -171,18 +172,19 @@ def study_outcome(config: dict[str, Any]) -> str:
     return f"{head}, {len(problems)} not complete (listed in MANIFEST.md; a re-run retries them): {shown}"
 
 
-def job_threads(config: dict[str, Any]) -> int:
+def job_threads(study: StudyConfig) -> int:
     """CPUs a phase job keeps busy: the load generator's main process and workers, and the
     server (one core for the simulator, four for vLLM's API server, engine core and worker on
     a GPU host; on a CPU host vLLM computes on every core it may use)."""
-    loadgen = 1 + config["loadgen"]["workers"]
-    if config["backend"] != "vllm":
+    loadgen = 1 + study.loadgen.workers
+    if study.backend != "vllm":
         return loadgen + 1
-    return (os.cpu_count() or 1) if (config.get("vllm") or {}).get("device") == "cpu" else loadgen + 4
+    return (os.cpu_count() or 1) if study.raw["vllm"]["device"] == "cpu" else loadgen + 4
 
 
-def launch_digest(config: dict[str, Any], config_path: str | Path, name: str) -> str:
+def launch_digest(study: StudyConfig, config_path: str | Path, name: str) -> str:
     """The launch settings of a configuration, hashed: preflight re-runs when they change."""
+    config = study.raw
     variant = find_variant(config, name)
     argv = launch_argv(config_path, config, variant, _PLAN_PORT)
     return short(sha(launch_settings(config, variant, argv, server_versions(config))))

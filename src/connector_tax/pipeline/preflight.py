@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from connector_tax.atomic import write_json
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import find_variant, load_study
 from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.launch.vllm_cpu import device
@@ -138,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop_on_signals()
     if args.action == "check":
-        config = load_config(args.config)
+        study = load_study(args.config)
+        config = study.raw
         out = Path(args.out)
-        digest = launch_digest(config, args.config, args.name)
+        digest = launch_digest(study, args.config, args.name)
         previous = _read(out)
         if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
             print(f"{args.name}: ok (reused: this launch passed preflight with the same settings)")

@@ -16,49 +16,51 @@ runs it at ref_load, a rate no lower.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from connector_tax.analysis.cellstats import cell_row
 from connector_tax.analysis.layout import Cell
 from connector_tax.analysis.saturation import cell_criteria
-from connector_tax.contract import PHASE_A, StudyLayout
+from connector_tax.config import StudyConfig
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_summary
 from connector_tax.pipeline.plan import PlannedCell
 
 
-def _row(layout: StudyLayout, config: dict[str, Any], name: str, planned: Any) -> dict[str, Any]:
+def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: Any) -> dict[str, Any]:
     files = layout.phase(name, planned.cell.phase).cell(planned.cell.label)
     cell = Cell(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
-    row, _ = cell_row(cell, backend=config["backend"], simulated=config["backend"] == "sim", run_status="ok",
+    row, _ = cell_row(cell, backend=study.backend, simulated=study.backend == "sim", run_status="ok",
                       step_timing_available=False, steps=False)  # fmt: skip
     row["phase"] = planned.cell.phase
     return row
 
 
-def saturated(layout: StudyLayout, config: dict[str, Any], name: str, planned: PlannedCell,
+def saturated(layout: StudyLayout, study: StudyConfig, name: str, planned: PlannedCell,
               lower: PlannedCell | None = None) -> str | None:  # fmt: skip
     """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
     Phase A only), as a phrase; None when it is not saturated."""
-    lower_row = _row(layout, config, name, lower) if lower else None
-    verdict = cell_criteria(_row(layout, config, name, planned), config["saturation"], "offered", lower_row)
+    lower_row = _row(layout, study, name, lower) if lower else None
+    verdict = cell_criteria(_row(layout, study, name, planned), asdict(study.saturation), "offered", lower_row)
     if not verdict["saturated"]:
         return None
     return ", ".join(f"{c} {verdict['criteria'][c]['value']:.3g} vs {verdict['criteria'][c]['threshold']:g}"
                      for c in verdict["fired"])  # fmt: skip
 
 
-def knee(layout: StudyLayout, config: dict[str, Any], name: str, done: list[PlannedCell]) -> str | None:
+def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[PlannedCell]) -> str | None:
     """Why the highest of `done` (complete Phase A cells, ascending rates) is saturated, or None."""
-    if not done or not config["workload"]["phase_a"].get("prune_after_knee", True):
+    if not done or not study.workload.phase_a.prune_after_knee:
         return None
     top = done[-1]
     lower = [p for p in done[:-1] if p.cell.rate <= top.cell.rate / 2 + 1e-9]
-    fired = saturated(layout, config, name, top, lower[-1] if lower else None)
+    fired = saturated(layout, study, name, top, lower[-1] if lower else None)
     return None if fired is None else f"{PRUNED}: saturated at {top.cell.label} ({fired})"
 
 
-def overloaded_shape(layout: StudyLayout, config: dict[str, Any], name: str, shape_cell: PlannedCell) -> str | None:
+def overloaded_shape(layout: StudyLayout, study: StudyConfig, name: str, shape_cell: PlannedCell) -> str | None:
     """Phase B' runs a shape at ref_load (>= ref_safe): one saturated at ref_safe in Phase B is cut."""
-    fired = saturated(layout, config, name, shape_cell)
+    fired = saturated(layout, study, name, shape_cell)
     return None if fired is None else (f"{PRUNED}: the shape was saturated at ref_safe in Phase B ({fired}); "
                                        "cut from Phase B'")  # fmt: skip

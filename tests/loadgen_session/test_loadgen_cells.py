@@ -1,97 +1,31 @@
-"""LoadGenerator end to end against `ctax sim` (tiny-fast profile): records, cell control,
-failures, trace replay, fidelity against the server's own token times, and clean shutdown.
-
-Servers and generators are shared per module (a generator's start costs a second of worker
-spawning); every cell stays within about 1.5 s. Generators run with affinity=False so the test
-run does not pin the 2-core machine.
-"""
+"""LoadGenerator end to end against `ctax sim` (tiny-fast profile): records, warm-up, fidelity against
+the server's own token times, side files, and cell control (min-completed, closed loop, pinning, the
+CPU-latency hold, max arrival, trace replay). Generators run with affinity=False so the test run does
+not pin the 2-core machine; every cell stays within about 1.5 s."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
-import threading
-import time
 from dataclasses import fields
 from pathlib import Path
 from statistics import median
-from typing import Any
 
-import psutil
 import pytest
+from loadgen_common import (
+    RECORD_KEYS,
+    SHAPE,
+    assert_one_record_each,
+    by_index,
+    options,
+    run,
+)
+from sim_server import SimProcess
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sim_server import MODEL, SimProcess, launch, poll  # noqa: E402
-
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold  # noqa: E402
-from connector_tax.loadgen.records import RequestRecord, read_records  # noqa: E402
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions  # noqa: E402
-from connector_tax.loadgen.stats import ValidityThresholds  # noqa: E402
-from connector_tax.loadgen.trace import TraceRequest  # noqa: E402
-
-RECORD_KEYS = [
-    "request_id", "t_scheduled_ns", "t_send_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
-    "completion_tokens", "inflight_at_send", "warmup", "status", "error",
-    "input_len", "output_len", "chunks", "http_status", "worker", "cell", "usage_completion_tokens", "token_mismatch",
-]  # fmt: skip
-SHAPE = {"input": 64, "output": 8}
-SIM_FLAGS = {
-    "plain": (),
-    "hang": ("--hang-after-tokens", "2", "--hang-rate", "1"),
-    "err500": ("--http-500-rate", "1"),
-    "malformed": ("--malformed-sse-rate", "1"),
-}
-
-
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("loadgen-sims")
-    started: dict[str, SimProcess] = {}
-    try:
-        for name, flags in SIM_FLAGS.items():  # all start at once; then wait for each
-            started[name] = launch(root, *flags, connector="plain", name=name)
-        for sim in started.values():
-            sim.wait_ready(20)
-        yield started
-    finally:
-        for sim in started.values():
-            sim.stop()
-
-
-def options(url: str, **kw: Any) -> LoadgenOptions:
-    return LoadgenOptions(**{"url": url, "model": MODEL, "affinity": False, "timeout_s": 5.0,
-                             "drain_timeout_s": 2.0, **kw})  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("loadgen-out")
-
-
-@pytest.fixture(scope="module")
-def gen(sims: dict[str, SimProcess]) -> Any:
-    """Two workers against the plain sim, side files on."""
-    with LoadGenerator(options(sims["plain"].url, workers=2, chunk_log=True, events_log=True)) as g:
-        yield g
-
-
-def run(gen: LoadGenerator, out: Path, label: str, **kw: Any) -> tuple[dict, list[dict]]:
-    cell = CellSpec(**{"phase": "s", "label": label, "shape": SHAPE, "warmup_s": 0.0, **kw})
-    summary = gen.run_cell(cell, out)
-    records = read_records(out / f"requests_s_{label}.jsonl")
-    assert json.loads((out / f"summary_s_{label}.json").read_text()) == summary
-    return summary, records
-
-
-def by_index(records: list[dict]) -> list[dict]:
-    return sorted(records, key=lambda r: int(r["request_id"].rsplit("-", 1)[1]))
-
-
-def assert_one_record_each(records: list[dict], name: str) -> None:
-    ids = [r["request_id"] for r in records]
-    assert sorted(ids) == sorted(f"{name}-{i}" for i in range(len(records)))
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.records import RequestRecord
+from connector_tax.loadgen.session import LoadGenerator
+from connector_tax.loadgen.trace import TraceRequest
 
 
 # -- the basic cell: records, warm-up, fidelity, side files ------------------------------
@@ -282,8 +216,9 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     )
     g = LoadGenerator(options(sims["plain"].url))
     with g:
-        assert g.cpu_latency._fd is not None and device.read_bytes() == b"\0\0\0\0"
-    assert g.cpu_latency._fd is None
+        holder = g.cpu_latency.holder
+        assert holder is not None and holder.poll() is None and device.read_bytes() == b"\0\0\0\0"
+    assert g.cpu_latency.holder is None and holder.poll() is not None
     broken = LoadGenerator(options(sims["plain"].url))
 
     def fail(*_: object) -> None:
@@ -292,7 +227,7 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     monkeypatch.setattr(broken.pool, "start", fail)
     with pytest.raises(RuntimeError), broken:
         pass
-    assert broken.cpu_latency._fd is None
+    assert broken.cpu_latency.holder is None
     broken.pool.close()
 
 
@@ -334,143 +269,11 @@ def test_trace_replay_timing_and_prefix_sharing(gen: LoadGenerator, out: Path, s
     assert cached == [0, 512, 0, 1024, 288]
 
 
-# -- drops, timeouts, drain, errors -------------------------------------------------------
-def test_inflight_cap_drops_and_counts(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["plain"].url, inflight_cap=2)) as g:
-        summary, records = run(g, out, "cap", arrival="fixed", rate=100.0, duration_s=0.3,
-                               shape={"input": 64, "output": 16})  # fmt: skip
-        progress_dropped = g.progress.dropped
-    records = by_index(records)
-    assert len(records) == 30
-    assert_one_record_each(records, "s_cap")
-    # Side files only when asked for.
-    assert not list(out.glob("chunks_s_cap_*")) and not (out / "events_s_cap.jsonl").exists()
-    ts = [r["t_scheduled_ns"] for r in records]
-    assert [b - a for a, b in zip(ts, ts[1:])] == [10_000_000] * 29
-    dropped = [r for r in records if r["status"] == "dropped"]
-    sent = [r for r in records if r["status"] != "dropped"]
-    assert len(dropped) >= 15 and len(sent) >= 2
-    for r in dropped:
-        assert (r["t_send_ns"], r["t_first_token_ns"], r["t_last_token_ns"], r["worker"]) == (None, None, None, None)
-        assert (r["inflight_at_send"], r["error"], r["http_status"], r["chunks"]) == (2, "in-flight cap reached", 0, 0)
-        assert r["t_scheduled_ns"] > 0
-    assert all(r["status"] == "ok" and r["inflight_at_send"] <= 1 for r in sent)
-    assert summary["counts"]["dropped"] == len(dropped) == progress_dropped
-    assert summary["counts"]["ok"] == len(sent)
-    checks = {c["name"]: c for c in summary["validity"]["checks"]}
-    assert checks["dropped_frac"]["value"] == round(len(dropped) / 30, 4)
-    assert summary["lateness_us"]["n"] == len(sent)  # lateness only over what was sent
 
 
-@pytest.fixture(scope="module")
-def hung(sims, out: Path) -> tuple[dict, list[dict]]:
-    # Requests at 0, 0.5 and 1.0 s; the sim stalls every stream after 2 tokens. The first two
-    # hit the 0.5 s request timeout (at ~0.5 and ~1.0 s) before the drain that follows the last
-    # issue (~1.0 s) runs out at ~1.2 s; the third would time out at ~1.5 s, so the drain cancels it.
-    with LoadGenerator(options(sims["hang"].url, timeout_s=0.5, drain_timeout_s=0.2)) as g:
-        summary, records = run(g, out, "hang", arrival="fixed", rate=2.0, duration_s=1.2)
-    return summary, by_index(records)
-
-
-def test_request_timeout(hung: tuple[dict, list[dict]]) -> None:
-    summary, records = hung
-    assert len(records) == 3
-    assert_one_record_each(records, "s_hang")
-    for r in records[:2]:
-        assert (r["status"], r["error"], r["http_status"]) == ("timeout", "timeout after 0.5 s", 200)
-        assert r["t_first_token_ns"] is not None and 1 <= r["chunks"] <= 2
-        assert r["completion_tokens"] == r["chunks"]  # no usage chunk came: counted chunks
-    assert summary["counts"]["timeout"] == 3
-
-
-def test_drain_cancels_and_records_hung_requests(hung: tuple[dict, list[dict]]) -> None:
-    summary, records = hung
-    last = records[2]
-    assert (last["status"], last["error"], last["http_status"]) == ("timeout", "drain timeout after 0.2 s", 200)
-    assert last["t_send_ns"] is not None and last["t_first_token_ns"] is not None
-    # The last issue is at ~1.0 s; the drain, cancellation included, ends within its 0.2 s.
-    assert 1.1 <= summary["wall_s"] < 1.5
-    assert summary["validity"]["valid"] is False
-    assert "error_frac 1.0 > 0.01" in summary["validity"]["reasons"]
-
-
-def test_http_500_is_an_error_with_its_message(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["err500"].url)) as g:
-        summary, records = run(g, out, "e500", arrival="fixed", rate=20.0, duration_s=0.25)
-    assert len(records) == 5
-    for r in records:
-        assert (r["status"], r["error"], r["http_status"]) == ("error", "HTTP 500: simulated internal error", 500)
-        assert r["t_send_ns"] is not None
-        assert (r["t_first_token_ns"], r["t_last_token_ns"]) == (None, None)
-        assert (r["completion_tokens"], r["chunks"]) == (None, 0)
-    assert summary["counts"]["error"] == 5 and summary["counts"]["ok"] == 0
-    assert "error_frac 1.0 > 0.01" in summary["validity"]["reasons"]
-
-
-def test_malformed_sse_is_an_error(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["malformed"].url)) as g:
-        summary, records = run(g, out, "malformed", arrival="fixed", rate=20.0, duration_s=0.25)
-    assert len(records) == 5
-    for r in records:
-        assert (r["status"], r["http_status"], r["chunks"], r["t_first_token_ns"]) == ("error", 200, 0, None)
-        assert r["error"].startswith("malformed SSE data: b'{\"id\":\"cmpl-s_malformed-"), r["error"]
-        assert r["completion_tokens"] == 8  # the usage chunk itself was intact
-    assert summary["counts"]["error"] == 5
-
-
-# -- validity, crash, shutdown ------------------------------------------------------------
-def _gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
-
-
-def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["plain"].url, validity=ValidityThresholds(max_lateness_p99_us=0))) as g:
-        pids = g.pool.pids()
-        assert len(pids) == 1 and not _gone(pids)
-        summary, records = run(g, out, "validity", arrival="fixed", rate=20.0, duration_s=0.3)
-    assert all(r["status"] == "ok" for r in records)
-    validity = summary["validity"]
-    checks = {c["name"]: c for c in validity["checks"]}
-    assert list(checks) == ["dispatch_rate_error", "lateness_p99_us", "lateness_max_us", "error_frac",
-                            "dropped_frac", "unissued", "issue_overrun_ms", "unmatched_results",
-                            "cpu_frac_main", "cpu_frac_worker0"]  # fmt: skip
-    assert [c["threshold"] for c in checks.values()] == [0.05, 0, 100_000.0, 0.01, 1.0, 0, 100.0, 0, 0.95, 0.95]
-    assert validity["valid"] is False
-    assert checks["lateness_p99_us"]["passed"] is False
-    assert f"lateness_p99_us {summary['lateness_us']['p99']} > 0" in validity["reasons"]
-    assert checks["error_frac"]["passed"] is True and checks["dropped_frac"]["passed"] is True
-    assert len(validity["reasons"]) == sum(not c["passed"] for c in checks.values())
-    # No orphan: the worker is gone once the generator's context has exited.
-    assert poll(lambda: _gone(pids), timeout=2.0)
-
-
-def test_worker_crash_mid_cell(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["plain"].url, workers=2)) as g:
-        pids = g.pool.pids()
-        assert len(pids) == 2
-
-        def killer() -> None:
-            while g.progress.issued < 9:
-                time.sleep(0.002)
-            os.kill(pids[1], signal.SIGKILL)
-
-        threading.Thread(target=killer, daemon=True).start()
-        # 24 requests at 20/s, each streaming 32 tokens (~150 ms): worker 1 dies with some in flight.
-        summary, records = run(g, out, "crash", arrival="fixed", rate=20.0, duration_s=1.2,
-                               shape={"input": 64, "output": 32})  # fmt: skip
-        assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == psutil.STATUS_ZOMBIE
-    assert len(records) == 24
-    assert_one_record_each(records, "s_crash")
-    records = by_index(records)
-    assert all(r["status"] == "ok" for r in records[0::2])  # worker 0 carried on
-    errors = [r for r in records if r["status"] == "error"]
-    assert len(errors) >= 7  # everything worker 1 had from request 9 on, and what it had in flight
-    for r in errors:
-        assert (r["worker"], r["error"]) == (1, "load generator worker died (worker 1)")
-        assert r["t_first_token_ns"] is None
-    assert [r["status"] for r in records[1::2]] == sorted((r["status"] for r in records[1::2]), key=lambda s: s != "ok")
-    assert summary["complete"] is True
-    assert summary["counts"]["error"] == len(errors)
-    assert summary["validity"]["valid"] is False
-    assert "load generator worker died" in summary["validity"]["reasons"]
-    assert poll(lambda: _gone(pids), timeout=2.0)
+def test_the_drain_waits_longer_for_longer_streams(gen: LoadGenerator, out: Path, basic) -> None:
+    """The drain's bound grows with the longest output issued (0.1 s a token), up to the request
+    timeout: a 1,024-token stream sent at a cell's end is not cut at a fixed 30 s."""
+    assert basic[0]["drain_budget_s"] == pytest.approx(2.0 + SHAPE["output"] * 0.1)  # options(): 2 s base
+    summary, _ = run(gen, out, "longdrain", arrival="fixed", rate=4.0, duration_s=0.3, shape={"input": 16, "output": 64})
+    assert summary["drain_budget_s"] == 5.0  # 2 + 6.4 s, capped at the request timeout (options(): 5 s)

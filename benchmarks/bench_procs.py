@@ -1,0 +1,181 @@
+"""Child processes of the load-generator benchmarks: spawn in their own group, kill on any
+exit, sample every process's CPU, and the null SSE server (sse_null_server.py) as a fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+MODEL = "null-model"
+
+_CHILDREN: list[subprocess.Popen] = []
+
+
+# -- child processes ------------------------------------------------------------------------
+def spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+    _CHILDREN.append(proc)
+    return proc
+
+
+def kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """End a child we started and everything in its process group."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers left in the group
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(2.0)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc in _CHILDREN:
+        _CHILDREN.remove(proc)
+
+
+def kill_all() -> None:
+    for proc in list(_CHILDREN):  # noqa: PERF101 - kill_tree removes from it
+        kill_tree(proc, grace_s=1.0)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+# -- CPU sampling ---------------------------------------------------------------------------
+class CpuMonitor:
+    """CPU seconds of labelled process trees, and of the whole machine, sampled over time so that
+    a window inside the run (the measured part of a cell) can be cut out afterwards."""
+
+    def __init__(self, roots: dict[str, int], interval_s: float = 0.2) -> None:
+        self.roots = roots
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, dict[tuple[str, int], float]]] = []  # (epoch, machine busy s, cpu)
+        self.names: dict[tuple[str, int], str] = {}
+        self.born: dict[tuple[str, int], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        now = time.time()
+        m = psutil.cpu_times()
+        busy = sum(m) - m.idle - getattr(m, "iowait", 0.0)
+        cpu: dict[tuple[str, int], float] = {}
+        for label, pid in self.roots.items():
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for i, p in enumerate(procs):
+                key = (label, p.pid)
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        cpu[key] = t.user + t.system
+                        if key not in self.names:
+                            self.names[key] = "main" if i == 0 else _short_name(p)
+                            self.born[key] = p.create_time()
+                except psutil.Error:
+                    continue
+        self.samples.append((now, busy, cpu))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> CpuMonitor:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
+        """Per-process CPU (cores) over window (epoch seconds; default: the whole run)."""
+        self._stop.set()
+        self._thread.join(2.0)
+        self._sample()
+        lo_t, hi_t = window or (self.samples[0][0], self.samples[-1][0])
+        lo = max((s for s in self.samples if s[0] <= lo_t), key=lambda s: s[0], default=self.samples[0])
+        hi = min((s for s in self.samples if s[0] >= hi_t), key=lambda s: s[0], default=self.samples[-1])
+        wall = max(hi[0] - lo[0], 1e-9)
+        per: dict[str, dict[str, float]] = {}
+        last: dict[tuple[str, int], float] = {}
+        for s in self.samples:  # a process that died before hi keeps its last reading
+            if s[0] <= hi[0]:
+                last.update(s[2])
+        for key, cpu in last.items():
+            label, _ = key
+            if key in lo[2]:
+                base = lo[2][key]
+            elif self.born.get(key, 0.0) >= lo[0]:
+                base = 0.0  # born inside the window
+            else:
+                continue  # seen only later: no baseline
+            frac = max(0.0, cpu - base) / wall
+            group = per.setdefault(label, {})
+            if self.names[key] == "main":
+                group["main"] = round(frac, 3)
+            else:
+                group["max_child"] = round(max(group.get("max_child", 0.0), frac), 3)
+                group["children"] = round(group.get("children", 0.0) + frac, 3)
+        tracked = sum(v.get("main", 0.0) + v.get("children", 0.0) for v in per.values())
+        machine = (hi[1] - lo[1]) / wall
+        return {
+            "window_s": round(wall, 2),
+            "by_process": per,
+            "machine_busy_cores": round(machine, 3),
+            "machine_cores": psutil.cpu_count(),
+            "other_cores": round(max(0.0, machine - tracked), 3),
+        }
+
+
+def _short_name(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()[:3])[-60:]
+    except psutil.Error:
+        return "?"
+
+
+# -- the server -----------------------------------------------------------------------------
+class NullServer:
+    def __init__(self, cpus: list[int] | None) -> None:
+        cmd = [sys.executable, str(HERE / "sse_null_server.py"), "--port", "0", "--model", MODEL]
+        for c in cpus or []:
+            cmd += ["--cpu", str(c)]
+        self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
+        line = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline() if self.proc.stdout else ""
+            if line.startswith("ready ") or self.proc.poll() is not None:
+                break
+        if not line.startswith("ready "):
+            kill_tree(self.proc)
+            raise RuntimeError(f"null server did not start (got {line!r})")
+        self.url = line.split()[1]
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        kill_tree(self.proc)

@@ -1,0 +1,126 @@
+"""The cross-field checks a JSON Schema cannot express (run after the schema layer)."""
+
+from __future__ import annotations
+
+import re
+
+from connector_tax.config.errors import ConfigError, show
+from connector_tax.contract.cells import check_labels
+
+# vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
+_MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None:
+    kind = conn["type"]
+    if kind == "multi":
+        if inside_multi:
+            raise ConfigError(f"{where}.type", "multi cannot be nested inside multi")
+        if "children" not in conn:
+            raise ConfigError(
+                where, "type multi requires children (a list of at least 2 connectors)"
+            )
+        for j, child in enumerate(conn["children"]):
+            _check_connector(child, f"{where}.children[{j}]", inside_multi=True)
+        if "connectors" in conn.get("extra_config", {}):
+            # vLLM's MultiConnector reads its children from extra_config.connectors; the
+            # launch builds that list from `children`, so a second one would be ambiguous.
+            raise ConfigError(
+                f"{where}.extra_config.connectors", "is built from children; remove it"
+            )
+    elif "children" in conn:
+        raise ConfigError(f"{where}.children", f"only allowed when type is multi (type is {kind})")
+
+    if kind == "custom":
+        if "module_path" not in conn:
+            raise ConfigError(where, "type custom requires module_path (dotted.module:ClassName)")
+        if not _MODULE_PATH_RE.match(conn["module_path"]):
+            raise ConfigError(
+                f"{where}.module_path",
+                f"{show(conn['module_path'])} must look like dotted.module:ClassName",
+            )
+    elif "module_path" in conn:
+        raise ConfigError(
+            f"{where}.module_path", f"only allowed when type is custom (type is {kind})"
+        )
+
+
+def _shape_requests(shape: dict) -> list[tuple[int, int]]:
+    if "mix" in shape:
+        return [(e["input"], e["output"]) for e in shape["mix"]]
+    if "pattern" in shape:
+        return [(e["input"], e["output"]) for e in shape["pattern"]]
+    return [(shape["input"], shape["output"])]
+
+
+def _check_lengths(config: dict) -> None:
+    """Every request must fit the context window of every config that serves it; otherwise
+    vLLM answers 400 to each one and a whole cell is silently empty."""
+    limits = [("server.max_model_len", config["server"]["max_model_len"])]
+    for i, variant in enumerate(config["configs"]):
+        if "max_model_len" in variant.get("server", {}):
+            limit = variant["server"]["max_model_len"]
+            limits.append((f"configs[{i}].server.max_model_len", limit))
+
+    workload = config["workload"]
+    shapes = [("workload.phase_a.shape", workload["phase_a"]["shape"])]
+    phase_b = workload["phase_b"]
+    if "inputs" in phase_b:  # the largest cell of the cartesian sweep is the one to check
+        largest = {"input": max(phase_b["inputs"]), "output": max(phase_b["outputs"])}
+        shapes.append(("workload.phase_b", largest))
+    for j, shape in enumerate(phase_b.get("shapes", [])):
+        shapes.append((f"workload.phase_b.shapes[{j}]", shape))
+    for j, shape in enumerate(workload.get("phase_b_prime", {}).get("shapes", [])):
+        shapes.append((f"workload.phase_b_prime.shapes[{j}]", shape))
+    requests = [(where, i, o) for where, shape in shapes for i, o in _shape_requests(shape)]
+
+    for where, inp, out in requests:
+        for limit_name, limit in limits:
+            if inp + out > limit:
+                raise ConfigError(
+                    where, f"a request of {inp} + {out} tokens exceeds {limit_name} {limit}"
+                )
+
+
+def check_semantics(config: dict) -> None:
+    first_index: dict[str, int] = {}
+    for i, variant in enumerate(config["configs"]):
+        name = variant["name"]
+        if name in first_index:
+            raise ConfigError(
+                "configs",
+                f"duplicate config name {name!r} (configs[{first_index[name]}] and configs[{i}])",
+            )
+        first_index[name] = i
+        if "connector" in variant:
+            _check_connector(variant["connector"], f"configs[{i}].connector")
+
+    workload = config["workload"]
+    for j, name in enumerate(workload.get("phase_b_prime", {}).get("configs", [])):
+        if name not in first_index:
+            raise ConfigError(
+                f"workload.phase_b_prime.configs[{j}]", f"{name!r} is not a config of this study"
+            )
+
+    phase_b = workload["phase_b"]
+    if ("inputs" in phase_b) != ("outputs" in phase_b):
+        given, absent = ("inputs", "outputs") if "inputs" in phase_b else ("outputs", "inputs")
+        raise ConfigError(
+            "workload.phase_b", f"{given} given without {absent} (the cells are inputs x outputs)"
+        )
+    if "inputs" not in phase_b and "shapes" not in phase_b:
+        raise ConfigError("workload.phase_b", "give inputs and outputs, or shapes")
+
+    collision = check_labels(config)
+    if collision:
+        raise ConfigError(*collision)
+
+    if config["backend"] == "openai" and "url" not in config.get("openai", {}):
+        raise ConfigError("openai.url", "required when backend is openai")
+
+    if config["backend"] != "openai":  # an external server's context window is its own business
+        _check_lengths(config)
+    if config["backend"] == "vllm":
+        from connector_tax.launch.vllm import check_settings
+
+        check_settings(config)

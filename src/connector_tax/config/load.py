@@ -1,0 +1,162 @@
+"""Read, validate and default-fill a study config (configs/*.yaml) before anything runs.
+
+Two layers: the JSON Schema in workflow/schemas/config.schema.yaml (types, ranges, unknown
+keys, defaults) and the cross-field checks of config.checks. Either way the user gets ONE
+line naming the key path (config.errors).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+from connector_tax.config.checks import check_semantics
+from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
+from connector_tax.config.study import StudyConfig
+
+_REPO = Path(__file__).resolve().parents[3]
+
+
+def schema_path() -> Path:
+    return _REPO / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def default_config_path() -> Path:
+    return _REPO / "configs" / "default.yaml"
+
+
+def _extend_with_default(cls: type) -> type:
+    """A validator that fills `default:` values in as it validates, like Snakemake's
+    validate(set_default=True), except that it copies each default (a shared `{}` default
+    would otherwise be aliased between configs) and never touches a non-mapping."""
+    validate_properties = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: dict, instance: Any, schema: dict) -> Iterator:
+        if validator.is_type(instance, "object"):
+            for key, subschema in properties.items():
+                if isinstance(subschema, dict) and "default" in subschema and key not in instance:
+                    instance[key] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(cls, {"properties": set_defaults})
+
+
+_DefaultFillingValidator = _extend_with_default(Draft202012Validator)
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    with schema_path().open(encoding="utf-8") as fh:
+        schema = yaml.safe_load(fh)
+    return _DefaultFillingValidator(schema)
+
+
+def validate_config(config: dict) -> dict:
+    """A validated copy of `config` with the schema's defaults filled in; raises ConfigError."""
+    if not isinstance(config, dict):
+        raise ConfigError(
+            "(top level)", f"expected a mapping of study settings, got {type_word(config)}"
+        )
+    filled = copy.deepcopy(config)
+    errors = list(_validator().iter_errors(filled))
+    if errors:
+        raise ConfigError(*describe(most_specific(errors)))
+    check_semantics(filled)
+    return filled
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last one silently, so a second `phase_a:` would quietly replace the first."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue  # `<<:` merges may legitimately be overridden; complex keys fail later
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path, label: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(None, "no such file", file=label) from None
+    except IsADirectoryError:
+        raise ConfigError(None, "is a directory, not a config file", file=label) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(None, f"not UTF-8 text (byte {exc.start})", file=label) from None
+    except OSError as exc:
+        raise ConfigError(None, f"cannot read: {exc.strerror or exc}", file=label) from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
+        problem = exc.problem or exc.context or "unreadable"
+        raise ConfigError(where, f"YAML syntax error: {problem}", file=label) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(None, f"YAML syntax error: {exc}", file=label) from None
+
+
+def load_config(path: str | Path) -> dict:
+    """Read, validate and default-fill a study config file; raises ConfigError (one line,
+    prefixed with the file name as given)."""
+    label = str(path)
+    data = _read_yaml(Path(path), label)
+    if data is None:
+        raise ConfigError(
+            "(top level)", "the file is empty; expected a mapping of study settings", file=label
+        )
+    try:
+        return validate_config(data)
+    except ConfigError as exc:
+        raise exc.in_file(label) from None
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """`load_config`, as the typed objects of config.study."""
+    return StudyConfig.from_mapping(load_config(path))
+
+
+def find_variant(config: dict, name: str) -> dict:
+    """The `configs` entry called `name`."""
+    for variant in config["configs"]:
+        if variant["name"] == name:
+            return variant
+    known = ", ".join(v["name"] for v in config["configs"])
+    raise ConfigError("configs", f"no config named {name!r} (known: {known})")
+
+
+def check_file(path: str | Path) -> int:
+    """`ctax config check FILE`: 0 and an ok line on stdout, or 2 and the error on stderr."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(
+        f"ok: {path}: study '{config['study']}', {len(config['configs'])} configs, "
+        f"backend {config['backend']}"
+    )
+    return 0

@@ -1,0 +1,123 @@
+"""The study config as typed, read-only objects, built once from the validated mapping.
+
+The schema has filled every default before these are built, so no reader downstream needs a
+`.get(key, default)` of its own (a second default that could drift from the schema's). The
+sections that are passed on whole to a server or a fingerprint (model, server, sim, vllm,
+connectors, shapes) stay mappings: their meaning belongs to the launcher that reads them, and
+`raw` is the validated mapping itself, which is what fingerprints and staged configs hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from connector_tax.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Arrival:
+    process: str  # poisson | gamma | fixed
+    gamma_shape: float
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Adaptive cell length: run past the floor until the p90 intervals reach `target`."""
+
+    target: float | None
+    max_duration_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseA:
+    rates: tuple[float, ...]
+    shape: Mapping[str, Any]
+    prune_after_knee: bool
+
+
+@dataclass(frozen=True)
+class Workload:
+    warmup_s: float
+    duration_s: float
+    min_completed: int
+    request_timeout_s: float
+    arrival: Arrival
+    precision: Precision
+    phase_a: PhaseA
+    phase_b: Mapping[str, Any]
+    phase_b_prime: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """The design's three saturation criteria."""
+
+    throughput_ratio_min: float
+    waiting_p50_max: float
+    ttft_p90_ratio_max: float
+
+
+@dataclass(frozen=True)
+class LoadgenSettings:
+    workers: int
+    affinity: bool
+    cpu_latency_us: int | None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of the study: a connector plus any server or simulator override."""
+
+    name: str
+    connector: Mapping[str, Any] | None
+    raw: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    study: str
+    backend: str  # sim | vllm | openai
+    seed: int
+    variants: tuple[Variant, ...]
+    workload: Workload
+    saturation: Saturation
+    loadgen: LoadgenSettings
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> StudyConfig:
+        """From a mapping `validate_config` returned (defaults filled, checks passed)."""
+        workload = config["workload"]
+        phase_a = workload["phase_a"]
+        return cls(
+            study=config["study"],
+            backend=config["backend"],
+            seed=config["seed"],
+            variants=tuple(Variant(v["name"], v.get("connector"), v) for v in config["configs"]),
+            workload=Workload(
+                warmup_s=workload["warmup_s"],
+                duration_s=workload["duration_s"],
+                min_completed=workload["min_completed"],
+                request_timeout_s=workload["request_timeout_s"],
+                arrival=Arrival(workload["arrival"]["process"], float(workload["arrival"]["gamma_shape"])),
+                precision=Precision(workload["precision"]["target"], workload["precision"]["max_duration_s"]),
+                phase_a=PhaseA(tuple(phase_a["rates"]), phase_a["shape"], phase_a["prune_after_knee"]),
+                phase_b=workload["phase_b"],
+                phase_b_prime=workload.get("phase_b_prime") or None,
+            ),
+            saturation=Saturation(**config["saturation"]),
+            loadgen=LoadgenSettings(**config["loadgen"]),
+            raw=config,
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v in self.variants]
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        raise ConfigError("configs", f"no config named {name!r} (known: {', '.join(self.names)})")

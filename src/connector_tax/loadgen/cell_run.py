@@ -1,0 +1,300 @@
+"""One cell's run on the session thread: walk the arrival schedule, sleep to each request's
+send-ahead time and issue without blocking (the worker fires it on the dot), while the pool's
+receiver thread writes each record as it completes; then drain, and seal the summary. Cell control
+follows the design: warm-up (issued, recorded, excluded), a duration floor, extension until
+enough post-warm-up requests completed (bounded by max_duration_s), an in-flight cap whose
+excess is recorded as dropped, and a drain that waits, then cancels what is left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from connector_tax.contract.layout import CellFiles
+from connector_tax.atomic import write_json
+from connector_tax.loadgen import ipc
+from connector_tax.loadgen.collect import Collector
+from connector_tax.loadgen.options import CellSpec
+from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
+from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.stats import CellStats
+from connector_tax.loadgen.timing import set_timer_slack
+from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
+
+
+if TYPE_CHECKING:
+    from connector_tax.loadgen.session import LoadGenerator
+
+START_LEAD_NS = 20_000_000  # let the first wait begin from a settled state
+_RUNS = itertools.count(1)  # cell runs in this process: a cell id is unique even when a label repeats
+
+
+class CellRun:
+    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None,
+                 give_up: Callable[[], bool] | None) -> None:  # fmt: skip
+        self.gen = gen
+        self.enough, self.give_up = enough, give_up
+        self.opts = gen.options
+        self.cell = cell
+        self.out_dir = out_dir
+        self.name = f"{cell.phase}_{cell.label}"
+        self.files = CellFiles(out_dir, cell.phase, cell.label)  # the study contract names them
+        self.cell_id = f"{self.name}#{next(_RUNS)}"
+        self.gate: ConcurrencyGate | None = None
+        self.events: list[tuple[int, str]] = []
+        self.progress = gen.progress
+        self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
+        self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
+        self.longest_output = 0  # output tokens of the longest request issued (sizes the drain)
+        self._behind_from: int | None = None
+
+    # -- issuing (session thread) -----------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        pool = self.gen.pool
+        writer = RecordWriter(self.files.requests)
+        self.stats = CellStats(time.monotonic_ns(), self.opts.summary_exact_cap)
+        self.collector = Collector(self.cell_id, writer, self.stats, self.progress)
+        chunk_paths = [
+            str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)
+        ]
+        pool.set_cell(chunk_paths)
+        self.receive_errors_before = pool.receive_errors
+        pool.set_handler(self.on_message)
+        set_timer_slack()  # this thread's sleeps wake closer to their targets
+        cpu0, wall0 = pool.cpu_seconds(), time.monotonic()
+        t0 = time.monotonic_ns() + START_LEAD_NS
+        self.t_warm_end = t0 + int(self.cell.warmup_s * 1e9)
+        interrupted = None
+        self.planned_end = self.t_issue_end = t0
+        try:
+            self.events.append((t0, "TEST_STARTED"))
+            self._issue_all(t0)
+        except KeyboardInterrupt:
+            interrupted = "interrupted"
+        self.t_issue_end = time.monotonic_ns()
+        self.events.append((self.t_issue_end, "LOADGEN_STOP"))
+        try:
+            self._drain(short=interrupted is not None or self.gen.stop_event.is_set())
+        except KeyboardInterrupt:
+            interrupted = "interrupted"
+            self._drain(short=True)
+        self.events.append((time.monotonic_ns(), "TEST_ENDED"))
+        if self._behind_from is not None:
+            self.unissued = self._count_unissued(t0, self._behind_from)
+        if self.opts.chunk_log:
+            pool.set_cell([None] * pool.n_workers)  # workers close (flush) the cell's side files
+        pool.set_handler(None)
+        writer.close()
+        wall = max(time.monotonic() - wall0, 1e-9)
+        cpu1 = pool.cpu_seconds()
+        cpu_frac = {k: (cpu1[k] - cpu0.get(k, 0.0)) / wall for k in cpu1}
+        overrun_ms = max(0, self.t_issue_end - self.planned_end) / 1e6
+        summary = self.stats.summary(
+            self.cell.describe(), self.t_warm_end, self.t_issue_end, cpu_frac, self.opts.validity,
+            unissued=self.unissued, overrun_ms=overrun_ms,
+        )  # fmt: skip
+        summary["cell_id"] = self.cell_id
+        summary["wall_s"] = round(wall, 3)
+        summary["drain_budget_s"] = round(self.drain_budget_s(), 3)
+        summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
+        summary["extended"] = self.t_issue_end > self.t_warm_end + int(self.cell.duration_s * 1e9) + 100_000_000
+        summary["summary_state_bytes"] = self.stats.nbytes()
+        if not pool.alive():
+            summary["validity"]["valid"] = False
+            summary["validity"]["reasons"].append("load generator worker died")
+        receive_errors = pool.receive_errors - self.receive_errors_before
+        if receive_errors:  # their requests were recorded as errors by the drain ("no result from worker")
+            summary["validity"]["valid"] = False
+            summary["validity"]["reasons"].append(
+                f"{receive_errors} worker messages could not be handled (first: {pool.first_receive_errors[0]})")
+        stopped = interrupted or ("stopped" if self.gen.stop_event.is_set() else None)
+        if stopped:
+            summary["validity"]["valid"] = False
+            summary["validity"]["reasons"].append(f"cell {stopped} before its end")
+        summary["complete"] = stopped is None
+        write_json(self.files.summary, summary)
+        if self.opts.events_log:
+            self._write_events()
+        if interrupted:
+            raise KeyboardInterrupt
+        return summary
+
+    def _schedule(self, t0: int) -> Iterator[tuple[int, ipc.RequestSpec | None]]:
+        """(target time, spec) pairs; a target of -1 means "as soon as the gate allows"."""
+        cell = self.cell
+        seed = self.opts.seed
+        if cell.arrival == "trace":
+            assert cell.trace is not None
+            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
+            for (i, req), offset in zip(enumerate(trace), trace_arrivals(list(trace), cell.time_scale)):
+                blocks = tuple(prefix_blocks(req))
+                yield t0 + offset, self._spec(i, req.input_length, req.output_length, blocks)
+            return
+        shapes = ShapeSampler(cell.shape, seed)
+        if cell.arrival == "concurrency":
+            offsets: Iterator[int] = itertools.repeat(-1)
+        else:
+            offsets = arrivals(cell.arrival, cell.rate, seed, cell.gamma_shape, cell.num_requests)
+        for i, offset in enumerate(offsets):
+            pair = shapes.next()
+            yield (t0 + offset if offset >= 0 else -1), self._spec(i, pair.input, pair.output)
+
+    def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
+        self.longest_output = max(self.longest_output, output_len)
+        return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id)
+
+    def _issue_all(self, t0: int) -> None:
+        cell = self.cell
+        stop = self.gen.stop_event
+        self.issue_end = self.t_warm_end + int(cell.duration_s * 1e9)
+        self.hard_end = self.t_warm_end + int(cell._max_duration() * 1e9)
+        if cell.arrival == "trace":
+            assert cell.trace is not None
+            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
+            last = max(trace_arrivals(list(trace), cell.time_scale), default=0)
+            self.issue_end = self.hard_end = t0 + last + 1  # a trace ends when it runs out
+        self.planned_end = self.issue_end
+        if cell.arrival == "concurrency":
+            self.gate = ConcurrencyGate(cell.concurrency or 1, cell.rampup_s)
+            self.gate.start(t0)
+            self.collector.on_done = self.gate.release
+        schedule = self._schedule(t0)
+        for target, spec in schedule:
+            if stop.is_set():
+                return
+            if self.gate is not None:
+                while not self.gate.acquire(timeout_s=0.05):
+                    if stop.is_set() or self._done(time.monotonic_ns()):
+                        return
+                target = time.monotonic_ns()
+            if self._done(target):
+                if self.gate is not None:
+                    self.gate.release()
+                return
+            # The wall clock ends the cell too: a rate the generator cannot issue must not run
+            # past the planned end. What was due and never sent is counted, not silently lost.
+            if self.gate is None and self._done(time.monotonic_ns()):
+                self._behind_from = spec.index  # counted after the drain: counting takes time
+                return
+            if target > 0:
+                self._wait(target - self.send_ahead_ns)
+            self._issue(target, spec)
+
+    def _count_unissued(self, t0: int, first: int) -> int:
+        """Schedule entries from `first` on that were due before the cell's end."""
+        cell = self.cell
+        if cell.arrival == "trace":
+            assert cell.trace is not None
+            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
+            offsets: Iterator[int] = trace_arrivals(list(trace), cell.time_scale)
+        else:
+            offsets = arrivals(cell.arrival, cell.rate, self.opts.seed, cell.gamma_shape, cell.num_requests)
+        n = 0
+        for offset in itertools.islice(offsets, first, None):
+            if self._done(t0 + offset):
+                break
+            n += 1
+        return n
+
+    def _done(self, t: int) -> bool:
+        if t < self.issue_end:
+            return False
+        if t >= self.hard_end or (self.give_up is not None and self.give_up()):
+            return True
+        if self.collector.completed_post >= self.cell.min_completed and (self.enough is None or self.enough()):
+            return True
+        self.planned_end = self.hard_end  # extended: its planned end is the hard one
+        return False
+
+    def _wait(self, target: int) -> None:
+        """Sleep to a request's send-ahead time. No spin: the worker fires it on the dot, and
+        the send-ahead lead absorbs this sleep's wake-up jitter (~0.1 ms)."""
+        remaining = target - time.monotonic_ns()
+        if remaining > 0:
+            self.gen.stop_event.wait(remaining / 1e9)
+
+    def _issue(self, target: int, spec: ipc.RequestSpec) -> None:
+        warmup = target < self.t_warm_end
+        pool = self.gen.pool
+        worker = spec.index % pool.n_workers
+        in_flight = self.collector.issue(target, spec, worker, warmup, self.opts.inflight_cap)
+        self.progress.issued += 1
+        if in_flight is None:
+            self.progress.dropped += 1
+            if self.gate is not None:
+                self.gate.release()
+            self.collector.record(self._failed(spec, target, self.opts.inflight_cap, warmup, "dropped",
+                                               "in-flight cap reached", None))  # fmt: skip
+            return
+        if not pool.fire(worker, spec, target):  # the worker died: the request is lost
+            self.collector.forget(spec.index)
+            self.progress.errors += 1
+            if self.gate is not None:
+                self.gate.release()
+            self.collector.record(self._failed(spec, target, in_flight, warmup, "error",
+                                               f"load generator worker died (worker {worker})", worker))  # fmt: skip
+
+    def _failed(self, spec: ipc.RequestSpec, target: int, in_flight: int, warmup: bool, status: str, error: str,
+                worker: int | None) -> RequestRecord:  # fmt: skip
+        return RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup, status, error,
+                             spec.input_len, spec.output_len, worker=worker, cell=self.cell_id)  # fmt: skip
+
+    # -- results (receiver thread) ----------------------------------------------------
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        if message[0] == ipc.RESULT:
+            self.collector.on_result(message[1])
+
+    # -- drain ------------------------------------------------------------------------
+    def drain_budget_s(self) -> float:
+        """The drain's bound: the base, plus time for the longest stream issued, up to the request timeout."""
+        opts = self.opts
+        return min(max(opts.timeout_s, opts.drain_timeout_s), opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token)
+
+    def _drain(self, short: bool) -> None:
+        """Wait for what is in flight, at most drain_timeout_s in all (2 s after a stop):
+        cancel what is left a little before that, so the cell ends by then."""
+        live = self.gen.pool.live_workers
+        total = 2.0 if short else self.drain_budget_s()
+        grace = min(3.0, total / 4)
+        start = time.monotonic()
+        while self.collector.awaiting(live()) and time.monotonic() < start + total - grace:
+            time.sleep(0.005)
+        if self.collector.awaiting(live()):
+            self.gen.pool.broadcast((ipc.CANCEL_ALL, f"drain timeout after {total:g} s"))
+            while self.collector.awaiting(live()) and time.monotonic() < start + total:
+                time.sleep(0.005)
+        lost = self.collector.take_pending()
+        alive = live()
+        for p in lost.values():
+            why = "no result from worker" if p.worker in alive else "load generator worker died"
+            self.collector.record(self._failed(p.spec, p.target, p.in_flight, p.warmup, "error",
+                                               f"{why} (worker {p.worker})", p.worker))  # fmt: skip
+        if self.gate is not None:
+            self.gate.close()
+
+    def _write_events(self) -> None:
+        """Seed 001's events, derived from the records file after the cell: nothing on the hot
+        path. This one reads every record back (memory in proportion to the cell: opt-in)."""
+        events = list(self.events)
+        for r in read_records(self.files.requests):
+            rid = r["request_id"]
+            events.append((r["t_scheduled_ns"], f"LOADGEN_ISSUE_CALLED {rid}"))
+            if r["t_send_ns"]:
+                events.append((r["t_send_ns"], f"HTTP_REQUEST_ISSUED {rid}"))
+            if r["t_first_token_ns"]:
+                events.append((r["t_first_token_ns"], f"FIRST_CHUNK {rid}"))
+            if r["t_last_token_ns"]:
+                events.append((r["t_last_token_ns"], f"COMPLETE {rid} {r['status']}"))
+            elif r["status"] != "ok":
+                events.append((r["t_scheduled_ns"], f"COMPLETE {rid} {r['status']}"))
+        events.append((self.t_warm_end, "STOP_WARMUP"))
+        with open(self.files.events, "w", encoding="utf-8") as f:
+            for t_ns, text in sorted(events):
+                name, *rest = text.split(" ", 1)
+                f.write(json.dumps({"t_ns": t_ns, "event": name, "detail": rest[0] if rest else None}) + "\n")

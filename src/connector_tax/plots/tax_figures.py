@@ -1,0 +1,196 @@
+"""Figures 4, 4b, 5 and 8: taxes against the baseline at the reference rates and per shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from connector_tax.plots.context import LMCACHE_ONLY, MOONCAKE_BOTH, MULTI, PHASE_B, PHASE_B_PRIME, Ctx, Skip
+from connector_tax.plots.style import new_figure, stamp
+
+
+def _bar_err(est: dict[str, Any] | None, scale: float = 100.0) -> tuple[float, list[float]]:
+    if not est or est.get("value") is None:
+        return np.nan, [0.0, 0.0]
+    v = est["value"] * scale
+    ci = est.get("ci")
+    if not ci or None in ci:
+        return v, [0.0, 0.0]
+    return v, [max(v - ci[0] * scale, 0.0), max(ci[1] * scale - v, 0.0)]
+
+
+def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
+    taxes = ctx.need_taxes("fig 4")
+    safe = (taxes["phase_a"].get("ref_safe") or {})
+    load = (taxes["phase_a"].get("ref_load") or {})
+    names = [c for c in ctx.configs if c in (safe.get("configs") or {}) or c in (load.get("configs") or {})]
+    if not safe.get("configs"):
+        raise Skip("no tax at ref_safe: " + ("; ".join(f"{k}: {v}" for k, v in (safe.get("missing") or {}).items())
+                                            or f"no Phase A cell at ref_safe={safe.get('rate')}"))  # fmt: skip
+    has_load = bool(load.get("configs"))
+    if not has_load:
+        skipped["fig4_ref_load_bars"] = "no tax at ref_load: " + (
+            "; ".join(f"{k}: {v}" for k, v in (load.get("missing") or {}).items()) or f"no Phase A cell at {load.get('rate')}")
+    fig = new_figure(12.0, 4.8)
+    axes = fig.subplots(1, 2)
+    width = 0.38 if has_load else 0.6
+    x = np.arange(len(names))
+    for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
+        for j, (entry, hatch, alpha, tag) in enumerate(((safe, None, 0.95, "ref_safe"), (load, "//", 0.55, "ref_load"))):
+            if tag == "ref_load" and not has_load:
+                continue
+            vals, errs = [], []
+            for c in names:
+                v, e = _bar_err(((entry.get("configs") or {}).get(c) or {}).get(metric))
+                vals.append(v)
+                errs.append(e)
+            off = (j - 0.5) * width if has_load else 0.0
+            ax.bar(x + off, vals, width, yerr=np.array(errs).T, capsize=2, color=[ctx.palette(c) for c in names],
+                   alpha=alpha, hatch=hatch, edgecolor="0.2", linewidth=0.6)  # fmt: skip
+        ax.axhline(0, color="0.2", lw=0.8)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_xlabel("configuration")
+        ax.set_ylabel(f"tax {label} vs {taxes['baseline']} (%) with 95% CI")
+        ax.set_title(f"{label}")
+        ax.grid(True, axis="y", alpha=0.3)
+    handles = [Patch(facecolor="0.6", edgecolor="0.2", label=f"ref_safe = {safe.get('rate'):g} req/s (pure tax)")]
+    if has_load:
+        handles.append(Patch(facecolor="0.6", edgecolor="0.2", hatch="//", alpha=0.55,
+                             label=f"ref_load = {load.get('rate'):g} req/s (tax + queueing)"))  # fmt: skip
+    handles += [Patch(facecolor=ctx.palette(c), label=c) for c in names]
+    axes[1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.suptitle(ctx.title("Fig. 4: substrate tax at ref_safe and ref_load (Phase A)"))
+    stamp(fig, ctx.simulated, ctx.served_by)
+    return fig
+
+
+def fig4b(ctx: Ctx) -> Figure:
+    """Phase B' (ref_load) next to Phase B (ref_safe) on the shapes both ran."""
+    taxes = ctx.need_taxes("fig 4b")
+    prime = (taxes.get(PHASE_B_PRIME) or {}).get("cells") or {}
+    base = (taxes.get(PHASE_B) or {}).get("cells") or {}
+    shared = [s for s in prime if s in base and prime[s]["configs"]]
+    if not shared:
+        raise Skip("no Phase B' taxes (Phase B' did not run: ref_load == ref_safe, or no phase_b_prime cells "
+                   "for the baseline and another config)")  # fmt: skip
+    names = [c for c in ctx.configs if any(c in prime[s]["configs"] for s in shared)]
+    fig = new_figure(4.0 + 2.6 * len(shared), 4.6)
+    axes = np.atleast_1d(fig.subplots(1, len(shared), sharey=True))
+    x = np.arange(len(names))
+    for ax, s in zip(axes, shared):
+        for j, (cells, hatch, alpha) in enumerate(((base, None, 0.95), (prime, "//", 0.55))):
+            vals, errs = zip(*[_bar_err(((cells[s]["configs"].get(c)) or {}).get("ttft_p90")) for c in names])
+            ax.bar(x + (j - 0.5) * 0.38, vals, 0.38, yerr=np.array(errs).T, capsize=2, hatch=hatch, alpha=alpha,
+                   color=[ctx.palette(c) for c in names], edgecolor="0.2", linewidth=0.6)  # fmt: skip
+        ax.axhline(0, color="0.2", lw=0.8)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"shape {s}")
+        ax.set_xlabel("configuration")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].set_ylabel(f"tax TTFT p90 vs {taxes['baseline']} (%)")
+    rs, rl = taxes[PHASE_B].get("rates") or [], taxes[PHASE_B_PRIME].get("rates") or []
+    axes[-1].legend(handles=[Patch(facecolor="0.6", label=f"Phase B (ref_safe {', '.join(f'{r:g}' for r in rs)} req/s)"),
+                             Patch(facecolor="0.6", hatch="//", alpha=0.55,
+                                   label=f"Phase B' (ref_load {', '.join(f'{r:g}' for r in rl)} req/s)")]
+                    + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
+    fig.suptitle(ctx.title("Fig. 4b: TTFT p90 tax per shape, ref_safe (Phase B) vs ref_load (Phase B')"))
+    stamp(fig, ctx.simulated, ctx.served_by)
+    return fig
+
+
+def fig5(ctx: Ctx) -> Figure:
+    taxes = ctx.need_taxes("fig 5")
+    cells = (taxes.get(PHASE_B) or {}).get("cells") or {}
+    shaped = {k: v for k, v in cells.items() if v.get("input") is not None and v.get("output") is not None}
+    names = [c for c in ctx.configs if c != ctx.baseline and any(
+        ((v["configs"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())]
+    if not names:
+        raise Skip("no Phase B tax on an input x output shape grid (Phase B missing for the baseline or every other "
+                   "config, or shapes are mixes/patterns)")  # fmt: skip
+    inputs = sorted({v["input"] for v in shaped.values()})
+    outputs = sorted({v["output"] for v in shaped.values()})
+    grids = {}
+    for c in names:
+        g = np.full((len(inputs), len(outputs)), np.nan)
+        for v in shaped.values():
+            est = (v["configs"].get(c) or {}).get("ttft_p90") or {}
+            if est.get("value") is not None:
+                g[inputs.index(v["input"]), outputs.index(v["output"])] = est["value"] * 100
+        grids[c] = g
+    vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
+    ncols = min(4, len(names))
+    nrows = -(-len(names) // ncols)
+    fig = new_figure(2.0 + 3.0 * ncols, 0.8 + 3.0 * nrows)
+    grid = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    for ax in grid[len(names):]:
+        ax.set_visible(False)
+    axes = grid[: len(names)]
+    im = None
+    for ax, c in zip(axes, names):
+        g = np.ma.masked_invalid(grids[c])
+        im = ax.imshow(g, cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
+        for i in range(len(inputs)):
+            for j in range(len(outputs)):
+                val = grids[c][i, j]
+                ax.text(j, i, "n/a" if np.isnan(val) else f"{val:+.0f}%", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(outputs)))
+        ax.set_xticklabels([str(o) for o in outputs], fontsize=7)
+        ax.set_yticks(range(len(inputs)))
+        ax.set_yticklabels([str(i) for i in inputs], fontsize=7)
+        ax.set_xlabel("output length (tokens)")
+        ax.set_ylabel("input length (tokens)")
+        ax.set_title(c, color=ctx.palette(c), fontsize=9, fontweight="bold")
+    cb = fig.colorbar(im, ax=list(axes), shrink=0.85)
+    cb.set_label(f"tax TTFT p90 vs {taxes['baseline']} (%)")
+    rates = (taxes.get(PHASE_B) or {}).get("rates") or []
+    fig.suptitle(ctx.title(f"Fig. 5: TTFT p90 tax by shape (Phase B at {', '.join(f'{r:g}' for r in rates)} req/s)"))
+    stamp(fig, ctx.simulated, ctx.served_by)
+    return fig
+
+
+
+
+def fig8(ctx: Ctx) -> Figure:
+    taxes = ctx.need_taxes("fig 8")
+    safe = taxes["phase_a"].get("ref_safe") or {}
+    need = [MOONCAKE_BOTH, LMCACHE_ONLY, MULTI]
+    missing = [c for c in need if c not in (safe.get("configs") or {})]
+    if missing:
+        why = "; ".join(f"{c}: {(safe.get('missing') or {}).get(c) or 'not in the study or skipped'}" for c in missing)
+        raise Skip(f"H4 needs {', '.join(need)} at ref_safe; missing {why}")
+    h4 = next((h for h in ctx.hyp.get("hypotheses") or [] if h["id"] == "H4"), {})
+    fig = new_figure(9.0, 4.8)
+    axes = fig.subplots(1, 2)
+    for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
+        mb = safe["configs"][MOONCAKE_BOTH][metric]
+        lm = safe["configs"][LMCACHE_ONLY][metric]
+        mu = safe["configs"][MULTI][metric]
+        (v1, e1), (v2, e2), (v3, e3) = _bar_err(mb), _bar_err(lm), _bar_err(mu)
+        ax.bar(0, v1, 0.6, yerr=np.array([e1]).T, capsize=3, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2")
+        ax.bar(1, v2, 0.6, yerr=np.array([e2]).T, capsize=3, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2")
+        ax.bar(2, v1, 0.6, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2", alpha=0.7)
+        ax.bar(2, v2, 0.6, bottom=v1, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2", alpha=0.7)
+        ax.bar(3, v3, 0.6, yerr=np.array([e3]).T, capsize=3, color=ctx.palette(MULTI), edgecolor="0.2")
+        total = v1 + v2
+        if np.isfinite(total) and total > 0:  # |multi - sum| <= 0.30 multi  <=>  sum/1.3 <= multi <= sum/0.7
+            ax.axhspan(total / 1.3, total / 0.7, color="0.85", zorder=0)
+        ax.axhline(0, color="0.2", lw=0.8)
+        ax.set_xticks(range(4))
+        ax.set_xticklabels(["mooncake_both", "lmcache_only", "sum", "multi"], rotation=20, fontsize=8)
+        ax.set_xlabel("configuration")
+        ax.set_ylabel(f"tax {label} vs {taxes['baseline']} (%)")
+        ax.set_title(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    rel = ((h4.get("numbers") or {}).get("rel_dev") or {}).get("value")
+    fig.legend(handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
+               + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
+               loc="outside lower center", ncol=2, fontsize=7)  # fmt: skip
+    fig.suptitle(ctx.title(f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
+                           f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")))
+    stamp(fig, ctx.simulated, ctx.served_by)
+    return fig
