@@ -1,7 +1,7 @@
 """The step-timing instrumentation's own cost per engine step (patches/).
 
     python benchmarks/instrumentation_overhead.py [--steps 20000] [--repeat 7] [--json]
-    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--json]
+    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--json]  (rounds x requests prompt pairs)
 
 Fakes (default): an engine step of fakes that do no work of their own is timed twice: plain,
 and with exactly the wrappers vLLM's processes get (EngineCore.step_fn, Scheduler.schedule with
@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
-    parser.add_argument("--rounds", type=int, default=8, help="--real: alternating rounds per server")
+    parser.add_argument("--rounds", type=int, default=8, help="--real: rounds of --requests prompts (each prompt: one pair)")
     parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
     parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
+    parser.add_argument("--control", action="store_true",
+                        help="--real: A/A control, neither server instrumented (the set-up's own bias)")
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
     if args.real:

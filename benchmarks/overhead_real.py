@@ -4,21 +4,23 @@ Run through `python benchmarks/instrumentation_overhead.py --real` (needs tools/
 and tools/tiny_model.py). Two `vllm serve` launches of configs/vllm-cpu-tiny.yaml's
 noop_connector (the configuration with the most hooks wrapped) run side by side, made by the
 project's launcher: one with a step log (instrumented), one without (sitecustomize then loads
-nothing). Each round sends the same seeded prompts, one request at a time, to one server and
-then the other (the order alternates by round, so drift and order hit both alike).
+nothing). Every seeded prompt goes to both servers back to back, one request at a time, the
+order alternating from prompt to prompt, so the host's load (this machine is shared, and its
+load swings by several times within a minute) hits a pair's two requests alike.
 
 With one request in flight every streamed chunk is one engine step, so the client's inter-token
 latency is the per-step latency, whatever runs inside the step; E2E is the request's whole
-latency. Per round: median ITL and median E2E of each server; the overhead is the paired
-difference (instrumented - plain), reported as the median over rounds with a 95% bootstrap CI
-over rounds, and relative to the plain server's median step. The instrumented server's own
-records give the design's fields for scale (step_duration_us, engine_step_us, worker hooks).
+latency. Per pair: the difference (instrumented - plain) of the two requests' median ITL and of
+their E2E; the overhead is the median over pairs with a 95% bootstrap CI over pairs, also
+relative to the plain server's median. The instrumented server's own records give the design's
+fields for scale (step_duration_us, engine_step_us, worker steps).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import statistics
 import sys
@@ -56,11 +58,6 @@ def one_request(client: httpx.Client, url: str, prompt: list[int], max_tokens: i
             "itl_us": [(b - a) / 1000.0 for a, b in zip(arrivals, arrivals[1:])]}  # fmt: skip
 
 
-def round_stats(results: list[dict[str, Any]]) -> dict[str, float]:
-    itl = [x for r in results for x in r["itl_us"]]
-    return {"itl_us": statistics.median(itl), "e2e_us": statistics.median(r["e2e_us"] for r in results)}
-
-
 def bootstrap_ci(diffs: list[float], seed: int = 0, n: int = 10000) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     a = np.asarray(diffs)
@@ -90,41 +87,48 @@ def run_real(args: Any) -> int:
     try:
         for name in ("plain", "instrumented"):  # one at a time: start-up saturates both cores
             port = free_port("127.0.0.1", block=3)
-            step_log = str(tmp / name / "steps" / "engine_step.jsonl") if name == "instrumented" else None
+            # --control: neither is instrumented (an A/A run: what the set-up alone shows)
+            instrumented = name == "instrumented" and not args.control
+            step_log = str(tmp / name / "steps" / "engine_step.jsonl") if instrumented else None
             spec = launch_spec(str(CONFIG), config, variant, port, step_log)
             servers[name] = ServerProcess(spec, f"http://127.0.0.1:{port}", tmp / name, grace_s=30.0)
             servers[name].start()
             servers[name].wait_ready(600)
+        load_before = os.getloadavg()
         rng = random.Random(20260526)
-        per_round: dict[str, list[dict[str, float]]] = {"plain": [], "instrumented": []}
+        pairs: dict[str, list[float]] = {"itl_us": [], "e2e_us": [], "plain_itl_us": [], "plain_e2e_us": []}
         with httpx.Client(timeout=120) as client:
             for name, server in servers.items():  # warm-up
                 for _ in range(3):
                     one_request(client, server.url, [5] * INPUT_LEN, args.output_len)
-            for r in range(args.rounds):
-                prompts = [[rng.randrange(3, 4000) for _ in range(INPUT_LEN)] for _ in range(args.requests)]
-                order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
-                for name in order:
-                    url = servers[name].url
-                    per_round[name].append(round_stats([one_request(client, url, p, args.output_len) for p in prompts]))
+            for i in range(args.rounds * args.requests):
+                prompt = [rng.randrange(3, 4000) for _ in range(INPUT_LEN)]
+                order = ("plain", "instrumented") if i % 2 == 0 else ("instrumented", "plain")
+                got = {name: one_request(client, servers[name].url, prompt, args.output_len) for name in order}
+                plain_itl, inst_itl = (statistics.median(got[n]["itl_us"]) for n in ("plain", "instrumented"))
+                pairs["itl_us"].append(inst_itl - plain_itl)
+                pairs["e2e_us"].append(got["instrumented"]["e2e_us"] - got["plain"]["e2e_us"])
+                pairs["plain_itl_us"].append(plain_itl)
+                pairs["plain_e2e_us"].append(got["plain"]["e2e_us"])
     finally:
         for server in servers.values():
             server.stop()
     log = tmp / "instrumented" / "steps" / "engine_step.jsonl"
     engine = [x for x in steptiming.read_step_records(log) if x["step_duration_us"] is not None]
     workers = steptiming.read_step_records(log, "worker")
-    report: dict[str, Any] = {"rounds": args.rounds, "requests_per_round": args.requests,
-                              "output_len": args.output_len, "input_len": INPUT_LEN}  # fmt: skip
+    report: dict[str, Any] = {"control": bool(args.control), "rounds": args.rounds, "requests_per_round": args.requests,
+                              "output_len": args.output_len, "input_len": INPUT_LEN,
+                              # the conditions: this host is shared, so say how busy it was
+                              "cpus": os.cpu_count(), "loadavg_1m_before_after": [
+                                  round(load_before[0], 2), round(os.getloadavg()[0], 2)]}  # fmt: skip
     for metric in ("itl_us", "e2e_us"):
-        plain = [x[metric] for x in per_round["plain"]]
-        inst = [x[metric] for x in per_round["instrumented"]]
-        diffs = [b - a for a, b in zip(plain, inst)]
+        diffs = pairs[metric]
         lo, hi = bootstrap_ci(diffs)
-        base = statistics.median(plain)
+        base = statistics.median(pairs[f"plain_{metric}"])
+        mid = statistics.median(diffs)
         report[metric] = {
-            "plain_median": round(base, 1), "instrumented_median": round(statistics.median(inst), 1),
-            "overhead_median": round(statistics.median(diffs), 1), "ci95": [round(lo, 1), round(hi, 1)],
-            "overhead_pct": round(100 * statistics.median(diffs) / base, 3),
+            "pairs": len(diffs), "plain_median": round(base, 1), "overhead_median": round(mid, 1),
+            "ci95": [round(lo, 1), round(hi, 1)], "overhead_pct": round(100 * mid / base, 3),
             "ci95_pct": [round(100 * lo / base, 3), round(100 * hi / base, 3)],
         }  # fmt: skip
     report["instrumented_records"] = {
@@ -136,13 +140,17 @@ def run_real(args: Any) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds} alternating rounds x "
-          f"{args.requests} sequential requests of {INPUT_LEN}->{args.output_len} tokens per server")  # fmt: skip
+    if args.control:
+        print("CONTROL (A/A): neither server instrumented; the 'overhead' below is the set-up's own bias")
+    print(f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds * args.requests} prompts of "
+          f"{INPUT_LEN}->{args.output_len} tokens, each sent to both servers back to back (order alternating)")  # fmt: skip
     for metric, label in (("itl_us", "per step (ITL, one request in flight)"), ("e2e_us", "end to end")):
         m = report[metric]
-        print(f"{label:>40}: plain {m['plain_median']:.1f} us, instrumented {m['instrumented_median']:.1f} us, "
+        print(f"{label:>40}: plain {m['plain_median']:.1f} us, "
               f"overhead {m['overhead_median']:+.1f} us ({m['overhead_pct']:+.3f} %), "
               f"95% CI [{m['ci95'][0]:+.1f}, {m['ci95'][1]:+.1f}] us = "
               f"[{m['ci95_pct'][0]:+.3f}, {m['ci95_pct'][1]:+.3f}] %")  # fmt: skip
     print(f"instrumented server's records: {json.dumps(report['instrumented_records'])}")
+    print(f"host: {report['cpus']} CPUs, 1-minute load average {report['loadavg_1m_before_after'][0]} before the "
+          f"rounds, {report['loadavg_1m_before_after'][1]} after")  # fmt: skip
     return 0

@@ -44,22 +44,6 @@ def _wrap_clear(fn: Callable, rec: StepRecorder) -> Callable:
     return mark(clear_connector_metadata_timed, fn)
 
 
-def _wrap_layer(fn: Callable, rec: StepRecorder, field: str) -> Callable:
-    """A per-layer hook: summed and counted (called once per attention layer per step)."""
-    mono = time.monotonic_ns
-    calls = field[: -len("_us")] + "_calls"
-
-    def layer_timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = mono()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            setattr(rec, field, getattr(rec, field) + (mono() - t0) / 1000.0)
-            setattr(rec, calls, getattr(rec, calls) + 1)
-
-    return mark(layer_timed, fn)
-
-
 def _wrap_get_finished(fn: Callable, rec: StepRecorder) -> Callable:
     """get_transfer_results and get_finished both: the outermost call of the two is timed."""
     mono = time.monotonic_ns
@@ -72,21 +56,22 @@ def _wrap_get_finished(fn: Callable, rec: StepRecorder) -> Callable:
         try:
             return fn(*args, **kwargs)
         finally:
-            d = (mono() - t0) / 1000.0
+            d = mono() - t0
             rec.in_get_finished = False
-            rec.get_finished_us += d
+            rec.get_finished.ns += d
             if rec.engine_process:
-                rec.engine_get_finished_us += d
+                rec.engine_get_finished.ns += d
 
     return mark(get_finished_timed, fn)
 
 
 _WORKER_PLAN: dict[str, Callable[[Callable, StepRecorder], Callable]] = {
     "bind_connector_metadata": _wrap_bind,
-    "start_load_kv": lambda fn, rec: wrap_timed(fn, rec, "start_load_kv_us", "engine_start_load_kv_us"),
-    "wait_for_layer_load": lambda fn, rec: _wrap_layer(fn, rec, "wait_for_layer_load_us"),
-    "save_kv_layer": lambda fn, rec: _wrap_layer(fn, rec, "save_kv_layer_us"),
-    "wait_for_save": lambda fn, rec: wrap_timed(fn, rec, "wait_for_save_us"),
+    "start_load_kv": lambda fn, rec: wrap_timed(fn, rec, rec.start_load_kv, rec.engine_start_load_kv),
+    # per attention layer: summed, and counted (*_calls in the worker record)
+    "wait_for_layer_load": lambda fn, rec: wrap_timed(fn, rec, rec.wait_for_layer_load),
+    "save_kv_layer": lambda fn, rec: wrap_timed(fn, rec, rec.save_kv_layer),
+    "wait_for_save": lambda fn, rec: wrap_timed(fn, rec, rec.wait_for_save),
     "get_finished": _wrap_get_finished,
     "get_transfer_results": _wrap_get_finished,
     "clear_connector_metadata": _wrap_clear,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from patches.recorder import StepRecorder
+from patches.recorder import HookTime, StepRecorder
 from patches.targets import expect, is_wrapped, mark
 
 
@@ -53,7 +53,7 @@ def wrap_schedule(schedule: Callable, scheduler: Any, rec: StepRecorder) -> Call
     def schedule_timed(*args: Any, **kwargs: Any) -> Any:
         t0 = mono()
         out = schedule(*args, **kwargs)
-        rec.schedule_us += (mono() - t0) / 1000.0
+        rec.schedule.ns += mono() - t0
         rec.scheduled = True
         try:
             # After schedule(), num_computed_tokens already includes this step's tokens, so a
@@ -83,8 +83,9 @@ def wrap_schedule(schedule: Callable, scheduler: Any, rec: StepRecorder) -> Call
     return mark(schedule_timed, schedule)
 
 
-def wrap_timed(fn: Callable, rec: StepRecorder, field: str, engine_field: str | None = None) -> Callable:
-    """Add each call's duration to rec.<field> (and, in the engine process, rec.<engine_field>)."""
+def wrap_timed(fn: Callable, rec: StepRecorder, timer: HookTime, engine_timer: HookTime | None = None) -> Callable:
+    """Add each call's duration (and count) to `timer` and, in the engine process, to
+    `engine_timer` (a worker hook run by the single-process executor inside an engine step)."""
     mono = time.monotonic_ns
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -92,17 +93,18 @@ def wrap_timed(fn: Callable, rec: StepRecorder, field: str, engine_field: str | 
         try:
             return fn(*args, **kwargs)
         finally:
-            d = (mono() - t0) / 1000.0
-            setattr(rec, field, getattr(rec, field) + d)
-            if engine_field is not None and rec.engine_process:
-                setattr(rec, engine_field, getattr(rec, engine_field) + d)
+            d = mono() - t0
+            timer.ns += d
+            timer.calls += 1
+            if engine_timer is not None and rec.engine_process:
+                engine_timer.ns += d
 
     return mark(timed, fn)
 
 
 def wrap_build_meta(fn: Callable, rec: StepRecorder) -> Callable:
     """build_connector_meta runs inside schedule(): part of step_duration_us, also on its own."""
-    return wrap_timed(fn, rec, "build_meta_us")
+    return wrap_timed(fn, rec, rec.build_meta)
 
 
 def hook_engine_instance(engine: Any, rec: StepRecorder, wrap_connector: Callable | None = None) -> None:

@@ -51,11 +51,58 @@ def num(value: float | int | None) -> str:
     return str(value)
 
 
+class HookTime:
+    """One timed span's total in the current step, in integer nanoseconds, and its calls.
+
+    The wrappers close over their HookTime and add to its slots directly: no attribute looked
+    up by name and no float division per call (both were on vLLM's step path); microseconds
+    are computed once, when the record is written."""
+
+    __slots__ = ("ns", "calls")
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.calls = 0
+
+    def clear(self) -> None:
+        self.ns = 0
+        self.calls = 0
+
+    @property
+    def us(self) -> float:
+        return self.ns / 1000.0
+
+
+# A worker record: every field is known in the process that holds the worker connector, so one
+# %-format makes the line (no per-field null handling).
+_WORKER_LINE = (
+    '{"t_ns":%d,"step_id":%d,"step_duration_us":null,"build_meta_us":null,"get_finished_us":%.3f,'
+    '"start_load_kv_us":%.3f,"num_running":null,"num_waiting":null,"prefill_tokens":null,'
+    '"decode_tokens":null,"worker_step_us":%.3f,"wait_for_layer_load_us":%.3f,'
+    '"wait_for_layer_load_calls":%d,"save_kv_layer_us":%.3f,"save_kv_layer_calls":%d,'
+    '"wait_for_save_us":%.3f,"pid":%d,"role":"worker","source":"vllm"}\n'
+)
+
+
 class StepRecorder:
     """Per-process state: the step accumulators, the record files, the availability report."""
 
     def __init__(self, step_log: str) -> None:
         self.step_log = os.path.abspath(step_log)
+        # Made once and cleared in place, never replaced: the wrappers hold them (also across
+        # a fork, whose child keeps the parent's wraps).
+        self.schedule = HookTime()
+        self.build_meta = HookTime()
+        self.engine_get_finished = HookTime()
+        self.engine_start_load_kv = HookTime()
+        self.start_load_kv = HookTime()
+        self.wait_for_layer_load = HookTime()
+        self.save_kv_layer = HookTime()
+        self.wait_for_save = HookTime()
+        self.get_finished = HookTime()
+        self._engine_times = (self.schedule, self.build_meta, self.engine_get_finished, self.engine_start_load_kv)
+        self._worker_times = (self.start_load_kv, self.wait_for_layer_load, self.save_kv_layer, self.wait_for_save,
+                              self.get_finished)  # fmt: skip
         self._reset_process()
 
     # -- process identity ------------------------------------------------------------
@@ -94,10 +141,8 @@ class StepRecorder:
 
     # -- per-step accumulators -------------------------------------------------------
     def begin_engine_step(self) -> None:
-        self.schedule_us = 0.0
-        self.build_meta_us = 0.0
-        self.engine_get_finished_us = 0.0
-        self.engine_start_load_kv_us = 0.0
+        for timer in self._engine_times:
+            timer.clear()
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.num_running: int | None = None
@@ -105,14 +150,13 @@ class StepRecorder:
         self.scheduled = False
         self.tokens_known = True
 
+    @property
+    def build_meta_us(self) -> float:
+        return self.build_meta.us
+
     def _reset_worker_step(self) -> None:
-        self.start_load_kv_us = 0.0
-        self.wait_for_layer_load_us = 0.0
-        self.wait_for_layer_load_calls = 0
-        self.save_kv_layer_us = 0.0
-        self.save_kv_layer_calls = 0
-        self.wait_for_save_us = 0.0
-        self.get_finished_us = 0.0
+        for timer in self._worker_times:
+            timer.clear()
         # get_transfer_results calls get_finished: only the outer call is timed
         self.in_get_finished = False
 
@@ -191,10 +235,10 @@ class StepRecorder:
         tokens = scheduled and self.tokens_known
         line = (
             f'{{"t_ns":{t0},"step_id":{self.step_id},'
-            f'"step_duration_us":{num(self.schedule_us if scheduled else None)},'
-            f'"build_meta_us":{num(self.build_meta_us if sched_conn else None)},'
-            f'"get_finished_us":{num(self.engine_get_finished_us if here else None)},'
-            f'"start_load_kv_us":{num(self.engine_start_load_kv_us if here else None)},'
+            f'"step_duration_us":{num(self.schedule.us if scheduled else None)},'
+            f'"build_meta_us":{num(self.build_meta.us if sched_conn else None)},'
+            f'"get_finished_us":{num(self.engine_get_finished.us if here else None)},'
+            f'"start_load_kv_us":{num(self.engine_start_load_kv.us if here else None)},'
             f'"num_running":{num(self.num_running)},"num_waiting":{num(self.num_waiting)},'
             f'"prefill_tokens":{num(self.prefill_tokens if tokens else (0 if not scheduled else None))},'
             f'"decode_tokens":{num(self.decode_tokens if tokens else (0 if not scheduled else None))},'
@@ -216,19 +260,11 @@ class StepRecorder:
             return  # a clear without a bind (nothing was bound): no step
         self.worker_t0 = None
         self.worker_step_id += 1
-        line = (
-            f'{{"t_ns":{t0},"step_id":{self.worker_step_id},"step_duration_us":null,'
-            f'"build_meta_us":null,"get_finished_us":{num(self.get_finished_us)},'
-            f'"start_load_kv_us":{num(self.start_load_kv_us)},'
-            f'"num_running":null,"num_waiting":null,"prefill_tokens":null,"decode_tokens":null,'
-            f'"worker_step_us":{num((t1 - t0) / 1000.0)},'
-            f'"wait_for_layer_load_us":{num(self.wait_for_layer_load_us)},'
-            f'"wait_for_layer_load_calls":{self.wait_for_layer_load_calls},'
-            f'"save_kv_layer_us":{num(self.save_kv_layer_us)},'
-            f'"save_kv_layer_calls":{self.save_kv_layer_calls},'
-            f'"wait_for_save_us":{num(self.wait_for_save_us)},'
-            f'"pid":{self.pid},"role":"worker","source":"vllm"}}\n'
-        )
+        line = _WORKER_LINE % (
+            t0, self.worker_step_id, self.get_finished.us, self.start_load_kv.us, (t1 - t0) / 1000.0,
+            self.wait_for_layer_load.us, self.wait_for_layer_load.calls, self.save_kv_layer.us,
+            self.save_kv_layer.calls, self.wait_for_save.us, self.pid,
+        )  # fmt: skip
         self._write("worker", line)
 
     def close(self) -> None:

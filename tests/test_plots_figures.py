@@ -63,11 +63,14 @@ def test_one_colour_per_config_across_figures(docs):
     assert len({palette(c) for c in CONFIGS}) == len(CONFIGS)
 
 
-def test_not_simulated_has_no_stamp(docs):
+def test_not_simulated_says_what_served_it(docs):
     agg, hyp = copy.deepcopy(docs)
     agg["simulated"] = False
-    meta = describe(build_figure("fig3_throughput_vs_requested", agg, hyp))
-    assert "SIMULATED" not in meta["texts"] and "SIMULATED" not in meta["axes"][0]["title"]
+    agg["served_by"] = "vLLM 0.32.0 on CPU, dummy weights"
+    for name in ("fig3_throughput_vs_requested", "fig6_step_latency_cdf"):
+        meta = describe(build_figure(name, agg, hyp))
+        assert "SIMULATED" not in meta["texts"] and "SIMULATED" not in meta["axes"][0]["title"]
+        assert meta["texts"] == ["served by vLLM 0.32.0 on CPU, dummy weights"]
 
 
 def test_missing_data_raises_skip_not_an_empty_figure(docs):

@@ -201,8 +201,13 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
     assert index["cells"][1]["status"] == "complete" and len(index["restarts"]) == 1
     summary = json.loads(layout.phase("plain", "phase_a").cell("r4").summary.read_text())
     assert summary["complete"] is False and summary["status"] == "failed"
-    assert "- plain/phase_a/r4: server exited with code -9" in layout.manifest_md.read_text()
-    assert "`plain/phase_a/r4`: failed: server exited" in (layout.analysis_dir / "report.md").read_text()
+    manifest, report = layout.manifest_md.read_text(), (layout.analysis_dir / "report.md").read_text()
+    assert "- plain/phase_a/r4: server exited with code -9" in manifest
+    assert "`plain/phase_a/r4`: failed: server exited" in report
+    # what served the study, in the index, the manifest and the report (simulated, here)
+    assert index["served_by"] == "simulated vLLM (ctax sim)" and index["mooncake_transport"] is None
+    assert "**SIMULATED**" in manifest and "- served by: simulated vLLM (ctax sim)" in manifest
+    assert "> **SIMULATED DATA.**" in report and "- Served by: simulated vLLM (ctax sim)" in report
 
     again = snakemake(tmp_path, path, "all")  # the same command: the failed cells are retried
     assert again.returncode == 0, again.stderr[-3000:]

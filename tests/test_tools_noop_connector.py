@@ -145,7 +145,7 @@ def test_call_counts_only_when_asked(tmp_path):
     (worker,) = tmp_path.glob("counts.worker.*.json")
     assert json.loads(sched.read_text()) == {
         "get_num_new_matched_tokens": 1, "update_state_after_alloc": 0,
-        "build_connector_meta": 4, "request_finished": 0,
+        "build_connector_meta": 4, "request_finished": 0, "request_finished_all_groups": 0,
     }  # fmt: skip
     assert json.loads(worker.read_text()) == {
         "start_load_kv": 1, "wait_for_layer_load": 2, "save_kv_layer": 0,

@@ -83,7 +83,10 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     assert done.returncode == 0, done.stderr
     entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
     assert entry["status"] == "skip"
-    assert entry["reason"].startswith("server process exited during start-up")
+    # the cause is the server's own last word (vllm_cli root-cause), not just "it died"
+    assert entry["reason"] == (
+        "server process exited during start-up: ctax sim: noop_connector: failed to start: NoOpConnector import failed"
+    )
     assert "---- last 40 lines of" in (out / "verify_noop_connector.log").read_text()
 
 
@@ -162,13 +165,25 @@ def test_status_file_merges_concurrent_writers(tmp_path):
     assert data["c3"] == {"status": "ok", "reason": "r3", "checked_at": data["c3"]["checked_at"]}
 
 
-def test_last_error_line_finds_the_cause(tmp_path):
+def test_root_cause_prefers_vllms_own_error_to_the_last_line(tmp_path):
+    """What the verify scripts and gpu_smoke.sh ask for a server that died while starting: the
+    engine's root cause above vLLM's generic last words (as vLLM 0.32 on CPU prints them)."""
     log = tmp_path / "server.log"
     log.write_text(
-        "INFO starting\nTraceback (most recent call last):\n  File x\n"
-        "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n"
-    )
-    assert preflight_client.last_error_line(str(log)) == "ModuleNotFoundError: No module named 'lmcache'"
+        "(Worker pid=1) ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
+        "(Worker pid=1) ERROR RuntimeError: Mooncake is not available\nTraceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+        "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects\n"
+    )  # fmt: skip
+    cli = [sys.executable, "-m", "connector_tax.launch.vllm_cli", "root-cause"]
+    done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "Mooncake is not available\n"), done.stderr
+    log.write_text("INFO starting\nTraceback (most recent call last):\n  File x\n"
+                   "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n")  # fmt: skip
+    done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "No module named 'lmcache'\n"
+    done = subprocess.run([*cli, str(tmp_path / "absent.log")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "SERVER_LOG:" in done.stderr
 
 
 # --------------------------------------------------------------------------- GPU smoke test
@@ -272,3 +287,30 @@ def test_gpu_smoke_bad_arguments(tmp_path):
 def test_fake_executable_template_is_valid_python(tmp_path):
     text = FAKE_VLLM_EXECUTABLE.format(python=sys.executable, fake_pkg=str(tmp_path))
     compile(textwrap.dedent(text), "vllm", "exec")
+
+
+def test_a_server_that_hangs_after_vllms_engine_failure_fails_the_start(tmp_path):
+    """vLLM 0.32 on CPU sometimes hangs instead of exiting after "EngineCore failed to start"
+    (a Mooncake worker's shutdown raises): the check ends a grace period after that line, with
+    a reason the verify scripts complete with vLLM's root cause, instead of its 1200 s timeout."""
+    server_log = tmp_path / "server.log"
+    server_log.write_text("INFO starting\n")
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        log = preflight_client.Log(str(tmp_path / "check.log"))
+        with pytest.raises(preflight_client.CheckFailed) as err:  # not yet: the plain timeout
+            preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 1.5, log, str(server_log), grace=0.5)
+        assert "not ready within" in str(err.value)
+        server_log.write_text("ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
+                              "ERROR [core.py:1510] EngineCore failed to start.\n")  # fmt: skip
+        with pytest.raises(preflight_client.CheckFailed) as err:
+            preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 60, log, str(server_log), grace=0.5)
+        assert str(err.value) == preflight_client.HUNG_AT_START
+        assert hung.poll() is None  # it did hang: the check, not the server, ended the wait
+    finally:
+        hung.kill()
+        hung.wait()
+    reason = subprocess.run(["bash", "-c", f'PY={sys.executable}; . {TOOLS}/_verify_lib.sh; verify_reason "$1" "$2"',
+                             "_", preflight_client.HUNG_AT_START, str(server_log)],
+                            capture_output=True, text=True, timeout=60, env=script_env())  # fmt: skip
+    assert reason.stdout.strip() == f"{preflight_client.HUNG_AT_START}: Mooncake is not available", reason.stderr

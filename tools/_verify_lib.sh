@@ -62,6 +62,19 @@ verify_stop_group() {
   wait "$pgid" 2>/dev/null || true
 }
 
+# A failed check's reason; a server that died while starting gets vLLM's own root cause from its
+# log (the package's reader, the same one the pipeline's ServerStartError uses), e.g.
+# "server process exited during start-up: Mooncake is not available".
+verify_reason() { # reason server_log
+  local reason="$1" cause
+  if { [ "$reason" = "server process exited during start-up" ] ||
+    [ "$reason" = "engine core failed during start-up (the server hung instead of exiting)" ]; } &&
+    cause="$("$PY" -m connector_tax.launch.vllm_cli root-cause "$2" 2>/dev/null)"; then
+    reason="$reason: $cause"
+  fi
+  printf '%s\n' "$reason"
+}
+
 verify_cleanup() {
   local pgid pid
   for pgid in ${VERIFY_GROUPS[@]+"${VERIFY_GROUPS[@]}"}; do verify_stop_group "$pgid"; done
@@ -152,7 +165,7 @@ verify_one() {
     fi
     record ok "$reason"
   else
-    reason="${verdict#FAIL: }"
+    reason="$(verify_reason "${verdict#FAIL: }" "$server_log")"
     [ -n "$reason" ] || reason="the check client failed (see $log)"
     {
       echo "---- last 40 lines of $server_log ----"

@@ -60,7 +60,10 @@ COUNTED_HOOKS = {
         "get_num_new_matched_tokens",
         "update_state_after_alloc",
         "build_connector_meta",
+        # a SupportsHMA connector (this one) is finished through request_finished_all_groups;
+        # vLLM calls request_finished only for connectors without HMA support
         "request_finished",
+        "request_finished_all_groups",
     ),
     "worker": (
         "start_load_kv",

@@ -28,8 +28,14 @@ REQUEST_FIELDS = {
 METRIC_FIELDS = {"t_ns": "int", METRIC_NAMES["waiting"]: "float", METRIC_NAMES["running"]: "float",
                  METRIC_NAMES["kv_usage"]: "float"}  # fmt: skip
 STEP_FIELDS_READ = {"t_ns": "int", "step_duration_us": "float", "build_meta_us": "float",
-                    "get_finished_us": "float", "start_load_kv_us": "float"}  # fmt: skip
-STEP_STATS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us", "connector_total_us")
+                    "get_finished_us": "float", "start_load_kv_us": "float", "engine_step_us": "float",
+                    "worker_step_us": "float"}  # fmt: skip
+# step_duration_us is the design's step (Scheduler.schedule() entry to exit): the step tax and
+# figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
+STEP_STATS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us", "connector_total_us",
+              "engine_step_us")  # fmt: skip
+# Worker-side hooks that a worker record carries and the design's callback time adds up.
+WORKER_CALLBACKS = ("get_finished_us", "start_load_kv_us")
 LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
 
 _ID = ["config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status",
@@ -141,13 +147,41 @@ def metric_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dic
     return row, note
 
 
+def join_worker_records(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Engine records only, with the worker hooks of the worker records joined in by time.
+
+    vLLM runs the worker connector in its own process on CPU (and with TP > 1), so its hooks are
+    in worker records (worker_step_us set) and the engine records' get_finished_us /
+    start_load_kv_us are null. Each worker step belongs to the engine step that started last
+    before it (the engine step's t_ns is its entry; the worker step's, its metadata bind, which
+    comes after that step's schedule()); an engine step's hook time is the sum over its worker
+    steps, null when it has none. Without worker records the engine records' own fields stand
+    (the simulator; vLLM's single-process executor, where the engine record carries them)."""
+    worker = ~np.isnan(cols["worker_step_us"])
+    engine = {k: v[~worker] for k, v in cols.items()}
+    if not worker.any() or not (~worker).any():
+        return engine
+    order = np.argsort(engine["t_ns"], kind="stable")
+    engine = {k: v[order] for k, v in engine.items()}
+    owner = np.searchsorted(engine["t_ns"], cols["t_ns"][worker], side="right") - 1
+    kept = owner >= 0  # a worker step before the first engine step of the slice has no owner here
+    for name in WORKER_CALLBACKS:
+        total = np.zeros(engine["t_ns"].size)
+        seen = np.zeros(engine["t_ns"].size, dtype=bool)
+        values = cols[name][worker][kept]
+        np.add.at(total, owner[kept], np.where(np.isnan(values), 0.0, values))
+        seen[owner[kept]] = True
+        engine[name] = np.where(seen, total, np.nan)
+    return engine
+
+
 def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None, list[float] | None]:
     """(row fields, note, step_duration CDF grid)."""
     row: dict[str, Any] = {k: None for k in _STEPS}
     row["steps_n"] = 0
     if not cell.has("engine_step"):
         return row, None, None
-    s = read_columns(cell.path("engine_step"), STEP_FIELDS_READ)
+    s = join_worker_records(read_columns(cell.path("engine_step"), STEP_FIELDS_READ))
     t = s["t_ns"]
     sel = np.ones(t.size, dtype=bool)
     note = None
@@ -159,7 +193,7 @@ def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[
         else:
             note = "steps: no step inside the request window, all steps used"
     cols = {k: s[k][sel] for k in STEP_FIELDS_READ if k != "t_ns"}
-    engine = ~np.isnan(cols["step_duration_us"])  # worker-only records have no step duration
+    engine = ~np.isnan(cols["step_duration_us"])  # an engine step that did not schedule has none
     parts = [cols[k][engine] for k in CALLBACK_FIELDS]
     present = np.zeros(int(engine.sum()), dtype=bool)
     total = np.zeros(int(engine.sum()))

@@ -91,6 +91,15 @@ def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
     return ref
 
 
+def served_by(study: Study) -> str:
+    """What served the study's launches, as their run.json indexes recorded it (e.g. "vLLM 0.32.0
+    on CPU, dummy weights"); the backend's name for indexes written before they recorded it."""
+    found = sorted({str(r.run["served_by"]) for r in study.runs.values() if r.run and r.run.get("served_by")})
+    if found:
+        return " and ".join(found)
+    return "simulated vLLM (ctax sim)" if study.simulated else f"backend {study.backend}"
+
+
 def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
     """Everything the outputs are made of, in memory (no file written)."""
     t0 = time.perf_counter()
@@ -138,6 +147,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "results_dir": str(study.root),
         "backend": study.backend,
         "simulated": study.simulated,
+        "served_by": served_by(study),
         "configs": study.configs,
         "baseline": base,
         "baseline_requested": baseline,

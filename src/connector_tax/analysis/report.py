@@ -8,6 +8,16 @@ from typing import Any
 from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
 
 
+# Which step each number is (the design's "Step-timing instrumentation" and issue 15).
+STEP_DEFINITIONS = (
+    "Step timing: **step** = `step_duration_us`, `Scheduler.schedule()` entry to exit (build_connector_meta "
+    "included), the design's definition, which the step tax and figures 6-7 use; **engine step** = "
+    "`engine_step_us`, the whole engine step (schedule, model, update), shown for scale only; **callback** = "
+    "`connector_total_us` = build_meta + get_finished + start_load_kv, with the two worker hooks joined from the "
+    "worker process's records by time when the worker runs in its own process (vLLM on CPU, TP > 1)."
+)
+
+
 def _f(v: Any, fmt: str = ".1f") -> str:
     if v is None:
         return "–"
@@ -60,11 +70,16 @@ def _ci_text(lo: Any, hi: Any) -> str:
 def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, list[str]],
                   skipped: dict[str, str], figures_made: bool = True) -> str:  # fmt: skip
     L: list[str] = [f"# connector-tax analysis: {agg['study']}", ""]
+    served = agg.get("served_by") or f"backend {agg.get('backend')}"
     if agg.get("simulated"):
         L += ["> **SIMULATED DATA.** Every number and figure below comes from the embedded simulated vLLM "
               "(backend `sim`), not from a GPU. It exercises the pipeline; it measures nothing about vLLM.", ""]
+    else:
+        L += [f"> **Served by {served}.** Every number and figure below was measured on that server"
+              + ("; its latencies are a CPU's, not a GPU's" if " on CPU" in served else "") + ".", ""]
     ref = agg.get("reference") or {}
-    L += [f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
+    L += [f"- Served by: {served}",
+          f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
           + ", ".join(f"`{c}`" for c in agg["configs"]),
           f"- Baseline for taxes: `{agg.get('baseline')}`" if agg.get("baseline") else
           f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
@@ -82,7 +97,7 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
           + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items()) + ".", ""]  # fmt: skip
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
-    L.append("")
+    L += ["", STEP_DEFINITIONS, ""]
 
     # configs
     L += ["## Configurations", ""]
@@ -125,11 +140,11 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
     if pa:
         L += ["## Phase A (rate sweep)", "", "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.", ""]
         L += _table(["config", "rate (req/s)", "n ok", "TTFT p90", "TPOT p90", "E2E p90", "eff/offered", "waiting p50",
-                     "step p50 (µs)", "saturated", "valid"],
+                     "step p50 (µs)", "engine step p50 (µs)", "saturated", "valid"],
                     [[f"`{r['config']}`", _f(r["rate"], "g"), _f(r["n_ok"], "d"),
                       _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
                       _f(r["tpot_ms_p90"], ".2f"), _f(r["e2e_ms_p90"]), _f(r["throughput_ratio"], ".3f"),
-                      _f(r["waiting_p50"], "g"), _f(r["step_duration_us_p50"]),
+                      _f(r["waiting_p50"], "g"), _f(r["step_duration_us_p50"]), _f(r["engine_step_us_p50"]),
                       (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
                       _f(r["valid"])] for r in pa])  # fmt: skip
     sat_rates = (ref.get("per_config") or {})

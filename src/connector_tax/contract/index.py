@@ -68,6 +68,11 @@ class PhaseIndex:
     cpus_leased: list[int] | None = None
     gpu: str | None = None
     server_versions: dict[str, Any] = field(default_factory=dict)
+    # What served the launch in words ("vLLM 0.32.0 on CPU, dummy weights", "simulated vLLM
+    # (ctax sim)"), and how its Mooncake connector moves KV ("tcp", "rdma (mlx5_0)"; None
+    # without Mooncake): facts for the manifest, the report and the figures, not settings.
+    served_by: str | None = None
+    mooncake_transport: str | None = None
     step_timing_available: bool = False
     step_timing_reason: str | None = None
     restarts: list[dict[str, Any]] = field(default_factory=list)

@@ -6,6 +6,7 @@
     python -m connector_tax.launch.vllm_cli smoke-config BASE OUT [--model M] ...
     python -m connector_tax.launch.vllm_cli step-timing STEP_LOG (--connector | --no-connector)
     python -m connector_tax.launch.vllm_cli missing-connector SERVER_LOG
+    python -m connector_tax.launch.vllm_cli root-cause SERVER_LOG
 
 The scripts never parse YAML or interpolate config values into shell code: names come out one
 per line (config names match ^[a-z0-9][a-z0-9_-]*$), everything else as JSON files that the
@@ -37,6 +38,9 @@ CHECK_PLANS = {
 }
 
 SMOKE_MODEL = "Qwen/Qwen3-0.6B"
+# How much of a failed server's log root-cause reads (as ServerProcess does for ServerStartError):
+# vLLM prints the engine's root cause a few dozen lines above its last line.
+ROOT_CAUSE_LINES = 200
 
 
 def connect_host(host: str) -> str:
@@ -143,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("server_log")
 
+    p = sub.add_parser(
+        "root-cause",
+        help="print the most telling line of a failed server's log (vLLM's own root cause), else exit 1",
+    )
+    p.add_argument("server_log")
+
     p = sub.add_parser("step-timing", help="JSON: is step timing available for a step log")
     p.add_argument("step_log")
     group = p.add_mutually_exclusive_group(required=True)
@@ -180,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(_dump_yaml(config), encoding="utf-8")
             print(args.out)
-        elif args.command == "missing-connector":
-            from connector_tax.serving.process import missing_connector
+        elif args.command in ("missing-connector", "root-cause"):
+            from connector_tax.serving.process import missing_connector, root_cause, tail
 
-            try:
-                text = Path(args.server_log).read_text(encoding="utf-8", errors="replace")
-            except OSError as exc:
-                raise ValueError(f"SERVER_LOG: {exc}") from exc
-            reason = missing_connector(text)
+            log = Path(args.server_log)
+            if not log.is_file():
+                raise ValueError(f"SERVER_LOG: {log}: no such file")
+            if args.command == "missing-connector":
+                reason = missing_connector(log.read_text(encoding="utf-8", errors="replace"))
+            else:  # the same lines ServerStartError reads, so a SKIP reads alike on both paths
+                reason = root_cause(tail(log, ROOT_CAUSE_LINES)) or None
             if reason is None:
                 return 1
             print(reason)

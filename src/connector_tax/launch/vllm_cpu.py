@@ -67,4 +67,5 @@ def describe(config: dict[str, Any], version: str | None) -> str:
     where = "on CPU" if device(config) == "cpu" else "on GPU"
     model = config.get("model") or {}
     weights = ", dummy weights" if model.get("load_format") == "dummy" else ""
-    return f"vLLM {version or config.get('vllm_version', '?') + ' (configured)'} {where}{weights}"
+    release = version.partition("+")[0] if version else f"{config.get('vllm_version', '?')} (configured)"
+    return f"vLLM {release} {where}{weights}"

@@ -22,9 +22,9 @@ from connector_tax.config import ConfigError
 
 # Flags of `vllm serve` by the release that added them (from `vllm serve --help=all` of 0.32.0
 # and the argument parser of 0.33.0's source; tests/test_vllm_cpu_serve.py checks the 0.32 side
-# against the installed CLI when the CPU environment is present).
+# against the installed CLI when the CPU environment is present). 0.32 already has
+# --device-memory-utilization, as an alias of --gpu-memory-utilization, so it is not here.
 FLAGS_SINCE: dict[str, tuple[int, ...]] = {
-    "--device-memory-utilization": (0, 33),
     "--monokernel": (0, 33),
     "--sleep-mode-backend": (0, 33),
     "--watchdog-config": (0, 33),

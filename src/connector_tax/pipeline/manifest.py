@@ -18,12 +18,12 @@ from connector_tax.atomic import write_atomic
 from connector_tax.config import load_config
 from connector_tax.contract import LAUNCH_PHASES, StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
-from connector_tax.pipeline.provenance import git_sha, gpu_description, server_versions
+from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake_transport, served_by, server_versions
 
 COLUMNS = [
-    "date", "study", "config", "phase", "status", "reason", "simulated", "backend", "vllm_version",
+    "date", "study", "config", "phase", "status", "reason", "simulated", "backend", "served_by", "vllm_version",
     "mooncake_version", "nixl_version", "lmcache_version", "torch_version", "server_versions", "connector_tax_sha",
-    "loadgen_code", "gpu", "hma", "run_position", "step_timing_available", "step_timing_reason", "cells",
+    "loadgen_code", "gpu", "hma", "mooncake_transport", "run_position", "step_timing_available", "step_timing_reason", "cells",
     "cells_failed", "result_dir", "launch_command",
 ]  # fmt: skip
 
@@ -64,8 +64,14 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
         name = variant["name"]
         for phase in LAUNCH_PHASES:
             index = read_index(layout.index(name, phase))
-            row = {**common, **_versions(index, config), "config": name, "phase": phase,
-                   "result_dir": str(layout.phase(name, phase).folder)}  # fmt: skip
+            versions = _versions(index, config)
+            row = {**common, **versions, "config": name, "phase": phase,
+                   "result_dir": str(layout.phase(name, phase).folder),
+                   # what the launch recorded; what it would be now for a launch never made
+                   "served_by": (index.served_by if index is not None else None)
+                   or served_by(config, json.loads(versions["server_versions"])),
+                   "mooncake_transport": (index.mooncake_transport if index is not None else None)
+                   or mooncake_transport(config, variant) or ""}  # fmt: skip
             if index is None:
                 pre = preflight.get(name, {})
                 row.update(status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or "")
@@ -96,10 +102,18 @@ def render_tsv(rows: list[dict[str, Any]]) -> str:
 def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyLayout) -> str:
     skipped_figures = _read(layout.analysis.figures_skipped) or {}
     lines = [f"# Manifest — study `{config['study']}`", ""]
+    first = rows[0] if rows else {}
+    served = sorted({r["served_by"] for r in rows if r.get("served_by")})
     if config["backend"] == "sim":
         lines += ["**SIMULATED**: every number here comes from the embedded simulated vLLM (`ctax sim`), "
                   "a model of vLLM's engine, not from a GPU.", ""]  # fmt: skip
-    first = rows[0] if rows else {}
+    else:
+        lines += [f"**Served by {' and '.join(served) or config['backend']}.**", ""]
+    transports = sorted({f"{r['config']}: {r['mooncake_transport']}" for r in rows if r.get("mooncake_transport")})
+    lines += [
+        f"- served by: {'; '.join(served) or '—'}",
+        f"- Mooncake transport: {'; '.join(transports) or '— (no Mooncake configuration)'}",
+    ]
     lines += [
         f"- backend: {config['backend']}; vLLM: {first.get('vllm_version') or '—'}; torch: "
         f"{first.get('torch_version') or '—'}; connector-tax {first.get('connector_tax_sha', '')[:12]}; "

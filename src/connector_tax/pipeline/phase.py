@@ -26,7 +26,7 @@ from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
 from connector_tax.pipeline.prune import knee, overloaded_shape
-from connector_tax.pipeline.provenance import env_text
+from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
 from connector_tax.pipeline.resume import decide
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
@@ -96,6 +96,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
         code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
         run_order=run_order(study, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
+        served_by=served_by(config, plan.launch["server_versions"]), mooncake_transport=mooncake_transport(config, variant),
     )  # fmt: skip
     skip = _preflight_reason(layout, name)
     if skip:

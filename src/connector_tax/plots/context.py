@@ -26,6 +26,7 @@ class Ctx:
         self.configs: list[str] = list(agg.get("configs") or [])
         self.palette = Palette(self.configs)
         self.simulated = bool(agg.get("simulated"))
+        self.served_by = agg.get("served_by")
         self.ref = agg.get("reference") or {}
         self.taxes = agg.get("taxes")
         self.baseline = agg.get("baseline")

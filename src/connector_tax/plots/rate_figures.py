@@ -75,7 +75,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                           marker=kw["marker"], markersize=8, label=kw["label"]) for crit, kw in CRITERION_MARKERS.items()]  # fmt: skip
         ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), borderaxespad=0,
                   title="saturation criterion (fired)", title_fontsize=7)  # fmt: skip
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -121,5 +121,5 @@ def fig3(ctx: Ctx) -> Figure:
     ax.set_title(ctx.title("Fig. 3: achieved vs requested throughput (Phase A), saturation knees"))
     ax.grid(True, alpha=0.3)
     ax.legend(title="config", fontsize=8, loc="upper left")
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig

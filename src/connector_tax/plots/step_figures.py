@@ -33,12 +33,12 @@ def fig6(ctx: Ctx) -> Figure:
         ax.plot(values, pcts, color=ctx.palette(c), lw=1.6, label=c, drawstyle="steps-post")
     ax.set_xscale("log")
     ax.set_ylim(0, 1.0)
-    ax.set_xlabel("engine step duration (µs, log scale)")
+    ax.set_xlabel("step duration: Scheduler.schedule() (µs, log scale)")
     ax.set_ylabel("CDF (fraction of steps)")
     ax.set_title(ctx.title(f"Fig. 6: per-step latency CDF at ref_safe = {float(rate):g} req/s (Phase A)"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(title="config", fontsize=8, loc="lower right")
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -87,5 +87,5 @@ def fig7(ctx: Ctx) -> Figure:
                + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
                loc="outside lower center", ncol=3, fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 7: per-step tax decomposition at ref_safe = {safe.get('rate'):g} req/s"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig

@@ -1,4 +1,5 @@
-"""What every figure shares: one colour per config, the "simulated" stamp, atomic PNG+PDF saves.
+"""What every figure shares: one colour per config, the stamp (simulated, or what served the data),
+atomic PNG+PDF saves.
 
 Figures are built on matplotlib.figure.Figure directly (no pyplot, no global state); saving
 goes through the Agg canvas, so no display is ever needed.
@@ -55,9 +56,14 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
     return fig
 
 
-def stamp(fig: Figure, simulated: bool) -> None:
-    """Draw "SIMULATED" across the canvas when the data is simulated."""
+def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
+    """Say what served the data: "SIMULATED" across the canvas for the simulator; otherwise the
+    server in words in the corner (e.g. "vLLM 0.32.0 on CPU, dummy weights"), so a figure of a
+    CPU study is never taken for a GPU's."""
     if not simulated:
+        if served_by:
+            fig.text(0.005, 0.005, f"served by {served_by}", fontsize=7, color="0.25", ha="left", va="bottom",
+                     transform=fig.transFigure, gid="served-by-stamp")  # fmt: skip
         return
     fig.text(0.5, 0.5, SIM_TEXT, fontsize=56, color="red", alpha=0.13, rotation=25, ha="center", va="center",
              transform=fig.transFigure, zorder=0, gid="simulated-stamp")  # fmt: skip

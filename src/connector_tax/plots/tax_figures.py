@@ -64,7 +64,7 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
     handles += [Patch(facecolor=ctx.palette(c), label=c) for c in names]
     axes[1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(ctx.title("Fig. 4: substrate tax at ref_safe and ref_load (Phase A)"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -99,7 +99,7 @@ def fig4b(ctx: Ctx) -> Figure:
                                    label=f"Phase B' (ref_load {', '.join(f'{r:g}' for r in rl)} req/s)")]
                     + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title("Fig. 4b: TTFT p90 tax per shape, ref_safe (Phase B) vs ref_load (Phase B')"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -149,7 +149,7 @@ def fig5(ctx: Ctx) -> Figure:
     cb.set_label(f"tax TTFT p90 vs {taxes['baseline']} (%)")
     rates = (taxes.get(PHASE_B) or {}).get("rates") or []
     fig.suptitle(ctx.title(f"Fig. 5: TTFT p90 tax by shape (Phase B at {', '.join(f'{r:g}' for r in rates)} req/s)"))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
@@ -192,5 +192,5 @@ def fig8(ctx: Ctx) -> Figure:
                loc="outside lower center", ncol=2, fontsize=7)  # fmt: skip
     fig.suptitle(ctx.title(f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
                            f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")))
-    stamp(fig, ctx.simulated)
+    stamp(fig, ctx.simulated, ctx.served_by)
     return fig

@@ -53,6 +53,14 @@ ROOT_CAUSES = (
 )
 
 
+# vLLM's line when its engine core dies during start-up. Usually the server exits a moment later;
+# vLLM 0.32 on CPU sometimes hangs instead (the Mooncake worker's shutdown raises), so a start-up
+# wait that sees this line and no exit ENGINE_FAILED_GRACE_S later fails the start rather than
+# waiting out its whole timeout. tools/preflight_client.py (standard library only) has the same.
+ENGINE_FAILED = "EngineCore failed to start"
+ENGINE_FAILED_GRACE_S = 20.0
+
+
 def missing_connector(log: str) -> str | None:
     """vLLM's own message when a configuration's connector package is not installed."""
     found = MISSING_CONNECTOR.search(log)
@@ -124,6 +132,7 @@ class ServerProcess:
         self.stderr_path = log_dir / "server_stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._watchdog: GroupWatchdog | None = None
+        self.engine_failed_grace_s = ENGINE_FAILED_GRACE_S
 
     def __enter__(self) -> ServerProcess:
         self.start()
@@ -169,11 +178,20 @@ class ServerProcess:
     def wait_ready(self, timeout_s: float) -> None:
         """/health, then /v1/models, both 200, within timeout_s; else the log tail in the error."""
         deadline = time.monotonic() + timeout_s
+        failed_at: float | None = None  # when the log first said the engine failed
+        next_look = 0.0
         with httpx.Client(timeout=2.0) as client:
             for path in ("/health", "/v1/models"):
                 while True:
                     if self.proc is not None and self.proc.poll() is not None:
                         raise self._failure(f"server exited with code {self.proc.returncode}")
+                    now = time.monotonic()
+                    if self.proc is not None and failed_at is None and now >= next_look:
+                        next_look = now + 1.0  # the log is read once a second, not every poll
+                        if ENGINE_FAILED in tail(self.stdout_path, 400) + tail(self.stderr_path, 400):
+                            failed_at = now
+                    if failed_at is not None and now - failed_at > self.engine_failed_grace_s:
+                        raise self._failure("engine core failed during start-up (the server hung instead of exiting)")
                     try:
                         if client.get(self.url + path).status_code == 200:
                             break
