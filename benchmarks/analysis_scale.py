@@ -42,8 +42,9 @@ def _cells(root: Path) -> list[tuple[CellFiles, CellFiles, str]]:
     """(sealed files, a staging folder for them, fingerprint) of every cell of the study."""
     study = load_study(root)
     layout = StudyLayout(root)
-    return [(c.files, layout.phase(c.config, c.phase).staging(c.label), c.summary["fingerprint"])
-            for c in study.cells()]  # fmt: skip
+    return [
+        (c.files, layout.phase(c.config, c.phase).staging(c.label), c.summary["fingerprint"]) for c in study.cells()
+    ]
 
 
 def _reseal(final: CellFiles, staging: CellFiles, fingerprint: str) -> None:
@@ -72,36 +73,64 @@ def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[s
         first = send + (rng.lognormal(np.log(200.0 * (1 + tax)), 0.2, per_req) * 1e6).astype(np.int64)
         last = first + (rng.lognormal(np.log(20.0), 0.2, per_req) * 1e6 * 255).astype(np.int64)
         status = np.where(rng.random(per_req) < 0.002, "error", "ok")
-        req = pd.DataFrame({
-            "request_id": [f"{phase}_{label}-{k}" for k in range(per_req)], "t_scheduled_ns": sched, "t_send_ns": send,
-            "t_first_token_ns": first, "t_last_token_ns": last, "prompt_tokens": 4096, "completion_tokens": 256,
-            "inflight_at_send": rng.integers(0, 64, per_req), "warmup": np.arange(per_req) < warm, "status": status,
-            "error": None, "input_len": 4096, "output_len": 256, "chunks": 256, "http_status": 200,
-            "worker": rng.integers(0, 4, per_req),
-        })  # fmt: skip
+        req = pd.DataFrame(
+            {
+                "request_id": [f"{phase}_{label}-{k}" for k in range(per_req)],
+                "t_scheduled_ns": sched,
+                "t_send_ns": send,
+                "t_first_token_ns": first,
+                "t_last_token_ns": last,
+                "prompt_tokens": 4096,
+                "completion_tokens": 256,
+                "inflight_at_send": rng.integers(0, 64, per_req),
+                "warmup": np.arange(per_req) < warm,
+                "status": status,
+                "error": None,
+                "input_len": 4096,
+                "output_len": 256,
+                "chunks": 256,
+                "http_status": 200,
+                "worker": rng.integers(0, 4, per_req),
+            }
+        )
         staging.folder.mkdir(parents=True, exist_ok=True)
         req.to_json(staging.requests, orient="records", lines=True)
         total_req += per_req
         t_steps = np.linspace(sched[0], sched[-1], per_step).astype(np.int64)
         has_conn = config != "plain"
         cb = spec.callback_us.get(config, 0.0) / 3
-        steps = pd.DataFrame({
-            "t_ns": t_steps, "step_id": np.arange(per_step),
-            "step_duration_us": np.round(rng.lognormal(np.log(5000.0), 0.2, per_step) + spec.step_tax_us.get(config, 0.0), 3),
-            "build_meta_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
-            "get_finished_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
-            "start_load_kv_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
-            "num_running": rng.integers(0, 64, per_step), "num_waiting": rng.integers(0, 3, per_step),
-            "prefill_tokens": rng.integers(0, 8192, per_step), "decode_tokens": rng.integers(0, 64, per_step),
-            "forward_us": np.round(rng.lognormal(np.log(4800.0), 0.2, per_step), 3), "num_preempted": 0,
-            "kv_cache_usage": np.round(rng.random(per_step), 6), "source": "sim",
-        })  # fmt: skip
+        steps = pd.DataFrame(
+            {
+                "t_ns": t_steps,
+                "step_id": np.arange(per_step),
+                "step_duration_us": np.round(
+                    rng.lognormal(np.log(5000.0), 0.2, per_step) + spec.step_tax_us.get(config, 0.0), 3
+                ),
+                "build_meta_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
+                "get_finished_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
+                "start_load_kv_us": np.round(cb * rng.lognormal(0, 0.05, per_step), 3) if has_conn else None,
+                "num_running": rng.integers(0, 64, per_step),
+                "num_waiting": rng.integers(0, 3, per_step),
+                "prefill_tokens": rng.integers(0, 8192, per_step),
+                "decode_tokens": rng.integers(0, 64, per_step),
+                "forward_us": np.round(rng.lognormal(np.log(4800.0), 0.2, per_step), 3),
+                "num_preempted": 0,
+                "kv_cache_usage": np.round(rng.random(per_step), 6),
+                "source": "sim",
+            }
+        )
         steps.to_json(staging.engine_step, orient="records", lines=True)
         total_steps += per_step
         # metrics at 1 Hz over the cell's window
         t_m = np.arange(sched[0], sched[-1], 1_000_000_000, dtype=np.int64)
-        pd.DataFrame({"t_ns": t_m, "vllm:num_requests_running": 8.0, "vllm:num_requests_waiting": 0.0,
-                      "vllm:kv_cache_usage_perc": 0.3}).to_json(staging.metrics, orient="records", lines=True)  # fmt: skip
+        pd.DataFrame(
+            {
+                "t_ns": t_m,
+                "vllm:num_requests_running": 8.0,
+                "vllm:num_requests_waiting": 0.0,
+                "vllm:kv_cache_usage_perc": 0.3,
+            }
+        ).to_json(staging.metrics, orient="records", lines=True)
         _reseal(final, staging, fingerprint)
     (root / ".scale.json").write_text(json.dumps({"requests": total_req, "steps": total_steps, "cells": len(cells)}))
     return {"requests": total_req, "steps": total_steps, "cells": len(cells)}
@@ -137,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp) / "analysis-scale"
     try:
         marker = root / ".scale.json"
-        if marker.is_file() and json.loads(marker.read_text()).get("requests", 0) >= args.requests and \
-                json.loads(marker.read_text()).get("steps", 0) >= args.steps:  # fmt: skip
+        if (
+            marker.is_file()
+            and json.loads(marker.read_text()).get("requests", 0) >= args.requests
+            and json.loads(marker.read_text()).get("steps", 0) >= args.steps
+        ):
             sizes = json.loads(marker.read_text())
             print(f"re-using {root}: {sizes}")
         else:
@@ -146,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(root)
             t0 = time.perf_counter()
             sizes = generate(root, args.requests, args.steps)
-            print(f"generated {sizes['requests']:,} request records and {sizes['steps']:,} step records in "
-                  f"{sizes['cells']} cells under {root} in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+            print(
+                f"generated {sizes['requests']:,} request records and {sizes['steps']:,} step records in "
+                f"{sizes['cells']} cells under {root} in {time.perf_counter() - t0:.1f} s"
+            )
         size_gib = sum(f.stat().st_size for f in root.rglob("*.jsonl")) / 2**30
         print(f"raw JSONL on disk: {size_gib:.2f} GiB")
         wall, rss_gib, child = run_child(root, figures=not args.no_figures)
         print(f"analysis child: {child}")
-        print(f"wall time: {wall:.1f} s (budget {BUDGET_S:g} s); peak RSS: {rss_gib:.2f} GiB (budget {BUDGET_RSS_GIB:g} GiB)")
+        print(
+            f"wall time: {wall:.1f} s (budget {BUDGET_S:g} s); peak RSS: {rss_gib:.2f} GiB (budget {BUDGET_RSS_GIB:g} GiB)"
+        )
         ok = wall <= BUDGET_S and rss_gib <= BUDGET_RSS_GIB
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1

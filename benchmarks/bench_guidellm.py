@@ -28,18 +28,37 @@ def run_guidellm(ctx: Ctx, rate: float, procs: int | None) -> dict[str, Any]:
     work.mkdir(parents=True)
     out = work / "out.json"
     total = a.warmup + a.seconds
-    profile = {"kind": "constant" if a.arrival == "fixed" else "poisson", "rate": [rate],
-               "warmup": round(a.warmup / total, 6)}  # fmt: skip
-    cmd = [str(ctx.competitor_bin), "run",
-           "--backend", f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
-           "--profile", json.dumps(profile),
-           "--constraint", f"kind=max_duration,seconds={total:g}",
-           "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={a.tokens}",
-           "--tokenizer", f"kind=hf_auto,model={a.tokenizer_dir}",
-           "--metrics", "kind=generative,sample_size=0",
-           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))  # fmt: skip
+    profile = {
+        "kind": "constant" if a.arrival == "fixed" else "poisson",
+        "rate": [rate],
+        "warmup": round(a.warmup / total, 6),
+    }
+    cmd = [
+        str(ctx.competitor_bin),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
+        "--profile",
+        json.dumps(profile),
+        "--constraint",
+        f"kind=max_duration,seconds={total:g}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={a.tokens}",
+        "--tokenizer",
+        f"kind=hf_auto,model={a.tokenizer_dir}",
+        "--metrics",
+        "kind=generative,sample_size=0",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console",
+    ]
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"),
+    )
     if procs:
         env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(procs)
     limit = total + a.competitor_overhead_s
@@ -87,14 +106,19 @@ def run_guidellm(ctx: Ctx, rate: float, procs: int | None) -> dict[str, Any]:
     if tot["errored"]:
         reasons.append(f"{tot['errored']} errored")
     cell.update(
-        passed=not reasons, reason="; ".join(reasons) or None,
-        achieved_rps=round(completed_rps, 2), dispatch_rps=round(dispatch, 2), ok=ok,
-        errored=tot["errored"], incomplete=tot["incomplete"], window_s=round(window, 3),
+        passed=not reasons,
+        reason="; ".join(reasons) or None,
+        achieved_rps=round(completed_rps, 2),
+        dispatch_rps=round(dispatch, 2),
+        ok=ok,
+        errored=tot["errored"],
+        incomplete=tot["incomplete"],
+        window_s=round(window, 3),
         completed_rps=round(completed_rps, 2),
         events_per_s=round(ok * ctx.events_per_stream / window, 1) if window else 0.0,
         lateness_us={"p50": _pct(late, 50), "p99": _pct(late, 99), "max": round(late[-1], 1) if late else None},
         requests_made=sm["requests_made"],
-    )  # fmt: skip
+    )
     return cell
 
 
@@ -128,18 +152,26 @@ def find_competitor(args: argparse.Namespace) -> tuple[Path | None, str]:
     venv = Path(args.competitor_venv)
     exe, py = venv / "bin" / "guidellm", venv / "bin" / "python"
     if not exe.exists() or not py.exists():
-        return None, (f"guidellm not found in {venv} (install: python -m venv {venv} && "
-                      f"{venv}/bin/pip install 'guidellm[perf]'); measuring ours only")  # fmt: skip
+        return None, (
+            f"guidellm not found in {venv} (install: python -m venv {venv} && "
+            f"{venv}/bin/pip install 'guidellm[perf]'); measuring ours only"
+        )
     try:
-        version = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout.strip()  # fmt: skip
+        version = subprocess.run(
+            [str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
     except (subprocess.SubprocessError, OSError) as exc:
         return None, f"guidellm in {venv} does not run ({exc}); measuring ours only"
     tok = Path(args.tokenizer_dir)
     if not (tok / "tokenizer.json").exists():
         try:
-            subprocess.run([str(py), "-c", TOKENIZER_SCRIPT, str(tok)], capture_output=True, text=True,
-                           timeout=300, check=True)  # fmt: skip
+            subprocess.run(
+                [str(py), "-c", TOKENIZER_SCRIPT, str(tok)], capture_output=True, text=True, timeout=300, check=True
+            )
         except (subprocess.SubprocessError, OSError) as exc:
             return None, f"could not build an offline tokenizer for guidellm ({exc}); measuring ours only"
     return exe, f"guidellm {version}"

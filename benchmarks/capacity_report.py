@@ -11,7 +11,6 @@ from typing import Any
 
 import psutil
 
-
 HERE = Path(__file__).resolve().parent
 
 
@@ -33,14 +32,18 @@ def _cell_line(c: dict[str, Any]) -> str:
     cpu = c["cpu"]["by_process"]
     cl, sv = cpu.get("client", {}), cpu.get("server", {})
     lat = c.get("lateness_us") or {}
-    fmt = lambda v: "-" if v is None else f"{v:.0f}"
-    return (f"{c['client']:<18} {c['rate']:>6g}/s  {'PASS' if c['passed'] else 'fail'}  "
-            f"achieved {c.get('achieved_rps', 0):>8.1f}/s  events {c.get('events_per_s', 0):>9.0f}/s  "
-            f"lateness p50/p99 {fmt(lat.get('p50'))}/{fmt(lat.get('p99'))} us  "
-            f"cpu client main {cl.get('main', 0):.2f} max-child {cl.get('max_child', 0):.2f} "
-            f"server {sv.get('main', 0):.2f} machine {c['cpu']['machine_busy_cores']:.2f} "
-            f"(other {c['cpu']['other_cores']:.2f})"
-            + (f"  [{c['reason']}]" if c.get("reason") else ""))  # fmt: skip
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+
+    return (
+        f"{c['client']:<18} {c['rate']:>6g}/s  {'PASS' if c['passed'] else 'fail'}  "
+        f"achieved {c.get('achieved_rps', 0):>8.1f}/s  events {c.get('events_per_s', 0):>9.0f}/s  "
+        f"lateness p50/p99 {fmt(lat.get('p50'))}/{fmt(lat.get('p99'))} us  "
+        f"cpu client main {cl.get('main', 0):.2f} max-child {cl.get('max_child', 0):.2f} "
+        f"server {sv.get('main', 0):.2f} machine {c['cpu']['machine_busy_cores']:.2f} "
+        f"(other {c['cpu']['other_cores']:.2f})" + (f"  [{c['reason']}]" if c.get("reason") else "")
+    )
 
 
 def source_state() -> dict[str, Any]:
@@ -53,15 +56,23 @@ def source_state() -> dict[str, Any]:
     for f in sorted(src.glob("*.py")):
         h.update(f.name.encode() + f.read_bytes())
     try:
-        head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
-                              text=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(HERE.parent), "status", "--porcelain", "--", str(src)],
-                               check=False, capture_output=True, text=True, timeout=10).stdout.split()[1::2]  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(HERE.parent), "status", "--porcelain", "--", str(src)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split()[1::2]
     except (OSError, subprocess.SubprocessError):
         head, dirty = "?", []
     return {"git_head": head, "loadgen_uncommitted": dirty, "loadgen_sha256": h.hexdigest()[:16]}
-
-
 
 
 def summarize(args: argparse.Namespace, repeats: list[dict[str, Any]], competitor: str, wall: float) -> dict[str, Any]:
@@ -85,22 +96,31 @@ def summarize(args: argparse.Namespace, repeats: list[dict[str, Any]], competito
         ratio = med[best_ours]["capacity_rps"] / med[best_theirs]["capacity_rps"]
         ev_ratio = med[best_ours]["events_per_s"] / max(med[best_theirs]["events_per_s"], 1e-9)
 
-    print(f"\ncapacity: medians of {len(repeats)} repeat(s), {args.tokens}-token streams, {args.arrival} arrival, "
-          f"null SSE server on loopback ({wall / 60:.1f} min)")  # fmt: skip
+    print(
+        f"\ncapacity: medians of {len(repeats)} repeat(s), {args.tokens}-token streams, {args.arrival} arrival, "
+        f"null SSE server on loopback ({wall / 60:.1f} min)"
+    )
     print(f"{'client':<20} {'capacity req/s':>15} {'SSE events/s':>13}   per repeat (req/s)")
     for n in names:
         m = med[n]
         each = ", ".join(f"{x:g}" for x in m["capacity_rps_each"])
         print(f"{n:<20} {m['capacity_rps']:>15g} {m['events_per_s']:>13.0f}   {each}")
     if ratio is not None:
-        print(f"ratio {best_ours} / {best_theirs}: {ratio:.2f}x requests/s, {ev_ratio:.2f}x SSE events/s "
-              f"(bar: >= 3x) [{competitor}]")  # fmt: skip
+        print(
+            f"ratio {best_ours} / {best_theirs}: {ratio:.2f}x requests/s, {ev_ratio:.2f}x SSE events/s "
+            f"(bar: >= 3x) [{competitor}]"
+        )
     else:
         print(f"no ratio: competitor {competitor}")
     return {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "competitor": competitor, "machine_cpus": psutil.cpu_count(), "wall_s": round(wall, 1),
-        "medians": med, "best_ours": best_ours, "best_competitor": best_theirs,
-        "ratio_rps": ratio, "ratio_events": ev_ratio, "repeats": repeats,
-    }  # fmt: skip
-
+        "competitor": competitor,
+        "machine_cpus": psutil.cpu_count(),
+        "wall_s": round(wall, 1),
+        "medians": med,
+        "best_ours": best_ours,
+        "best_competitor": best_theirs,
+        "ratio_rps": ratio,
+        "ratio_events": ev_ratio,
+        "repeats": repeats,
+    }

@@ -49,7 +49,7 @@ class FakeOutput:
 class FakeScheduler:
     """A batch of `batch` running requests: one prefill chunk of 512 tokens, the rest decode."""
 
-    def __init__(self, batch: int, connector: "FakeConnector") -> None:
+    def __init__(self, batch: int, connector: FakeConnector) -> None:
         self.requests = {}
         scheduled = {}
         for i in range(batch):
@@ -163,16 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20000, help="steps per timing run")
     parser.add_argument("--repeat", type=int, default=7, help="timing runs per variant")
     parser.add_argument("--batches", default="1,64,256", help="running requests per step")
-    parser.add_argument(
-        "--step-ms", type=float, default=20.0, help="a typical real step, for the %% column"
-    )
+    parser.add_argument("--step-ms", type=float, default=20.0, help="a typical real step, for the %% column")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
-    parser.add_argument("--rounds", type=int, default=8, help="--real: rounds of --requests prompts (each prompt: one pair)")
+    parser.add_argument(
+        "--rounds", type=int, default=8, help="--real: rounds of --requests prompts (each prompt: one pair)"
+    )
     parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
     parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
-    parser.add_argument("--control", action="store_true",
-                        help="--real: A/A control, neither server instrumented (the set-up's own bias)")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="--real: A/A control, neither server instrumented (the set-up's own bias)",
+    )
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
     if args.real:
@@ -187,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"step_ms": args.step_ms, "results": results}, indent=2))
         return 0
-    print(f"{'batch':>6} {'plain us':>10} {'instrumented us':>16} {'overhead us':>12} "
-          f"{'% of ' + format(args.step_ms, 'g') + ' ms step':>16}")
+    print(
+        f"{'batch':>6} {'plain us':>10} {'instrumented us':>16} {'overhead us':>12} "
+        f"{'% of ' + format(args.step_ms, 'g') + ' ms step':>16}"
+    )
     for r in results:
-        print(f"{r['batch']:>6} {r['plain_us_per_step']:>10.2f} {r['instrumented_us_per_step']:>16.2f} "
-              f"{r['overhead_us_per_step']:>12.2f} {r['percent_of_typical_step']:>16.4f}")
+        print(
+            f"{r['batch']:>6} {r['plain_us_per_step']:>10.2f} {r['instrumented_us_per_step']:>16.2f} "
+            f"{r['overhead_us_per_step']:>12.2f} {r['percent_of_typical_step']:>16.4f}"
+        )
     return 0
 
 

@@ -70,11 +70,38 @@ from capacity_report import _cell_line, _saturated, source_state, summarize  # n
 def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
     a = ctx.args
     out = ctx.tmp / f"ours-w{workers}-r{rate:g}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--rate", f"{rate:g}", "--arrival", "fixed" if a.arrival == "fixed" else "poisson",
-           "--input-len", str(PROMPT_TOKENS), "--output-len", str(a.tokens), "--duration", f"{a.seconds:g}",
-           "--warmup", f"{a.warmup:g}", "--workers", str(workers), "--timeout", "30", "--phase", "cap",
-           "--out", str(out), "--seed", str(ctx.repeat)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "bench",
+        "--url",
+        ctx.server.url,
+        "--model",
+        MODEL,
+        "--rate",
+        f"{rate:g}",
+        "--arrival",
+        "fixed" if a.arrival == "fixed" else "poisson",
+        "--input-len",
+        str(PROMPT_TOKENS),
+        "--output-len",
+        str(a.tokens),
+        "--duration",
+        f"{a.seconds:g}",
+        "--warmup",
+        f"{a.warmup:g}",
+        "--workers",
+        str(workers),
+        "--timeout",
+        "30",
+        "--phase",
+        "cap",
+        "--out",
+        str(out),
+        "--seed",
+        str(ctx.repeat),
+    ]
     if a.no_affinity:
         cmd.append("--no-affinity")
     if a.cpu_latency == "off":
@@ -98,8 +125,12 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
         window = (end - json.loads(summaries[0].read_text())["wall_s"], end)
     cpu = mon.stop(window)
     s1 = ctx.server.stats()
-    cell: dict[str, Any] = {"client": f"ours-w{workers}", "rate": rate, "cpu": cpu,
-                            "server_requests": s1["requests"] - s0["requests"]}  # fmt: skip
+    cell: dict[str, Any] = {
+        "client": f"ours-w{workers}",
+        "rate": rate,
+        "cpu": cpu,
+        "server_requests": s1["requests"] - s0["requests"],
+    }
     if proc.returncode != 0 or not summaries:
         cell.update(passed=False, reason=f"ctax bench exit {proc.returncode}: {output.strip()[-300:]}")
         return cell
@@ -112,20 +143,26 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
     if achieved < 0.99 * rate:
         reasons.append(f"achieved {achieved:.1f} < 99% of {rate:g}")
     if not_ok:
-        reasons.append(f"{not_ok} not ok (err {counts['error']}, timeout {counts['timeout']}, "
-                       f"dropped {counts['dropped']})")  # fmt: skip
+        reasons.append(
+            f"{not_ok} not ok (err {counts['error']}, timeout {counts['timeout']}, dropped {counts['dropped']})"
+        )
     if lat_p99 > a.lateness_p99_us:
         reasons.append(f"lateness p99 {lat_p99:.0f} us > {a.lateness_p99_us:g}")
     measured_s = a.seconds
     cell.update(
-        passed=not reasons, reason="; ".join(reasons) or None,
-        achieved_rps=round(achieved, 2), ok=counts["ok"], post_warmup=counts["post_warmup"],
+        passed=not reasons,
+        reason="; ".join(reasons) or None,
+        achieved_rps=round(achieved, 2),
+        ok=counts["ok"],
+        post_warmup=counts["post_warmup"],
         completed_rps=round(counts["ok"] / measured_s, 2),
         events_per_s=round(counts["ok"] * ctx.events_per_stream / measured_s, 1),
         lateness_us={k: s["lateness_us"][k] for k in ("p50", "p99", "max")},
-        ttft_ms_p50=s["latency_ms"]["ttft"]["p50"], ttft_ms_p99=s["latency_ms"]["ttft"]["p99"],
-        loadgen_cpu_frac=s["cpu_frac"], validity=s["validity"]["reasons"],
-    )  # fmt: skip
+        ttft_ms_p50=s["latency_ms"]["ttft"]["p50"],
+        ttft_ms_p99=s["latency_ms"]["ttft"]["p99"],
+        loadgen_cpu_frac=s["cpu_frac"],
+        validity=s["validity"]["reasons"],
+    )
     return cell
 
 
@@ -160,8 +197,9 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
             print("  " + _cell_line(cell) + "  (retry)", flush=True)
             tries.append(cell)
         if len(tries) > 1:
-            cell = dict(cell, tries=[{k: t.get(k) for k in ("passed", "reason", "achieved_rps", "lateness_us")}
-                                     for t in tries])  # fmt: skip
+            cell = dict(
+                cell, tries=[{k: t.get(k) for k in ("passed", "reason", "achieved_rps", "lateness_us")} for t in tries]
+            )
         cells.append(cell)
         fails = 0 if cell["passed"] else fails + 1
         if fails >= ctx.args.stop_after_failures:
@@ -172,14 +210,17 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
     best = max((c for c in cells if c["passed"]), key=lambda c: c["rate"], default=None)
     first_fail = next((c for c in cells if not c["passed"] and (best is None or c["rate"] > best["rate"])), None)
     return {
-        "client": name, "capacity_rps": best["rate"] if best else 0.0,
+        "client": name,
+        "capacity_rps": best["rate"] if best else 0.0,
         "events_per_s": best["events_per_s"] if best else 0.0,
         "lateness_p99_us_at_capacity": best["lateness_us"]["p99"] if best else None,
-        "first_failure": {"rate": first_fail["rate"], "reason": first_fail["reason"],
-                          "cpu": first_fail["cpu"]} if first_fail else None,
+        "first_failure": {"rate": first_fail["rate"], "reason": first_fail["reason"], "cpu": first_fail["cpu"]}
+        if first_fail
+        else None,
         "saturated_at_first_failure": _saturated(first_fail) if first_fail else None,
-        "note": note, "cells": cells,
-    }  # fmt: skip
+        "note": note,
+        "cells": cells,
+    }
 
 
 def main() -> int:
@@ -189,21 +230,33 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell (excluded)")
     p.add_argument("--tokens", type=int, default=64, help="tokens (SSE chunks) per stream")
-    p.add_argument("--arrival", choices=["fixed", "poisson"], default="fixed",
-                   help="fixed (ours) / constant (guidellm), or poisson for both")  # fmt: skip
+    p.add_argument(
+        "--arrival",
+        choices=["fixed", "poisson"],
+        default="fixed",
+        help="fixed (ours) / constant (guidellm), or poisson for both",
+    )
     p.add_argument("--rates", default=OURS_RATES, help="our rate steps (req/s)")
     p.add_argument("--workers", default="1,2", help="our worker counts to measure")
     p.add_argument("--no-affinity", action="store_true", help="run ours without CPU pinning")
     p.add_argument("--lateness-p99-us", type=float, default=1000.0)
-    p.add_argument("--cpu-latency", choices=("held", "off"), default="held",
-                   help="hold /dev/cpu_dma_latency at 0 us for the whole run, for every client alike (ours "
-                        "holds it by default), or leave it alone")  # fmt: skip
+    p.add_argument(
+        "--cpu-latency",
+        choices=("held", "off"),
+        default="held",
+        help="hold /dev/cpu_dma_latency at 0 us for the whole run, for every client alike (ours "
+        "holds it by default), or leave it alone",
+    )
     p.add_argument("--competitor-venv", default="/tmp/bench-venv")
     p.add_argument("--competitor-rates", default=COMPETITOR_RATES)
-    p.add_argument("--competitor-procs", default="0",
-                   help="guidellm worker-process counts to try (0 = its default); best one counts")  # fmt: skip
-    p.add_argument("--competitor-overhead-s", type=float, default=180.0,
-                   help="allowance per guidellm run for start-up and report")  # fmt: skip
+    p.add_argument(
+        "--competitor-procs",
+        default="0",
+        help="guidellm worker-process counts to try (0 = its default); best one counts",
+    )
+    p.add_argument(
+        "--competitor-overhead-s", type=float, default=180.0, help="allowance per guidellm run for start-up and report"
+    )
     p.add_argument("--no-competitor", action="store_true")
     p.add_argument("--tokenizer-dir", default="/tmp/bench-tok")
     p.add_argument("--server-cpu", type=int, action="append", help="pin the null server (repeatable)")
@@ -227,8 +280,11 @@ def main() -> int:
         if not args.no_competitor:
             ctx.competitor_bin, competitor_note = find_competitor(args)
         print(f"competitor: {competitor_note}", flush=True)
-        print(f"cells: {args.warmup:g} s warm-up + {args.seconds:g} s measured, {args.tokens}-token streams, "
-              f"{args.arrival} arrival; {psutil.cpu_count()} CPUs; repeats {args.repeats}", flush=True)  # fmt: skip
+        print(
+            f"cells: {args.warmup:g} s warm-up + {args.seconds:g} s measured, {args.tokens}-token streams, "
+            f"{args.arrival} arrival; {psutil.cpu_count()} CPUs; repeats {args.repeats}",
+            flush=True,
+        )
         started = time.time()
         src_before = source_state()
         repeats: list[dict[str, Any]] = []
@@ -252,10 +308,13 @@ def main() -> int:
                     ctx.server.close()
                 repeats.append(results)
                 for res in results.values():
-                    print(f"  => {res['client']}: capacity {res['capacity_rps']:g} req/s, "
-                          f"{res['events_per_s']:.0f} SSE events/s; first failure: "
-                          f"{res['first_failure'] and res['first_failure']['reason']} "
-                          f"(saturated: {res['saturated_at_first_failure']})", flush=True)  # fmt: skip
+                    print(
+                        f"  => {res['client']}: capacity {res['capacity_rps']:g} req/s, "
+                        f"{res['events_per_s']:.0f} SSE events/s; first failure: "
+                        f"{res['first_failure'] and res['first_failure']['reason']} "
+                        f"(saturated: {res['saturated_at_first_failure']})",
+                        flush=True,
+                    )
         except KeyboardInterrupt:
             print("interrupted: reporting the repeats finished so far", flush=True)
         finally:

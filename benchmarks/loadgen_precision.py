@@ -40,15 +40,30 @@ MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
 def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
-    config["sim"] = {"hardware_profile": "tiny-fast",
-                     "hardware": {"step_base_us": 2000, "prefill_token_us": 1, "decode_seq_us": 2}}  # fmt: skip
+    config["sim"] = {
+        "hardware_profile": "tiny-fast",
+        "hardware": {"step_base_us": 2000, "prefill_token_us": 1, "decode_seq_us": 2},
+    }
     path = tmp / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connector_tax.cli", "sim", "--config", str(path), "--connector", "plain",
-         "--port", "0", "--request-log", str(request_log)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "connector_tax.cli",
+            "sim",
+            "--config",
+            str(path),
+            "--connector",
+            "plain",
+            "--port",
+            "0",
+            "--request-log",
+            str(request_log),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if cpus:
         psutil.Process(proc.pid).cpu_affinity(list(cpus))
     line = proc.stdout.readline().split()
@@ -57,17 +72,35 @@ def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subp
 
 def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     pin = [arg for cpu in cpus for arg in ("--cpu", str(cpu))]
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0", *pin],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0", *pin],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return proc, proc.stdout.readline().split()[1]
 
 
-def run(url: str, out: Path, rate: float, output_len: int, seconds: float, label: str, cpu_latency_us: int | None,
-        model: str = MODEL) -> list[dict]:  # fmt: skip
-    options = LoadgenOptions(url=url, model=model, inflight_cap=4096, timeout_s=60, seed=1,
-                             cpu_latency_us=cpu_latency_us)  # fmt: skip
-    cell = CellSpec(phase="bench", label=label, rate=rate, shape={"input": 64, "output": output_len},
-                    warmup_s=1.0, duration_s=seconds)  # fmt: skip
+def run(
+    url: str,
+    out: Path,
+    rate: float,
+    output_len: int,
+    seconds: float,
+    label: str,
+    cpu_latency_us: int | None,
+    model: str = MODEL,
+) -> list[dict]:
+    options = LoadgenOptions(
+        url=url, model=model, inflight_cap=4096, timeout_s=60, seed=1, cpu_latency_us=cpu_latency_us
+    )
+    cell = CellSpec(
+        phase="bench",
+        label=label,
+        rate=rate,
+        shape={"input": 64, "output": output_len},
+        warmup_s=1.0,
+        duration_s=seconds,
+    )
     with LoadGenerator(options) as gen:
         summary = gen.run_cell(cell, out)
     if cpu_latency_us is not None and not summary["cpu_latency"]["held"]:
@@ -85,8 +118,13 @@ def fidelity(records: list[dict], request_log: Path) -> tuple[float, float]:
     for line in open(request_log):
         r = json.loads(line)
         server[r["request_id"]] = r["t_first_token_ns"]
-    diffs = np.array([(r["t_first_token_ns"] - server[r["request_id"]]) / 1e3
-                      for r in records if r["status"] == "ok" and server.get(r["request_id"])])  # fmt: skip
+    diffs = np.array(
+        [
+            (r["t_first_token_ns"] - server[r["request_id"]]) / 1e3
+            for r in records
+            if r["status"] == "ok" and server.get(r["request_id"])
+        ]
+    )
     return float(np.percentile(diffs, 50)), float(np.percentile(diffs, 99))
 
 
@@ -118,13 +156,19 @@ def report(name: str, rows: list[dict[str, tuple]]) -> None:
     med = lambda key, i: statistics.median(r[key][i] for r in rows)  # noqa: E731
     each = ", ".join(f"{r['100'][1]:.0f}" for r in rows)
     print(f"[{name}] medians of {len(rows)} repeats")
-    print(f"  send lateness at  100 req/s (64-token streams): p50 {med('100', 0):.0f} us, "
-          f"p99 {med('100', 1):.0f} us, max {med('100', 2):.0f} us (bar p99 <= 100 us); "
-          f"p99 of each repeat: {each}")
-    print(f"  send lateness at 1000 req/s (64-token streams): p50 {med('1000', 0):.0f} us, "
-          f"p99 {med('1000', 1):.0f} us, max {med('1000', 2):.0f} us (bar p99 <= 1000 us)")
-    print(f"  TTFT fidelity at 32 req/s (256-token streams): measured - server median {med('fidelity', 0):.0f} us, "
-          f"p99 {med('fidelity', 1):.0f} us (bars 200 us / 1000 us)")
+    print(
+        f"  send lateness at  100 req/s (64-token streams): p50 {med('100', 0):.0f} us, "
+        f"p99 {med('100', 1):.0f} us, max {med('100', 2):.0f} us (bar p99 <= 100 us); "
+        f"p99 of each repeat: {each}"
+    )
+    print(
+        f"  send lateness at 1000 req/s (64-token streams): p50 {med('1000', 0):.0f} us, "
+        f"p99 {med('1000', 1):.0f} us, max {med('1000', 2):.0f} us (bar p99 <= 1000 us)"
+    )
+    print(
+        f"  TTFT fidelity at 32 req/s (256-token streams): measured - server median {med('fidelity', 0):.0f} us, "
+        f"p99 {med('fidelity', 1):.0f} us (bars 200 us / 1000 us)"
+    )
 
 
 def main() -> None:
@@ -132,9 +176,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--server-cpus", choices=("plan", "any"), default="plan")
-    parser.add_argument("--cpu-latency", choices=("held", "off", "both"), default="held",
-                        help="hold /dev/cpu_dma_latency at 0 us (the load generator's default), leave it alone, "
-                             "or alternate the two in every repeat")  # fmt: skip
+    parser.add_argument(
+        "--cpu-latency",
+        choices=("held", "off", "both"),
+        default="held",
+        help="hold /dev/cpu_dma_latency at 0 us (the load generator's default), leave it alone, "
+        "or alternate the two in every repeat",
+    )
     args = parser.parse_args()
     cpus = plan_affinity(1).server_cpus if args.server_cpus == "plan" else ()
     print(f"servers on CPUs {list(cpus) or 'any'}; load generator plan: {plan_affinity(1)}", flush=True)
@@ -145,8 +193,11 @@ def main() -> None:
         # Alternate which goes first, so that a slow minute of the shared machine hits both.
         for name in names if rep % 2 == 0 else names[::-1]:
             rows[name].append(measure(f"{name}-{rep}", cpus, args.seconds, variants[name]))
-            print(f"repeat {rep} [{name}]: " + ", ".join(f"{k} {tuple(round(v, 1) for v in row)}"
-                                                         for k, row in rows[name][-1].items()), flush=True)  # fmt: skip
+            print(
+                f"repeat {rep} [{name}]: "
+                + ", ".join(f"{k} {tuple(round(v, 1) for v in row)}" for k, row in rows[name][-1].items()),
+                flush=True,
+            )
     for name in names:
         report(f"cpu latency {name}", rows[name])
 

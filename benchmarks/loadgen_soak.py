@@ -30,9 +30,30 @@ from loadgen_peers import MODEL, TOKENS, BenchServer  # noqa: E402
 def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
     """ctax at 1,000 req/s for `seconds`: RSS of its processes every 5 s; growth after the first minute."""
     out = ctx.tmp / "soak"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--rate", "1000", "--input-len", "16", "--output-len", str(TOKENS), "--duration", f"{seconds:g}",
-           "--warmup", "5", "--phase", "soak", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "bench",
+        "--url",
+        ctx.server.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "1000",
+        "--input-len",
+        "16",
+        "--output-len",
+        str(TOKENS),
+        "--duration",
+        f"{seconds:g}",
+        "--warmup",
+        "5",
+        "--phase",
+        "soak",
+        "--out",
+        str(out),
+    ]
     proc = cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
@@ -51,15 +72,25 @@ def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
     end = samples[-2][1] if len(samples) > 1 else base  # the last live sample before exit
     peak = max((r for t, r in samples if t >= 60), default=base)
     summary = json.loads(next(out.glob("summary_*.json")).read_text()) if list(out.glob("summary_*.json")) else {}
-    res = {"seconds": seconds, "rss_mib_at_60s": round(base, 1), "rss_mib_end": round(end, 1),
-           "rss_mib_peak_after_60s": round(peak, 1), "growth_pct": round(100 * (end - base) / base, 2) if base else None,
-           "peak_growth_pct": round(100 * (peak - base) / base, 2) if base else None,
-           "counts": summary.get("counts"), "summary_state_bytes": summary.get("summary_state_bytes"),
-           "lateness_us": summary.get("lateness_us"), "valid": summary.get("validity", {}).get("valid"),
-           "output_tail": output.strip()[-400:]}  # fmt: skip
-    print(f"soak: RSS {res['rss_mib_at_60s']} MiB at 60 s -> {res['rss_mib_end']} MiB at the end "
-          f"(growth {res['growth_pct']} %, peak {res['rss_mib_peak_after_60s']} MiB = +{res['peak_growth_pct']} %, bar <= 10 %); "
-          f"counts {res['counts']}", flush=True)  # fmt: skip
+    res = {
+        "seconds": seconds,
+        "rss_mib_at_60s": round(base, 1),
+        "rss_mib_end": round(end, 1),
+        "rss_mib_peak_after_60s": round(peak, 1),
+        "growth_pct": round(100 * (end - base) / base, 2) if base else None,
+        "peak_growth_pct": round(100 * (peak - base) / base, 2) if base else None,
+        "counts": summary.get("counts"),
+        "summary_state_bytes": summary.get("summary_state_bytes"),
+        "lateness_us": summary.get("lateness_us"),
+        "valid": summary.get("validity", {}).get("valid"),
+        "output_tail": output.strip()[-400:],
+    }
+    print(
+        f"soak: RSS {res['rss_mib_at_60s']} MiB at 60 s -> {res['rss_mib_end']} MiB at the end "
+        f"(growth {res['growth_pct']} %, peak {res['rss_mib_peak_after_60s']} MiB = +{res['peak_growth_pct']} %, bar <= 10 %); "
+        f"counts {res['counts']}",
+        flush=True,
+    )
     return res
 
 

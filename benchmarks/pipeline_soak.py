@@ -50,9 +50,15 @@ def study(minutes: float, rate: float) -> dict:
 
 def role(proc: psutil.Process) -> str:
     cmd = " ".join(proc.cmdline())
-    for marker, name in (("snakemake", "snakemake"), ("pipeline phase", "phase job"), (" sim ", "sim server"),
-                         ("spawn_main", "loadgen worker"), ("resource_tracker", "mp tracker"),
-                         ("killpg", "watchdog"), ("latency_holder", "cpu-latency holder")):  # fmt: skip
+    for marker, name in (
+        ("snakemake", "snakemake"),
+        ("pipeline phase", "phase job"),
+        (" sim ", "sim server"),
+        ("spawn_main", "loadgen worker"),
+        ("resource_tracker", "mp tracker"),
+        ("killpg", "watchdog"),
+        ("latency_holder", "cpu-latency holder"),
+    ):
         if marker in cmd:
             return name
     return cmd[:40]
@@ -62,7 +68,9 @@ def ours(folder: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if (proc.info["cwd"] or "").startswith(str(folder)) or any(str(folder) in a for a in proc.info["cmdline"] or []):
+            if (proc.info["cwd"] or "").startswith(str(folder)) or any(
+                str(folder) in a for a in proc.info["cmdline"] or []
+            ):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -91,10 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "soak.yaml"
     config.write_text(yaml.safe_dump(study(args.minutes, args.rate)))
-    argv_ = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1",
-             "phase_a", "--configfile", str(config), "--directory", str(folder)]  # fmt: skip
+    argv_ = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "workflow" / "Snakefile"),
+        "--cores",
+        "1",
+        "phase_a",
+        "--configfile",
+        str(config),
+        "--directory",
+        str(folder),
+    ]
     print(f"soak: {args.rate:g} req/s for {args.minutes:g} min through `snakemake phase_a` in {folder}")
-    run = subprocess.Popen(argv_, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = subprocess.Popen(
+        argv_, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
     t0 = time.monotonic()
     try:
@@ -120,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             seen.setdefault(key, []).append(value)
     watched = {k: v for k, v in seen.items() if len(v) >= 4}
     if not any(k.startswith(("loadgen worker", "sim server", "phase job")) for k in watched):
-        print("FAIL: the run's processes were not sampled long enough to judge (shorter than 4 intervals past the first minute)")
+        print(
+            "FAIL: the run's processes were not sampled long enough to judge (shorter than 4 intervals past the first minute)"
+        )
         return 1
     print("process                     RSS first -> last (growth)     fds floor 1st half -> 2nd half")
     for key in sorted(watched):
@@ -131,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         growth = (r1 - r0) / r0 if r0 else 0.0
         passed = growth <= BAR_RSS_GROWTH and f1 <= f0
         ok &= passed
-        print(f"{key:26}  {r0:7.1f} -> {r1:7.1f} MiB ({growth:+.1%})   {f0:4d} -> {f1:4d}   {'ok' if passed else 'FAIL'}")
+        print(
+            f"{key:26}  {r0:7.1f} -> {r1:7.1f} MiB ({growth:+.1%})   {f0:4d} -> {f1:4d}   {'ok' if passed else 'FAIL'}"
+        )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

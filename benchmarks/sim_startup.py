@@ -20,8 +20,9 @@ def one_run(connector: str) -> tuple[float, float]:
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "connector_tax.cli", "sim", "--connector", connector, "--port", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         t_ready = time.monotonic() - t0
@@ -39,8 +40,10 @@ def main() -> None:
     parser.add_argument("--connector", default="mooncake_both")
     args = parser.parse_args()
     ready, served = zip(*(one_run(args.connector) for _ in range(args.runs)))
-    print(f"ctax sim start-up over {args.runs} runs: ready median {statistics.median(ready):.3f} s "
-          f"(max {max(ready):.3f} s); first response median {statistics.median(served):.3f} s")  # fmt: skip
+    print(
+        f"ctax sim start-up over {args.runs} runs: ready median {statistics.median(ready):.3f} s "
+        f"(max {max(ready):.3f} s); first response median {statistics.median(served):.3f} s"
+    )
 
 
 if __name__ == "__main__":

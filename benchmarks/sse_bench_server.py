@@ -32,11 +32,26 @@ import uvloop
 
 
 class Stream:
-    __slots__ = ("transport", "rid", "path", "auth_ok", "t_recv", "token", "left", "due", "t_first", "t_last", "n",
-                 "chat", "model", "prompt_tokens")  # fmt: skip
+    __slots__ = (
+        "transport",
+        "rid",
+        "path",
+        "auth_ok",
+        "t_recv",
+        "token",
+        "left",
+        "due",
+        "t_first",
+        "t_last",
+        "n",
+        "chat",
+        "model",
+        "prompt_tokens",
+    )
 
-    def __init__(self, transport: asyncio.Transport, rid: str, path: str, auth_ok: bool, body: dict, now: int,
-                 interval_ns: int) -> None:  # fmt: skip
+    def __init__(
+        self, transport: asyncio.Transport, rid: str, path: str, auth_ok: bool, body: dict, now: int, interval_ns: int
+    ) -> None:
         self.transport = transport
         self.rid, self.path, self.auth_ok, self.t_recv = rid, path, auth_ok, now
         self.chat = path.endswith("/chat/completions")
@@ -50,21 +65,42 @@ class Stream:
         self.n = 0
 
     def _chunk(self, text: str | None, finish: str | None) -> dict:
-        base = {"id": f"cmpl-{self.rid}", "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": int(time.time()), "model": self.model}  # fmt: skip
+        base = {
+            "id": f"cmpl-{self.rid}",
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+        }
         if self.chat:
             delta = {"content": text} if text is not None else {}
             return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return {**base, "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish,
-                                     "stop_reason": None}]}  # fmt: skip
+        return {
+            **base,
+            "choices": [
+                {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            ],
+        }
 
     def tail(self) -> bytes:
-        usage = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + self.n,
-                 "completion_tokens": self.n}  # fmt: skip
-        return (_event(self._chunk(None if self.chat else "", "length"))
-                + _event({"id": f"cmpl-{self.rid}", "object": "text_completion", "created": int(time.time()),
-                          "model": self.model, "choices": [], "usage": usage})
-                + b"data: [DONE]\n\n")  # fmt: skip
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.n,
+            "completion_tokens": self.n,
+        }
+        return (
+            _event(self._chunk(None if self.chat else "", "length"))
+            + _event(
+                {
+                    "id": f"cmpl-{self.rid}",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+            + b"data: [DONE]\n\n"
+        )
 
 
 def _event(obj: dict) -> bytes:
@@ -124,9 +160,20 @@ class Server:
     def _done(self, s: Stream) -> None:
         self.requests += 1
         if self.log is not None:
-            self.log.write(json.dumps({"rid": s.rid, "path": s.path, "auth_ok": s.auth_ok, "t_recv_ns": s.t_recv,
-                                       "t_first_write_ns": s.t_first, "t_last_write_ns": s.t_last,
-                                       "tokens": s.n}) + "\n")  # fmt: skip
+            self.log.write(
+                json.dumps(
+                    {
+                        "rid": s.rid,
+                        "path": s.path,
+                        "auth_ok": s.auth_ok,
+                        "t_recv_ns": s.t_recv,
+                        "t_first_write_ns": s.t_first,
+                        "t_last_write_ns": s.t_last,
+                        "tokens": s.n,
+                    }
+                )
+                + "\n"
+            )
 
 
 class Protocol(asyncio.Protocol):
@@ -183,8 +230,10 @@ class Protocol(asyncio.Protocol):
             return
         rid = headers.get(b"x-request-id", b"").decode("latin-1") or f"r{srv.requests}"
         assert self.transport is not None
-        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         stream = Stream(self.transport, rid, path, auth_ok, req, now, srv.interval_ns)
         if stream.chat:
             role = stream._chunk(None, None)
@@ -195,8 +244,10 @@ class Protocol(asyncio.Protocol):
     def _reply(self, status: int, body: bytes, close: bool = False) -> None:
         assert self.transport is not None
         reason = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found"}[status]
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (status, reason, len(body), body))  # fmt: skip
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, reason, len(body), body)
+        )
         if close:
             self.transport.close()
 

@@ -83,15 +83,35 @@ class Responses:
         use = {"prompt_tokens": p_tokens, "total_tokens": p_tokens + n, "completion_tokens": n}
         if not stream:
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": " tok" * n},
-                          "logprobs": None, "finish_reason": "length", "stop_reason": None}  # fmt: skip
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " tok" * n},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
             else:
-                choice = {"index": 0, "text": " tok" * n, "logprobs": None, "finish_reason": "length",
-                          "stop_reason": None}  # fmt: skip
-            body = _dumps({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                           "created": CREATED, "model": model, "choices": [choice], "usage": use})  # fmt: skip
-            head = (b"HTTP/1.1 200 OK\r\nserver: null\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n" % len(body))  # fmt: skip
+                choice = {
+                    "index": 0,
+                    "text": " tok" * n,
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            body = _dumps(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": CREATED,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": use,
+                }
+            )
+            head = (
+                b"HTTP/1.1 200 OK\r\nserver: null\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n" % len(body)
+            )
             return head + body, 0
 
         def chunk(choice: dict) -> bytes:
@@ -99,29 +119,43 @@ class Responses:
 
         parts = []
         if chat:  # vLLM's first chat chunk: the role, empty content
-            parts.append(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None}))  # fmt: skip
+            parts.append(
+                chunk(
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                )
+            )
         for i in range(n):
             finish = "length" if i == n - 1 else None
             if chat:
-                parts.append(chunk({"index": 0, "delta": {"content": " tok"}, "logprobs": None,
-                                    "finish_reason": finish}))  # fmt: skip
+                parts.append(
+                    chunk({"index": 0, "delta": {"content": " tok"}, "logprobs": None, "finish_reason": finish})
+                )
             else:
-                parts.append(chunk({"index": 0, "text": " tok", "logprobs": None, "finish_reason": finish,
-                                    "stop_reason": None}))  # fmt: skip
+                parts.append(
+                    chunk({"index": 0, "text": " tok", "logprobs": None, "finish_reason": finish, "stop_reason": None})
+                )
         if usage:
-            parts.append(_chunk(_dumps({"id": rid, "object": obj, "created": CREATED, "model": model,
-                                        "choices": [], "usage": use})))  # fmt: skip
+            parts.append(
+                _chunk(
+                    _dumps({"id": rid, "object": obj, "created": CREATED, "model": model, "choices": [], "usage": use})
+                )
+            )
         parts.append(_chunk(b"[DONE]"))
         parts.append(b"0\r\n\r\n")
-        head = (b"HTTP/1.1 200 OK\r\nserver: null\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        head = (
+            b"HTTP/1.1 200 OK\r\nserver: null\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         return head + b"".join(parts), n + int(usage) + 1 + int(chat)
 
 
 def _plain(status: str, body: bytes, ctype: bytes = b"application/json") -> bytes:
     return b"HTTP/1.1 %s\r\nserver: null\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
-        status.encode(), ctype, len(body), body)  # fmt: skip
+        status.encode(),
+        ctype,
+        len(body),
+        body,
+    )
 
 
 class NullProtocol(asyncio.Protocol):
@@ -178,9 +212,27 @@ class NullProtocol(asyncio.Protocol):
                 r.stats["events"] += events
             self._send(data)
         elif method == b"GET" and path == b"/v1/models":
-            self._send(_plain("200 OK", _dumps({"object": "list", "data": [
-                {"id": r.model, "object": "model", "created": CREATED, "owned_by": "null", "root": r.model,
-                 "parent": None, "max_model_len": 131072}]})))  # fmt: skip
+            self._send(
+                _plain(
+                    "200 OK",
+                    _dumps(
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": r.model,
+                                    "object": "model",
+                                    "created": CREATED,
+                                    "owned_by": "null",
+                                    "root": r.model,
+                                    "parent": None,
+                                    "max_model_len": 131072,
+                                }
+                            ],
+                        }
+                    ),
+                )
+            )
         elif method == b"GET" and path in (b"/health", b"/ping"):
             self._send(_plain("200 OK", b""))
         elif method == b"GET" and path == b"/stats":

@@ -37,8 +37,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3000)
     args = parser.parse_args()
-    wire, _ = Responses("m").completion(False, {"max_tokens": args.tokens, "stream": True,
-                                                "stream_options": {"include_usage": True}})  # fmt: skip
+    wire, _ = Responses("m").completion(
+        False, {"max_tokens": args.tokens, "stream": True, "stream_options": {"include_usage": True}}
+    )
     conn = HttpConnection(lambda c: None)
     conn.response = Response()
     conn.data_received(wire)

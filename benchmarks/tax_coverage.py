@@ -52,17 +52,29 @@ def main() -> int:
     reference = {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
     t0 = time.monotonic()
     names = args.configs.split(",") if args.configs else None
-    oracle = truth(config, reference, names, TruthSettings(requests=args.truth_requests, warmup=200,
-                   min_replications=args.truth_replications, max_replications=args.truth_replications,
-                   jobs=args.jobs))  # fmt: skip
+    oracle = truth(
+        config,
+        reference,
+        names,
+        TruthSettings(
+            requests=args.truth_requests,
+            warmup=200,
+            min_replications=args.truth_replications,
+            max_replications=args.truth_replications,
+            jobs=args.jobs,
+        ),
+    )
     t1 = time.monotonic()
     cov = run_coverage(config, oracle, CoverageSettings(requests=args.requests, seeds=args.seeds, jobs=args.jobs))
     t2 = time.monotonic()
     arrival = config["workload"]["arrival"]
-    print(f"SIMULATED coverage: {args.config}, ref_safe {reference['ref_safe']:g} / ref_load {reference['ref_load']:g} "
-          f"req/s, arrivals {arrival['process']}" + (f" (shape {arrival['gamma_shape']:g})" if arrival["process"] == "gamma" else "")
-          + f", {args.seeds} seeds x {args.requests}-request cells; truth {oracle['replications']} x "
-          f"{args.truth_requests} requests ({t1 - t0:.0f} s), coverage {t2 - t1:.0f} s")  # fmt: skip
+    print(
+        f"SIMULATED coverage: {args.config}, ref_safe {reference['ref_safe']:g} / ref_load {reference['ref_load']:g} "
+        f"req/s, arrivals {arrival['process']}"
+        + (f" (shape {arrival['gamma_shape']:g})" if arrival["process"] == "gamma" else "")
+        + f", {args.seeds} seeds x {args.requests}-request cells; truth {oracle['replications']} x "
+        f"{args.truth_requests} requests ({t1 - t0:.0f} s), coverage {t2 - t1:.0f} s"
+    )
     print(f"\n{'tax':52} {'covered':>9} {'coverage':>9} {'median half-width':>18}")
     total = covered = 0
     for key, t in cov["summary"]["taxes"].items():
@@ -76,8 +88,10 @@ def main() -> int:
     print(f"\n{'hypothesis':10} {'true':>10} {'covered':>9} {'coverage':>9} {'calls agree':>12} {'confident':>10}")
     for hid, h in cov["summary"]["hypotheses"].items():
         cover = "-" if h["coverage"] is None else f"{h['coverage']:.1%}"
-        print(f"{hid:10} {oracle['hypotheses'][hid]['verdict']:>10} {h['covered']:>4}/{h['with_ci']:<4} {cover:>9} "
-              f"{h['agrees']:>5}/{h['n']:<6} {h['confident']:>6}/{h['n']}")  # fmt: skip
+        print(
+            f"{hid:10} {oracle['hypotheses'][hid]['verdict']:>10} {h['covered']:>4}/{h['with_ci']:<4} {cover:>9} "
+            f"{h['agrees']:>5}/{h['n']:<6} {h['confident']:>6}/{h['n']}"
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"truth": oracle, "coverage": cov}, f, indent=1, default=str)

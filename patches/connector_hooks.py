@@ -15,7 +15,8 @@ summed. Imports nothing from connector_tax or vLLM.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from patches.engine_hooks import wrap_build_meta, wrap_timed
 from patches.recorder import StepRecorder
@@ -82,9 +83,7 @@ assert tuple(_WORKER_PLAN) == WORKER_HOOKS
 def wrap_connector(connector: Any, role: str, rec: StepRecorder) -> Any:
     """Wrap one connector instance's hooks for its role ("scheduler" or "worker")."""
     if role == "scheduler":
-        plan: dict[str, Callable[[Callable, StepRecorder], Callable]] = {
-            "build_connector_meta": wrap_build_meta
-        }
+        plan: dict[str, Callable[[Callable, StepRecorder], Callable]] = {"build_connector_meta": wrap_build_meta}
         rec.has_scheduler_connector = True
     elif role == "worker":
         plan = _WORKER_PLAN

@@ -8,7 +8,8 @@ Imports nothing from connector_tax or vLLM.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from patches.recorder import HookTime, StepRecorder
 from patches.targets import expect, is_wrapped, mark

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class PostImportLoader(importlib.abc.Loader):

@@ -101,8 +101,13 @@ class StepRecorder:
         self.wait_for_save = HookTime()
         self.get_finished = HookTime()
         self._engine_times = (self.schedule, self.build_meta, self.engine_get_finished, self.engine_start_load_kv)
-        self._worker_times = (self.start_load_kv, self.wait_for_layer_load, self.save_kv_layer, self.wait_for_save,
-                              self.get_finished)  # fmt: skip
+        self._worker_times = (
+            self.start_load_kv,
+            self.wait_for_layer_load,
+            self.save_kv_layer,
+            self.wait_for_save,
+            self.get_finished,
+        )
         self._reset_process()
 
     # -- process identity ------------------------------------------------------------
@@ -191,8 +196,7 @@ class StepRecorder:
             "records": {
                 role: records_path(self.step_log, role, self.pid)
                 for role in ("engine", "worker")
-                if (role == "engine" and self.engine_process)
-                or (role == "worker" and self.has_worker_connector)
+                if (role == "engine" and self.engine_process) or (role == "worker" and self.has_worker_connector)
             },
             "vllm_version": getattr(vllm, "__version__", None),
             "python": sys.version.split()[0],
@@ -261,10 +265,18 @@ class StepRecorder:
         self.worker_t0 = None
         self.worker_step_id += 1
         line = _WORKER_LINE % (
-            t0, self.worker_step_id, self.get_finished.us, self.start_load_kv.us, (t1 - t0) / 1000.0,
-            self.wait_for_layer_load.us, self.wait_for_layer_load.calls, self.save_kv_layer.us,
-            self.save_kv_layer.calls, self.wait_for_save.us, self.pid,
-        )  # fmt: skip
+            t0,
+            self.worker_step_id,
+            self.get_finished.us,
+            self.start_load_kv.us,
+            (t1 - t0) / 1000.0,
+            self.wait_for_layer_load.us,
+            self.wait_for_layer_load.calls,
+            self.save_kv_layer.us,
+            self.save_kv_layer.calls,
+            self.wait_for_save.us,
+            self.pid,
+        )
         self._write("worker", line)
 
     def close(self) -> None:

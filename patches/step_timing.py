@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from patches.connector_hooks import hook_factory_class, wrap_connector
 from patches.engine_hooks import hook_engine_core_class, hook_engine_instance, request_counts
@@ -51,12 +52,29 @@ from patches.targets import (
 )
 
 __all__ = [
-    "ENGINE_FIELDS", "ENGINE_INSTANCES", "ENGINE_MODULE", "FACTORY_MODULE", "RECORD_FIELDS",
-    "SCHEDULER_CONNECTOR_INSTANCES", "SCHEMA_VERSION", "STEP_LOG_ENV", "TARGETS",
-    "WORKER_CONNECTOR_INSTANCES", "WORKER_FIELDS", "WORKER_HOOKS", "StepRecorder",
-    "hook_engine_core_class", "hook_engine_instance", "hook_factory_class", "install",
-    "records_path", "request_counts", "targets_path", "uninstall", "wrap_connector",
-]  # fmt: skip
+    "ENGINE_FIELDS",
+    "ENGINE_INSTANCES",
+    "ENGINE_MODULE",
+    "FACTORY_MODULE",
+    "RECORD_FIELDS",
+    "SCHEDULER_CONNECTOR_INSTANCES",
+    "SCHEMA_VERSION",
+    "STEP_LOG_ENV",
+    "TARGETS",
+    "WORKER_CONNECTOR_INSTANCES",
+    "WORKER_FIELDS",
+    "WORKER_HOOKS",
+    "StepRecorder",
+    "hook_engine_core_class",
+    "hook_engine_instance",
+    "hook_factory_class",
+    "install",
+    "records_path",
+    "request_counts",
+    "targets_path",
+    "uninstall",
+    "wrap_connector",
+]
 
 _RECORDER: StepRecorder | None = None
 _FINDER: PostImportFinder | None = None

@@ -8,7 +8,8 @@ inspect) before anything is wrapped, so a changed signature is reported, never w
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # The package defines the same name once (connector_tax.contract.records); this folder may not
 # import the package, so a test checks the two are equal.

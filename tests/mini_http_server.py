@@ -37,8 +37,9 @@ class MiniServer:
     connection without answering; `idle_close_s` closes a connection that long after its last
     response."""
 
-    def __init__(self, behave: Callable[..., bytes | None] | None = None, idle_close_s: float | None = None,
-                 delay_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self, behave: Callable[..., bytes | None] | None = None, idle_close_s: float | None = None, delay_s: float = 0.0
+    ) -> None:
         self.behave = behave or (lambda *a: sse_response())
         self.idle_close_s = idle_close_s
         self.delay_s = delay_s
@@ -127,8 +128,11 @@ class _MiniProto(asyncio.Protocol):
 def sse_response(body: bytes = SSE_BODY) -> bytes:
     """Chunked transfer encoding, one HTTP chunk per SSE event, as uvicorn streams."""
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in body.split(b"\n\n")[:-1] for e in [e + b"\n\n"])
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + chunks + b"0\r\n\r\n")  # fmt: skip
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunks
+        + b"0\r\n\r\n"
+    )
 
 
 def plain_response(status: str, body: bytes, close: bool = False, chunked: bool = False) -> bytes:
@@ -143,8 +147,10 @@ def plain_response(status: str, body: bytes, close: bool = False, chunked: bool 
 
 
 def request_bytes(port: int, body: bytes = b'{"x":1}', rid: str = "r") -> bytes:
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"X-Request-Id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"X-Request-Id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def exchange(pool: ConnectionPool, data: bytes) -> tuple[int, bytes, Any]:
@@ -162,11 +168,21 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
 
 def make_worker(port: int, timeout_s: float = 5.0) -> Worker:
     """A worker whose exchange runs without its run(): call from inside the event loop."""
-    worker = Worker(WorkerConfig(
-        worker_id=0, url=f"http://127.0.0.1:{port}", body=BodySettings(model=MODEL), seed=0,
-        timeout_s=timeout_s, max_connections=4, prewarm_connections=0, spin_ns=200_000, spin_share=0.1,
-        requests_addr="ipc:///nonexistent/requests", results_addr="ipc:///nonexistent/results",
-    ))  # fmt: skip
+    worker = Worker(
+        WorkerConfig(
+            worker_id=0,
+            url=f"http://127.0.0.1:{port}",
+            body=BodySettings(model=MODEL),
+            seed=0,
+            timeout_s=timeout_s,
+            max_connections=4,
+            prewarm_connections=0,
+            spin_ns=200_000,
+            spin_share=0.1,
+            requests_addr="ipc:///nonexistent/requests",
+            results_addr="ipc:///nonexistent/results",
+        )
+    )
     worker.timer = FireTimer(asyncio.get_running_loop())
     return worker
 

@@ -218,9 +218,7 @@ def scrape(client: httpx.Client) -> Scrape:
     response = client.get("/metrics")
     assert response.status_code == 200
     families = {f.name: f for f in text_string_to_metric_families(response.text)}
-    samples = {
-        (s.name, frozenset(s.labels.items())): s.value for fam in families.values() for s in fam.samples
-    }
+    samples = {(s.name, frozenset(s.labels.items())): s.value for fam in families.values() for s in fam.samples}
     return Scrape(families, samples)
 
 

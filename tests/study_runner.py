@@ -50,7 +50,9 @@ def write_config(folder: Path, config: dict[str, Any], name: str = "study.yaml")
     return path
 
 
-def snakemake(folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def snakemake(
+    folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time."""
     argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -59,8 +61,9 @@ def snakemake(folder: Path, config: Path, *args: str, cores: int = 2, timeout: f
 def start_snakemake(folder: Path, config: Path, *args: str) -> subprocess.Popen[bytes]:
     """In its own session, so the test can signal or kill the whole job tree."""
     argv = [*SNAKEMAKE, "--cores", "1", *args, "--configfile", str(config), "--directory", str(folder)]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
@@ -88,9 +91,9 @@ def consistent(folder: Path, study: str) -> list[str]:
     for summary in layout.root.glob("*/*/summary_*.json"):
         doc = json.loads(summary.read_text())
         if doc.get("complete") and "superseded" not in summary.parts:
-            stem = summary.name[len("summary_"): -len(".json")]
+            stem = summary.name[len("summary_") : -len(".json")]
             phase = summary.parent.name
-            files = layout.phase(summary.parent.parent.name, phase).cell(stem[len(phase) + 1:])
+            files = layout.phase(summary.parent.parent.name, phase).cell(stem[len(phase) + 1 :])
             ok, why = verify_cell(files, doc.get("fingerprint"))
             if not ok:
                 problems.append(f"{summary}: {why}")

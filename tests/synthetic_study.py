@@ -31,13 +31,29 @@ import yaml
 
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import StudyConfig, find_variant, validate_config
-from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, phase_a_cells, phase_b_cells
+from connector_tax.contract import (
+    LAUNCH_PHASES,
+    PHASE_A,
+    PHASE_B,
+    PHASE_B_PRIME,
+    StudyLayout,
+    phase_a_cells,
+    phase_b_cells,
+)
 from connector_tax.contract import Cell as PlannedCell
 from connector_tax.contract.fingerprint import cell_settings, code_versions, fingerprint, launch_settings
 from connector_tax.contract.index import CellEntry, PhaseIndex, seal_cell
 
-CONNECTOR_CONFIGS = ["plain", "noop_connector", "mooncake_producer", "mooncake_consumer", "mooncake_both",
-                     "nixl_both", "lmcache_only", "multi_mooncake_lmcache"]  # fmt: skip
+CONNECTOR_CONFIGS = [
+    "plain",
+    "noop_connector",
+    "mooncake_producer",
+    "mooncake_consumer",
+    "mooncake_both",
+    "nixl_both",
+    "lmcache_only",
+    "multi_mooncake_lmcache",
+]
 
 
 @dataclass
@@ -53,18 +69,50 @@ class SyntheticSpec:
     phase_b_prime: bool = True
     knee: dict[str, float] = field(default_factory=lambda: {"plain": 16.0, "mooncake_both": 8.0})
     default_knee: float | None = None  # configs not in `knee`: never saturate
-    ttft_tax: dict[str, float] = field(default_factory=lambda: {
-        "noop_connector": 0.05, "mooncake_producer": 0.20, "mooncake_consumer": 0.15, "mooncake_both": 0.45,
-        "nixl_both": 0.38, "lmcache_only": 0.15, "multi_mooncake_lmcache": 0.62})  # fmt: skip
-    tpot_tax: dict[str, float] = field(default_factory=lambda: {
-        "noop_connector": 0.02, "mooncake_producer": 0.10, "mooncake_consumer": 0.08, "mooncake_both": 0.25,
-        "nixl_both": 0.20, "lmcache_only": 0.08, "multi_mooncake_lmcache": 0.33})  # fmt: skip
-    step_tax_us: dict[str, float] = field(default_factory=lambda: {
-        "noop_connector": 40.0, "mooncake_producer": 150.0, "mooncake_consumer": 120.0, "mooncake_both": 300.0,
-        "nixl_both": 250.0, "lmcache_only": 100.0, "multi_mooncake_lmcache": 420.0})  # fmt: skip
-    callback_us: dict[str, float] = field(default_factory=lambda: {
-        "noop_connector": 30.0, "mooncake_producer": 90.0, "mooncake_consumer": 80.0, "mooncake_both": 200.0,
-        "nixl_both": 180.0, "lmcache_only": 60.0, "multi_mooncake_lmcache": 270.0})  # fmt: skip
+    ttft_tax: dict[str, float] = field(
+        default_factory=lambda: {
+            "noop_connector": 0.05,
+            "mooncake_producer": 0.20,
+            "mooncake_consumer": 0.15,
+            "mooncake_both": 0.45,
+            "nixl_both": 0.38,
+            "lmcache_only": 0.15,
+            "multi_mooncake_lmcache": 0.62,
+        }
+    )
+    tpot_tax: dict[str, float] = field(
+        default_factory=lambda: {
+            "noop_connector": 0.02,
+            "mooncake_producer": 0.10,
+            "mooncake_consumer": 0.08,
+            "mooncake_both": 0.25,
+            "nixl_both": 0.20,
+            "lmcache_only": 0.08,
+            "multi_mooncake_lmcache": 0.33,
+        }
+    )
+    step_tax_us: dict[str, float] = field(
+        default_factory=lambda: {
+            "noop_connector": 40.0,
+            "mooncake_producer": 150.0,
+            "mooncake_consumer": 120.0,
+            "mooncake_both": 300.0,
+            "nixl_both": 250.0,
+            "lmcache_only": 100.0,
+            "multi_mooncake_lmcache": 420.0,
+        }
+    )
+    callback_us: dict[str, float] = field(
+        default_factory=lambda: {
+            "noop_connector": 30.0,
+            "mooncake_producer": 90.0,
+            "mooncake_consumer": 80.0,
+            "mooncake_both": 200.0,
+            "nixl_both": 180.0,
+            "lmcache_only": 60.0,
+            "multi_mooncake_lmcache": 270.0,
+        }
+    )
     no_connector: tuple[str, ...] = ("plain",)
     base_ttft_ms: float = 200.0
     base_tpot_ms: float = 20.0
@@ -96,7 +144,7 @@ def _knee_factor(spec: SyntheticSpec, c: str, rate: float | None) -> tuple[bool,
     if rate is None or knee is None or rate < knee - 1e-9:
         return False, 1.0
     doublings = math.log2(rate / knee) + 1.0
-    return True, spec.knee_ttft_growth ** doublings
+    return True, spec.knee_ttft_growth**doublings
 
 
 def _has_steps(spec: SyntheticSpec, c: str) -> bool:
@@ -107,8 +155,19 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     path.write_text("".join(lines), encoding="utf-8")
 
 
-def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, phase: str, label: str,
-          rate: float, shape: tuple[int, int], ttft_tax: float, tpot_tax: float, saturate: bool) -> None:  # fmt: skip
+def _cell(
+    spec: SyntheticSpec,
+    rng: np.random.Generator,
+    folder: Path,
+    c: str,
+    phase: str,
+    label: str,
+    rate: float,
+    shape: tuple[int, int],
+    ttft_tax: float,
+    tpot_tax: float,
+    saturate: bool,
+) -> None:
     """Write one cell's files into `folder` (a staging folder: write_study seals it)."""
     folder.mkdir(parents=True, exist_ok=True)
     sat, growth = _knee_factor(spec, c, rate) if saturate else (False, 1.0)
@@ -131,30 +190,71 @@ def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, p
     lines = []
     for i in range(n):
         ok = status[i] == "ok"
-        lines.append(json.dumps({
-            "request_id": f"{phase}_{label}-{i}", "t_scheduled_ns": int(sched[i]), "t_send_ns": int(send[i]),
-            "t_first_token_ns": int(first[i]) if ok else None, "t_last_token_ns": int(last[i]) if ok else None,
-            "prompt_tokens": inp, "completion_tokens": out if ok else None, "inflight_at_send": 1,
-            "warmup": i < n_warm, "status": status[i], "error": None if ok else "HTTP 500", "input_len": inp,
-            "output_len": out, "chunks": out if ok else 0, "http_status": 200 if ok else 500, "worker": i % 2,
-        }, separators=(",", ":")) + "\n")  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "request_id": f"{phase}_{label}-{i}",
+                    "t_scheduled_ns": int(sched[i]),
+                    "t_send_ns": int(send[i]),
+                    "t_first_token_ns": int(first[i]) if ok else None,
+                    "t_last_token_ns": int(last[i]) if ok else None,
+                    "prompt_tokens": inp,
+                    "completion_tokens": out if ok else None,
+                    "inflight_at_send": 1,
+                    "warmup": i < n_warm,
+                    "status": status[i],
+                    "error": None if ok else "HTTP 500",
+                    "input_len": inp,
+                    "output_len": out,
+                    "chunks": out if ok else 0,
+                    "http_status": 200 if ok else 500,
+                    "worker": i % 2,
+                },
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
     _write_lines(folder / f"requests_{phase}_{label}.jsonl", lines)
 
     w0, w1 = int(sched[n_warm]) if n_warm < n else int(sched[0]), int(sched[-1])
     effective = rate * (spec.knee_throughput_ratio if sat else 1.0)
     summary = {
-        "phase": phase, "cell": label, "arrival": "poisson", "rate": rate,
-        "shape": {"input": inp, "output": out}, "warmup_s": n_warm / rate, "duration_s": n_post / rate,
-        "counts": {"scheduled": n, "warmup": n_warm, "post_warmup": n_post, "ok": int((status[n_warm:] == "ok").sum()),
-                   "error": int((status[n_warm:] == "error").sum()), "timeout": 0, "dropped": 0},
-        "rates": {"requested_rps": rate, "scheduled_rps": rate, "achieved_dispatch_rps": rate,
-                  "offered_in_window_rps": rate, "effective_throughput_rps": effective,
-                  "throughput_ratio": effective / rate},
-        "latency_ms": {"itl": {"n": n_post * (out - 1), "mean": spec.base_tpot_ms, "p50": spec.base_tpot_ms * (1 + tpot_tax),
-                               "p90": spec.base_tpot_ms * (1 + tpot_tax) * 1.2, "p99": spec.base_tpot_ms * (1 + tpot_tax) * 1.5}},
+        "phase": phase,
+        "cell": label,
+        "arrival": "poisson",
+        "rate": rate,
+        "shape": {"input": inp, "output": out},
+        "warmup_s": n_warm / rate,
+        "duration_s": n_post / rate,
+        "counts": {
+            "scheduled": n,
+            "warmup": n_warm,
+            "post_warmup": n_post,
+            "ok": int((status[n_warm:] == "ok").sum()),
+            "error": int((status[n_warm:] == "error").sum()),
+            "timeout": 0,
+            "dropped": 0,
+        },
+        "rates": {
+            "requested_rps": rate,
+            "scheduled_rps": rate,
+            "achieved_dispatch_rps": rate,
+            "offered_in_window_rps": rate,
+            "effective_throughput_rps": effective,
+            "throughput_ratio": effective / rate,
+        },
+        "latency_ms": {
+            "itl": {
+                "n": n_post * (out - 1),
+                "mean": spec.base_tpot_ms,
+                "p50": spec.base_tpot_ms * (1 + tpot_tax),
+                "p90": spec.base_tpot_ms * (1 + tpot_tax) * 1.2,
+                "p99": spec.base_tpot_ms * (1 + tpot_tax) * 1.5,
+            }
+        },
         "validity": {"valid": True, "reasons": []},
         "complete": True,
-    }  # fmt: skip
+    }
     (folder / f"summary_{phase}_{label}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
 
     # metrics: warm-up samples carry a big queue (the window must exclude them)
@@ -163,15 +263,29 @@ def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, p
     mlines = []
     for t in ts:
         warm = t < w0
-        mlines.append(json.dumps({"t_ns": t, "vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 10.0 if warm else waiting,
-                                  "vllm:kv_cache_usage_perc": 0.3, "vllm:prompt_tokens_total": 0.0}) + "\n")  # fmt: skip
+        mlines.append(
+            json.dumps(
+                {
+                    "t_ns": t,
+                    "vllm:num_requests_running": 4.0,
+                    "vllm:num_requests_waiting": 10.0 if warm else waiting,
+                    "vllm:kv_cache_usage_perc": 0.3,
+                    "vllm:prompt_tokens_total": 0.0,
+                }
+            )
+            + "\n"
+        )
     _write_lines(folder / f"metrics_{phase}_{label}.jsonl", mlines)
 
     if _has_steps(spec, c):
         n_steps = spec.n_steps
         n_warm_steps = max(1, n_steps // 10)
-        t_steps = np.concatenate([np.linspace(int(sched[0]), w0 - 1, n_warm_steps).astype(np.int64),
-                                  np.linspace(w0, w1, n_steps).astype(np.int64)])  # fmt: skip
+        t_steps = np.concatenate(
+            [
+                np.linspace(int(sched[0]), w0 - 1, n_warm_steps).astype(np.int64),
+                np.linspace(w0, w1, n_steps).astype(np.int64),
+            ]
+        )
         dur = spec.step_base_us * rng.lognormal(0.0, spec.step_sigma, t_steps.size) + _tax(spec.step_tax_us, c)
         dur[:n_warm_steps] = 10 * spec.step_base_us  # warm-up steps: slow, must be excluded
         has_conn = c not in spec.no_connector
@@ -179,12 +293,19 @@ def _cell(spec: SyntheticSpec, rng: np.random.Generator, folder: Path, c: str, p
         noise = rng.lognormal(0.0, 0.05, (3, t_steps.size)) if has_conn else None
         slines = []
         for i in range(t_steps.size):
-            hooks = (f'"build_meta_us":{cb * noise[0, i]:.3f},"get_finished_us":{cb * noise[1, i]:.3f},'
-                     f'"start_load_kv_us":{cb * noise[2, i]:.3f}') if has_conn else \
-                '"build_meta_us":null,"get_finished_us":null,"start_load_kv_us":null'  # fmt: skip
-            slines.append(f'{{"t_ns":{int(t_steps[i])},"step_id":{i},"step_duration_us":{dur[i]:.3f},{hooks},'
-                          f'"num_running":4,"num_waiting":{int(waiting)},"prefill_tokens":512,"decode_tokens":4,'
-                          f'"source":"synthetic"}}\n')  # fmt: skip
+            hooks = (
+                (
+                    f'"build_meta_us":{cb * noise[0, i]:.3f},"get_finished_us":{cb * noise[1, i]:.3f},'
+                    f'"start_load_kv_us":{cb * noise[2, i]:.3f}'
+                )
+                if has_conn
+                else '"build_meta_us":null,"get_finished_us":null,"start_load_kv_us":null'
+            )
+            slines.append(
+                f'{{"t_ns":{int(t_steps[i])},"step_id":{i},"step_duration_us":{dur[i]:.3f},{hooks},'
+                f'"num_running":4,"num_waiting":{int(waiting)},"prefill_tokens":512,"decode_tokens":4,'
+                f'"source":"synthetic"}}\n'
+            )
         _write_lines(folder / f"engine_step_{phase}_{label}.jsonl", slines)
 
 
@@ -198,32 +319,64 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
                 entry["connector"]["module_path"] = "synthetic.connector:Synthetic"
         configs.append(entry)
     wl: dict[str, Any] = {
-        "warmup_s": 1, "duration_s": 10, "min_completed": 20,
-        "phase_a": {"rates": list(spec.rates), "shape": {"input": spec.phase_a_shape[0], "output": spec.phase_a_shape[1]}},
+        "warmup_s": 1,
+        "duration_s": 10,
+        "min_completed": 20,
+        "phase_a": {
+            "rates": list(spec.rates),
+            "shape": {"input": spec.phase_a_shape[0], "output": spec.phase_a_shape[1]},
+        },
         "phase_b": {"rate": "ref_safe", "shapes": [{"input": i, "output": o} for i, o in spec.shapes]},
-    }  # fmt: skip
+    }
     if spec.phase_b_prime:
-        wl["phase_b_prime"] = {"rate": "ref_load", "configs": [c for c in spec.prime_configs if c in spec.configs],
-                               "shapes": [{"input": i, "output": o} for i, o in spec.prime_shapes]}  # fmt: skip
-    return validate_config({
-        "study": spec.study, "backend": "sim" if spec.simulated else "vllm", "seed": spec.seed,
-        "model": {"name": "synthetic/model"}, "configs": configs, "workload": wl,
-        "saturation": {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5},
-    })  # fmt: skip
+        wl["phase_b_prime"] = {
+            "rate": "ref_load",
+            "configs": [c for c in spec.prime_configs if c in spec.configs],
+            "shapes": [{"input": i, "output": o} for i, o in spec.prime_shapes],
+        }
+    return validate_config(
+        {
+            "study": spec.study,
+            "backend": "sim" if spec.simulated else "vllm",
+            "seed": spec.seed,
+            "model": {"name": "synthetic/model"},
+            "configs": configs,
+            "workload": wl,
+            "saturation": {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5},
+        }
+    )
 
 
 def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str) -> PhaseIndex:
     launch = launch_settings(config, find_variant(config, c), ["synthetic", c], {"server": "synthetic"})
     steps = _has_steps(spec, c)
-    return PhaseIndex(study=spec.study, config=c, phase=phase, backend=config["backend"], launch=launch,
-                      code=code_versions(config["backend"]), cells=[], launch_id="synthetic",
-                      started="2026-05-26T10:00:00+00:00", finished="2026-05-26T11:00:00+00:00", status="ok",
-                      launch_command=["synthetic", c], step_timing_available=steps,
-                      step_timing_reason=None if steps else spec.step_timing_reason)  # fmt: skip
+    return PhaseIndex(
+        study=spec.study,
+        config=c,
+        phase=phase,
+        backend=config["backend"],
+        launch=launch,
+        code=code_versions(config["backend"]),
+        cells=[],
+        launch_id="synthetic",
+        started="2026-05-26T10:00:00+00:00",
+        finished="2026-05-26T11:00:00+00:00",
+        status="ok",
+        launch_command=["synthetic", c],
+        step_timing_available=steps,
+        step_timing_reason=None if steps else spec.step_timing_reason,
+    )
 
 
-def _write_cells(spec: SyntheticSpec, rng: np.random.Generator, layout: StudyLayout, config: dict[str, Any],
-                 index: PhaseIndex, cells: list[PlannedCell], factors: Any) -> None:  # fmt: skip
+def _write_cells(
+    spec: SyntheticSpec,
+    rng: np.random.Generator,
+    layout: StudyLayout,
+    config: dict[str, Any],
+    index: PhaseIndex,
+    cells: list[PlannedCell],
+    factors: Any,
+) -> None:
     """Generate, seal and index each planned cell; factors(cell) -> (ttft tax, tpot tax, saturate)."""
     for cell in cells:
         folder = layout.phase(index.config, cell.phase)
@@ -249,8 +402,14 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
     rng = np.random.default_rng(spec.seed)
     config = study_config(spec)
     write_atomic(layout.study_config, yaml.safe_dump(config, sort_keys=False))
-    status = {c: {"status": "skip" if c in spec.skipped else "ok", "reason": spec.skipped.get(c),
-                  "backend": config["backend"]} for c in spec.configs}  # fmt: skip
+    status = {
+        c: {
+            "status": "skip" if c in spec.skipped else "ok",
+            "reason": spec.skipped.get(c),
+            "backend": config["backend"],
+        }
+        for c in spec.configs
+    }
     write_json(layout.preflight_status, status)
     ran = [c for c in spec.configs if c not in spec.skipped]
     for c in spec.skipped:
@@ -259,8 +418,15 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
             index.status, index.reason = "skipped", f"preflight SKIP: {spec.skipped[c]}"
             index.write(layout.index(c, phase))
     for c in ran:
-        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_A), phase_a_cells(StudyConfig.from_mapping(config)),
-                     lambda cell, c=c: (_tax(spec.ttft_tax, c), _tax(spec.tpot_tax, c), True))  # fmt: skip
+        _write_cells(
+            spec,
+            rng,
+            layout,
+            config,
+            _index(spec, config, c, PHASE_A),
+            phase_a_cells(StudyConfig.from_mapping(config)),
+            lambda cell, c=c: (_tax(spec.ttft_tax, c), _tax(spec.tpot_tax, c), True),
+        )
     ref_safe, ref_load = _expected_refs(spec)
     reference: dict[str, Any] = {"ref_safe": ref_safe, "ref_load": ref_load}
     if spec.write_reference:
@@ -280,8 +446,9 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
 
     for c in ran:
         cells = phase_b_cells(StudyConfig.from_mapping(config), c, reference)
-        _write_cells(spec, rng, layout, config, _index(spec, config, c, PHASE_B), cells,
-                     lambda cell, c=c: factors(cell, c))  # fmt: skip
+        _write_cells(
+            spec, rng, layout, config, _index(spec, config, c, PHASE_B), cells, lambda cell, c=c: factors(cell, c)
+        )
     return layout.root
 
 

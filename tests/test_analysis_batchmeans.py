@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH, batch_count, percentile_ci, relative_half_width
+from connector_tax.analysis.batchmeans import (
+    MIN_BATCHES,
+    MIN_PER_BATCH,
+    batch_count,
+    percentile_ci,
+    relative_half_width,
+)
 from connector_tax.analysis.quantiles import order_stat_ci_ranks
 
 TRUE_P90 = 1.2815515655446004

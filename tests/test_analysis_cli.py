@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from connector_tax.analysis import cli
 from synthetic_study import SyntheticSpec, write_study
+
+from connector_tax.analysis import cli
 
 
 def _parse(argv):
@@ -16,8 +17,15 @@ def _parse(argv):
 
 
 def test_cli_writes_outputs(tmp_path, capsys):
-    spec = SyntheticSpec(configs=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=120,
-                         n_steps=60, step_logs=False, seed=4)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "mooncake_both"],
+        phase_b=False,
+        phase_b_prime=False,
+        n_requests=120,
+        n_steps=60,
+        step_logs=False,
+        seed=4,
+    )
     root = write_study(tmp_path / "s", spec)
     assert cli.main(_parse([str(root)])) == 0
     out = capsys.readouterr().out
@@ -26,8 +34,23 @@ def test_cli_writes_outputs(tmp_path, capsys):
         assert (root / "analysis" / name).is_file()
     assert json.loads((root / "analysis" / "aggregate.json").read_text())["baseline"] == "plain"
     other = tmp_path / "elsewhere"
-    assert cli.main(_parse([str(root), "--out", str(other), "--baseline", "mooncake_both", "--quiet",
-                            "--throughput-basis", "requested"])) == 0  # fmt: skip
+    assert (
+        cli.main(
+            _parse(
+                [
+                    str(root),
+                    "--out",
+                    str(other),
+                    "--baseline",
+                    "mooncake_both",
+                    "--quiet",
+                    "--throughput-basis",
+                    "requested",
+                ]
+            )
+        )
+        == 0
+    )
     agg = json.loads((other / "aggregate.json").read_text())
     assert agg["baseline"] == "mooncake_both" and agg["saturation"]["throughput_basis"] == "requested"
 
@@ -38,8 +61,15 @@ def test_cli_missing_dir(tmp_path, capsys):
 
 
 def test_cli_figures_only_redraws_from_existing_analysis(tmp_path, capsys):
-    spec = SyntheticSpec(configs=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=100,
-                         n_steps=60, step_logs=False, seed=4)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "mooncake_both"],
+        phase_b=False,
+        phase_b_prime=False,
+        n_requests=100,
+        n_steps=60,
+        step_logs=False,
+        seed=4,
+    )
     root = write_study(tmp_path / "s", spec)
     assert cli.main(_parse([str(root), "--figures-only"])) == 2  # nothing to redraw yet
     assert cli.main(_parse([str(root), "--quiet"])) == 0

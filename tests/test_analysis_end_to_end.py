@@ -7,43 +7,142 @@ import csv
 import json
 
 import pytest
-
-from connector_tax.analysis import analyze
 from synthetic_study import SyntheticSpec, write_study
 
+from connector_tax.analysis import analyze
+
 EXPECTED_COLUMNS = [
-    "config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status", "valid",
-    "validity_reasons", "complete", "fingerprint",
-    "n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout",
-    "requested_rps", "offered_rps", "achieved_dispatch_rps", "effective_rps", "throughput_ratio",
-    "throughput_ratio_requested", "rates_source",
-    "ttft_ms_n", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_p90_ci_lo", "ttft_ms_p90_ci_hi",
-    "ttft_sched_ms_n", "ttft_sched_ms_p50", "ttft_sched_ms_p90", "ttft_sched_ms_p99", "ttft_sched_ms_p90_ci_lo",
+    "config",
+    "phase",
+    "cell",
+    "rate",
+    "input_len",
+    "output_len",
+    "backend",
+    "simulated",
+    "run_status",
+    "valid",
+    "validity_reasons",
+    "complete",
+    "fingerprint",
+    "n_records",
+    "n_warmup",
+    "n_post_warmup",
+    "n_ok",
+    "n_error",
+    "n_dropped",
+    "n_timeout",
+    "requested_rps",
+    "offered_rps",
+    "achieved_dispatch_rps",
+    "effective_rps",
+    "throughput_ratio",
+    "throughput_ratio_requested",
+    "rates_source",
+    "ttft_ms_n",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "ttft_ms_p99",
+    "ttft_ms_p90_ci_lo",
+    "ttft_ms_p90_ci_hi",
+    "ttft_sched_ms_n",
+    "ttft_sched_ms_p50",
+    "ttft_sched_ms_p90",
+    "ttft_sched_ms_p99",
+    "ttft_sched_ms_p90_ci_lo",
     "ttft_sched_ms_p90_ci_hi",
-    "tpot_ms_n", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "tpot_ms_p90_ci_lo", "tpot_ms_p90_ci_hi",
-    "e2e_ms_n", "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_p90_ci_lo", "e2e_ms_p90_ci_hi",
-    "itl_ms_n", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99",
-    "metrics_n", "waiting_p50", "running_p50", "kv_cache_usage_p50",
-    "step_timing_available", "steps_n",
-    "step_duration_us_p50", "step_duration_us_p90", "step_duration_us_p50_ci_lo", "step_duration_us_p50_ci_hi",
-    "build_meta_us_p50", "build_meta_us_p90", "build_meta_us_p50_ci_lo", "build_meta_us_p50_ci_hi",
-    "get_finished_us_p50", "get_finished_us_p90", "get_finished_us_p50_ci_lo", "get_finished_us_p50_ci_hi",
-    "start_load_kv_us_p50", "start_load_kv_us_p90", "start_load_kv_us_p50_ci_lo", "start_load_kv_us_p50_ci_hi",
-    "connector_total_us_p50", "connector_total_us_p90", "connector_total_us_p50_ci_lo",
+    "tpot_ms_n",
+    "tpot_ms_p50",
+    "tpot_ms_p90",
+    "tpot_ms_p99",
+    "tpot_ms_p90_ci_lo",
+    "tpot_ms_p90_ci_hi",
+    "e2e_ms_n",
+    "e2e_ms_p50",
+    "e2e_ms_p90",
+    "e2e_ms_p99",
+    "e2e_ms_p90_ci_lo",
+    "e2e_ms_p90_ci_hi",
+    "itl_ms_n",
+    "itl_ms_p50",
+    "itl_ms_p90",
+    "itl_ms_p99",
+    "metrics_n",
+    "waiting_p50",
+    "running_p50",
+    "kv_cache_usage_p50",
+    "step_timing_available",
+    "steps_n",
+    "step_duration_us_p50",
+    "step_duration_us_p90",
+    "step_duration_us_p50_ci_lo",
+    "step_duration_us_p50_ci_hi",
+    "build_meta_us_p50",
+    "build_meta_us_p90",
+    "build_meta_us_p50_ci_lo",
+    "build_meta_us_p50_ci_hi",
+    "get_finished_us_p50",
+    "get_finished_us_p90",
+    "get_finished_us_p50_ci_lo",
+    "get_finished_us_p50_ci_hi",
+    "start_load_kv_us_p50",
+    "start_load_kv_us_p90",
+    "start_load_kv_us_p50_ci_lo",
+    "start_load_kv_us_p50_ci_hi",
+    "connector_total_us_p50",
+    "connector_total_us_p90",
+    "connector_total_us_p50_ci_lo",
     "connector_total_us_p50_ci_hi",
-    "engine_step_us_p50", "engine_step_us_p90", "engine_step_us_p50_ci_lo", "engine_step_us_p50_ci_hi",
-    "saturated", "saturation_criteria", "crit_throughput", "crit_waiting", "crit_ttft_growth", "ttft_growth_ratio",
-    "ttft_growth_vs_rate", "window_note",
-]  # fmt: skip
+    "engine_step_us_p50",
+    "engine_step_us_p90",
+    "engine_step_us_p50_ci_lo",
+    "engine_step_us_p50_ci_hi",
+    "saturated",
+    "saturation_criteria",
+    "crit_throughput",
+    "crit_waiting",
+    "crit_ttft_growth",
+    "ttft_growth_ratio",
+    "ttft_growth_vs_rate",
+    "window_note",
+]
 AGGREGATE_KEYS = [
-    "schema_version", "study", "results_dir", "backend", "simulated", "served_by", "configs", "baseline",
-    "baseline_requested", "connector_study", "config_status", "ignored", "like_for_like", "code", "ci_method",
-    "saturation", "columns", "rows", "reference", "taxes",
-    "step_cdf", "artifacts", "runtime", "analysis_seconds",
-]  # fmt: skip
-FIGURES = ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",
-           "fig4_tax_bars_ref_safe_ref_load", "fig4b_tax_shapes_phase_b_prime", "fig5_tax_shape_heatmaps",
-           "fig6_step_latency_cdf", "fig7_tax_decomposition", "fig8_h4_additivity"]  # fmt: skip
+    "schema_version",
+    "study",
+    "results_dir",
+    "backend",
+    "simulated",
+    "served_by",
+    "configs",
+    "baseline",
+    "baseline_requested",
+    "connector_study",
+    "config_status",
+    "ignored",
+    "like_for_like",
+    "code",
+    "ci_method",
+    "saturation",
+    "columns",
+    "rows",
+    "reference",
+    "taxes",
+    "step_cdf",
+    "artifacts",
+    "runtime",
+    "analysis_seconds",
+]
+FIGURES = [
+    "fig1_ttft_p90_vs_rate",
+    "fig2_tpot_p90_vs_rate",
+    "fig3_throughput_vs_requested",
+    "fig4_tax_bars_ref_safe_ref_load",
+    "fig4b_tax_shapes_phase_b_prime",
+    "fig5_tax_shape_heatmaps",
+    "fig6_step_latency_cdf",
+    "fig7_tax_decomposition",
+    "fig8_h4_additivity",
+]
 
 SPEC = SyntheticSpec(sigma=0.04, n_requests=1000, n_steps=1500, step_sigma=0.02, seed=11)
 
@@ -69,8 +168,9 @@ def test_reference_rates_exact(study):
     assert rows[("mooncake_both", "phase_a", "r4")]["saturated"] is False
 
 
-@pytest.mark.parametrize("config", ["noop_connector", "mooncake_both", "nixl_both", "lmcache_only",
-                                    "multi_mooncake_lmcache"])
+@pytest.mark.parametrize(
+    "config", ["noop_connector", "mooncake_both", "nixl_both", "lmcache_only", "multi_mooncake_lmcache"]
+)
 def test_injected_taxes_recovered(study, config):
     _, _, agg, _ = study
     t = agg["taxes"]["phase_a"]["ref_safe"]["configs"][config]
@@ -80,7 +180,9 @@ def test_injected_taxes_recovered(study, config):
     assert ci[0] < t["ttft_p90"]["value"] < ci[1]
     assert t["step_p50_us"]["value"] == pytest.approx(SPEC.step_tax_us[config], abs=20)
     assert t["callback_p50_us"]["value"] == pytest.approx(SPEC.callback_us[config], rel=0.05)
-    assert t["unattributed_p50_us"]["value"] == pytest.approx(SPEC.step_tax_us[config] - SPEC.callback_us[config], abs=25)
+    assert t["unattributed_p50_us"]["value"] == pytest.approx(
+        SPEC.step_tax_us[config] - SPEC.callback_us[config], abs=25
+    )
 
 
 def test_shape_taxes_recovered(study):
@@ -126,14 +228,26 @@ def test_csv_and_json_schemas_stable(study):
     n_rows = 8 * (5 + 4) + 4 * 2
     assert len(body) == len(agg["rows"]) == n_rows
     assert all(list(r) == EXPECTED_COLUMNS for r in agg["rows"])
-    assert list(hyp) == ["schema_version", "simulated", "baseline", "reference", "ci_method", "verdict_rule",
-                         "hypotheses", "success_criteria"]
+    assert list(hyp) == [
+        "schema_version",
+        "simulated",
+        "baseline",
+        "reference",
+        "ci_method",
+        "verdict_rule",
+        "hypotheses",
+        "success_criteria",
+    ]
     assert [h["id"] for h in hyp["hypotheses"]] == ["H1", "H2", "H3", "H4", "H5", "H6"]
     assert [s["id"] for s in hyp["success_criteria"]] == [f"SC{i}" for i in range(1, 8)]
     for h in hyp["hypotheses"]:
         assert {"id", "title", "verdict", "reason", "numbers", "ci_overlaps_threshold", "caveats"} <= set(h)
-    assert sorted(out["files"])[:4] == ["aggregate.csv", "aggregate.json", "aggregate.parquet",
-                                        "figures/fig1_ttft_p90_vs_rate.pdf"]
+    assert sorted(out["files"])[:4] == [
+        "aggregate.csv",
+        "aggregate.json",
+        "aggregate.parquet",
+        "figures/fig1_ttft_p90_vs_rate.pdf",
+    ]
     assert {"taxes.csv", "taxes.parquet"} <= set(out["files"])
 
 
@@ -147,8 +261,13 @@ def test_tidy_tables_hold_what_the_json_holds(study):
     assert cells["ttft_ms_p90"].tolist() == pytest.approx([r["ttft_ms_p90"] for r in agg["rows"]])
     taxes = pd.read_parquet(root / "analysis" / "taxes.parquet")
     safe = agg["taxes"]["phase_a"]["ref_safe"]
-    for config, metrics in safe["configs"].items():
-        row = taxes.query("phase == 'phase_a' and point == 'ref_safe' and config == @config and metric == 'ttft_p90'")
+    for name, metrics in safe["configs"].items():
+        row = taxes[
+            (taxes.phase == "phase_a")
+            & (taxes.point == "ref_safe")
+            & (taxes.config == name)
+            & (taxes.metric == "ttft_p90")
+        ]
         assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(metrics["ttft_p90"]["value"])
         assert row["rate"].iloc[0] == safe["rate"]
     shapes = taxes.query("phase == 'phase_b'")

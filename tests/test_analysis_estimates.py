@@ -14,9 +14,13 @@ def _tax(value: float) -> dict:
 def _taxes(saturated_at: str | None) -> dict:
     cells = {}
     for label, inp, tax in (("512x64", 512, 0.10), ("4096x64", 4096, 0.20), ("32768x64", 32768, 0.05)):
-        cells[label] = {"input": inp, "output": 64, "missing": {},
-                        "configs": {"mooncake_both": {"ttft_p90": _tax(tax), "tpot_p90": _tax(0.1)}},
-                        "saturated": {"plain": "throughput;waiting"} if label == saturated_at else {}}  # fmt: skip
+        cells[label] = {
+            "input": inp,
+            "output": 64,
+            "missing": {},
+            "configs": {"mooncake_both": {"ttft_p90": _tax(tax), "tpot_p90": _tax(0.1)}},
+            "saturated": {"plain": "throughput;waiting"} if label == saturated_at else {},
+        }
     return {"baseline": "plain", "phase_a": {}, "phase_b": {"cells": cells, "rates": [4.0]}}
 
 

@@ -9,12 +9,24 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "connector_tax"
-FORBIDDEN = ("connector_tax.sim", "connector_tax.loadgen", "connector_tax.pipeline", "connector_tax.serving",
-             "connector_tax.launch", "connector_tax.metrics", "httpx", "zmq", "requests")  # fmt: skip
+FORBIDDEN = (
+    "connector_tax.sim",
+    "connector_tax.loadgen",
+    "connector_tax.pipeline",
+    "connector_tax.serving",
+    "connector_tax.launch",
+    "connector_tax.metrics",
+    "httpx",
+    "zmq",
+    "requests",
+)
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "analysis").glob("*.py")) + sorted((SRC / "plots").glob("*.py")),
-                         ids=lambda p: f"{p.parent.name}/{p.name}")  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    sorted((SRC / "analysis").glob("*.py")) + sorted((SRC / "plots").glob("*.py")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
 def test_no_forbidden_imports(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):

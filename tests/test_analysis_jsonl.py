@@ -18,9 +18,14 @@ def _write(path, records, tail=""):
 
 def test_columns_types_and_nulls(tmp_path):
     p = tmp_path / "a.jsonl"
-    _write(p, [{"t": 3_000_000_000_000_123, "x": 1.5, "w": True, "s": "ok", "extra": [1, 2]},
-               {"t": None, "x": None, "w": None, "s": None},
-               {"x": 2}])
+    _write(
+        p,
+        [
+            {"t": 3_000_000_000_000_123, "x": 1.5, "w": True, "s": "ok", "extra": [1, 2]},
+            {"t": None, "x": None, "w": None, "s": None},
+            {"x": 2},
+        ],
+    )
     cols = read_columns(p, FIELDS)
     assert cols["t"].dtype == np.int64 and cols["t"][0] == 3_000_000_000_000_123
     assert cols["t"][1] == NULL_INT and cols["t"][2] == NULL_INT

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import analyze, build
-from synthetic_study import SyntheticSpec, write_study
 from connector_tax.plots.style import notice as build_notice
 
 SMALL = dict(n_requests=250, n_steps=300, shapes=[(512, 64), (4096, 64)], rates=[1.0, 2.0, 4.0, 8.0, 16.0])
@@ -17,10 +17,14 @@ SMALL = dict(n_requests=250, n_steps=300, shapes=[(512, 64), (4096, 64)], rates=
 @pytest.fixture(scope="module")
 def degraded(tmp_path_factory):
     """No step timing, mooncake_consumer skipped at preflight, no Phase B'."""
-    spec = SyntheticSpec(configs=["plain", "noop_connector", "mooncake_consumer", "mooncake_both"],
-                         step_logs=False, step_timing_reason="patch did not apply: vLLM 9.9 renamed schedule()",
-                         skipped={"mooncake_consumer": "kv_consumer would not start with the dummy bootstrap"},
-                         phase_b_prime=False, **SMALL)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "noop_connector", "mooncake_consumer", "mooncake_both"],
+        step_logs=False,
+        step_timing_reason="patch did not apply: vLLM 9.9 renamed schedule()",
+        skipped={"mooncake_consumer": "kv_consumer would not start with the dummy bootstrap"},
+        phase_b_prime=False,
+        **SMALL,
+    )
     root = write_study(tmp_path_factory.mktemp("degraded") / "synthetic", spec)
     out = analyze(root, figures=True)
     return root, out
@@ -69,16 +73,20 @@ def test_skipped_config_reported_not_analysed(degraded):
     assert not [r for r in agg["rows"] if r["config"] == "mooncake_consumer"]
     assert "mooncake_consumer" not in agg["taxes"]["phase_a"]["ref_safe"]["configs"]
     assert "mooncake_consumer" in agg["reference"]["configs_excluded"]
-    sc6 = next(s for s in json.loads((root / "analysis" / "hypotheses.json").read_text())["success_criteria"]
-               if s["id"] == "SC6")  # fmt: skip
+    sc6 = next(
+        s
+        for s in json.loads((root / "analysis" / "hypotheses.json").read_text())["success_criteria"]
+        if s["id"] == "SC6"
+    )
     assert sc6["status"] == "met", sc6["reason"]  # the SKIP has its reason; no step log needed without timing
 
 
 def test_a_cell_whose_files_changed_after_its_seal_is_reported_not_used(tmp_path):
     # The reader tolerates a truncated last line (tests/test_analysis_jsonl.py); a sealed cell
     # whose file grew since its summary vouched for it is another matter: it is incomplete.
-    spec = SyntheticSpec(configs=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=200,
-                         n_steps=200, seed=3)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=200, n_steps=200, seed=3
+    )
     root = write_study(tmp_path / "s", spec)
     before = {(r["config"], r["cell"]) for r in build(root)["aggregate"]["rows"]}
     assert ("mooncake_both", "r4") in before
@@ -91,9 +99,17 @@ def test_a_cell_whose_files_changed_after_its_seal_is_reported_not_used(tmp_path
 
 
 def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_path):
-    spec = SyntheticSpec(configs=["plain", "mooncake_both", "nixl_both"], ttft_tax={"mooncake_both": 0.10,
-                         "nixl_both": 0.05}, sigma=0.3, n_requests=200, n_steps=100, phase_b=False,
-                         phase_b_prime=False, step_logs=False, seed=5)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "mooncake_both", "nixl_both"],
+        ttft_tax={"mooncake_both": 0.10, "nixl_both": 0.05},
+        sigma=0.3,
+        n_requests=200,
+        n_steps=100,
+        phase_b=False,
+        phase_b_prime=False,
+        step_logs=False,
+        seed=5,
+    )
     hyp = build(write_study(tmp_path / "s", spec))["hypotheses"]
     h1 = next(h for h in hyp["hypotheses"] if h["id"] == "H1")
     value = h1["numbers"]["tax_ttft_p90_mooncake_both"]["value"]
@@ -108,8 +124,17 @@ def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_pat
 
 
 def test_refuted_when_the_ci_is_clearly_below(tmp_path):
-    spec = SyntheticSpec(configs=["plain", "mooncake_both"], ttft_tax={"mooncake_both": 0.01}, sigma=0.03,
-                         n_requests=400, n_steps=100, phase_b=False, phase_b_prime=False, step_logs=False, seed=6)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=["plain", "mooncake_both"],
+        ttft_tax={"mooncake_both": 0.01},
+        sigma=0.03,
+        n_requests=400,
+        n_steps=100,
+        phase_b=False,
+        phase_b_prime=False,
+        step_logs=False,
+        seed=6,
+    )
     hyp = build(write_study(tmp_path / "s", spec))["hypotheses"]
     h1 = next(h for h in hyp["hypotheses"] if h["id"] == "H1")
     assert h1["verdict"] == "refuted" and h1["ci_overlaps_threshold"] is False and h1["confidence"] == "confident"
@@ -118,9 +143,17 @@ def test_refuted_when_the_ci_is_clearly_below(tmp_path):
 
 
 def test_ab_study_gets_generic_parts_only(tmp_path):
-    spec = SyntheticSpec(study="admission-ab", configs=["fifo", "pack"], knee={"fifo": 8.0, "pack": 16.0},
-                         ttft_tax={"pack": -0.2}, phase_b=False, phase_b_prime=False, n_requests=150, n_steps=100,
-                         seed=8)  # fmt: skip
+    spec = SyntheticSpec(
+        study="admission-ab",
+        configs=["fifo", "pack"],
+        knee={"fifo": 8.0, "pack": 16.0},
+        ttft_tax={"pack": -0.2},
+        phase_b=False,
+        phase_b_prime=False,
+        n_requests=150,
+        n_steps=100,
+        seed=8,
+    )
     root = write_study(tmp_path / "admission-ab", spec)
     built = build(root)
     agg, hyp = built["aggregate"], built["hypotheses"]
@@ -135,8 +168,18 @@ def test_ab_study_gets_generic_parts_only(tmp_path):
 
 
 def test_ab_report_says_not_applicable(tmp_path):
-    spec = SyntheticSpec(study="ab", configs=["fifo", "pack"], knee={}, phase_b=False, phase_b_prime=False,
-                         n_requests=100, n_steps=50, step_logs=False, simulated=False, seed=9)  # fmt: skip
+    spec = SyntheticSpec(
+        study="ab",
+        configs=["fifo", "pack"],
+        knee={},
+        phase_b=False,
+        phase_b_prime=False,
+        n_requests=100,
+        n_steps=50,
+        step_logs=False,
+        simulated=False,
+        seed=9,
+    )
     root = write_study(tmp_path / "ab", spec)
     out = analyze(root, figures=False)
     report = (root / "analysis" / "report.md").read_text()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic_study import SyntheticSpec, expected_reference, write_study
 
 from connector_tax.analysis.saturation import cell_criteria, reference_rates
-from synthetic_study import SyntheticSpec, expected_reference, write_study
 
 SMALL = dict(n_requests=120, n_steps=50, step_logs=False, phase_b=False, phase_b_prime=False, write_reference=False)
 
@@ -19,8 +19,9 @@ def _study(tmp_path, **kw):
 
 
 def test_knee_and_reference_rates_exact(tmp_path):
-    spec, root = _study(tmp_path, configs=["plain", "noop_connector", "mooncake_both"],
-                        knee={"plain": 16.0, "mooncake_both": 8.0})
+    spec, root = _study(
+        tmp_path, configs=["plain", "noop_connector", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 8.0}
+    )
     ref = reference_rates(root)
     json.dumps(ref)  # JSON-serializable
     assert (ref["ref_safe"], ref["ref_load"]) == expected_reference(spec) == (4.0, 8.0)
@@ -48,8 +49,12 @@ def test_reads_study_config_yaml_when_no_config_given(tmp_path):
 
 
 def test_nearest_lower_rate_when_halves_are_missing(tmp_path):
-    spec, root = _study(tmp_path, configs=["plain", "mooncake_both"], rates=[1.0, 3.0, 4.0, 7.0],
-                        knee={"plain": 7.0, "mooncake_both": 7.0})
+    spec, root = _study(
+        tmp_path,
+        configs=["plain", "mooncake_both"],
+        rates=[1.0, 3.0, 4.0, 7.0],
+        knee={"plain": 7.0, "mooncake_both": 7.0},
+    )
     ref = reference_rates(root)
     c = ref["cells"]["plain"]
     assert c["r7"]["criteria"]["ttft_growth"]["vs_rate"] == 3.0
@@ -69,9 +74,12 @@ def test_no_rate_qualifies_is_flagged_with_a_reason(tmp_path):
 
 
 def test_skipped_config_is_excluded_not_blocking(tmp_path):
-    spec, root = _study(tmp_path, configs=["plain", "mooncake_consumer", "mooncake_both"],
-                        knee={"plain": 16.0, "mooncake_both": 8.0, "mooncake_consumer": 2.0},
-                        skipped={"mooncake_consumer": "dummy bootstrap refused"})
+    spec, root = _study(
+        tmp_path,
+        configs=["plain", "mooncake_consumer", "mooncake_both"],
+        knee={"plain": 16.0, "mooncake_both": 8.0, "mooncake_consumer": 2.0},
+        skipped={"mooncake_consumer": "dummy bootstrap refused"},
+    )
     ref = reference_rates(root)
     assert "mooncake_consumer" in ref["configs_excluded"]
     assert "dummy bootstrap refused" in ref["configs_excluded"]["mooncake_consumer"]
@@ -79,8 +87,13 @@ def test_skipped_config_is_excluded_not_blocking(tmp_path):
 
 
 def test_study_without_plain_uses_first_config_for_ref_load(tmp_path):
-    spec, root = _study(tmp_path, study="admission-ab", configs=["fifo", "pack"], rates=[4.0, 8.0, 16.0, 32.0],
-                        knee={"fifo": 16.0, "pack": 32.0})
+    spec, root = _study(
+        tmp_path,
+        study="admission-ab",
+        configs=["fifo", "pack"],
+        rates=[4.0, 8.0, 16.0, 32.0],
+        knee={"fifo": 16.0, "pack": 32.0},
+    )
     ref = reference_rates(root)
     assert ref["baseline"] == "fifo"
     assert ref["ref_load"] == 8.0 and ref["ref_safe"] == 8.0
@@ -88,8 +101,15 @@ def test_study_without_plain_uses_first_config_for_ref_load(tmp_path):
 
 
 def test_requested_basis_and_thresholds():
-    row = {"phase": "phase_b", "throughput_ratio": 0.99, "throughput_ratio_requested": 0.9, "waiting_p50": 0.0,
-           "effective_rps": 3.6, "offered_rps": 3.64, "requested_rps": 4.0}
+    row = {
+        "phase": "phase_b",
+        "throughput_ratio": 0.99,
+        "throughput_ratio_requested": 0.9,
+        "waiting_p50": 0.0,
+        "effective_rps": 3.6,
+        "offered_rps": 3.64,
+        "requested_rps": 4.0,
+    }
     assert cell_criteria(row, {}, "offered")["saturated"] is False
     sat = cell_criteria(row, {}, "requested")
     assert sat["saturated"] is True and sat["fired"] == ["throughput"]

@@ -19,20 +19,53 @@ from connector_tax.analysis.cellstats import STEP_FIELDS_READ, join_worker_recor
 from connector_tax.analysis.jsonl import read_columns
 
 
-def engine(t_ns: int, schedule_us: float | None, build_meta_us: float | None, engine_step_us: float,
-           hooks: tuple[float | None, float | None] = (None, None)) -> dict:  # fmt: skip
-    return {"t_ns": t_ns, "step_id": t_ns, "step_duration_us": schedule_us, "build_meta_us": build_meta_us,
-            "get_finished_us": hooks[0], "start_load_kv_us": hooks[1], "num_running": 1, "num_waiting": 0,
-            "prefill_tokens": 0, "decode_tokens": 1, "engine_step_us": engine_step_us, "pid": 10,
-            "role": "engine", "source": "vllm"}  # fmt: skip
+def engine(
+    t_ns: int,
+    schedule_us: float | None,
+    build_meta_us: float | None,
+    engine_step_us: float,
+    hooks: tuple[float | None, float | None] = (None, None),
+) -> dict:
+    return {
+        "t_ns": t_ns,
+        "step_id": t_ns,
+        "step_duration_us": schedule_us,
+        "build_meta_us": build_meta_us,
+        "get_finished_us": hooks[0],
+        "start_load_kv_us": hooks[1],
+        "num_running": 1,
+        "num_waiting": 0,
+        "prefill_tokens": 0,
+        "decode_tokens": 1,
+        "engine_step_us": engine_step_us,
+        "pid": 10,
+        "role": "engine",
+        "source": "vllm",
+    }
 
 
 def worker(t_ns: int, get_finished_us: float, start_load_kv_us: float) -> dict:
-    return {"t_ns": t_ns, "step_id": t_ns, "step_duration_us": None, "build_meta_us": None,
-            "get_finished_us": get_finished_us, "start_load_kv_us": start_load_kv_us, "num_running": None,
-            "num_waiting": None, "prefill_tokens": None, "decode_tokens": None, "worker_step_us": 50.0,
-            "wait_for_layer_load_us": 1.0, "wait_for_layer_load_calls": 2, "save_kv_layer_us": 1.0,
-            "save_kv_layer_calls": 2, "wait_for_save_us": 1.0, "pid": 11, "role": "worker", "source": "vllm"}  # fmt: skip
+    return {
+        "t_ns": t_ns,
+        "step_id": t_ns,
+        "step_duration_us": None,
+        "build_meta_us": None,
+        "get_finished_us": get_finished_us,
+        "start_load_kv_us": start_load_kv_us,
+        "num_running": None,
+        "num_waiting": None,
+        "prefill_tokens": None,
+        "decode_tokens": None,
+        "worker_step_us": 50.0,
+        "wait_for_layer_load_us": 1.0,
+        "wait_for_layer_load_calls": 2,
+        "save_kv_layer_us": 1.0,
+        "save_kv_layer_calls": 2,
+        "wait_for_save_us": 1.0,
+        "pid": 11,
+        "role": "worker",
+        "source": "vllm",
+    }
 
 
 def read(tmp_path: Path, records: list[dict]) -> dict[str, np.ndarray]:

@@ -158,8 +158,11 @@ def test_h20_study_is_the_design() -> None:
     default = load_config(default_config_path())
     assert config["configs"] == default["configs"]
     workload = config["workload"]
-    assert workload["phase_a"] == {"rates": [0.5, 1, 2, 4, 8, 16, 32], "shape": {"input": 4096, "output": 256},
-                                   "prune_after_knee": True}
+    assert workload["phase_a"] == {
+        "rates": [0.5, 1, 2, 4, 8, 16, 32],
+        "shape": {"input": 4096, "output": 256},
+        "prune_after_knee": True,
+    }
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 60, 200)
     assert workload["inflight_cap"] == 256
     assert (workload["temperature"], workload["ignore_eos"], workload["prompt"]) == (0, True, "token_ids")
@@ -217,95 +220,367 @@ def _delete(path: str) -> Callable[[dict[str, Any]], None]:
 BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     # unknown keys, at every level
     ("unknown top-level key", _set("foo", 1), "(top level): unknown key 'foo'"),
-    ("misspelt top-level key", _set("saturaton", {}), "(top level): unknown key 'saturaton' (did you mean 'saturation'?)"),
-    ("unknown key in sim.admission", _set("sim.admission", {"lookahed": 8}), "sim.admission: unknown key 'lookahed' (did you mean 'lookahead'?)"),
-    ("unknown key in a configs entry", _set("configs.1.conector", {}), "configs[1]: unknown key 'conector' (did you mean 'connector'?)"),
-    ("unknown key in a connector", _set("configs.2.connector.kv_role", "kv_both"), "configs[2].connector: unknown key 'kv_role' (did you mean 'role'?)"),
-    ("unknown key in a variant server", _set("configs.0.server", {"max_seqs": 4}), "configs[0].server: unknown key 'max_seqs' (did you mean 'max_num_seqs'?)"),
-    ("unknown key in a shape", _set("workload.phase_a.shape.weight", 2), "workload.phase_a.shape: unknown key 'weight'"),
-    ("unknown connector_costs kind", _set("sim.connector_costs", {"mooncak": {}}), "sim.connector_costs: unknown key 'mooncak' (did you mean 'mooncake'?)"),
-    ("unknown fault", _set("sim.faults", {"crash_after": 3}), "sim.faults: unknown key 'crash_after' (did you mean 'crash_after_s'?)"),
+    (
+        "misspelt top-level key",
+        _set("saturaton", {}),
+        "(top level): unknown key 'saturaton' (did you mean 'saturation'?)",
+    ),
+    (
+        "unknown key in sim.admission",
+        _set("sim.admission", {"lookahed": 8}),
+        "sim.admission: unknown key 'lookahed' (did you mean 'lookahead'?)",
+    ),
+    (
+        "unknown key in a configs entry",
+        _set("configs.1.conector", {}),
+        "configs[1]: unknown key 'conector' (did you mean 'connector'?)",
+    ),
+    (
+        "unknown key in a connector",
+        _set("configs.2.connector.kv_role", "kv_both"),
+        "configs[2].connector: unknown key 'kv_role' (did you mean 'role'?)",
+    ),
+    (
+        "unknown key in a variant server",
+        _set("configs.0.server", {"max_seqs": 4}),
+        "configs[0].server: unknown key 'max_seqs' (did you mean 'max_num_seqs'?)",
+    ),
+    (
+        "unknown key in a shape",
+        _set("workload.phase_a.shape.weight", 2),
+        "workload.phase_a.shape: unknown key 'weight'",
+    ),
+    (
+        "unknown connector_costs kind",
+        _set("sim.connector_costs", {"mooncak": {}}),
+        "sim.connector_costs: unknown key 'mooncak' (did you mean 'mooncake'?)",
+    ),
+    (
+        "unknown fault",
+        _set("sim.faults", {"crash_after": 3}),
+        "sim.faults: unknown key 'crash_after' (did you mean 'crash_after_s'?)",
+    ),
     # wrong types
-    ("rates a string", _set("workload.phase_a.rates", "fast"), "workload.phase_a.rates: expected a list, got a string 'fast'"),
-    ("max_num_seqs a string", _set("server.max_num_seqs", "8"), "server.max_num_seqs: expected an integer, got a string '8'"),
-    ("min_completed a float", _set("workload.min_completed", 2.5), "workload.min_completed: expected an integer, got a number 2.5"),
-    ("ignore_eos a string", _set("workload.ignore_eos", "yes"), "workload.ignore_eos: expected true or false, got a string 'yes'"),
-    ("configs a mapping", _set("configs", {"name": "plain"}), "configs: expected a list, got a mapping {'name': 'plain'}"),
-    ("shape a string", _set("workload.phase_a.shape", "256x16"), "workload.phase_a.shape: expected a mapping, got a string '256x16'"),
+    (
+        "rates a string",
+        _set("workload.phase_a.rates", "fast"),
+        "workload.phase_a.rates: expected a list, got a string 'fast'",
+    ),
+    (
+        "max_num_seqs a string",
+        _set("server.max_num_seqs", "8"),
+        "server.max_num_seqs: expected an integer, got a string '8'",
+    ),
+    (
+        "min_completed a float",
+        _set("workload.min_completed", 2.5),
+        "workload.min_completed: expected an integer, got a number 2.5",
+    ),
+    (
+        "ignore_eos a string",
+        _set("workload.ignore_eos", "yes"),
+        "workload.ignore_eos: expected true or false, got a string 'yes'",
+    ),
+    (
+        "configs a mapping",
+        _set("configs", {"name": "plain"}),
+        "configs: expected a list, got a mapping {'name': 'plain'}",
+    ),
+    (
+        "shape a string",
+        _set("workload.phase_a.shape", "256x16"),
+        "workload.phase_a.shape: expected a mapping, got a string '256x16'",
+    ),
     ("connector left empty", _set("configs.1.connector", None), "configs[1].connector: expected a mapping, got null"),
-    ("env value not a string", _set("configs.0.env", {"UCX_TLS": 1}), "configs[0].env.UCX_TLS: expected a string, got an integer 1"),
-    ("env key not a variable name", _set("configs.0.env", {"UCX-TLS": "tcp"}), "configs[0].env: key 'UCX-TLS' is not a valid environment variable name"),
+    (
+        "env value not a string",
+        _set("configs.0.env", {"UCX_TLS": 1}),
+        "configs[0].env.UCX_TLS: expected a string, got an integer 1",
+    ),
+    (
+        "env key not a variable name",
+        _set("configs.0.env", {"UCX-TLS": "tcp"}),
+        "configs[0].env: key 'UCX-TLS' is not a valid environment variable name",
+    ),
     # values out of range
     ("negative rate", _set("workload.phase_a.rates", [4, -1]), "workload.phase_a.rates[1]: -1 must be greater than 0"),
     ("zero rate", _set("workload.phase_a.rates", [0]), "workload.phase_a.rates[0]: 0 must be greater than 0"),
     ("duplicate rate", _set("workload.phase_a.rates", [4, 8, 4]), "workload.phase_a.rates: duplicate value 4"),
-    ("throughput ratio above 1", _set("saturation.throughput_ratio_min", 1.5), "saturation.throughput_ratio_min: 1.5 is greater than the maximum of 1"),
-    ("ttft ratio of 1", _set("saturation.ttft_p90_ratio_max", 1), "saturation.ttft_p90_ratio_max: 1 must be greater than 1"),
+    (
+        "throughput ratio above 1",
+        _set("saturation.throughput_ratio_min", 1.5),
+        "saturation.throughput_ratio_min: 1.5 is greater than the maximum of 1",
+    ),
+    (
+        "ttft ratio of 1",
+        _set("saturation.ttft_p90_ratio_max", 1),
+        "saturation.ttft_p90_ratio_max: 1 must be greater than 1",
+    ),
     ("min_completed 0", _set("workload.min_completed", 0), "workload.min_completed: 0 is less than the minimum of 1"),
     ("negative duration", _set("workload.duration_s", -5), "workload.duration_s: -5 must be greater than 0"),
     ("negative warm-up", _set("workload.warmup_s", -1), "workload.warmup_s: -1 is less than the minimum of 0"),
-    ("negative cpu latency", _set("loadgen.cpu_latency_us", -1), "loadgen.cpu_latency_us: -1 is less than the minimum of 0"),
-    ("cpu latency a float", _set("loadgen.cpu_latency_us", 1.5), "loadgen.cpu_latency_us: expected an integer or null, got a number 1.5"),
-    ("misspelt loadgen key", _set("loadgen.cpu_latncy_us", 0), "loadgen: unknown key 'cpu_latncy_us' (did you mean 'cpu_latency_us'?)"),
+    (
+        "negative cpu latency",
+        _set("loadgen.cpu_latency_us", -1),
+        "loadgen.cpu_latency_us: -1 is less than the minimum of 0",
+    ),
+    (
+        "cpu latency a float",
+        _set("loadgen.cpu_latency_us", 1.5),
+        "loadgen.cpu_latency_us: expected an integer or null, got a number 1.5",
+    ),
+    (
+        "misspelt loadgen key",
+        _set("loadgen.cpu_latncy_us", 0),
+        "loadgen: unknown key 'cpu_latncy_us' (did you mean 'cpu_latency_us'?)",
+    ),
     ("no load generator worker", _set("loadgen.workers", 0), "loadgen.workers: 0 is less than the minimum of 1"),
     ("max_num_seqs -1", _set("server.max_num_seqs", -1), "server.max_num_seqs: -1 is less than the minimum of 1"),
-    ("gpu memory utilization 0", _set("server.gpu_memory_utilization", 0), "server.gpu_memory_utilization: 0 must be greater than 0"),
-    ("http_500_rate 2", _set("sim.faults", {"http_500_rate": 2}), "sim.faults.http_500_rate: 2 is greater than the maximum of 1"),
-    ("zero input length", _set("workload.phase_b.inputs", [0, 128]), "workload.phase_b.inputs[0]: 0 is less than the minimum of 1"),
-    ("negative mix weight", _set("workload.phase_b.shapes", [{"mix": [{"input": 8, "output": 8, "weight": -1}]}]), "workload.phase_b.shapes[0].mix[0].weight: -1 must be greater than 0"),
-    ("mix entry without output", _set("workload.phase_b.shapes", [{"mix": [{"input": 8}]}]), "workload.phase_b.shapes[0].mix[0]: missing required key 'output'"),
-    ("pattern entry negative", _set("workload.phase_b.shapes", [{"pattern": [{"input": 8, "output": -2}]}]), "workload.phase_b.shapes[0].pattern[0].output: -2 is less than the minimum of 1"),
-    ("shape with a string length", _set("workload.phase_a.shape.output", "16"), "workload.phase_a.shape.output: expected an integer, got a string '16'"),
-    ("shape missing output", _set("workload.phase_a.shape", {"input": 256}), "workload.phase_a.shape: missing required key 'output'"),
-    ("empty shape", _set("workload.phase_a.shape", {}), "workload.phase_a.shape: missing required keys 'input', 'output'"),
-    ("request beyond max_model_len", _set("server.max_model_len", 256), "workload.phase_a.shape: a request of 256 + 16 tokens exceeds server.max_model_len 256"),
-    ("request beyond a variant's max_model_len", _set("configs.0.server", {"max_model_len": 500}), "workload.phase_b: a request of 512 + 16 tokens exceeds configs[0].server.max_model_len 500"),
+    (
+        "gpu memory utilization 0",
+        _set("server.gpu_memory_utilization", 0),
+        "server.gpu_memory_utilization: 0 must be greater than 0",
+    ),
+    (
+        "http_500_rate 2",
+        _set("sim.faults", {"http_500_rate": 2}),
+        "sim.faults.http_500_rate: 2 is greater than the maximum of 1",
+    ),
+    (
+        "zero input length",
+        _set("workload.phase_b.inputs", [0, 128]),
+        "workload.phase_b.inputs[0]: 0 is less than the minimum of 1",
+    ),
+    (
+        "negative mix weight",
+        _set("workload.phase_b.shapes", [{"mix": [{"input": 8, "output": 8, "weight": -1}]}]),
+        "workload.phase_b.shapes[0].mix[0].weight: -1 must be greater than 0",
+    ),
+    (
+        "mix entry without output",
+        _set("workload.phase_b.shapes", [{"mix": [{"input": 8}]}]),
+        "workload.phase_b.shapes[0].mix[0]: missing required key 'output'",
+    ),
+    (
+        "pattern entry negative",
+        _set("workload.phase_b.shapes", [{"pattern": [{"input": 8, "output": -2}]}]),
+        "workload.phase_b.shapes[0].pattern[0].output: -2 is less than the minimum of 1",
+    ),
+    (
+        "shape with a string length",
+        _set("workload.phase_a.shape.output", "16"),
+        "workload.phase_a.shape.output: expected an integer, got a string '16'",
+    ),
+    (
+        "shape missing output",
+        _set("workload.phase_a.shape", {"input": 256}),
+        "workload.phase_a.shape: missing required key 'output'",
+    ),
+    (
+        "empty shape",
+        _set("workload.phase_a.shape", {}),
+        "workload.phase_a.shape: missing required keys 'input', 'output'",
+    ),
+    (
+        "request beyond max_model_len",
+        _set("server.max_model_len", 256),
+        "workload.phase_a.shape: a request of 256 + 16 tokens exceeds server.max_model_len 256",
+    ),
+    (
+        "request beyond a variant's max_model_len",
+        _set("configs.0.server", {"max_model_len": 500}),
+        "workload.phase_b: a request of 512 + 16 tokens exceeds configs[0].server.max_model_len 500",
+    ),
     # names
-    ("duplicate config name", lambda c: c["configs"].append({"name": "plain"}), "configs: duplicate config name 'plain' (configs[0] and configs[3])"),
-    ("uppercase config name", _set("configs.2.name", "Mooncake_both"), "configs[2].name: 'Mooncake_both' does not match ^[a-z0-9][a-z0-9_-]*$"),
-    ("config name with a space", _set("configs.2.name", "Mooncake Both"), "configs[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$"),
-    ("config name with a leading underscore", _set("configs.0.name", "_plain"), "configs[0].name: '_plain' does not match ^[a-z0-9][a-z0-9_-]*$"),
+    (
+        "duplicate config name",
+        lambda c: c["configs"].append({"name": "plain"}),
+        "configs: duplicate config name 'plain' (configs[0] and configs[3])",
+    ),
+    (
+        "uppercase config name",
+        _set("configs.2.name", "Mooncake_both"),
+        "configs[2].name: 'Mooncake_both' does not match ^[a-z0-9][a-z0-9_-]*$",
+    ),
+    (
+        "config name with a space",
+        _set("configs.2.name", "Mooncake Both"),
+        "configs[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$",
+    ),
+    (
+        "config name with a leading underscore",
+        _set("configs.0.name", "_plain"),
+        "configs[0].name: '_plain' does not match ^[a-z0-9][a-z0-9_-]*$",
+    ),
     ("config without a name", _delete("configs.1.name"), "configs[1]: missing required key 'name'"),
     ("bad study name", _set("study", "My Study"), "study: 'My Study' does not match ^[a-z0-9][a-z0-9_-]*$"),
-    ("phase B' config not in the study", _set("workload.phase_b_prime.configs", ["plain", "nixl_both"]), "workload.phase_b_prime.configs[1]: 'nixl_both' is not a config of this study"),
+    (
+        "phase B' config not in the study",
+        _set("workload.phase_b_prime.configs", ["plain", "nixl_both"]),
+        "workload.phase_b_prime.configs[1]: 'nixl_both' is not a config of this study",
+    ),
     # empty lists and missing sections
     ("empty rate list", _set("workload.phase_a.rates", []), "workload.phase_a.rates: must not be empty"),
     ("empty configs list", _set("configs", []), "configs: must not be empty"),
     ("empty outputs", _set("workload.phase_b.outputs", []), "workload.phase_b.outputs: must not be empty"),
     ("missing workload", _delete("workload"), "(top level): missing required key 'workload'"),
     ("missing model name", _set("model", {}), "model: missing required key 'name'"),
-    ("phase_b with neither", _set("workload.phase_b", {"rate": "ref_safe"}), "workload.phase_b: give inputs and outputs, or shapes"),
-    ("phase_b inputs without outputs", _delete("workload.phase_b.outputs"), "workload.phase_b: inputs given without outputs (the cells are inputs x outputs)"),
+    (
+        "phase_b with neither",
+        _set("workload.phase_b", {"rate": "ref_safe"}),
+        "workload.phase_b: give inputs and outputs, or shapes",
+    ),
+    (
+        "phase_b inputs without outputs",
+        _delete("workload.phase_b.outputs"),
+        "workload.phase_b: inputs given without outputs (the cells are inputs x outputs)",
+    ),
     # enums
     ("invalid backend", _set("backend", "tgi"), "backend: 'tgi' is not one of sim, vllm, openai"),
-    ("invalid hardware profile", _set("sim.hardware_profile", "a100"), "sim.hardware_profile: 'a100' is not one of tiny-fast, h20-qwen3-30b-a3b"),
-    ("invalid admission policy", _set("sim.admission", {"policy": "lifo"}), "sim.admission.policy: 'lifo' is not one of fifo, pack"),
-    ("invalid phase_b rate", _set("workload.phase_b.rate", "max"), "workload.phase_b.rate: 'max' is not one of ref_safe, ref_load"),
-    ("invalid connector type", _set("configs.2.connector.type", "mooncakes"), "configs[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, multi, custom"),
-    ("invalid connector role", _set("configs.2.connector.role", "both"), "configs[2].connector.role: 'both' is not one of kv_producer, kv_consumer, kv_both"),
-    ("connector without role", _delete("configs.2.connector.role"), "configs[2].connector: missing required key 'role'"),
+    (
+        "invalid hardware profile",
+        _set("sim.hardware_profile", "a100"),
+        "sim.hardware_profile: 'a100' is not one of tiny-fast, h20-qwen3-30b-a3b",
+    ),
+    (
+        "invalid admission policy",
+        _set("sim.admission", {"policy": "lifo"}),
+        "sim.admission.policy: 'lifo' is not one of fifo, pack",
+    ),
+    (
+        "invalid phase_b rate",
+        _set("workload.phase_b.rate", "max"),
+        "workload.phase_b.rate: 'max' is not one of ref_safe, ref_load",
+    ),
+    (
+        "invalid connector type",
+        _set("configs.2.connector.type", "mooncakes"),
+        "configs[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, multi, custom",
+    ),
+    (
+        "invalid connector role",
+        _set("configs.2.connector.role", "both"),
+        "configs[2].connector.role: 'both' is not one of kv_producer, kv_consumer, kv_both",
+    ),
+    (
+        "connector without role",
+        _delete("configs.2.connector.role"),
+        "configs[2].connector: missing required key 'role'",
+    ),
     # connector structure
-    ("multi without children", _set("configs.2.connector", {"type": "multi", "role": "kv_both"}), "configs[2].connector: type multi requires children (a list of at least 2 connectors)"),
-    ("multi with one child", _set("configs.2.connector", {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}]}), "configs[2].connector.children: must have at least 2 items (has 1)"),
-    ("children on non-multi", _set("configs.2.connector.children", [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}]), "configs[2].connector.children: only allowed when type is multi (type is mooncake)"),
-    ("nested multi", _set("configs.2.connector", {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}, {"type": "multi", "role": "kv_both", "children": []}]}), "configs[2].connector.children[1].children: must have at least 2 items (has 0)"),
-    ("nested multi with children", _set("configs.2.connector", {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}, {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}]}]}), "configs[2].connector.children[1].type: multi cannot be nested inside multi"),
-    ("unknown key in a child connector", _set("configs.2.connector", {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "rol": "kv_both"}]}), "configs[2].connector.children[1]: unknown key 'rol' (did you mean 'role'?)"),
-    ("custom without module_path", _set("configs.1.connector", {"type": "custom", "role": "kv_both"}), "configs[1].connector: type custom requires module_path (dotted.module:ClassName)"),
-    ("custom with a bad module_path", _set("configs.1.connector", {"type": "custom", "role": "kv_both", "module_path": "tools/noop_connector.py"}), "configs[1].connector.module_path: 'tools/noop_connector.py' must look like dotted.module:ClassName"),
-    ("module_path on non-custom", _set("configs.1.connector.module_path", "tools.noop_connector:NoOpConnector"), "configs[1].connector.module_path: only allowed when type is custom (type is noop)"),
+    (
+        "multi without children",
+        _set("configs.2.connector", {"type": "multi", "role": "kv_both"}),
+        "configs[2].connector: type multi requires children (a list of at least 2 connectors)",
+    ),
+    (
+        "multi with one child",
+        _set(
+            "configs.2.connector",
+            {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}]},
+        ),
+        "configs[2].connector.children: must have at least 2 items (has 1)",
+    ),
+    (
+        "children on non-multi",
+        _set(
+            "configs.2.connector.children",
+            [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}],
+        ),
+        "configs[2].connector.children: only allowed when type is multi (type is mooncake)",
+    ),
+    (
+        "nested multi",
+        _set(
+            "configs.2.connector",
+            {
+                "type": "multi",
+                "role": "kv_both",
+                "children": [{"type": "nixl", "role": "kv_both"}, {"type": "multi", "role": "kv_both", "children": []}],
+            },
+        ),
+        "configs[2].connector.children[1].children: must have at least 2 items (has 0)",
+    ),
+    (
+        "nested multi with children",
+        _set(
+            "configs.2.connector",
+            {
+                "type": "multi",
+                "role": "kv_both",
+                "children": [
+                    {"type": "nixl", "role": "kv_both"},
+                    {
+                        "type": "multi",
+                        "role": "kv_both",
+                        "children": [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}],
+                    },
+                ],
+            },
+        ),
+        "configs[2].connector.children[1].type: multi cannot be nested inside multi",
+    ),
+    (
+        "unknown key in a child connector",
+        _set(
+            "configs.2.connector",
+            {
+                "type": "multi",
+                "role": "kv_both",
+                "children": [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "rol": "kv_both"}],
+            },
+        ),
+        "configs[2].connector.children[1]: unknown key 'rol' (did you mean 'role'?)",
+    ),
+    (
+        "custom without module_path",
+        _set("configs.1.connector", {"type": "custom", "role": "kv_both"}),
+        "configs[1].connector: type custom requires module_path (dotted.module:ClassName)",
+    ),
+    (
+        "custom with a bad module_path",
+        _set("configs.1.connector", {"type": "custom", "role": "kv_both", "module_path": "tools/noop_connector.py"}),
+        "configs[1].connector.module_path: 'tools/noop_connector.py' must look like dotted.module:ClassName",
+    ),
+    (
+        "module_path on non-custom",
+        _set("configs.1.connector.module_path", "tools.noop_connector:NoOpConnector"),
+        "configs[1].connector.module_path: only allowed when type is custom (type is noop)",
+    ),
     # backend openai
     ("openai backend without url", _set("backend", "openai"), "openai.url: required when backend is openai"),
-    ("openai url not http", _set("openai", {"url": "localhost:8000"}), "openai.url: 'localhost:8000' is not an http:// or https:// URL"),
+    (
+        "openai url not http",
+        _set("openai", {"url": "localhost:8000"}),
+        "openai.url: 'localhost:8000' is not an http:// or https:// URL",
+    ),
     # what a vLLM launch would refuse, refused when the config loads
-    ("extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c["configs"][2].update(server={"extra_args": ["--port=9"]})),
-     "configs[2].server.extra_args: --port is set by the launch from the launch's port; set that instead"),
-    ("study extra_args repeats a launch flag", lambda c: (c.update(backend="vllm"), c.update(server={"extra_args": ["--max-num-seqs", "8"]})),
-     "server.extra_args: --max-num-seqs is set by the launch from server.max_num_seqs; set that instead"),
+    (
+        "extra_args repeats a launch flag",
+        lambda c: (c.update(backend="vllm"), c["configs"][2].update(server={"extra_args": ["--port=9"]})),
+        "configs[2].server.extra_args: --port is set by the launch from the launch's port; set that instead",
+    ),
+    (
+        "study extra_args repeats a launch flag",
+        lambda c: (c.update(backend="vllm"), c.update(server={"extra_args": ["--max-num-seqs", "8"]})),
+        "server.extra_args: --max-num-seqs is set by the launch from server.max_num_seqs; set that instead",
+    ),
     # cells that would share a label
-    ("colliding rates", _set("workload.phase_a.rates", [8, 8.0000001]), "workload.phase_a.rates[1]: 8.0000001 gives the same cell label r8 as rates[0] (8); rates must differ in their first 6 significant digits"),
-    ("a Phase B shape given twice", _set("workload.phase_b.shapes", [{"input": 128, "output": 16}]), "workload.phase_b.shapes[0]: repeats the shape of workload.phase_b (inputs x outputs: 128x16) (cell 128x16): every cell of a phase needs its own shape"),
-    ("a ready timeout that is not positive", _set("server.ready_timeout_s", 0), "server.ready_timeout_s: 0 must be greater than 0"),
+    (
+        "colliding rates",
+        _set("workload.phase_a.rates", [8, 8.0000001]),
+        "workload.phase_a.rates[1]: 8.0000001 gives the same cell label r8 as rates[0] (8); rates must differ in their first 6 significant digits",
+    ),
+    (
+        "a Phase B shape given twice",
+        _set("workload.phase_b.shapes", [{"input": 128, "output": 16}]),
+        "workload.phase_b.shapes[0]: repeats the shape of workload.phase_b (inputs x outputs: 128x16) (cell 128x16): every cell of a phase needs its own shape",
+    ),
+    (
+        "a ready timeout that is not positive",
+        _set("server.ready_timeout_s", 0),
+        "server.ready_timeout_s: 0 must be greater than 0",
+    ),
 ]
 
 

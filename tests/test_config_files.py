@@ -70,7 +70,10 @@ def test_yaml_syntax_error_line_number(tmp_path: Path) -> None:
 
 def test_duplicate_yaml_key(tmp_path: Path) -> None:
     path = _write(tmp_path, "study: x\nbackend: sim\nstudy: y\n")
-    assert _load_error(path) == f"{path}: line 3, column 1: YAML syntax error: duplicate key 'study' (first given on line 1)"
+    assert (
+        _load_error(path)
+        == f"{path}: line 3, column 1: YAML syntax error: duplicate key 'study' (first given on line 1)"
+    )
 
 
 def test_yaml_merge_key_overrides_are_not_duplicates(tmp_path: Path) -> None:

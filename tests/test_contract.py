@@ -39,8 +39,11 @@ def _fingerprints(config: dict) -> dict[str, str]:
 
 
 def test_mix_and_pattern_labels_agree_with_the_load_generator() -> None:
-    for shape in ({"input": 512, "output": 64}, {"mix": [{"input": 1, "output": 2, "weight": 3}, {"input": 4, "output": 5}]},
-                  {"pattern": [{"input": 6000, "output": 16}, {"input": 128, "output": 16}]}):  # fmt: skip
+    for shape in (
+        {"input": 512, "output": 64},
+        {"mix": [{"input": 1, "output": 2, "weight": 3}, {"input": 4, "output": 5}]},
+        {"pattern": [{"input": 6000, "output": 16}, {"input": 128, "output": 16}]},
+    ):
         assert shape_label(shape) == ShapeSampler(shape, 0).label()
 
 
@@ -93,12 +96,18 @@ def test_differences_name_the_changed_key() -> None:
     ("edit", "where", "words"),
     [
         (lambda w: w["phase_a"].update(rates=[100, 100.000001]), "workload.phase_a.rates[1]", "same cell label r100"),
-        (lambda w: w["phase_b"].update(shapes=[{"input": 128, "output": 16}]), "workload.phase_b.shapes[0]",
-         "repeats the shape of workload.phase_b (inputs x outputs: 128x16)"),
-        (lambda w: w["phase_b_prime"].update(shapes=[{"input": 1, "output": 2}, {"input": 1, "output": 2}]),
-         "workload.phase_b_prime.shapes[1]", "repeats the shape"),
+        (
+            lambda w: w["phase_b"].update(shapes=[{"input": 128, "output": 16}]),
+            "workload.phase_b.shapes[0]",
+            "repeats the shape of workload.phase_b (inputs x outputs: 128x16)",
+        ),
+        (
+            lambda w: w["phase_b_prime"].update(shapes=[{"input": 1, "output": 2}, {"input": 1, "output": 2}]),
+            "workload.phase_b_prime.shapes[1]",
+            "repeats the shape",
+        ),
     ],
-)  # fmt: skip
+)
 def test_colliding_labels_are_a_one_line_config_error(config, edit, where, words) -> None:
     edit(config["workload"])
     with pytest.raises(ConfigError) as err:
@@ -129,11 +138,18 @@ def test_a_sealed_cell_vouches_for_its_files_and_their_sizes(tmp_path) -> None:
     layout = StudyLayout(tmp_path / "study")
     staging, final = _staged_cell(layout)
     summary = seal_cell(staging, final, "f" * 64)
-    assert summary["files"]["requests"]["records"] == 2 and summary["files"]["engine_step"] == {"bytes": 0, "records": 0}
+    assert summary["files"]["requests"]["records"] == 2 and summary["files"]["engine_step"] == {
+        "bytes": 0,
+        "records": 0,
+    }
     assert not staging.folder.exists() and not staging.folder.parent.exists()
     assert {p.name for p in final.existing()} == {
-        "requests_phase_a_r4.jsonl", "metrics_phase_a_r4.jsonl", "engine_step_phase_a_r4.jsonl",
-        "summary_phase_a_r4.json", "chunks_phase_a_r4_w0.jsonl"}  # fmt: skip
+        "requests_phase_a_r4.jsonl",
+        "metrics_phase_a_r4.jsonl",
+        "engine_step_phase_a_r4.jsonl",
+        "summary_phase_a_r4.json",
+        "chunks_phase_a_r4_w0.jsonl",
+    }
     assert verify_cell(final, "f" * 64) == (True, "")
     assert verify_cell(final, "e" * 64) == (False, "measured with other settings (fingerprint differs)")
     with open(final.requests, "a") as fh:
@@ -158,8 +174,15 @@ def test_an_unsealed_or_failed_cell_is_not_complete(tmp_path) -> None:
 
 
 def test_the_index_round_trips_and_rejects_another_schema(tmp_path) -> None:
-    index = PhaseIndex(study="s", config="plain", phase=PHASE_A, backend="sim", launch={"a": 1}, code={"b": 2},
-                       cells=[CellEntry(PHASE_A, "r4", "f" * 64, {"rate": 4}, status="complete")])  # fmt: skip
+    index = PhaseIndex(
+        study="s",
+        config="plain",
+        phase=PHASE_A,
+        backend="sim",
+        launch={"a": 1},
+        code={"b": 2},
+        cells=[CellEntry(PHASE_A, "r4", "f" * 64, {"rate": 4}, status="complete")],
+    )
     path = tmp_path / "run.json"
     index.write(path)
     again = read_index(path)

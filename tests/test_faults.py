@@ -49,8 +49,11 @@ def _index(folder: Path, name: str, phase: str = "phase_a") -> dict:
 
 def _phase_of(folder: Path, name: str) -> list[psutil.Process]:
     """`ctax pipeline phase ... --name NAME`: the phase job itself."""
-    return [p for p in our_processes(folder)
-            if is_pipeline_job(p.info["cmdline"]) and "phase" in p.info["cmdline"] and name in p.info["cmdline"]]  # fmt: skip
+    return [
+        p
+        for p in our_processes(folder)
+        if is_pipeline_job(p.info["cmdline"]) and "phase" in p.info["cmdline"] and name in p.info["cmdline"]
+    ]
 
 
 def _kill_when_measuring(folder: Path, victims: dict[str, bool], proc: subprocess.Popen) -> None:
@@ -79,10 +82,12 @@ def faulty_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
     folder = tmp_path_factory.mktemp("faults")
     config = copy.deepcopy(TINY)
     config["configs"] = [{"name": "plain"}, {"name": "killed_phase"}, {"name": "killed_worker"}] + [
-        {"name": name, "sim": {"faults": faults}} for name, faults in SERVER_FAULTS.items()]  # fmt: skip
+        {"name": name, "sim": {"faults": faults}} for name, faults in SERVER_FAULTS.items()
+    ]
     next(c for c in config["configs"] if c["name"] == "never_ready")["server"] = {"ready_timeout_s": 3}
-    config["workload"].update(request_timeout_s=3, duration_s=0.6,
-                              phase_a={"rates": [4], "shape": {"input": 128, "output": 8}})  # fmt: skip
+    config["workload"].update(
+        request_timeout_s=3, duration_s=0.6, phase_a={"rates": [4], "shape": {"input": 128, "output": 8}}
+    )
     config["loadgen"]["cpu_latency_us"] = 25
     proc = start_snakemake(folder, write_config(folder, config), "phase_a", "--keep-going")
     _kill_when_measuring(folder, {"killed_phase": False, "killed_worker": True}, proc)
@@ -94,7 +99,10 @@ def test_server_faults_end_as_recorded_outcomes(faulty_study) -> None:
     assert returncode != 0  # the killed phase job failed: snakemake says so, after the others
     assert _gone(folder) == []
     status = json.loads((folder / "results" / "integrity" / "preflight" / "preflight_status.json").read_text())
-    assert status["fails_to_start"]["status"] == "skip" and "bootstrap server unreachable" in status["fails_to_start"]["reason"]
+    assert (
+        status["fails_to_start"]["status"] == "skip"
+        and "bootstrap server unreachable" in status["fails_to_start"]["reason"]
+    )
     assert status["never_ready"]["status"] == "skip" and "not ready after 3 s" in status["never_ready"]["reason"]
     # a crash every launch: the cell failed with the reason, and the server was relaunched
     crash = _index(folder, "crash")
@@ -105,7 +113,9 @@ def test_server_faults_end_as_recorded_outcomes(faulty_study) -> None:
     for name, kind in (("hang", "timeout"), ("errors", "error")):
         index = _index(folder, name)
         assert index["status"] == "ok", (name, index["cells_failed"], index["reason"])
-        summary = json.loads((folder / "results" / "integrity" / name / "phase_a" / "summary_phase_a_r4.json").read_text())
+        summary = json.loads(
+            (folder / "results" / "integrity" / name / "phase_a" / "summary_phase_a_r4.json").read_text()
+        )
         assert summary["counts"][kind] > 0 and not summary["validity"]["valid"], name
     errors = (folder / "results" / "integrity" / "errors" / "phase_a" / "requests_phase_a_r4.jsonl").read_text()
     assert '"http_status":500' in errors.replace(" ", "")  # each fault left its own kind of error
@@ -115,7 +125,9 @@ def test_server_faults_end_as_recorded_outcomes(faulty_study) -> None:
     assert '"error"' in metrics
     plain = _index(folder, "plain")
     assert plain["status"] == "ok"
-    summary = json.loads((folder / "results" / "integrity" / "plain" / "phase_a" / "summary_phase_a_r4.json").read_text())
+    summary = json.loads(
+        (folder / "results" / "integrity" / "plain" / "phase_a" / "summary_phase_a_r4.json").read_text()
+    )
     assert summary["cpu_latency"]["requested_us"] == 25  # the config's loadgen settings reach the cell
     assert "--connector plain" in (folder / "results" / "integrity" / "plain" / "phase_a" / "launch.sh").read_text()
     assert plain["server_cpus"] == list(plan_affinity(1).server_cpus)  # off the load generator's worker cores
@@ -140,7 +152,9 @@ def test_killed_phase_and_worker_are_recorded_and_a_rerun_finishes(faulty_study)
 def _process_study(folder: Path, rates: list[int] | None = None) -> tuple[dict, Path]:
     config = copy.deepcopy(TINY)
     config["configs"] = config["configs"][:1]
-    config["workload"].update(duration_s=0.8, phase_a={"rates": rates or [4, 6, 8], "shape": {"input": 128, "output": 8}})
+    config["workload"].update(
+        duration_s=0.8, phase_a={"rates": rates or [4, 6, 8], "shape": {"input": 128, "output": 8}}
+    )
     return config, write_config(folder, config)
 
 

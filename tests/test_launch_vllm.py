@@ -44,18 +44,27 @@ def ktc_of(config: dict, name: str) -> dict | None:
 def test_plain_argv_is_exactly_the_design_table(h20):
     argv = spec_of(h20, "plain", port=8123).argv
     assert argv == [
-        "vllm", "serve", "Qwen/Qwen3-Coder-30B-A3B-Instruct",
-        "--host", "127.0.0.1",
-        "--port", "8123",
-        "--tensor-parallel-size", "1",
-        "--max-model-len", "200000",
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--tensor-parallel-size",
+        "1",
+        "--max-model-len",
+        "200000",
         "--enable-prefix-caching",
         "--enable-chunked-prefill",
-        "--max-num-batched-tokens", "8192",
-        "--max-num-seqs", "256",
-        "--gpu-memory-utilization", "0.9",
+        "--max-num-batched-tokens",
+        "8192",
+        "--max-num-seqs",
+        "256",
+        "--gpu-memory-utilization",
+        "0.9",
         "--disable-hybrid-kv-cache-manager",
-    ]  # fmt: skip
+    ]
 
 
 def test_every_connector_config_of_the_design(h20):
@@ -116,9 +125,11 @@ def test_mooncake_protocol_is_selectable(h20):
 def test_custom_module_path_is_split_into_module_and_class(h20):
     config = copy.deepcopy(h20)
     config["configs"].append(
-        {"name": "mine", "connector": {"type": "custom", "role": "kv_producer",
-                                       "module_path": "my.pkg.conn:MyConnector"}}
-    )  # fmt: skip
+        {
+            "name": "mine",
+            "connector": {"type": "custom", "role": "kv_producer", "module_path": "my.pkg.conn:MyConnector"},
+        }
+    )
     config = validate_config(config)
     assert ktc_of(config, "mine") == {
         "kv_connector": "MyConnector",
@@ -221,9 +232,7 @@ def test_bad_ports(h20, port):
 
 
 def test_side_ports():
-    assert launch.side_ports(8000) == {
-        "http": 8000, "mooncake_bootstrap": 8001, "nixl_side_channel": 8002
-    }  # fmt: skip
+    assert launch.side_ports(8000) == {"http": 8000, "mooncake_bootstrap": 8001, "nixl_side_channel": 8002}
     assert launch.PORTS_PER_LAUNCH == 3
 
 
@@ -268,8 +277,10 @@ def test_launch_script_runs_with_the_exact_argv_and_env(h20, tmp_path):
 def run_ctax(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "launch-command", *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_ctax_launch_command_prints_the_argv(h20):
@@ -326,8 +337,10 @@ def test_preflight_scripts_gate_the_design_configs(h20):
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "connector_tax.launch.vllm_cli", *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_vllm_cli_names_gated_and_plan():

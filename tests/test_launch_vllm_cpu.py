@@ -31,7 +31,7 @@ def fake_vllm(tmp_path: Path, distributions: dict[str, str]) -> Path:
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     script = tmp_path / "vllm"
     script.write_text(f"#!{python}\nprint('fake')\n")
@@ -128,7 +128,9 @@ def test_installed_version_is_read_from_both_distribution_names(tmp_path):
 def test_a_flag_the_installed_vllm_lacks_is_refused_with_its_key(cpu):
     config = copy.deepcopy(cpu)
     config["server"]["extra_args"] = ["--watchdog-config", "{}"]
-    with pytest.raises(ConfigError, match=r"^server\.extra_args: --watchdog-config needs vLLM >= 0\.33; .* is vLLM 0\.32\.0"):
+    with pytest.raises(
+        ConfigError, match=r"^server\.extra_args: --watchdog-config needs vLLM >= 0\.33; .* is vLLM 0\.32\.0"
+    ):
         spec(config)
 
 
@@ -145,10 +147,22 @@ def test_launch_command_prints_the_cpu_launch(cpu, tmp_path):
 
     path.write_text(yaml.safe_dump(cpu))
     done = subprocess.run(
-        [sys.executable, "-m", "connector_tax.cli", "launch-command", "--config", str(path),
-         "--connector", "plain", "--script"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "connector_tax.cli",
+            "launch-command",
+            "--config",
+            str(path),
+            "--connector",
+            "plain",
+            "--script",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert done.returncode == 0, done.stderr
     assert "export VLLM_TARGET_DEVICE=cpu" in done.stdout and "--load-format dummy" in done.stdout
 
@@ -176,8 +190,10 @@ def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
 @pytest.mark.parametrize(
     "log, cause",
     [
-        ("x\nImportError: NIXL is not available\nRuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n",
-         "NIXL is not available"),
+        (
+            "x\nImportError: NIXL is not available\nRuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n",
+            "NIXL is not available",
+        ),
         ("(EngineCore pid=1) RuntimeError: Mooncake is not available\nmore\n", "Mooncake is not available"),
         ("ModuleNotFoundError: No module named 'lmcache'\nlast line\n", "No module named 'lmcache'"),
         ("Traceback\n  File x\nValueError: bad block size\nshutting down\n", "ValueError: bad block size"),

@@ -125,7 +125,10 @@ def test_discover_fake_sysfs_siblings(tmp_path: Path) -> None:
     files["node/possible"] = "0-1"  # not a node directory: ignored
     topo = discover_topology(*_fake_sysfs(tmp_path, files), allowed={0, 1, 2, 3})
     assert [(i.cpu, i.core, i.node, i.perf) for i in topo.cpus] == [
-        (0, 0, 0, 120), (1, 1, 1, 166), (2, 0, 0, 120), (3, 1, 1, 166)
+        (0, 0, 0, 120),
+        (1, 1, 1, 166),
+        (2, 0, 0, 120),
+        (3, 1, 1, 166),
     ]
     plan = plan_affinity(1, topology=topo)
     assert plan.loadgen_cpus == (1, 3) and plan.worker_cpus == ((0, 2),)
@@ -142,7 +145,9 @@ def test_discover_fake_sysfs_core_ids(tmp_path: Path) -> None:
     # CPU 3 is outside the affinity mask: not reported, even though sysfs lists it.
     topo = discover_topology(*_fake_sysfs(tmp_path, files), allowed=[0, 1, 2])
     assert [(i.cpu, i.core, i.node, i.perf) for i in topo.cpus] == [
-        (0, 0, 0, 3000000), (1, 1, 0, 3000000), (2, 0, 0, 3000000)
+        (0, 0, 0, 3000000),
+        (1, 1, 0, 3000000),
+        (2, 0, 0, 3000000),
     ]
 
 

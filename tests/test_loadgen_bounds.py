@@ -62,8 +62,10 @@ def test_cell_state_is_flat_in_the_number_of_requests() -> None:
         n = rate * 60
         for i in range(n):
             t = i * (60_000 * MS // n)
-            stats.add(RequestRecord(f"r-{i}", t, t + 1000, t + 5 * MS, t + 70 * MS, 16, 64, 3, False, "ok", None,
-                                    16, 64, 64), gaps)  # fmt: skip
+            stats.add(
+                RequestRecord(f"r-{i}", t, t + 1000, t + 5 * MS, t + 70 * MS, 16, 64, 3, False, "ok", None, 16, 64, 64),
+                gaps,
+            )
         assert stats.itl.count == n * 63 and not stats.itl.exact
         sizes.append(stats.nbytes())
     assert sizes[1] <= sizes[0] * 1.1, sizes
@@ -105,17 +107,37 @@ def test_a_rate_the_generator_cannot_issue_ends_on_the_wall_clock(tmp_path: Path
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    opts = LoadgenOptions(url=f"http://127.0.0.1:{port}", model="m", affinity=False, cpu_latency_us=None,
-                          timeout_s=2.0, drain_timeout_s=1.0, inflight_cap=64)  # fmt: skip
+    opts = LoadgenOptions(
+        url=f"http://127.0.0.1:{port}",
+        model="m",
+        affinity=False,
+        cpu_latency_us=None,
+        timeout_s=2.0,
+        drain_timeout_s=1.0,
+        inflight_cap=64,
+    )
     with LoadGenerator(opts) as gen:
         t = time.monotonic()
-        summary = gen.run_cell(CellSpec(phase="b", label="fast", arrival="fixed", rate=2e6, warmup_s=0.0,
-                                        duration_s=0.3, shape={"input": 8, "output": 2}), tmp_path)  # fmt: skip
+        summary = gen.run_cell(
+            CellSpec(
+                phase="b",
+                label="fast",
+                arrival="fixed",
+                rate=2e6,
+                warmup_s=0.0,
+                duration_s=0.3,
+                shape={"input": 8, "output": 2},
+            ),
+            tmp_path,
+        )
         took = time.monotonic() - t
     assert took < 0.3 + 1.0 + 0.5, took  # planned end + drain timeout (+ set-up)
     assert summary["counts"]["unissued"] > 0
     reasons = summary["validity"]["reasons"]
     assert any(r.startswith("unissued ") for r in reasons), reasons
     records = read_records(tmp_path / "requests_b_fast.jsonl")
-    assert len(records) == summary["counts"]["scheduled"] and summary["counts"]["scheduled"] + summary["counts"]["unissued"] == 600_000
+    assert (
+        len(records) == summary["counts"]["scheduled"]
+        and summary["counts"]["scheduled"] + summary["counts"]["unissued"] == 600_000
+    )
     assert json.loads((tmp_path / "summary_b_fast.json").read_text())["cell_id"].startswith("b_fast#")

@@ -36,10 +36,35 @@ PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_fligh
 def test_bench_against_the_sim(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     with running_sim(tmp_path / "sim", connector="plain") as sim:
-        cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", sim.url, "--model", MODEL,
-               "--rates", "20,40", "--duration", "1.3", "--warmup", "0", "--input-len", "64", "--output-len", "8",
-               "--no-affinity", "--cpu-latency-us", "off", "--phase", "cli", "--seed", "3",
-               "--out", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "connector_tax.cli",
+            "bench",
+            "--url",
+            sim.url,
+            "--model",
+            MODEL,
+            "--rates",
+            "20,40",
+            "--duration",
+            "1.3",
+            "--warmup",
+            "0",
+            "--input-len",
+            "64",
+            "--output-len",
+            "8",
+            "--no-affinity",
+            "--cpu-latency-us",
+            "off",
+            "--phase",
+            "cli",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -107,8 +132,19 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- bad arguments ------------------------------------------------------------------------
 def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
-    base = ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--duration", "0.1", "--warmup", "0",
-            "--out", str(tmp_path / "never")]  # fmt: skip
+    base = [
+        "bench",
+        "--url",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--duration",
+        "0.1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path / "never"),
+    ]
     try:
         rc = ctax_main(base + argv)
     except SystemExit as exc:
@@ -128,13 +164,19 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--rate", "-1"], "ctax bench: argument --rate: -1 must be > 0"),
         (["--rate", "0"], "ctax bench: argument --rate: 0 must be > 0"),
         (["--rates", "1,x"], "ctax bench: argument --rates: 'x' is not a valid float"),
-        (["--shapes", "512y64"],
-         "ctax bench: argument --shapes: '512y64' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"),
-        (["--shapes", "512x64,0x8"],
-         "ctax bench: argument --shapes: '0x8' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"),
+        (
+            ["--shapes", "512y64"],
+            "ctax bench: argument --shapes: '512y64' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)",
+        ),
+        (
+            ["--shapes", "512x64,0x8"],
+            "ctax bench: argument --shapes: '0x8' is not INPUTxOUTPUT with positive lengths (e.g. 512x64)",
+        ),
         (["--arrival", "max"], "ctax bench: --arrival max needs --num-requests"),
-        (["--arrival", "uniform"],
-         "ctax bench: argument --arrival: invalid choice: 'uniform' (choose from 'poisson', 'gamma', 'fixed', 'max')"),
+        (
+            ["--arrival", "uniform"],
+            "ctax bench: argument --arrival: invalid choice: 'uniform' (choose from 'poisson', 'gamma', 'fixed', 'max')",
+        ),
         (["--bogus"], "ctax bench: unrecognized arguments: --bogus"),
         (["--rate", "2", "--bogus", "x"], "ctax bench: unrecognized arguments: --bogus x"),
         (["--rates", "1,2", "--shapes", "64x8,32x4"], "ctax bench: --rates and --shapes: sweep one or the other"),
@@ -144,7 +186,10 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--warmup", "-1"], "ctax bench: argument --warmup: -1 must be >= 0"),
         (["--input-len", "1.5"], "ctax bench: argument --input-len: '1.5' is not a valid int"),
         (["--cpu-latency-us", "-1"], "ctax bench: argument --cpu-latency-us: -1 must be >= 0"),
-        (["--cpu-latency-us", "none"], "ctax bench: argument --cpu-latency-us: 'none' is not 'off' or a whole number of µs"),
+        (
+            ["--cpu-latency-us", "none"],
+            "ctax bench: argument --cpu-latency-us: 'none' is not 'off' or a whole number of µs",
+        ),
         (["--seed", "-1"], "ctax bench: argument --seed: -1 must be >= 0"),
         (["--seed", "9223372036854775808"], "ctax bench: argument --seed: 9223372036854775808 must be < 2^63"),
         (["--seed", "x"], "ctax bench: argument --seed: 'x' is not a whole number"),
@@ -152,11 +197,19 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--timeout", "nan"], "ctax bench: argument --timeout: nan must be finite"),
         (["--rates", ","], "ctax bench: argument --rates: ',' holds no rate"),
         (["--model", " "], "ctax bench: argument --model: must not be empty"),
-        (["--phase", "a/b"], "ctax bench: argument --phase: 'a/b' is not a file-name-safe name (letters, digits, . _ -)"),
+        (
+            ["--phase", "a/b"],
+            "ctax bench: argument --phase: 'a/b' is not a file-name-safe name (letters, digits, . _ -)",
+        ),
         (["--min-completed", "-1"], "ctax bench: argument --min-completed: -1 must be >= 0"),
-        (["--input-len", "300000"], "ctax bench: --input-len: 300000 tokens is over the load generator's limit of 262143"),
-        (["--url", "localhost:99999"],
-         "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535"),
+        (
+            ["--input-len", "300000"],
+            "ctax bench: --input-len: 300000 tokens is over the load generator's limit of 262143",
+        ),
+        (
+            ["--url", "localhost:99999"],
+            "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535",
+        ),
     ],
 )
 def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -174,13 +227,16 @@ def test_bad_trace_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
     line = _bad(["--trace", str(trace)], capsys, tmp_path)
-    assert line == f"ctax bench: --trace: {trace}:1: 1 hash_ids for input_length 600; expected 2 (one per 512-token block)"
+    assert (
+        line == f"ctax bench: --trace: {trace}:1: 1 hash_ids for input_length 600; expected 2 (one per 512-token block)"
+    )
     missing = tmp_path / "missing.jsonl"
     line = _bad(["--trace", str(missing)], capsys, tmp_path)
     assert line.startswith("ctax bench: --trace: ") and str(missing) in line
     # Trace lengths get the same length check as --input-len.
-    trace.write_text('{"timestamp": 0, "input_length": 262144, "output_length": 4, "hash_ids": %s}\n'
-                     % list(range(512)))  # fmt: skip
+    trace.write_text(
+        json.dumps({"timestamp": 0, "input_length": 262144, "output_length": 4, "hash_ids": list(range(512))}) + "\n"
+    )
     line = _bad(["--trace", str(trace)], capsys, tmp_path)
     assert line == "ctax bench: --trace: input_length 262144 is over the load generator's limit of 262143"
 
@@ -197,8 +253,21 @@ def test_unwritable_out_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", "http://127.0.0.1:9", "--model", "m",
-           "--rate", "-1", "--unknown-flag", "--out", str(tmp_path / "x")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "bench",
+        "--url",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--rate",
+        "-1",
+        "--unknown-flag",
+        "--out",
+        str(tmp_path / "x"),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=30)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == "ctax bench: argument --rate: -1 must be > 0\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from connector_tax.loadgen.cli import add_bench_arguments, OneLineParser
+from connector_tax.loadgen.cli import OneLineParser, add_bench_arguments
 from connector_tax.loadgen.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
 
 
@@ -49,7 +49,9 @@ def test_writes_the_limit_as_a_native_s32_and_keeps_the_file_open(tmp_path: Path
         assert state.held and state.requested_us == 50
         assert state.detail == f"held at 50 us through {device} (cpuidle driver haltpoll)"
         holder = hold.holder
-        assert holder is not None and _holds(holder.pid, device)  # open: the kernel keeps a request only while its file is
+        assert holder is not None and _holds(
+            holder.pid, device
+        )  # open: the kernel keeps a request only while its file is
     assert holder.poll() is not None and hold.holder is None
     assert hold.state.held  # the summary still says what held during the run
 

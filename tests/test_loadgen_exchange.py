@@ -12,9 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from mini_http_server import SSE_BODY, MiniServer, make_worker, plain_response, run, sse_response, worker_exchange  # noqa: E402
+
 from connector_tax.loadgen import ipc  # noqa: E402
 from connector_tax.loadgen.sse import SSEReader  # noqa: E402
-from mini_http_server import SSE_BODY, MiniServer, make_worker, plain_response, run, sse_response, worker_exchange  # noqa: E402
 
 
 # -- Worker._exchange: retry once on a dropped keep-alive connection ---------------------
@@ -54,8 +55,11 @@ def test_retry_happens_only_once() -> None:
         assert (await worker_exchange(worker, 0)).status == "ok"
         r = await worker_exchange(worker, 1)
         assert (r.status, r.error, r.http_status, r.t_first_token_ns) == (
-            "error", "ConnectionClosed: connection closed by server", 0, None
-        )  # fmt: skip
+            "error",
+            "ConnectionClosed: connection closed by server",
+            0,
+            None,
+        )
         assert srv.requests_per_conn == [2, 1]
         # A fresh connection that fails is not retried at all.
         r = await worker_exchange(worker, 2)
@@ -71,8 +75,9 @@ def test_retry_happens_only_once() -> None:
 def test_exchange_reports_non_200_with_its_message(chunked: bool) -> None:
     def behave(srv: MiniServer, conn: int, req: int, data: bytes) -> bytes:
         if req == 0:
-            return plain_response("503 Service Unavailable",
-                                  b'{"error":{"message":"overloaded","type":"x","code":503}}', chunked=chunked)
+            return plain_response(
+                "503 Service Unavailable", b'{"error":{"message":"overloaded","type":"x","code":503}}', chunked=chunked
+            )
         if req == 1:
             return plain_response("404 Not Found", b'{"detail":"Not Found"}', chunked=chunked)
         return sse_response()
@@ -95,8 +100,10 @@ def test_exchange_reports_non_200_with_its_message(chunked: bool) -> None:
 def test_exchange_times_out_a_stalled_stream() -> None:
     first_event = SSE_BODY.split(b"\n\n")[0] + b"\n\n"
     # Headers and one token, then nothing: the stream stalls without closing.
-    stalled = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + b"%x\r\n%s\r\n" % (len(first_event), first_event))  # fmt: skip
+    stalled = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n" % (len(first_event), first_event)
+    )
 
     async def main() -> None:
         srv = MiniServer(lambda *a: stalled)
@@ -118,5 +125,3 @@ def test_exchange_times_out_a_stalled_stream() -> None:
         await srv.stop()
 
     run(main)
-
-

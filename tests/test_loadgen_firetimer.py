@@ -33,10 +33,12 @@ def test_fires_never_early_and_in_order_at_poisson_like_gaps() -> None:
         gaps = [3_000_000, 50_000, 0, 7_000_000, 400_000, 1_000_000, 20_000, 2_000_000]
         targets = [start + sum(gaps[: i + 1]) for i in range(len(gaps))]
         for k, t in enumerate(targets):
+
             def fire(t: int = t, k: int = k) -> None:
                 fired.append((t, time.monotonic_ns()))
                 if k == len(targets) - 1:
                     done.set_result(None)
+
             timer.at(t, fire)
         await asyncio.wait_for(done, 5)
         timer.close()

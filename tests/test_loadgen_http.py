@@ -13,10 +13,6 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sim_server import running_sim  # noqa: E402
-
-from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
-from connector_tax.loadgen.sse import SSEReader  # noqa: E402
 from mini_http_server import (  # noqa: E402
     SSE_BODY,
     MiniServer,
@@ -27,6 +23,10 @@ from mini_http_server import (  # noqa: E402
     run,
     sse_response,
 )
+from sim_server import running_sim  # noqa: E402
+
+from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
+from connector_tax.loadgen.sse import SSEReader  # noqa: E402
 
 
 # -- the pool against the mini server ---------------------------------------------------
@@ -184,8 +184,11 @@ def test_pool_bound_against_the_sim(sim) -> None:
         assert [s for s, _, _ in results] == [200] * 8
         assert len({id(c) for _, _, c in results}) == 2
         # The kernel's socket table agrees: two connections to the sim, no more.
-        mine = [c for c in psutil.Process().net_connections("tcp")
-                if c.raddr and c.raddr.port == sim.port and c.status == psutil.CONN_ESTABLISHED]  # fmt: skip
+        mine = [
+            c
+            for c in psutil.Process().net_connections("tcp")
+            if c.raddr and c.raddr.port == sim.port and c.status == psutil.CONN_ESTABLISHED
+        ]
         assert len(mine) == 2
         pool.close()
 
@@ -197,7 +200,7 @@ def test_one_read_is_one_body_entry_however_many_http_chunks_it_holds() -> None:
         conn = HttpConnection(lambda c: None)
         conn.response = Response()
         head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-        events = [b"data: {\"n\":%d}\n\n" % i for i in range(3)]
+        events = [b'data: {"n":%d}\n\n' % i for i in range(3)]
         chunked = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
         conn.data_received(head + chunked)  # headers and three HTTP chunks in one read
         conn.data_received(b"%x\r\n%s\r\n0\r\n\r\n" % (len(events[0]), events[0]))
@@ -205,8 +208,10 @@ def test_one_read_is_one_body_entry_however_many_http_chunks_it_holds() -> None:
         return conn.response.chunks
 
     entries = asyncio.run(main())
-    assert [body for _, body in entries] == [b"".join(b"data: {\"n\":%d}\n\n" % i for i in range(3)),
-                                             b"data: {\"n\":0}\n\n"]  # fmt: skip
+    assert [body for _, body in entries] == [
+        b"".join(b'data: {"n":%d}\n\n' % i for i in range(3)),
+        b'data: {"n":0}\n\n',
+    ]
     assert entries[0][0] < entries[1][0]  # each stamped when its read arrived
 
 

@@ -24,23 +24,34 @@ def _compact(obj: object) -> str:
 
 
 def completion_chunk(text: str, finish: str | None = None) -> str:
-    return _compact({
-        "id": "cmpl-t-0", "object": "text_completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
-        "usage": None,
-    })  # fmt: skip
+    return _compact(
+        {
+            "id": "cmpl-t-0",
+            "object": "text_completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+            "usage": None,
+        }
+    )
 
 
 def chat_chunk(delta: dict, finish: str | None = None) -> str:
-    return _compact({
-        "id": "chatcmpl-t-0", "object": "chat.completion.chunk", "created": 1, "model": "m",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    })  # fmt: skip
+    return _compact(
+        {
+            "id": "chatcmpl-t-0",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+    )
 
 
 def usage_chunk(usage: dict = USAGE) -> str:
-    return _compact({"id": "cmpl-t-0", "object": "text_completion", "created": 1, "model": "m",
-                     "choices": [], "usage": usage})  # fmt: skip
+    return _compact(
+        {"id": "cmpl-t-0", "object": "text_completion", "created": 1, "model": "m", "choices": [], "usage": usage}
+    )
 
 
 def sse(*payloads: str, eol: str = "\n") -> bytes:
@@ -154,8 +165,16 @@ def test_final_event_without_blank_line_counts_when_the_response_ends() -> None:
 
 # -- errors -----------------------------------------------------------------------------
 def test_error_event_message() -> None:
-    err = _compact({"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError",
-                              "param": None, "code": 500}})  # fmt: skip
+    err = _compact(
+        {
+            "error": {
+                "message": "EngineCore encountered an issue.",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+        }
+    )
     reader = read([sse(completion_chunk(" a"), err, "[DONE]")])
     assert outcome(reader) == (1, None, True, "EngineCore encountered an issue.")
 
@@ -272,10 +291,10 @@ def _random_stream(rng: random.Random) -> tuple[bytes, int]:
     parts: list[bytes] = []
     if chat:
         parts.append(sse(chat_chunk({"role": "assistant", "content": ""}), eol=eol))
-    for k in range(n):
+    for _ in range(n):
         if rng.random() < 0.2:
             parts.append(f": ping{eol}{eol}".encode())
-        text = " " + "".join(rng.choice("abcxyz\"\\é") for _ in range(rng.randint(1, 6)))
+        text = " " + "".join(rng.choice('abcxyz"\\é') for _ in range(rng.randint(1, 6)))
         parts.append(sse(chat_chunk({"content": text}) if chat else completion_chunk(text), eol=eol))
     last = chat_chunk({"content": ""}, "length") if chat else completion_chunk("", "length")
     usage = {"prompt_tokens": 11, "total_tokens": 11 + n, "completion_tokens": n}
@@ -298,12 +317,17 @@ def test_random_splits_equal_one_read() -> None:
         starts = [0]
         for p in pieces:
             starts.append(starts[-1] + len(p))
-        piece_of = lambda off: next(k for k in range(len(pieces)) if starts[k] <= off < starts[k + 1])  # noqa: E731
+        piece_of = lambda off, pieces=pieces, starts=starts: next(  # noqa: E731
+            k for k in range(len(pieces)) if starts[k] <= off < starts[k + 1]
+        )
         content_ends = [
-            e for e, ev in zip(_event_ends(stream, sep), stream.split(sep))
-            if ev.startswith(b"data: {") and b'"content":""' not in ev and b'"text":""' not in ev
+            e
+            for e, ev in zip(_event_ends(stream, sep), stream.split(sep))
+            if ev.startswith(b"data: {")
+            and b'"content":""' not in ev
+            and b'"text":""' not in ev
             and b'"choices":[]' not in ev
-        ]  # fmt: skip
+        ]
         assert reader.times == [times[piece_of(e)] for e in content_ends], trial
         assert reader.t_first == (reader.times[0] if n else None)
         assert reader.t_last == (reader.times[-1] if n else None)
@@ -314,9 +338,11 @@ def test_byte_by_byte_random_streams() -> None:
     for _ in range(20):
         stream, n = _random_stream(rng)
         reader = read([stream[i : i + 1] for i in range(len(stream))])
-        assert outcome(reader) == outcome(read([stream])) == (
-            n, {"prompt_tokens": 11, "total_tokens": 11 + n, "completion_tokens": n}, True, None
-        )  # fmt: skip
+        assert (
+            outcome(reader)
+            == outcome(read([stream]))
+            == (n, {"prompt_tokens": 11, "total_tokens": 11 + n, "completion_tokens": n}, True, None)
+        )
 
 
 def test_empty_reads_change_nothing() -> None:

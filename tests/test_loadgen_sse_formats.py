@@ -70,7 +70,9 @@ def reference(stream: bytes) -> tuple[int, dict | None, bool, bool]:
             error = True
             continue
         if obj.get("usage") is not None:
-            usage = {k: v for k, v in obj["usage"].items() if k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+            usage = {
+                k: v for k, v in obj["usage"].items() if k in ("prompt_tokens", "completion_tokens", "total_tokens")
+            }
         if any(_has_text(c) for c in obj.get("choices") or []):
             tokens += 1
         elif obj.get("error") is not None or obj.get("object") == "error":
@@ -80,7 +82,9 @@ def reference(stream: bytes) -> tuple[int, dict | None, bool, bool]:
 
 def _has_text(choice: dict) -> bool:
     delta = choice.get("delta") or {}
-    return bool(choice.get("text") or any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")))
+    return bool(
+        choice.get("text") or any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
+    )
 
 
 def _is_count(v: object) -> bool:
@@ -98,14 +102,19 @@ def _shape_ok(obj: object) -> bool:
             if not isinstance(c, dict) or not isinstance(c.get("text"), (str, type(None))):
                 return False
             d = c.get("delta")
-            if d is not None and (not isinstance(d, dict) or not all(
-                isinstance(d.get(k), (str, type(None))) for k in ("content", "reasoning_content", "reasoning")
-            ) or not isinstance(d.get("tool_calls"), (list, type(None)))):
+            if d is not None and (
+                not isinstance(d, dict)
+                or not all(
+                    isinstance(d.get(k), (str, type(None))) for k in ("content", "reasoning_content", "reasoning")
+                )
+                or not isinstance(d.get("tool_calls"), (list, type(None)))
+            ):
                 return False
     usage = obj.get("usage")
-    if usage is not None and (not isinstance(usage, dict) or not all(
-        _is_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    )):
+    if usage is not None and (
+        not isinstance(usage, dict)
+        or not all(_is_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    ):
         return False
     return isinstance(obj.get("object"), (str, type(None)))
 
@@ -142,8 +151,12 @@ def chunks_of(s: dict, style: str) -> list[dict]:
     """The JSON objects a server of `style` sends for the logical stream."""
     n = len(s["tokens"]) + len(s["reasoning"])
     usage = {"prompt_tokens": 16, "completion_tokens": n, "total_tokens": 16 + n}
-    base = {"id": "cmpl-1", "object": "chat.completion.chunk" if s["chat"] else "text_completion",
-            "created": 1, "model": "m"}  # fmt: skip
+    base = {
+        "id": "cmpl-1",
+        "object": "chat.completion.chunk" if s["chat"] else "text_completion",
+        "created": 1,
+        "model": "m",
+    }
     if style == "tgi":
         base["system_fingerprint"] = "3.0.0-native"
     if style == "llamacpp":
@@ -203,7 +216,9 @@ def rendering(draw: st.DrawFn, s: dict) -> bytes:
         if draw(st.integers(0, 5)) == 0:  # a pretty-printed payload: one data line per JSON line
             fields += [f"data:{space}{line}" for line in json.dumps(obj, indent=1).split("\n")]
         else:
-            fields.append(f"data:{space}{draw(st.sampled_from(['', ' ', chr(9)]))}{text}{draw(st.sampled_from(['', ' ']))}")
+            fields.append(
+                f"data:{space}{draw(st.sampled_from(['', ' ', chr(9)]))}{text}{draw(st.sampled_from(['', ' ']))}"
+            )
         events.append(eol.join(fields) + eol + eol)
     for pos in s["keepalives"]:
         events.insert(min(pos, len(events)), f": keep-alive{eol}{eol}")
@@ -243,8 +258,14 @@ def test_byte_by_byte_equals_one_read(c: tuple[dict, bytes, list[bytes]]) -> Non
 
 
 def test_one_event_per_read_times_each_token() -> None:
-    s = {"chat": True, "reasoning": ["r"], "tokens": ["a", "b"], "usage_in_last": False, "usage": True,
-         "keepalives": []}  # fmt: skip
+    s = {
+        "chat": True,
+        "reasoning": ["r"],
+        "tokens": ["a", "b"],
+        "usage_in_last": False,
+        "usage": True,
+        "keepalives": [],
+    }
     events = [f"data: {json.dumps(o)}\n\n".encode() for o in chunks_of(s, "sglang")] + [b"data: [DONE]\n\n"]
     reader = read(events)
     assert outcome(reader) == expected(s)
@@ -317,7 +338,7 @@ def test_no_blank_lines_is_linear_not_quadratic() -> None:
     # The same bytes with no newline at all, 1 byte at a time: the tail is joined once per line.
     reader = SSEReader()
     t = time.perf_counter()
-    for b in range(200_000):
+    for _ in range(200_000):
         reader.feed(1, b"z")
     assert time.perf_counter() - t < 2.0 and not reader.fatal
 
@@ -330,9 +351,26 @@ def test_fuzz_arbitrary_bytes_never_raise(pieces: list[bytes]) -> None:
     assert reader.chunks == len(reader.times or [])
 
 
-SSE_ALPHABET = [b"data:", b"data: ", b"\n", b"\r", b"\r\n", b":", b"event: error", b"id: 1", b"[DONE]",
-                b'{"choices": [{"text": "a"}]}', b'{"choices": [], "usage": {"completion_tokens": 1}}',
-                b'{"error": {"message": "m"}}', b"{", b"}", b'"', b"\\", b"\xff", b" "]  # fmt: skip
+SSE_ALPHABET = [
+    b"data:",
+    b"data: ",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b":",
+    b"event: error",
+    b"id: 1",
+    b"[DONE]",
+    b'{"choices": [{"text": "a"}]}',
+    b'{"choices": [], "usage": {"completion_tokens": 1}}',
+    b'{"error": {"message": "m"}}',
+    b"{",
+    b"}",
+    b'"',
+    b"\\",
+    b"\xff",
+    b" ",
+]
 
 
 @settings(max_examples=400, deadline=None)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import sys
 import threading
+import time
 
 from connector_tax.loadgen.timing import set_timer_slack, wait_until
 

@@ -29,8 +29,12 @@ def write(tmp_path: Path, lines: list) -> Path:
 
 
 def rec(ts=0, n_in=1000, n_out=10, ids=None) -> dict:
-    return {"timestamp": ts, "input_length": n_in, "output_length": n_out,
-            "hash_ids": ids if ids is not None else list(range(math.ceil(n_in / 512)))}
+    return {
+        "timestamp": ts,
+        "input_length": n_in,
+        "output_length": n_out,
+        "hash_ids": ids if ids is not None else list(range(math.ceil(n_in / 512))),
+    }
 
 
 @needs_real

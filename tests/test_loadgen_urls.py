@@ -28,7 +28,11 @@ SERVER = REPO / "benchmarks" / "sse_bench_server.py"
         ("http://127.0.0.1:8000", "completions", ("http", "127.0.0.1", 8000, "127.0.0.1:8000", "/v1/completions")),
         ("localhost:8000", "completions", ("http", "localhost", 8000, "localhost:8000", "/v1/completions")),
         ("127.0.0.1", "chat", ("http", "127.0.0.1", 80, "127.0.0.1", "/v1/chat/completions")),
-        ("https://api.example.com", "completions", ("https", "api.example.com", 443, "api.example.com", "/v1/completions")),
+        (
+            "https://api.example.com",
+            "completions",
+            ("https", "api.example.com", 443, "api.example.com", "/v1/completions"),
+        ),
         ("https://h:8443/v1", "chat", ("https", "h", 8443, "h:8443", "/v1/chat/completions")),
         ("http://[::1]:8000/", "completions", ("http", "::1", 8000, "[::1]:8000", "/v1/completions")),
         ("[::1]:9", "completions", ("http", "::1", 9, "[::1]:9", "/v1/completions")),
@@ -88,8 +92,12 @@ def test_unset_api_key_env_is_one_line(capsys: pytest.CaptureFixture[str], monke
 @contextmanager
 def bench_server(tmp: Path, *extra: str, host: str = "127.0.0.1") -> Iterator[tuple[str, Path]]:
     log = tmp / f"server-{len(list(tmp.glob('server-*')))}.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--host", host, "--port", "0", "--log", str(log), *extra],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--host", host, "--port", "0", "--log", str(log), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert line.startswith("ready "), line
@@ -100,9 +108,34 @@ def bench_server(tmp: Path, *extra: str, host: str = "127.0.0.1") -> Iterator[tu
 
 
 def bench(url: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", url, "--model", "m", "--rate", "20",
-           "--duration", "0.5", "--warmup", "0", "--input-len", "16", "--output-len", "4", "--no-affinity",
-           "--cpu-latency-us", "off", "--phase", "u", "--out", str(out), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "m",
+        "--rate",
+        "20",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--no-affinity",
+        "--cpu-latency-us",
+        "off",
+        "--phase",
+        "u",
+        "--out",
+        str(out),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -142,15 +175,42 @@ def test_https_with_ca_file_or_insecure_and_bearer_key(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed: no certificate to serve https with")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     env = dict(os.environ, CTAX_TEST_KEY="s3cret")
     with bench_server(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--api-key", "s3cret") as (url, log):
         assert url.startswith("https://")
         port = url.rsplit(":", 1)[1]
-        ok = bench(f"https://localhost:{port}", tmp_path / "ok", "--cacert", str(cert), "--api-key-env",
-                   "CTAX_TEST_KEY", env=env)  # fmt: skip
+        ok = bench(
+            f"https://localhost:{port}",
+            tmp_path / "ok",
+            "--cacert",
+            str(cert),
+            "--api-key-env",
+            "CTAX_TEST_KEY",
+            env=env,
+        )
         assert ok.returncode == 0, ok.stderr
         assert all(r["status"] == "ok" and r["completion_tokens"] == 4 for r in _records(tmp_path / "ok"))
         insecure = bench(url, tmp_path / "k", "--insecure", "--api-key-env", "CTAX_TEST_KEY", env=env)
@@ -161,6 +221,6 @@ def test_https_with_ca_file_or_insecure_and_bearer_key(tmp_path: Path) -> None:
         errors = [r["error"] for r in _records(tmp_path / "v")]
         assert errors and all(e and "CERTIFICATE_VERIFY_FAILED" in e for e in errors), errors[:1]
         # Without the key: the server's 401, with its message.
-        nokey = bench(f"https://localhost:{port}", tmp_path / "n", "--cacert", str(cert))
+        bench(f"https://localhost:{port}", tmp_path / "n", "--cacert", str(cert))
         assert {r["error"] for r in _records(tmp_path / "n")} == {"HTTP 401: bad api key"}
     assert _served(log) and all(e["auth_ok"] for e in _served(log))

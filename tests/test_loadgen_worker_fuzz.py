@@ -20,8 +20,22 @@ from mini_http_server import (
 from connector_tax.loadgen.sse import MAX_EVENT_BYTES
 from connector_tax.loadgen.worker import MAX_ERROR_BODY
 
-PIECES = [b"data:", b"data: ", b"\n", b"\r", b"\r\n", b": ping", b"event: error", b"[DONE]", b"{", b"}",
-          b'{"choices": [{"text": "a"}]}', b'{"choices": [], "usage": {"completion_tokens": 1}}', b"\xff", b'"']  # fmt: skip
+PIECES = [
+    b"data:",
+    b"data: ",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b": ping",
+    b"event: error",
+    b"[DONE]",
+    b"{",
+    b"}",
+    b'{"choices": [{"text": "a"}]}',
+    b'{"choices": [], "usage": {"completion_tokens": 1}}',
+    b"\xff",
+    b'"',
+]
 
 
 def _streamed(body: bytes, chunked: bool) -> bytes:
@@ -49,8 +63,7 @@ def _serve(body_for_first: bytes) -> tuple:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.binary(max_size=400), st.lists(st.sampled_from(PIECES), max_size=40).map(b"".join)),
-       st.booleans())  # fmt: skip
+@given(st.one_of(st.binary(max_size=400), st.lists(st.sampled_from(PIECES), max_size=40).map(b"".join)), st.booleans())
 def test_any_streamed_body_gives_one_result_and_the_worker_goes_on(body: bytes, chunked: bool) -> None:
     first, second = _serve(_streamed(body, chunked))
     assert first.status in ("ok", "error") and first.http_status == 200

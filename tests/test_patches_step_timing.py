@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from connector_tax.contract.records import STEP_LOG_ENV as PACKAGE_STEP_LOG_ENV
 from connector_tax.launch import steptiming
 from connector_tax.launch.vllm import STEP_LOG_ENV as LAUNCH_STEP_LOG_ENV
-from connector_tax.contract.records import STEP_LOG_ENV as PACKAGE_STEP_LOG_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # patches/ is imported by dotted path from the repository root
@@ -31,9 +31,17 @@ if str(REPO) not in sys.path:  # patches/ is imported by dotted path from the re
 from patches import engine_hooks, step_timing  # noqa: E402
 
 DESIGN_FIELDS = [
-    "t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us",
-    "start_load_kv_us", "num_running", "num_waiting", "prefill_tokens", "decode_tokens",
-]  # fmt: skip
+    "t_ns",
+    "step_id",
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "num_running",
+    "num_waiting",
+    "prefill_tokens",
+    "decode_tokens",
+]
 
 
 # --------------------------------------------------------------------------- fakes
@@ -235,8 +243,12 @@ def test_engine_steps_write_design_records(tmp_path):
     # budget 64: step 1 = 64 prompt tokens of r0; step 2 = 36 of r0 + 28 of r1; step 3 = 2 of
     # r1 + r0's first decode token; then decode only
     assert [(r["prefill_tokens"], r["decode_tokens"]) for r in records] == [
-        (64, 0), (64, 0), (2, 1), (0, 2), (0, 2),
-    ]  # fmt: skip
+        (64, 0),
+        (64, 0),
+        (2, 1),
+        (0, 2),
+        (0, 2),
+    ]
     assert records[0]["num_running"] == 1 and records[0]["num_waiting"] == 1
     assert records[-1]["num_running"] == 2 and records[-1]["num_waiting"] == 0
     # the hooks still ran and returned what the connector returned
@@ -254,7 +266,13 @@ def check_worker_records(records: list[dict], steps: int) -> None:
         assert r["role"] == "worker" and r["source"] == "vllm"
         assert r["step_duration_us"] is None and r["build_meta_us"] is None  # not a scheduler step
         assert r["wait_for_layer_load_calls"] == r["save_kv_layer_calls"] == len(LAYERS)
-        hooks = ("start_load_kv_us", "wait_for_layer_load_us", "save_kv_layer_us", "wait_for_save_us", "get_finished_us")
+        hooks = (
+            "start_load_kv_us",
+            "wait_for_layer_load_us",
+            "save_kv_layer_us",
+            "wait_for_save_us",
+            "get_finished_us",
+        )
         assert all(r[h] > 0 for h in hooks), r
         assert sum(r[h] for h in hooks) < r["worker_step_us"]
 
@@ -519,9 +537,7 @@ def run_python(code: str, env_extra: dict[str, str], pythonpath: list[Path]) -> 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", STEP_LOG_ENV_NAME)}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     env.update(env_extra)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -532,12 +548,7 @@ STEP_LOG_ENV_NAME = step_timing.STEP_LOG_ENV
 def test_sitecustomize_installs_the_hooks_into_a_fresh_process(tmp_path):
     fake = make_fake_vllm(tmp_path / "fake")
     log = tmp_path / "out" / "engine_step.jsonl"
-    code = (
-        "import vllm.v1.engine.core as core\n"
-        "e = core.EngineCore()\n"
-        "for _ in range(3): e.step_fn()\n"
-        "print('ok')\n"
-    )
+    code = "import vllm.v1.engine.core as core\ne = core.EngineCore()\nfor _ in range(3): e.step_fn()\nprint('ok')\n"
     out = run_python(
         code,
         {STEP_LOG_ENV_NAME: str(log)},
@@ -585,10 +596,12 @@ def test_the_shadowed_sitecustomize_still_runs(tmp_path):
 def test_a_broken_target_leaves_vllm_running_and_reports_unavailable(tmp_path):
     fake = make_fake_vllm(tmp_path / "fake")
     factory = fake / "vllm/distributed/kv_transfer/kv_connector/factory.py"
-    factory.write_text(factory.read_text().replace(
-        "def create_connector(cls, config, role, kv_cache_config)",
-        "def create_connector(cls, config, role, kv_cache_config, extra=None)",
-    ))  # fmt: skip
+    factory.write_text(
+        factory.read_text().replace(
+            "def create_connector(cls, config, role, kv_cache_config)",
+            "def create_connector(cls, config, role, kv_cache_config, extra=None)",
+        )
+    )
     log = tmp_path / "out" / "s.jsonl"
     code = "import vllm.v1.engine.core as core\ne = core.EngineCore()\ne.step_fn()\nprint('ok')\n"
     out = run_python(code, {STEP_LOG_ENV_NAME: str(log)}, [REPO, REPO / "patches" / "site", fake])

@@ -20,8 +20,9 @@ def snakemake(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.
 
 @pytest.mark.parametrize("config", ["default.yaml", "h20-qwen3-coder.yaml", "test-tiny.yaml"])
 def test_dry_run_builds_the_dag_without_a_gpu(config, tmp_path):
-    result = snakemake("-n", "--cores", "1", "--configfile", str(REPO / "configs" / config),
-                       "--directory", str(tmp_path))  # fmt: skip
+    result = snakemake(
+        "-n", "--cores", "1", "--configfile", str(REPO / "configs" / config), "--directory", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "preflight_config" in result.stdout
 
@@ -44,9 +45,21 @@ def test_a_bad_config_fails_before_anything_runs_with_one_line(tmp_path):
 
 
 def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "connector_tax.cli", "plan", "--config",
-                             str(REPO / "configs" / "h20-qwen3-coder.yaml"), "--gpus", "8"],
-                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "connector_tax.cli",
+            "plan",
+            "--config",
+            str(REPO / "configs" / "h20-qwen3-coder.yaml"),
+            "--gpus",
+            "8",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
@@ -55,6 +68,7 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     one, eight = (float(line.split(": ")[1].split(" h")[0]) for line in out.splitlines() if line.startswith("on "))
     assert eight < one / 4
     assert "no reference_rates.json yet" in out
-    bad = subprocess.run([sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO,
-                         capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and bad.stderr.strip() == "ctax plan: --gpus: 0 is not a number of GPUs (1 or more)"

@@ -8,9 +8,9 @@ import copy
 import pytest
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import build
-from synthetic_study import SyntheticSpec, write_study
 from connector_tax.contract.layout import FIGURES as CONTRACT_FIGURES
 from connector_tax.plots import build_figure, make_figures
 from connector_tax.plots.figures import FIGURES, Skip
@@ -21,8 +21,9 @@ CONFIGS = ["plain", "noop_connector", "mooncake_both", "nixl_both", "lmcache_onl
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
-    spec = SyntheticSpec(configs=CONFIGS, n_requests=200, n_steps=300, shapes=[(512, 64), (4096, 64), (512, 256)],
-                         seed=21)  # fmt: skip
+    spec = SyntheticSpec(
+        configs=CONFIGS, n_requests=200, n_steps=300, shapes=[(512, 64), (4096, 64), (512, 256)], seed=21
+    )
     built = build(write_study(tmp_path_factory.mktemp("plots") / "s", spec))
     return built["aggregate"], built["hypotheses"]
 
@@ -136,9 +137,13 @@ def test_no_legend_covers_plotted_data(docs, name):
     agg, hyp = docs
     fig = build_figure(name, agg, hyp)
     fig.canvas.draw()
-    legends = [lg for ax in fig.axes for lg in ax.get_children() if lg.__class__.__name__ == "Legend"] + list(fig.legends)
+    legends = [lg for ax in fig.axes for lg in ax.get_children() if lg.__class__.__name__ == "Legend"] + list(
+        fig.legends
+    )
     for legend in legends:
         box = legend.get_window_extent()
         for ax in fig.axes:
             covered = [b for b in _data_boxes(ax) if box.overlaps(b)]
-            assert not covered, f"{name}: legend {[t.get_text() for t in legend.get_texts()][:2]} covers {len(covered)} plotted items"
+            assert not covered, (
+                f"{name}: legend {[t.get_text() for t in legend.get_texts()][:2]} covers {len(covered)} plotted items"
+            )

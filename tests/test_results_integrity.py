@@ -50,27 +50,39 @@ def _set(path: str, value: object):
     return edit
 
 
-ALL_CELLS = {f"{c}/{cell}" for c in ("plain", "noop_connector")
-             for cell in ("phase_a/r4", "phase_a/r8", "phase_b/128x8")}  # fmt: skip
+ALL_CELLS = {
+    f"{c}/{cell}" for c in ("plain", "noop_connector") for cell in ("phase_a/r4", "phase_a/r8", "phase_b/128x8")
+}
 
 
 @pytest.mark.parametrize(
     ("edit", "remeasured"),
     [
-        pytest.param(_set("workload.phase_a.shape.input", 160),
-                     {f"{c}/phase_a/{r}" for c in ("plain", "noop_connector") for r in ("r4", "r8")}, id="shape"),
+        pytest.param(
+            _set("workload.phase_a.shape.input", 160),
+            {f"{c}/phase_a/{r}" for c in ("plain", "noop_connector") for r in ("r4", "r8")},
+            id="shape",
+        ),
         # r8 leaves the plan (an orphan), r6 joins it and becomes ref_safe, so Phase B moves to it
-        pytest.param(_set("workload.phase_a.rates", [4, 6]),
-                     {f"{c}/{cell}" for c in ("plain", "noop_connector") for cell in ("phase_a/r6", "phase_b/128x8")},
-                     id="rate"),
+        pytest.param(
+            _set("workload.phase_a.rates", [4, 6]),
+            {f"{c}/{cell}" for c in ("plain", "noop_connector") for cell in ("phase_a/r6", "phase_b/128x8")},
+            id="rate",
+        ),
         pytest.param(_set("workload.warmup_s", 0.15), ALL_CELLS, id="warm-up"),
-        pytest.param(_set("configs.1.sim", {"connector_costs": {"framework": {"build_meta": {"fixed_us": 500}}}}),
-                     {c for c in ALL_CELLS if c.startswith("noop_connector/")}, id="sim-parameter"),
-        pytest.param(_set("configs.0.server", {"max_num_seqs": 64}), {c for c in ALL_CELLS if c.startswith("plain/")},
-                     id="server-flag"),
+        pytest.param(
+            _set("configs.1.sim", {"connector_costs": {"framework": {"build_meta": {"fixed_us": 500}}}}),
+            {c for c in ALL_CELLS if c.startswith("noop_connector/")},
+            id="sim-parameter",
+        ),
+        pytest.param(
+            _set("configs.0.server", {"max_num_seqs": 64}),
+            {c for c in ALL_CELLS if c.startswith("plain/")},
+            id="server-flag",
+        ),
         pytest.param(_set("seed", 8), ALL_CELLS, id="seed"),
     ],
-)  # fmt: skip
+)
 def test_a_changed_setting_remeasures_exactly_its_cells(measured, tmp_path, edit, remeasured) -> None:
     folder = _copy(measured, tmp_path)
     before = sealed_cells(folder, TINY)
@@ -78,8 +90,11 @@ def test_a_changed_setting_remeasures_exactly_its_cells(measured, tmp_path, edit
     edit(config)
     dry = snakemake(folder, write_config(folder, config, "changed.yaml"), "analyze", "-n")
     assert dry.returncode == 0, dry.stderr[-2000:]
-    announced = {line.split(":")[1].strip().split("/")[0] for line in dry.stderr.splitlines()
-                 if line.startswith("connector-tax: ") and "cells to measure" in line}  # fmt: skip
+    announced = {
+        line.split(":")[1].strip().split("/")[0]
+        for line in dry.stderr.splitlines()
+        if line.startswith("connector-tax: ") and "cells to measure" in line
+    }
     assert announced == {c.split("/")[0] for c in remeasured if "/phase_a/" in c}
 
     result = snakemake(folder, folder / "changed.yaml", "analyze")
@@ -105,8 +120,11 @@ def test_a_changed_setting_remeasures_exactly_its_cells(measured, tmp_path, edit
     assert ("superseded (kept, not analysed)" in report) == bool(moved)
     orphans = {x["path"] for x in agg["ignored"] if "orphan" in x["why"]}
     relative = StudyLayout.of(config["study"])  # the analysis ran from the study's folder
-    assert orphans == {str(relative.phase(c, "phase_a").folder / "*_phase_a_r8.*") for c in ("plain", "noop_connector")
-                       if "phase_a/r8" not in str(after)}  # fmt: skip
+    assert orphans == {
+        str(relative.phase(c, "phase_a").folder / "*_phase_a_r8.*")
+        for c in ("plain", "noop_connector")
+        if "phase_a/r8" not in str(after)
+    }
 
 
 def test_an_unchanged_rerun_reuses_everything(measured, tmp_path) -> None:
@@ -121,8 +139,10 @@ def test_duplicate_labels_are_one_line_before_any_launch(tmp_path) -> None:
     result = snakemake(tmp_path, write_config(tmp_path, config), "all", "-n")
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
-    assert lines == ["config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
-                     "(100); rates must differ in their first 6 significant digits"]  # fmt: skip
+    assert lines == [
+        "config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
+        "(100); rates must differ in their first 6 significant digits"
+    ]
     assert not (tmp_path / "results").exists()
 
 
@@ -132,7 +152,8 @@ def test_another_backend_in_the_same_study_folder_is_refused(measured, tmp_path)
     result = snakemake(folder, write_config(folder, config, "vllm.yaml"), "all", "-n")
     assert result.returncode != 0
     assert "config error: backend: results/integrity holds backend sim results and this run is backend vllm" in (
-        result.stderr)  # fmt: skip
+        result.stderr
+    )
 
 
 def test_analysis_refuses_cells_of_other_settings(measured, tmp_path) -> None:
@@ -213,10 +234,15 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
     assert again.returncode == 0, again.stderr[-3000:]
     index = json.loads(layout.index("plain", "phase_a").read_text())
     assert index["status"] == "ok" and index["cells_run"] == ["phase_a/r4"] and index["cells_resumed"] == ["phase_a/r8"]
-    assert any(p.name.startswith("phase_a_r4.failed.") for p in layout.phase("plain", "phase_a").superseded_root.iterdir())
+    assert any(
+        p.name.startswith("phase_a_r4.failed.") for p in layout.phase("plain", "phase_a").superseded_root.iterdir()
+    )
     assert consistent(tmp_path, "integrity") == []
-    assert not [p for p in psutil.process_iter() if p.pid in {s.pid for s in servers} and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not [
+        p
+        for p in psutil.process_iter()
+        if p.pid in {s.pid for s in servers} and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
@@ -240,12 +266,17 @@ def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
 def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
     config = copy.deepcopy(TINY)
     config["configs"] = config["configs"][:1]
-    config["workload"].update(duration_s=0.3, min_completed=3, phase_a={"rates": [40], "shape": {"input": 64, "output": 8}},
-                              precision={"target": 0.15, "max_duration_s": 60})  # fmt: skip
+    config["workload"].update(
+        duration_s=0.3,
+        min_completed=3,
+        phase_a={"rates": [40], "shape": {"input": 64, "output": 8}},
+        precision={"target": 0.15, "max_duration_s": 60},
+    )
     result = snakemake(tmp_path, write_config(tmp_path, config), "phase_a")
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(StudyLayout(tmp_path / "results" / "integrity").phase("plain", "phase_a").cell("r40")
-                         .summary.read_text())  # fmt: skip
+    summary = json.loads(
+        StudyLayout(tmp_path / "results" / "integrity").phase("plain", "phase_a").cell("r40").summary.read_text()
+    )
     # far past its 0.3 s floor and 3 requests: batch means need 200 requests before any interval
     assert summary["stop_reason"] == "precision reached (target ±15%)", summary["stop_reason"]
     assert summary["counts"]["ok"] >= 200 and summary["extended"] is True
@@ -260,6 +291,10 @@ def test_snakemake_report_holds_the_figures_the_verdicts_and_the_manifest(measur
     assert snakemake(folder, folder / "study.yaml", "all").returncode == 0
     result = snakemake(folder, folder / "study.yaml", "--report", str(folder / "report.html"))
     assert result.returncode == 0, result.stderr[-3000:]
-    added = {line.split()[1] for line in result.stdout.splitlines() + result.stderr.splitlines() if line.startswith("Adding ")}
+    added = {
+        line.split()[1]
+        for line in result.stdout.splitlines() + result.stderr.splitlines()
+        if line.startswith("Adding ")
+    }
     assert added == {f"{name}.png" for name in FIGURES} | {"verdicts.tsv", "MANIFEST.tsv"}
     assert (folder / "report.html").stat().st_size > 100_000

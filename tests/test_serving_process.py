@@ -93,12 +93,19 @@ def test_stop_takes_the_whole_group_down_even_when_the_leader_exits_first(tmp_pa
 def test_a_server_hung_after_vllms_engine_failure_fails_its_start_with_the_root_cause(tmp_path: Path) -> None:
     """vLLM 0.32 on CPU sometimes hangs after "EngineCore failed to start" instead of exiting:
     wait_ready gives up a grace period after that line, not at its (long) timeout."""
-    hang = [sys.executable, "-c", "import sys, time; print('ERROR Mooncake is not available', file=sys.stderr); "
-            "print('ERROR [core.py:1510] EngineCore failed to start.', file=sys.stderr, flush=True); time.sleep(60)"]
+    hang = [
+        sys.executable,
+        "-c",
+        "import sys, time; print('ERROR Mooncake is not available', file=sys.stderr); "
+        "print('ERROR [core.py:1510] EngineCore failed to start.', file=sys.stderr, flush=True); time.sleep(60)",
+    ]
     with ServerProcess(LaunchSpec(hang), "http://127.0.0.1:1", tmp_path) as server:
         server.engine_failed_grace_s = 0.5
         t0 = time.monotonic()
         with pytest.raises(ServerStartError) as err:
             server.wait_ready(60)
         assert time.monotonic() - t0 < 30 and server.exited() is None  # hung, yet the wait ended
-    assert str(err.value) == "engine core failed during start-up (the server hung instead of exiting): Mooncake is not available"
+    assert (
+        str(err.value)
+        == "engine core failed during start-up (the server hung instead of exiting): Mooncake is not available"
+    )

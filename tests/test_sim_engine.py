@@ -98,8 +98,9 @@ def test_chunked_prefill_splits_a_long_prompt_within_the_budget():
     _, steps = run_virtual(core, [(0, req(3500, 2, "long"))])
     prefill = [s.prefill_tokens for s in steps if s.prefill_tokens]
     assert prefill == [1000, 1000, 1000, 500]
-    records, _ = run_virtual(make_core(max_num_batched_tokens=1000, enable_chunked_prefill=False),
-                             [(0, req(3500, 2, "whole"))])  # fmt: skip
+    records, _ = run_virtual(
+        make_core(max_num_batched_tokens=1000, enable_chunked_prefill=False), [(0, req(3500, 2, "whole"))]
+    )
     assert len(records[0].request.output_token_ids) == 2
 
 
@@ -176,8 +177,7 @@ def test_each_connector_cost_shows_in_step_durations():
     assert 0 < noop < lmcache < mooncake < multi
     table, _ = connector_cost_table()
     interaction = sum(
-        getattr(table["multi_interaction"], h).cost_us(8, 512)
-        for h in ("build_meta", "get_finished", "start_load_kv")
+        getattr(table["multi_interaction"], h).cost_us(8, 512) for h in ("build_meta", "get_finished", "start_load_kv")
     )
     # multi = framework once + both implementations + the interaction term
     assert multi == pytest.approx(mooncake + lmcache - noop + interaction)

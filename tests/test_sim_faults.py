@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from sim_server import (
     DEFAULT_CONFIG,
     MODEL,
@@ -144,8 +143,9 @@ def test_http_500_rate_always(tmp_path: Path) -> None:
                 assert_error(response, 500, "InternalServerError", None)
             response = client.post("/v1/completions", json=body(stream=True))
             assert_error(response, 500, "InternalServerError", None)
-            response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                                  "max_tokens": 2})  # fmt: skip
+            response = client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            )
             assert_error(response, 500, "InternalServerError", None)
             assert client.get("/health").status_code == 200
             assert client.get("/v1/models").status_code == 200
@@ -206,10 +206,12 @@ def test_health_503_after_s(tmp_path: Path) -> None:
             response = client.post("/v1/completions", json=body())
             message = assert_error(response, 500, "InternalServerError", None)
             assert message == ENGINE_DEAD_MESSAGE
-            assert response.json() == {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError",
-                                                 "param": None, "code": 500}}  # fmt: skip
-            response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                                  "max_tokens": 2})  # fmt: skip
+            assert response.json() == {
+                "error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "param": None, "code": 500}
+            }
+            response = client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            )
             assert assert_error(response, 500, "InternalServerError", None) == ENGINE_DEAD_MESSAGE
 
 

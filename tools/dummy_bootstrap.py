@@ -50,13 +50,9 @@ class Registry:
         for key, kind in REGISTER_FIELDS.items():
             value = payload.get(key)
             if not isinstance(value, kind) or isinstance(value, bool):
-                return HTTPStatus.UNPROCESSABLE_ENTITY, {
-                    "detail": f"{key}: expected {kind.__name__}, got {value!r}"
-                }
+                return HTTPStatus.UNPROCESSABLE_ENTITY, {"detail": f"{key}: expected {kind.__name__}, got {value!r}"}
         with self._lock:
-            entry = self.workers.setdefault(
-                payload["dp_rank"], {"engine_id": payload["engine_id"], "worker_addr": {}}
-            )
+            entry = self.workers.setdefault(payload["dp_rank"], {"engine_id": payload["engine_id"], "worker_addr": {}})
             if entry["engine_id"] != payload["engine_id"]:
                 return HTTPStatus.BAD_REQUEST, {
                     "detail": (
@@ -93,9 +89,7 @@ class BootstrapServer(ThreadingHTTPServer):
         self._log_lock = threading.Lock()
 
     def note(self, method: str, path: str, status: int) -> None:
-        line = json.dumps(
-            {"t_ns": time.monotonic_ns(), "method": method, "path": path, "status": status}
-        )
+        line = json.dumps({"t_ns": time.monotonic_ns(), "method": method, "path": path, "status": status})
         with self._log_lock:
             self.requests_served += 1
             self.log.write(line + "\n")
@@ -160,13 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A minimal Mooncake bootstrap server (POST /register, GET /query).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--port", type=_port, default=8998, help="port (default 8998, vLLM's; 0 picks a free one)"
-    )
+    parser.add_argument("--port", type=_port, default=8998, help="port (default 8998, vLLM's; 0 picks a free one)")
     parser.add_argument("--log", metavar="PATH", help="append one JSON line per request here")
-    parser.add_argument(
-        "--ready-file", metavar="PATH", help="write the bound port here once serving"
-    )
+    parser.add_argument("--ready-file", metavar="PATH", help="write the bound port here once serving")
     return parser
 
 
@@ -177,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = BootstrapServer((args.host, args.port), log)
     except OSError as exc:
-        print(f"dummy_bootstrap.py: --port {args.port}: cannot bind {args.host}: {exc.strerror}",
-              file=sys.stderr)
+        print(f"dummy_bootstrap.py: --port {args.port}: cannot bind {args.host}: {exc.strerror}", file=sys.stderr)
         return 2
     port = server.server_address[1]
 

@@ -30,8 +30,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 class CheckFailed(Exception):
@@ -97,8 +98,9 @@ class Log:
         self.fh.flush()
 
 
-def wait_ready(url: str, pid: int, timeout: float, log: Log, server_log: str | None = None,
-               grace: float = ENGINE_FAILED_GRACE_S) -> float:  # fmt: skip
+def wait_ready(
+    url: str, pid: int, timeout: float, log: Log, server_log: str | None = None, grace: float = ENGINE_FAILED_GRACE_S
+) -> float:
     start = time.monotonic()
     last = None
     failed_at = None
@@ -168,8 +170,7 @@ def send_requests(plan: dict[str, Any], pid: int, log: Log, per_request_timeout:
         except (OSError, urllib.error.URLError) as exc:
             alive_now = alive(pid)
             raise CheckFailed(
-                f"request {i + 1}: {getattr(exc, 'reason', exc)}"
-                + ("" if alive_now else " (server process is gone)")
+                f"request {i + 1}: {getattr(exc, 'reason', exc)}" + ("" if alive_now else " (server process is gone)")
             ) from None
         if status != 200:
             raise CheckFailed(f"request {i + 1}: HTTP {status}: {raw[:200].decode(errors='replace')}")

@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         marker = write_model(out, args.vocab, args.layers, args.hidden)
     except ImportError as exc:
-        print(f"{prog}: needs the tokenizers package ({exc}); run it with the vLLM environment's python", file=sys.stderr)
+        print(
+            f"{prog}: needs the tokenizers package ({exc}); run it with the vLLM environment's python", file=sys.stderr
+        )
         return 2
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -44,9 +44,15 @@ def _analyze(args: argparse.Namespace) -> int:
 
 # `ctax pipeline STEP ...`: the logic behind each Snakemake rule, the same command the rule runs.
 PIPELINE_STEPS = {
-    "study-config": ("connector_tax.pipeline.studyfolder", "write the validated study config and the study folder's stamp"),
+    "study-config": (
+        "connector_tax.pipeline.studyfolder",
+        "write the validated study config and the study folder's stamp",
+    ),
     "preflight": ("connector_tax.pipeline.preflight", "one configuration's readiness (check), or merge the results"),
-    "phase": ("connector_tax.pipeline.phase", "one configuration's phase: reuse what provably belongs, measure the rest"),
+    "phase": (
+        "connector_tax.pipeline.phase",
+        "one configuration's phase: reuse what provably belongs, measure the rest",
+    ),
     "reference": ("connector_tax.pipeline.reference", "saturation of Phase A cells, then ref_safe and ref_load"),
     "analyze": ("connector_tax.analysis.cli", "statistics, taxes and verdicts of a study (ctax analyze)"),
     "manifest": ("connector_tax.pipeline.manifest", "MANIFEST.md and MANIFEST.tsv"),
@@ -101,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from connector_tax.sim.truth_cli import add_arguments as add_truth_arguments
 
-    truth = sub.add_parser("truth", help="the simulator's true p90s, taxes and H1-H6 verdicts of a study config (virtual time)")
+    truth = sub.add_parser(
+        "truth", help="the simulator's true p90s, taxes and H1-H6 verdicts of a study config (virtual time)"
+    )
     add_truth_arguments(truth)
     truth.error = lambda message: truth.exit(2, f"ctax truth: {message}\n")  # type: ignore[method-assign]
     truth.set_defaults(func=_truth)
@@ -126,13 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.set_defaults(func=_analyze)
 
     plan = sub.add_parser("plan", help="a study's cells, estimated wall time per stage, GPU-hours, nothing run")
-    plan.add_argument("--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)")
+    plan.add_argument(
+        "--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)"
+    )
     plan.add_argument("--gpus", type=int, default=1, metavar="N", help="also show the wall time on N GPUs side by side")
     plan.set_defaults(func=_plan)
 
     steps = "\n".join(f"  {name:13} {text}" for name, (_, text) in PIPELINE_STEPS.items())
-    pipeline = sub.add_parser("pipeline", help="run one step of the study as its Snakemake rule does",
-                              description=f"steps:\n{steps}", formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="run one step of the study as its Snakemake rule does",
+        description=f"steps:\n{steps}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     pipeline.add_argument("step", choices=list(PIPELINE_STEPS), metavar="STEP")
     pipeline.add_argument("args", nargs=argparse.REMAINDER, help="the step's own arguments (ctax pipeline STEP --help)")
     pipeline.set_defaults(func=_pipeline)

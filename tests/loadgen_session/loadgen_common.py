@@ -13,10 +13,26 @@ from connector_tax.loadgen.records import read_records
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
 
 RECORD_KEYS = [
-    "request_id", "t_scheduled_ns", "t_send_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
-    "completion_tokens", "inflight_at_send", "warmup", "status", "error",
-    "input_len", "output_len", "chunks", "http_status", "worker", "cell", "usage_completion_tokens", "token_mismatch",
-]  # fmt: skip
+    "request_id",
+    "t_scheduled_ns",
+    "t_send_ns",
+    "t_first_token_ns",
+    "t_last_token_ns",
+    "prompt_tokens",
+    "completion_tokens",
+    "inflight_at_send",
+    "warmup",
+    "status",
+    "error",
+    "input_len",
+    "output_len",
+    "chunks",
+    "http_status",
+    "worker",
+    "cell",
+    "usage_completion_tokens",
+    "token_mismatch",
+]
 SHAPE = {"input": 64, "output": 8}
 SIM_FLAGS = {
     "plain": (),
@@ -26,17 +42,10 @@ SIM_FLAGS = {
 }
 
 
-
-
-
-
 def options(url: str, **kw: Any) -> LoadgenOptions:
-    return LoadgenOptions(**{"url": url, "model": MODEL, "affinity": False, "timeout_s": 5.0,
-                             "drain_timeout_s": 2.0, **kw})  # fmt: skip
-
-
-
-
+    return LoadgenOptions(
+        **{"url": url, "model": MODEL, "affinity": False, "timeout_s": 5.0, "drain_timeout_s": 2.0, **kw}
+    )
 
 
 def run(gen: LoadGenerator, out: Path, label: str, **kw: Any) -> tuple[dict, list[dict]]:

@@ -73,10 +73,17 @@ def test_warmup_flagged_and_excluded(basic: tuple[dict, list[dict]], out: Path) 
     # A stream that lags gets two tokens in one chunk, as vLLM does: the count then comes from
     # usage, and the chunk-count disagreement is recorded, not an error. It is counted exactly.
     assert summary["counts"] == {
-        "scheduled": len(records), "warmup": len(warm), "post_warmup": len(post),
-        "ok": len(post), "error": 0, "timeout": 0, "dropped": 0, "unissued": 0, "unmatched": 0,
+        "scheduled": len(records),
+        "warmup": len(warm),
+        "post_warmup": len(post),
+        "ok": len(post),
+        "error": 0,
+        "timeout": 0,
+        "dropped": 0,
+        "unissued": 0,
+        "unmatched": 0,
         "token_count_mismatch": sum(bool(r.get("token_mismatch")) for r in post),
-    }  # fmt: skip
+    }
     assert summary["latency_ms"]["ttft"]["n"] == len(post)
     assert summary["latency_ms"]["itl"]["n"] == sum(r["chunks"] - 1 for r in post)
 
@@ -135,8 +142,9 @@ def test_events_log(basic: tuple[dict, list[dict]], out: Path) -> None:
 # -- cell control ------------------------------------------------------------------------
 def test_min_completed_extends_the_cell(gen: LoadGenerator, out: Path) -> None:
     # 0.3 s at 10/s schedules 3 requests; the cell goes on until 5 post-warm-up completed.
-    summary, records = run(gen, out, "minc", arrival="fixed", rate=10.0, duration_s=0.3, min_completed=5,
-                           max_duration_s=3.0)  # fmt: skip
+    summary, records = run(
+        gen, out, "minc", arrival="fixed", rate=10.0, duration_s=0.3, min_completed=5, max_duration_s=3.0
+    )
     assert summary["extended"] is True
     assert len(records) >= 6
     assert summary["counts"]["ok"] == len(records)
@@ -148,8 +156,9 @@ def test_min_completed_extends_the_cell(gen: LoadGenerator, out: Path) -> None:
 
 
 def test_min_completed_extension_is_bounded_by_max_duration(gen: LoadGenerator, out: Path) -> None:
-    summary, records = run(gen, out, "minc_bound", arrival="fixed", rate=10.0, duration_s=0.2,
-                           min_completed=1000, max_duration_s=0.5)  # fmt: skip
+    summary, records = run(
+        gen, out, "minc_bound", arrival="fixed", rate=10.0, duration_s=0.2, min_completed=1000, max_duration_s=0.5
+    )
     # Fixed arrivals at 0, 100, ..., 400 ms; the one due at 500 ms is past the hard end.
     ts = [r["t_scheduled_ns"] for r in by_index(records)]
     assert [b - a for a, b in zip(ts, ts[1:])] == [100_000_000] * 4
@@ -232,8 +241,9 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
 
 
 def test_max_arrival_issues_all_at_once(gen: LoadGenerator, out: Path) -> None:
-    summary, records = run(gen, out, "max", arrival="max", num_requests=12, duration_s=1.0,
-                           shape={"input": 64, "output": 32})  # fmt: skip
+    summary, records = run(
+        gen, out, "max", arrival="max", num_requests=12, duration_s=1.0, shape={"input": 64, "output": 32}
+    )
     records = by_index(records)
     assert len(records) == 12
     assert len({r["t_scheduled_ns"] for r in records}) == 1
@@ -269,11 +279,11 @@ def test_trace_replay_timing_and_prefix_sharing(gen: LoadGenerator, out: Path, s
     assert cached == [0, 512, 0, 1024, 288]
 
 
-
-
 def test_the_drain_waits_longer_for_longer_streams(gen: LoadGenerator, out: Path, basic) -> None:
     """The drain's bound grows with the longest output issued (0.1 s a token), up to the request
     timeout: a 1,024-token stream sent at a cell's end is not cut at a fixed 30 s."""
     assert basic[0]["drain_budget_s"] == pytest.approx(2.0 + SHAPE["output"] * 0.1)  # options(): 2 s base
-    summary, _ = run(gen, out, "longdrain", arrival="fixed", rate=4.0, duration_s=0.3, shape={"input": 16, "output": 64})
+    summary, _ = run(
+        gen, out, "longdrain", arrival="fixed", rate=4.0, duration_s=0.3, shape={"input": 16, "output": 64}
+    )
     assert summary["drain_budget_s"] == 5.0  # 2 + 6.4 s, capped at the request timeout (options(): 5 s)

@@ -22,8 +22,9 @@ from connector_tax.loadgen.stats import ValidityThresholds
 # -- drops, timeouts, drain, errors -------------------------------------------------------
 def test_inflight_cap_drops_and_counts(sims, out: Path) -> None:
     with LoadGenerator(options(sims["plain"].url, inflight_cap=2)) as g:
-        summary, records = run(g, out, "cap", arrival="fixed", rate=100.0, duration_s=0.3,
-                               shape={"input": 64, "output": 16})  # fmt: skip
+        summary, records = run(
+            g, out, "cap", arrival="fixed", rate=100.0, duration_s=0.3, shape={"input": 64, "output": 16}
+        )
         progress_dropped = g.progress.dropped
     records = by_index(records)
     assert len(records) == 30
@@ -99,7 +100,7 @@ def test_malformed_sse_is_an_error(sims, out: Path) -> None:
     assert len(records) == 5
     for r in records:
         assert (r["status"], r["http_status"], r["chunks"], r["t_first_token_ns"]) == ("error", 200, 0, None)
-        assert r["error"].startswith("malformed SSE data: b'{\"id\":\"cmpl-s_malformed-"), r["error"]
+        assert r["error"].startswith('malformed SSE data: b\'{"id":"cmpl-s_malformed-'), r["error"]
         assert r["completion_tokens"] == 8  # the usage chunk itself was intact
     assert summary["counts"]["error"] == 5
 
@@ -117,9 +118,18 @@ def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
     assert all(r["status"] == "ok" for r in records)
     validity = summary["validity"]
     checks = {c["name"]: c for c in validity["checks"]}
-    assert list(checks) == ["dispatch_rate_error", "lateness_p99_us", "lateness_max_us", "error_frac",
-                            "dropped_frac", "unissued", "issue_overrun_ms", "unmatched_results",
-                            "cpu_frac_main", "cpu_frac_worker0"]  # fmt: skip
+    assert list(checks) == [
+        "dispatch_rate_error",
+        "lateness_p99_us",
+        "lateness_max_us",
+        "error_frac",
+        "dropped_frac",
+        "unissued",
+        "issue_overrun_ms",
+        "unmatched_results",
+        "cpu_frac_main",
+        "cpu_frac_worker0",
+    ]
     assert [c["threshold"] for c in checks.values()] == [0.05, 0, 100_000.0, 0.01, 1.0, 0, 100.0, 0, 0.95, 0.95]
     assert validity["valid"] is False
     assert checks["lateness_p99_us"]["passed"] is False
@@ -142,8 +152,9 @@ def test_worker_crash_mid_cell(sims, out: Path) -> None:
 
         threading.Thread(target=killer, daemon=True).start()
         # 24 requests at 20/s, each streaming 32 tokens (~150 ms): worker 1 dies with some in flight.
-        summary, records = run(g, out, "crash", arrival="fixed", rate=20.0, duration_s=1.2,
-                               shape={"input": 64, "output": 32})  # fmt: skip
+        summary, records = run(
+            g, out, "crash", arrival="fixed", rate=20.0, duration_s=1.2, shape={"input": 64, "output": 32}
+        )
         assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == psutil.STATUS_ZOMBIE
     assert len(records) == 24
     assert_one_record_each(records, "s_crash")
@@ -162,7 +173,9 @@ def test_worker_crash_mid_cell(sims, out: Path) -> None:
     assert poll(lambda: _gone(pids), timeout=2.0)
 
 
-def test_a_result_the_receiver_cannot_handle_does_not_stop_the_drain(gen: LoadGenerator, out: Path, monkeypatch) -> None:
+def test_a_result_the_receiver_cannot_handle_does_not_stop_the_drain(
+    gen: LoadGenerator, out: Path, monkeypatch
+) -> None:
     """One bad message costs its own request (recorded as an error), not the rest of the cell, and
     the cell says so (the receiver's fd is edge-triggered: a drain that stopped would read no more)."""
     from connector_tax.loadgen import collect as collector_module
@@ -180,7 +193,9 @@ def test_a_result_the_receiver_cannot_handle_does_not_stop_the_drain(gen: LoadGe
     summary, records = run(gen, out, "badmsg", arrival="fixed", rate=40.0, duration_s=0.5)
     assert len(records) >= 15
     errors = [r for r in records if r["status"] != "ok"]
-    assert [e["error"] for e in errors] == ["no result from worker (worker %d)" % errors[0]["worker"]]
+    assert [e["error"] for e in errors] == [f"no result from worker (worker {errors[0]['worker']})"]
     assert not summary["validity"]["valid"]
-    assert any("1 worker messages could not be handled (first: ValueError: a result this version cannot read)" in r
-               for r in summary["validity"]["reasons"])  # fmt: skip
+    assert any(
+        "1 worker messages could not be handled (first: ValueError: a result this version cannot read)" in r
+        for r in summary["validity"]["reasons"]
+    )

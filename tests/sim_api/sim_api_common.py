@@ -12,15 +12,49 @@ from sim_server import (
 )
 
 SMALL_LEN = 4096
-COMPLETION_KEYS = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
-                   "usage", "kv_transfer_params", "ec_transfer_params", "metrics"]  # fmt: skip
-COMPLETION_CHOICE_KEYS = ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
-                          "prompt_logprobs", "prompt_token_ids", "routed_experts", "weight_versions"]  # fmt: skip
-FULL_USAGE_KEYS = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
-                   "completion_tokens_details"]  # fmt: skip
+COMPLETION_KEYS = [
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+    "service_tier",
+    "system_fingerprint",
+    "usage",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+]
+COMPLETION_CHOICE_KEYS = [
+    "index",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "token_ids",
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "routed_experts",
+    "weight_versions",
+]
+FULL_USAGE_KEYS = [
+    "prompt_tokens",
+    "total_tokens",
+    "completion_tokens",
+    "prompt_tokens_details",
+    "completion_tokens_details",
+]
 USAGE_KEYS = ["prompt_tokens", "total_tokens", "completion_tokens"]
-STREAM_CHOICE_KEYS = ["index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids",
-                      "token_ids", "weight_versions"]  # fmt: skip
+STREAM_CHOICE_KEYS = [
+    "index",
+    "text",
+    "logprobs",
+    "finish_reason",
+    "stop_reason",
+    "prompt_token_ids",
+    "token_ids",
+    "weight_versions",
+]
 HEAD_KEYS = ["id", "object", "created", "model", "choices"]
 FINGERPRINT_RE = re.compile(r"vllm-0\.33\.0-[0-9a-f]{8}")
 
@@ -41,5 +75,6 @@ def assert_healthy(client: httpx.Client) -> None:
     response = client.get("/health")
     assert response.status_code == 200
     assert response.content == b""
+
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]

@@ -45,9 +45,10 @@ def test_ready_line_fast_free_port_on_loopback(sim: SimProcess, client: httpx.Cl
     tcp = Path("/proc/net/tcp")
     if tcp.exists():  # the listening socket's local address is 127.0.0.1 (0100007F), not 0.0.0.0
         listening = [
-            line.split()[1] for line in tcp.read_text().splitlines()[1:]
+            line.split()[1]
+            for line in tcp.read_text().splitlines()[1:]
             if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == sim.port
-        ]  # fmt: skip
+        ]
         assert listening == [f"0100007F:{sim.port:04X}"]
 
 
@@ -85,10 +86,17 @@ def test_models(client: httpx.Client) -> None:
     perm = card["permission"][0]
     assert re.fullmatch(r"modelperm-[0-9a-f]{16}", perm["id"])
     assert {k: v for k, v in perm.items() if k not in ("id", "created")} == {
-        "object": "model_permission", "allow_create_engine": False, "allow_sampling": True,
-        "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-        "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False,
-    }  # fmt: skip
+        "object": "model_permission",
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def test_small_server_reports_its_max_model_len(small_client: httpx.Client) -> None:
@@ -143,8 +151,11 @@ def test_completion_non_streaming_exact(client: httpx.Client) -> None:
     assert all(choice[k] is None for k in COMPLETION_CHOICE_KEYS[2:] if k != "finish_reason")
     assert len(words(choice["text"])) == max_tokens
     assert list(body["usage"]) == FULL_USAGE_KEYS
-    assert body["usage"] == {**usage_of(n, max_tokens), "prompt_tokens_details": None,
-                             "completion_tokens_details": None}  # fmt: skip
+    assert body["usage"] == {
+        **usage_of(n, max_tokens),
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
 
 
 def test_completion_is_deterministic_for_greedy(client: httpx.Client) -> None:
@@ -156,10 +167,18 @@ def test_completion_is_deterministic_for_greedy(client: httpx.Client) -> None:
 
 def test_streaming_include_usage(client: httpx.Client) -> None:
     n, max_tokens = 11, 9
-    response, raw = stream_post(client, "/v1/completions", {
-        "model": MODEL, "prompt": token_prompt(n, 5), "max_tokens": max_tokens, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
-    })  # fmt: skip
+    response, raw = stream_post(
+        client,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": token_prompt(n, 5),
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
     assert "content-length" not in response.headers
@@ -188,9 +207,17 @@ def test_streaming_include_usage(client: httpx.Client) -> None:
 
 def test_streaming_without_usage_has_fingerprint_on_final_chunk(client: httpx.Client) -> None:
     max_tokens = 6
-    response, raw = stream_post(client, "/v1/completions", {
-        "model": MODEL, "prompt": token_prompt(8), "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-    })  # fmt: skip
+    response, raw = stream_post(
+        client,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": token_prompt(8),
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     assert response.status_code == 200
     events = json_events(split_sse(raw))
     assert all("usage" not in e for e in events)
@@ -207,10 +234,18 @@ def test_streaming_without_usage_has_fingerprint_on_final_chunk(client: httpx.Cl
 
 def test_streaming_continuous_usage(client: httpx.Client) -> None:
     n, max_tokens = 9, 7
-    response, raw = stream_post(client, "/v1/completions", {
-        "model": MODEL, "prompt": token_prompt(n, 11), "max_tokens": max_tokens, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    })  # fmt: skip
+    response, raw = stream_post(
+        client,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": token_prompt(n, 11),
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     assert response.status_code == 200
     *content, final = json_events(split_sse(raw))
     seen = 0
@@ -240,8 +275,11 @@ def test_text_prompt_and_list_of_one_string(client: httpx.Client) -> None:
 def test_token_batch_of_one(client: httpx.Client) -> None:
     response = completion(client, prompt=[token_prompt(6)], max_tokens=3, ignore_eos=True)
     assert response.status_code == 200, response.text
-    assert response.json()["usage"] == {**usage_of(6, 3), "prompt_tokens_details": None,
-                                        "completion_tokens_details": None}  # fmt: skip
+    assert response.json()["usage"] == {
+        **usage_of(6, 3),
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
 
 
 def test_without_ignore_eos_stops_within_max_tokens(client: httpx.Client) -> None:
@@ -267,8 +305,9 @@ def test_max_tokens_null_means_16(client: httpx.Client) -> None:
 
 
 def test_unknown_fields_are_ignored_and_model_is_optional(client: httpx.Client) -> None:
-    response = client.post("/v1/completions", json={"prompt": token_prompt(3), "max_tokens": 2,
-                                                    "ignore_eos": True, "frobnicate": {"x": 1}})  # fmt: skip
+    response = client.post(
+        "/v1/completions", json={"prompt": token_prompt(3), "max_tokens": 2, "ignore_eos": True, "frobnicate": {"x": 1}}
+    )
     assert response.status_code == 200, response.text
     assert response.json()["model"] == MODEL
 
@@ -278,18 +317,27 @@ def test_unknown_fields_are_ignored_and_model_is_optional(client: httpx.Client) 
 
 def test_chat_streaming(client: httpx.Client) -> None:
     max_tokens = 5
-    response, raw = stream_post(client, "/v1/chat/completions", {
-        "model": MODEL, "messages": CHAT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True},
-    })  # fmt: skip
+    response, raw = stream_post(
+        client,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": CHAT,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
     first, *content, usage_chunk = json_events(split_sse(raw))
     assert list(first) == [*HEAD_KEYS, "prompt_token_ids", "prompt_text"]
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", first["id"])
     assert first["object"] == "chat.completion.chunk"
-    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": None, "finish_reason": None}]  # fmt: skip
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
     assert first["prompt_token_ids"] is None and first["prompt_text"] is None
     for chunk in content:
         assert chunk["id"] == first["id"] and chunk["object"] == "chat.completion.chunk"
@@ -299,8 +347,15 @@ def test_chat_streaming(client: httpx.Client) -> None:
     for chunk in middle:
         assert list(chunk["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "token_ids"]
         assert chunk["choices"][0]["finish_reason"] is None
-    assert list(last["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "stop_reason",
-                                        "token_ids", "weight_versions"]  # fmt: skip
+    assert list(last["choices"][0]) == [
+        "index",
+        "delta",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "weight_versions",
+    ]
     assert last["choices"][0]["finish_reason"] == "length"
     text = "".join(c["choices"][0]["delta"]["content"] for c in content)
     assert len(words(text)) == max_tokens
@@ -311,9 +366,17 @@ def test_chat_streaming(client: httpx.Client) -> None:
 
 
 def test_chat_streaming_without_usage(client: httpx.Client) -> None:
-    response, raw = stream_post(client, "/v1/chat/completions", {
-        "model": MODEL, "messages": CHAT, "max_tokens": 3, "ignore_eos": True, "stream": True,
-    })  # fmt: skip
+    response, raw = stream_post(
+        client,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": CHAT,
+            "max_tokens": 3,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     first, *content = json_events(split_sse(raw))
     assert all("usage" not in e for e in [first, *content])
     assert FINGERPRINT_RE.fullmatch(content[-1]["system_fingerprint"])
@@ -321,19 +384,46 @@ def test_chat_streaming_without_usage(client: httpx.Client) -> None:
 
 
 def test_chat_non_streaming(client: httpx.Client) -> None:
-    response = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": CHAT, "max_completion_tokens": 4, "ignore_eos": True,
-    })  # fmt: skip
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": CHAT,
+            "max_completion_tokens": 4,
+            "ignore_eos": True,
+        },
+    )
     assert response.status_code == 200, response.text
     body = response.json()
-    assert list(body) == ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
-                          "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
-                          "ec_transfer_params", "metrics"]  # fmt: skip
+    assert list(body) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+    ]
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", body["id"])
     assert body["object"] == "chat.completion"
     (choice,) = body["choices"]
-    assert list(choice) == ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids",
-                            "routed_experts", "weight_versions"]  # fmt: skip
+    assert list(choice) == [
+        "index",
+        "message",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "routed_experts",
+        "weight_versions",
+    ]
     message = choice["message"]
     assert list(message) == ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
     assert message["role"] == "assistant"
@@ -342,5 +432,3 @@ def test_chat_non_streaming(client: httpx.Client) -> None:
     usage = body["usage"]
     assert usage["completion_tokens"] == 4 and usage["prompt_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + 4
-
-

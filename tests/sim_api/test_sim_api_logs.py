@@ -38,8 +38,17 @@ def _record(sim: SimProcess, request_id: str) -> dict[str, Any] | None:
 
 def _check_record(record: dict[str, Any] | None, prompt: int, completion: int, status: str = "ok") -> None:
     assert record is not None
-    assert list(record) == ["request_id", "t_arrival_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
-                            "completion_tokens", "cached_tokens", "finish_reason", "status"]  # fmt: skip
+    assert list(record) == [
+        "request_id",
+        "t_arrival_ns",
+        "t_first_token_ns",
+        "t_last_token_ns",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "finish_reason",
+        "status",
+    ]
     assert record["t_arrival_ns"] <= record["t_first_token_ns"] <= record["t_last_token_ns"]
     assert record["t_last_token_ns"] <= time.monotonic_ns()  # the same clock as ours
     assert record["prompt_tokens"] == prompt
@@ -63,16 +72,23 @@ def test_x_request_id_and_request_log(sim: SimProcess, client: httpx.Client) -> 
     _check_record(poll(lambda: _record(sim, rid)), 12, 5)
 
     rid = f"chat-{uuid.uuid4().hex[:8]}"
-    response = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "ignore_eos": True},
-                           headers={"X-Request-Id": rid})  # fmt: skip
+    response = client.post(
+        "/v1/chat/completions",
+        json={"messages": CHAT, "max_tokens": 3, "ignore_eos": True},
+        headers={"X-Request-Id": rid},
+    )
     assert response.json()["id"] == f"chatcmpl-{rid}"
     _check_record(poll(lambda: _record(sim, rid)), response.json()["usage"]["prompt_tokens"], 3)
 
 
 def test_request_log_first_token_before_last_for_streams(sim: SimProcess, client: httpx.Client) -> None:
     rid = f"ttft-{uuid.uuid4().hex[:8]}"
-    stream_post(client, "/v1/completions", {"prompt": token_prompt(30), "max_tokens": 8, "ignore_eos": True,
-                                            "stream": True}, headers={"X-Request-Id": rid})  # fmt: skip
+    stream_post(
+        client,
+        "/v1/completions",
+        {"prompt": token_prompt(30), "max_tokens": 8, "ignore_eos": True, "stream": True},
+        headers={"X-Request-Id": rid},
+    )
     record = poll(lambda: _record(sim, rid))
     _check_record(record, 30, 8)
     # 8 tokens from separate engine steps (~4 ms each): last strictly after first
@@ -80,9 +96,16 @@ def test_request_log_first_token_before_last_for_streams(sim: SimProcess, client
 
 
 # -- /metrics -----------------------------------------------------------------------------
-LABELLED = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-            "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
-            "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"]  # fmt: skip
+LABELLED = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+]
 
 
 def test_metrics(client: httpx.Client) -> None:
@@ -92,11 +115,15 @@ def test_metrics(client: httpx.Client) -> None:
     before = scrape(client)
     types = {name: before.families[name].type for name in LABELLED}
     assert types == {
-        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-        "vllm:kv_cache_usage_perc": "gauge", "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
-        "vllm:request_success": "counter", "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:num_requests_running": "gauge",
+        "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter",
+        "vllm:time_to_first_token_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
-    }  # fmt: skip
+    }
     for name in LABELLED:
         for sample in before.families[name].samples:
             assert sample.labels["model_name"] == MODEL and sample.labels["engine"] == "0", sample
@@ -134,8 +161,9 @@ def test_metrics(client: httpx.Client) -> None:
     assert after.value("vllm:num_requests_waiting") == 0
     assert 0.0 <= after.value("vllm:kv_cache_usage_perc") <= 1.0
     # vLLM's bucket boundaries (vllm/v1/metrics/buckets.py)
-    ttft_les = sorted({float(s.labels["le"]) for s in after.families["vllm:time_to_first_token_seconds"].samples
-                       if "le" in s.labels})  # fmt: skip
+    ttft_les = sorted(
+        {float(s.labels["le"]) for s in after.families["vllm:time_to_first_token_seconds"].samples if "le" in s.labels}
+    )
     assert ttft_les[:4] == [0.001, 0.005, 0.01, 0.02] and ttft_les[-2:] == [2560.0, float("inf")]
 
 
@@ -144,15 +172,26 @@ def test_twenty_concurrent_streams(sim: SimProcess) -> None:
     def one(i: int) -> tuple[int, int, int, str | None]:
         max_tokens = 5 + i % 7
         with httpx.Client(base_url=sim.url, timeout=20.0) as c:
-            response, raw = stream_post(c, "/v1/completions", {
-                "prompt": token_prompt(10 + 3 * i, 500 + i), "max_tokens": max_tokens, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True},
-            })  # fmt: skip
+            response, raw = stream_post(
+                c,
+                "/v1/completions",
+                {
+                    "prompt": token_prompt(10 + 3 * i, 500 + i),
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
         assert response.status_code == 200
         *content, final = json_events(split_sse(raw))
         text = "".join(e["choices"][0]["text"] for e in content)
-        return max_tokens, len(words(text)), final["usage"]["completion_tokens"], content[-1]["choices"][0][
-            "finish_reason"]
+        return (
+            max_tokens,
+            len(words(text)),
+            final["usage"]["completion_tokens"],
+            content[-1]["choices"][0]["finish_reason"],
+        )
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         results = list(pool.map(one, range(20)))
@@ -164,9 +203,17 @@ def test_twenty_concurrent_streams(sim: SimProcess) -> None:
 # -- client disconnect --------------------------------------------------------------------
 def _disconnect_mid_stream(sim: SimProcess, rid: str) -> None:
     with httpx.Client(base_url=sim.url, timeout=10.0) as c:
-        with c.stream("POST", "/v1/completions", headers={"X-Request-Id": rid}, json={
-            "prompt": token_prompt(16), "max_tokens": 5000, "ignore_eos": True, "stream": True,
-        }) as response:  # fmt: skip
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            headers={"X-Request-Id": rid},
+            json={
+                "prompt": token_prompt(16),
+                "max_tokens": 5000,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ) as response:
             assert response.status_code == 200
             chunks = response.iter_raw()
             next(chunks)
@@ -200,8 +247,18 @@ def test_running_gauge_zero_when_idle(client: httpx.Client) -> None:
 
 
 # -- step log -----------------------------------------------------------------------------
-STEP_KEYS = ["t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us",
-             "num_running", "num_waiting", "prefill_tokens", "decode_tokens"]  # fmt: skip
+STEP_KEYS = [
+    "t_ns",
+    "step_id",
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "num_running",
+    "num_waiting",
+    "prefill_tokens",
+    "decode_tokens",
+]
 
 
 def _check_steps(steps: list[dict[str, Any]], connector: bool) -> None:
@@ -243,5 +300,3 @@ def test_step_log_plain_has_no_connector_timings(tmp_path: Path) -> None:
     assert steps[0]["step_id"] == 1
     assert [s["prefill_tokens"] for s in steps] == [20, 0, 0, 0]
     assert [s["decode_tokens"] for s in steps] == [0, 1, 1, 1]
-
-

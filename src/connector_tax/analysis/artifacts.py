@@ -37,9 +37,19 @@ def check_artifacts(study: Any) -> dict[str, Any]:
                 missing.append(f"{name}/{phase}: env.txt")
             checked += len(run.cells) + len(run.problems)
             missing += [f"{name}/{phase}/{label}: {why}" for label, why in run.problems.items()]
-    return {"ok": not missing, "missing": missing, "cells_checked": checked,
-            "file_types": ["run.json", "env.txt", "requests_*.jsonl", "summary_*.json", "metrics_*.jsonl",
-                           "engine_step_*.jsonl"]}  # fmt: skip
+    return {
+        "ok": not missing,
+        "missing": missing,
+        "cells_checked": checked,
+        "file_types": [
+            "run.json",
+            "env.txt",
+            "requests_*.jsonl",
+            "summary_*.json",
+            "metrics_*.jsonl",
+            "engine_step_*.jsonl",
+        ],
+    }
 
 
 def runtime_of(study: Any) -> dict[str, Any]:
@@ -55,5 +65,9 @@ def runtime_of(study: Any) -> dict[str, Any]:
     if not starts or not ends:
         return {"wall_hours": None}
     span = (max(ends) - min(starts)).total_seconds()
-    return {"wall_hours": span / 3600.0, "first_start": min(starts).isoformat(), "last_finish": max(ends).isoformat(),
-            "scope": "phase runs (run.json started/finished); preflight and analysis not included"}  # fmt: skip
+    return {
+        "wall_hours": span / 3600.0,
+        "first_start": min(starts).isoformat(),
+        "last_finish": max(ends).isoformat(),
+        "scope": "phase runs (run.json started/finished); preflight and analysis not included",
+    }

@@ -25,9 +25,11 @@ import math
 
 import numpy as np
 
-METHOD = ("batch means: the cell's requests in send order cut into 5-20 consecutive batches of about 80 "
-          "or more, the percentile of each batch, a Student-t 95% interval from their spread, centred on "
-          "the percentile of all requests (accounts for the autocorrelation of consecutive requests)")  # fmt: skip
+METHOD = (
+    "batch means: the cell's requests in send order cut into 5-20 consecutive batches of about 80 "
+    "or more, the percentile of each batch, a Student-t 95% interval from their spread, centred on "
+    "the percentile of all requests (accounts for the autocorrelation of consecutive requests)"
+)
 PREFERRED_BATCH = 80
 MIN_BATCHES, MAX_BATCHES = 5, 20
 MIN_PER_BATCH = 10
@@ -37,10 +39,35 @@ def batch_count(n: int) -> int:
     """How many batches n values are cut into: as many of PREFERRED_BATCH as fit, 5 to 20."""
     return max(MIN_BATCHES, min(MAX_BATCHES, n // PREFERRED_BATCH))
 
+
 # Student-t 0.975 quantiles by degrees of freedom (no scipy): exact to 3 decimals.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}  # fmt: skip
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+    40: 2.021,
+    60: 2.000,
+    120: 1.980,
+}
 
 
 def t975(df: int) -> float:
@@ -50,7 +77,9 @@ def t975(df: int) -> float:
     return _T975[below] if df < 120 else 1.960
 
 
-def percentile_ci(values: np.ndarray, p: float, batches: int | None = None) -> tuple[float | None, float | None, float | None]:
+def percentile_ci(
+    values: np.ndarray, p: float, batches: int | None = None
+) -> tuple[float | None, float | None, float | None]:
     """(estimate, lower, upper) of the p-th percentile of `values` (in time order); `batches`
     defaults to batch_count(n); the bounds are None with fewer than batches x MIN_PER_BATCH values."""
     arr = np.asarray(values, dtype=np.float64)

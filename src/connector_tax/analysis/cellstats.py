@@ -15,47 +15,96 @@ from typing import Any
 
 import numpy as np
 
+from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES, PHASE_A
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Cell
-from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.quantiles import cdf_grid, summarize
 
 REQUEST_FIELDS = {
-    "t_scheduled_ns": "int", "t_send_ns": "int", "t_first_token_ns": "int", "t_last_token_ns": "int",
-    "completion_tokens": "int", "warmup": "bool", "status": "str",
-}  # fmt: skip
-METRIC_FIELDS = {"t_ns": "int", METRIC_NAMES["waiting"]: "float", METRIC_NAMES["running"]: "float",
-                 METRIC_NAMES["kv_usage"]: "float"}  # fmt: skip
-STEP_FIELDS_READ = {"t_ns": "int", "step_duration_us": "float", "build_meta_us": "float",
-                    "get_finished_us": "float", "start_load_kv_us": "float", "engine_step_us": "float",
-                    "worker_step_us": "float"}  # fmt: skip
+    "t_scheduled_ns": "int",
+    "t_send_ns": "int",
+    "t_first_token_ns": "int",
+    "t_last_token_ns": "int",
+    "completion_tokens": "int",
+    "warmup": "bool",
+    "status": "str",
+}
+METRIC_FIELDS = {
+    "t_ns": "int",
+    METRIC_NAMES["waiting"]: "float",
+    METRIC_NAMES["running"]: "float",
+    METRIC_NAMES["kv_usage"]: "float",
+}
+STEP_FIELDS_READ = {
+    "t_ns": "int",
+    "step_duration_us": "float",
+    "build_meta_us": "float",
+    "get_finished_us": "float",
+    "start_load_kv_us": "float",
+    "engine_step_us": "float",
+    "worker_step_us": "float",
+}
 # step_duration_us is the design's step (Scheduler.schedule() entry to exit): the step tax and
 # figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
-STEP_STATS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us", "connector_total_us",
-              "engine_step_us")  # fmt: skip
+STEP_STATS = (
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "connector_total_us",
+    "engine_step_us",
+)
 # Worker-side hooks that a worker record carries and the design's callback time adds up.
 WORKER_CALLBACKS = ("get_finished_us", "start_load_kv_us")
 LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
 
-_ID = ["config", "phase", "cell", "rate", "input_len", "output_len", "backend", "simulated", "run_status",
-       "valid", "validity_reasons", "complete", "fingerprint"]  # fmt: skip
+_ID = [
+    "config",
+    "phase",
+    "cell",
+    "rate",
+    "input_len",
+    "output_len",
+    "backend",
+    "simulated",
+    "run_status",
+    "valid",
+    "validity_reasons",
+    "complete",
+    "fingerprint",
+]
 _COUNTS = ["n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout"]
-_RATES = ["requested_rps", "offered_rps", "achieved_dispatch_rps", "effective_rps", "throughput_ratio",
-          "throughput_ratio_requested", "rates_source"]  # fmt: skip
+_RATES = [
+    "requested_rps",
+    "offered_rps",
+    "achieved_dispatch_rps",
+    "effective_rps",
+    "throughput_ratio",
+    "throughput_ratio_requested",
+    "rates_source",
+]
 _LAT = [f"{m}_{s}" for m in LATENCIES for s in ("n", "p50", "p90", "p99", "p90_ci_lo", "p90_ci_hi")]
 _ITL = ["itl_ms_n", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99"]
 _METRICS = ["metrics_n", "waiting_p50", "running_p50", "kv_cache_usage_p50"]
 _STEPS = ["step_timing_available", "steps_n"] + [
     f"{f}_{s}" for f in STEP_STATS for s in ("p50", "p90", "p50_ci_lo", "p50_ci_hi")
 ]
-_SAT = ["saturated", "saturation_criteria", "crit_throughput", "crit_waiting", "crit_ttft_growth",
-        "ttft_growth_ratio", "ttft_growth_vs_rate"]  # fmt: skip
+_SAT = [
+    "saturated",
+    "saturation_criteria",
+    "crit_throughput",
+    "crit_waiting",
+    "crit_ttft_growth",
+    "ttft_growth_ratio",
+    "ttft_growth_vs_rate",
+]
 COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"]
 
 
-def time_series_stats(values: np.ndarray, order: np.ndarray, ci_p: float,
-                      ps: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | int | None]:  # fmt: skip
+def time_series_stats(
+    values: np.ndarray, order: np.ndarray, ci_p: float, ps: tuple[float, ...] = (50, 90, 99)
+) -> dict[str, float | int | None]:
     """Percentiles of `values`, and the batch-means 95% interval of the ci_p-th, the values taken
     in the order of `order` (send or step times): consecutive requests and steps are correlated."""
     st = summarize(values, ps=ps, ci_for=(ci_p,))
@@ -119,7 +168,9 @@ def request_stats(cell: Cell) -> tuple[dict[str, Any], tuple[int | None, int | N
         fallback = {"offered_rps": float(in_window.sum() / span), "effective_rps": float(done.sum() / span)}
         sent = has_send & ~_null(sched)
         if sent.sum() >= 2:
-            fallback["achieved_dispatch_rps"] = float((sent.sum() - 1) / max((send[sent].max() - send[sent].min()) / 1e9, 1e-9))
+            fallback["achieved_dispatch_rps"] = float(
+                (sent.sum() - 1) / max((send[sent].max() - send[sent].min()) / 1e9, 1e-9)
+            )
     return row, (lo, hi), fallback
 
 
@@ -175,7 +226,9 @@ def join_worker_records(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return engine
 
 
-def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None, list[float] | None]:
+def step_stats(
+    cell: Cell, window: tuple[int | None, int | None]
+) -> tuple[dict[str, Any], str | None, list[float] | None]:
     """(row fields, note, step_duration CDF grid)."""
     row: dict[str, Any] = {k: None for k in _STEPS}
     row["steps_n"] = 0
@@ -205,7 +258,9 @@ def step_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[
     cols["connector_total_us"] = total
     row["steps_n"] = int(engine.sum())
     for name in STEP_STATS:
-        st = time_series_stats(cols[name], t[sel][engine] if name == "connector_total_us" else t[sel], ci_p=50, ps=(50, 90))
+        st = time_series_stats(
+            cols[name], t[sel][engine] if name == "connector_total_us" else t[sel], ci_p=50, ps=(50, 90)
+        )
         row[f"{name}_p50"], row[f"{name}_p90"] = st["p50"], st["p90"]
         row[f"{name}_p50_ci_lo"], row[f"{name}_p50_ci_hi"] = st["p50_ci_lo"], st["p50_ci_hi"]
     return row, note, cdf_grid(cols["step_duration_us"])
@@ -231,13 +286,18 @@ def summary_fields(cell: Cell, fallback: dict[str, Any]) -> dict[str, Any]:
         "effective_rps": _f(rates.get("effective_throughput_rps")),
         "throughput_ratio": _f(rates.get("throughput_ratio")),
         "rates_source": "summary",
-        "itl_ms_n": itl.get("n"), "itl_ms_p50": _f(itl.get("p50")), "itl_ms_p90": _f(itl.get("p90")),
+        "itl_ms_n": itl.get("n"),
+        "itl_ms_p50": _f(itl.get("p50")),
+        "itl_ms_p90": _f(itl.get("p90")),
         "itl_ms_p99": _f(itl.get("p99")),
-    }  # fmt: skip
+    }
     if row["effective_rps"] is None and fallback:
-        row.update(offered_rps=fallback.get("offered_rps"), effective_rps=fallback.get("effective_rps"),
-                   achieved_dispatch_rps=row["achieved_dispatch_rps"] or fallback.get("achieved_dispatch_rps"),
-                   rates_source="records")  # fmt: skip
+        row.update(
+            offered_rps=fallback.get("offered_rps"),
+            effective_rps=fallback.get("effective_rps"),
+            achieved_dispatch_rps=row["achieved_dispatch_rps"] or fallback.get("achieved_dispatch_rps"),
+            rates_source="records",
+        )
         if row["offered_rps"]:
             row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
     if row["effective_rps"] is None:
@@ -251,16 +311,31 @@ def summary_fields(cell: Cell, fallback: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def cell_row(cell: Cell, *, backend: str | None, simulated: bool, run_status: str,
-             step_timing_available: bool, steps: bool = True) -> tuple[dict[str, Any], list[float] | None]:  # fmt: skip
+def cell_row(
+    cell: Cell,
+    *,
+    backend: str | None,
+    simulated: bool,
+    run_status: str,
+    step_timing_available: bool,
+    steps: bool = True,
+) -> tuple[dict[str, Any], list[float] | None]:
     """(the aggregate row without the saturation columns, the step-duration CDF grid).
     steps=False skips the step log (the reference stage does not need it)."""
     row: dict[str, Any] = {k: None for k in COLUMNS}
     shape = cell.shape
-    row.update(config=cell.config, phase=cell.phase, cell=cell.label, rate=cell.rate,
-               input_len=shape[0] if shape else None, output_len=shape[1] if shape else None,
-               backend=backend, simulated=simulated, run_status=run_status,
-               fingerprint=(cell.summary or {}).get("fingerprint"))  # fmt: skip
+    row.update(
+        config=cell.config,
+        phase=cell.phase,
+        cell=cell.label,
+        rate=cell.rate,
+        input_len=shape[0] if shape else None,
+        output_len=shape[1] if shape else None,
+        backend=backend,
+        simulated=simulated,
+        run_status=run_status,
+        fingerprint=(cell.summary or {}).get("fingerprint"),
+    )
     req, window, fallback = request_stats(cell)
     row.update(req)
     row.update(summary_fields(cell, fallback))

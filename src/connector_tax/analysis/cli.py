@@ -12,16 +12,31 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="results/<study>/ of one study")
-    parser.add_argument("--figures", action="store_true", help="also draw figures 1-8 (PNG + PDF) under analysis/figures/")
-    parser.add_argument("--figures-only", action="store_true",
-                        help="redraw the figures from an existing RESULTS_DIR/analysis (or --out) without re-reading raw data")
-    parser.add_argument("--report-only", action="store_true",
-                        help="write report.md from an existing RESULTS_DIR/analysis (or --out) whose figures are drawn")
-    parser.add_argument("--baseline", default="plain",
-                        help="config the taxes are measured against (default plain; 'first' = the study's first config)")
+    parser.add_argument(
+        "--figures", action="store_true", help="also draw figures 1-8 (PNG + PDF) under analysis/figures/"
+    )
+    parser.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="redraw the figures from an existing RESULTS_DIR/analysis (or --out) without re-reading raw data",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write report.md from an existing RESULTS_DIR/analysis (or --out) whose figures are drawn",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="plain",
+        help="config the taxes are measured against (default plain; 'first' = the study's first config)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/analysis)")
-    parser.add_argument("--throughput-basis", choices=["offered", "requested"], default="offered",
-                        help="saturation criterion 1 denominator: the rate offered in the window (default) or the requested rate")
+    parser.add_argument(
+        "--throughput-basis",
+        choices=["offered", "requested"],
+        default="offered",
+        help="saturation criterion 1 denominator: the rate offered in the window (default) or the requested rate",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the output folder")
 
 
@@ -38,11 +53,17 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "figures_only", False):
         analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
         if not AnalysisFiles(analysis_dir).aggregate_json.is_file():
-            print(f"ctax analyze: {analysis_dir}/aggregate.json missing: run without --figures-only first", file=sys.stderr)
+            print(
+                f"ctax analyze: {analysis_dir}/aggregate.json missing: run without --figures-only first",
+                file=sys.stderr,
+            )
             return 2
         out = redraw_figures(analysis_dir)
-        print(out["out_dir"] if args.quiet else
-              f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s")
+        print(
+            out["out_dir"]
+            if args.quiet
+            else f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s"
+        )
         return 0
     if getattr(args, "report_only", False):
         analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
@@ -52,8 +73,13 @@ def main(args: argparse.Namespace) -> int:
         print(write_report(analysis_dir))
         return 0
     try:
-        out = analyze(results, figures=bool(args.figures), baseline=args.baseline, out_dir=args.out,
-                      throughput_basis=args.throughput_basis)
+        out = analyze(
+            results,
+            figures=bool(args.figures),
+            baseline=args.baseline,
+            out_dir=args.out,
+            throughput_basis=args.throughput_basis,
+        )
     except StudyRefused as exc:
         print(f"ctax analyze: refused: {exc}", file=sys.stderr)
         return 2

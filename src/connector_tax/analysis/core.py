@@ -18,20 +18,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connector_tax.analysis.cellstats import COLUMNS, cell_row
-from connector_tax.atomic import write_atomic
-from connector_tax.analysis.constants import PHASE_A, PLAIN
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
+from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
+from connector_tax.analysis.cellstats import COLUMNS, cell_row
+from connector_tax.analysis.constants import PHASE_A, PLAIN
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
-from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
-from connector_tax.contract import StudyLayout, rate_label
-from connector_tax.contract.layout import AnalysisFiles
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.atomic import write_atomic
+from connector_tax.contract import StudyLayout, rate_label
+from connector_tax.contract.layout import AnalysisFiles
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
             if key in filed and filed[key] != computed.get(key):
                 ref["notes"] = list(ref.get("notes") or []) + [
                     f"{key}: reference_rates.json says {filed[key]}, recomputation gives {computed.get(key)}; "
-                    "the file's value is used (the later phases ran at it)"]  # fmt: skip
+                    "the file's value is used (the later phases ran at it)"
+                ]
             if key in filed:
                 ref[key] = filed[key]
                 ref[f"{key}_flagged"] = filed.get(f"{key}_flagged", ref.get(f"{key}_flagged"))
@@ -108,17 +109,29 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     step_cdf: dict[str, dict[str, list[float]]] = {}
     for cell in study.cells():
         run = study.run_of(cell.config, cell.phase)
-        row, grid = cell_row(cell, backend=study.backend, simulated=study.simulated,
-                             run_status=run.status if run else "missing",
-                             step_timing_available=run.step_timing_available if run else False)  # fmt: skip
+        row, grid = cell_row(
+            cell,
+            backend=study.backend,
+            simulated=study.simulated,
+            run_status=run.status if run else "missing",
+            step_timing_available=run.step_timing_available if run else False,
+        )
         rows.append(row)
         if grid is not None:
             step_cdf.setdefault(cell.config, {})[cell.key] = grid
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.saturation_thresholds
     completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
-    computed = reference_from_rows(rows, study.configs, completed, study.phase_a_rates, thresholds,
-                                   baseline=base or PLAIN, basis=throughput_basis, simulated=study.simulated)  # fmt: skip
+    computed = reference_from_rows(
+        rows,
+        study.configs,
+        completed,
+        study.phase_a_rates,
+        thresholds,
+        baseline=base or PLAIN,
+        basis=throughput_basis,
+        simulated=study.simulated,
+    )
     reference = _reference(study, computed)
     for row in rows:
         if row["phase"] == PHASE_A and row.get("rate") is not None:
@@ -135,12 +148,22 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     for name in study.configs:
         pf = study.preflight.get(name) or {}
         config_status[name] = {
-            "preflight": pf.get("status"), "preflight_reason": pf.get("reason"),
-            "phases": {ph: {"status": r.status, "reason": r.reason, "step_timing_available": r.step_timing_available,
-                            "step_timing_reason": r.step_timing_reason, "cells": [c.label for c in r.cells],
-                            "not_analysed": r.problems, "pruned": r.pruned}
-                       for (n, ph), r in study.runs.items() if n == name and (r.run is not None or r.problems)},
-        }  # fmt: skip
+            "preflight": pf.get("status"),
+            "preflight_reason": pf.get("reason"),
+            "phases": {
+                ph: {
+                    "status": r.status,
+                    "reason": r.reason,
+                    "step_timing_available": r.step_timing_available,
+                    "step_timing_reason": r.step_timing_reason,
+                    "cells": [c.label for c in r.cells],
+                    "not_analysed": r.problems,
+                    "pruned": r.pruned,
+                }
+                for (n, ph), r in study.runs.items()
+                if n == name and (r.run is not None or r.problems)
+            },
+        }
     aggregate = {
         "schema_version": SCHEMA_VERSION,
         "study": study.name,
@@ -156,8 +179,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         "code": study.code,
-        "ci_method": {"percentiles": BATCH_METHOD, "taxes": TAX_CI_METHOD,
-                      "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI"},
+        "ci_method": {
+            "percentiles": BATCH_METHOD,
+            "taxes": TAX_CI_METHOD,
+            "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI",
+        },
         "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
         "columns": COLUMNS,
         "rows": rows,
@@ -167,13 +193,19 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "artifacts": artifacts,
         "runtime": runtime,
         "analysis_seconds": None,
-    }  # fmt: skip
+    }
     aggregate["analysis_seconds"] = round(time.perf_counter() - t0, 3)
     return {"aggregate": aggregate, "hypotheses": hypotheses}
 
 
-def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = PLAIN, out_dir: Path | None = None,
-            throughput_basis: str = "offered") -> dict[str, Any]:  # fmt: skip
+def analyze(
+    results_dir: Path,
+    figures: bool = True,
+    *,
+    baseline: str | None = PLAIN,
+    out_dir: Path | None = None,
+    throughput_basis: str = "offered",
+) -> dict[str, Any]:
     """Analyse results/<study>/ and write analysis/{aggregate.json,aggregate.csv/.parquet,taxes.csv/.parquet,hypotheses.json,
     report.md,figures/} there (or in out_dir). Returns {"out_dir", "files", "figures",
     "skipped_figures", "verdicts", "seconds"}.
@@ -205,8 +237,14 @@ def analyze(results_dir: Path, figures: bool = True, *, baseline: str | None = P
         files += ["figures/skipped.json"] + [str(Path("figures") / Path(p).name) for ps in made.values() for p in ps]
     verdicts = {h["id"]: h["verdict"] for h in hyp["hypotheses"]}
     verdicts.update({s["id"]: s["status"] for s in hyp["success_criteria"]})
-    return {"out_dir": str(out.folder), "files": files, "figures": made, "skipped_figures": skipped, "verdicts": verdicts,
-            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    return {
+        "out_dir": str(out.folder),
+        "files": files,
+        "figures": made,
+        "skipped_figures": skipped,
+        "verdicts": verdicts,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
@@ -221,8 +259,12 @@ def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
     hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
     fig = make_figures(agg, hyp, out.figures)
     write_json_atomic(out.figures_skipped, fig["skipped"])
-    return {"out_dir": str(out.folder), "figures": fig["made"], "skipped_figures": fig["skipped"],
-            "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    return {
+        "out_dir": str(out.folder),
+        "figures": fig["made"],
+        "skipped_figures": fig["skipped"],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def write_report(analysis_dir: Path) -> Path:

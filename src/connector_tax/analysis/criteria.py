@@ -9,18 +9,37 @@ from typing import Any
 from connector_tax.analysis import constants as K
 
 
-def _sc(cid: str, title: str, status: str, outcome: str | None, reason: str, numbers: dict | None = None,
-        confidence: str | None = None) -> dict[str, Any]:  # fmt: skip
-    return {"id": cid, "title": title, "status": status, "outcome": outcome, "reason": reason,
-            "numbers": numbers or {}, "confidence": confidence}  # fmt: skip
+def _sc(
+    cid: str,
+    title: str,
+    status: str,
+    outcome: str | None,
+    reason: str,
+    numbers: dict | None = None,
+    confidence: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "title": title,
+        "status": status,
+        "outcome": outcome,
+        "reason": reason,
+        "numbers": numbers or {},
+        "confidence": confidence,
+    }
 
 
 def _region(value: float, regions: list[tuple[str, float, float]]) -> str:
     return next(name for name, lo, hi in regions if lo <= value < hi)
 
 
-def _from(h: dict[str, Any], cid: str, title: str, outcome: Callable[[dict[str, Any]], str],
-          numbers: Callable[[dict[str, Any]], dict]) -> dict[str, Any]:  # fmt: skip
+def _from(
+    h: dict[str, Any],
+    cid: str,
+    title: str,
+    outcome: Callable[[dict[str, Any]], str],
+    numbers: Callable[[dict[str, Any]], dict],
+) -> dict[str, Any]:
     """A success criterion that reports one hypothesis's number: met once the number exists."""
     if h["verdict"] == "not_applicable":
         return _sc(cid, title, "not_applicable", None, h["reason"])
@@ -29,51 +48,105 @@ def _from(h: dict[str, Any], cid: str, title: str, outcome: Callable[[dict[str, 
     return _sc(cid, title, "met", outcome(h), h["reason"], numbers(h), h["confidence"])
 
 
-def success_criteria(hyps: dict[str, dict[str, Any]], artifacts: dict[str, Any], runtime: dict[str, Any],
-                     simulated: bool) -> list[dict[str, Any]]:  # fmt: skip
+def success_criteria(
+    hyps: dict[str, dict[str, Any]], artifacts: dict[str, Any], runtime: dict[str, Any], simulated: bool
+) -> list[dict[str, Any]]:
     lo, hi = K.SC1_ACCEPT
     a, b = K.H3_IMPLEMENTATION_SHARE, K.H3_FRAMEWORK_SHARE
     inf = float("inf")
     out = [
-        _from(hyps["H1"], "SC1", "1. H1 falsifiable: mooncake_both tax_TTFT_p90 at ref_safe reported; prior accepted if in [25%, 60%]",
-              lambda h: _region(h["value"], [("revise prior (below)", -inf, lo), ("accept prior", lo, hi + 1e-12),
-                                             ("revise prior (above)", hi + 1e-12, inf)]),
-              lambda h: {**h["numbers"], "accept_band": [lo, hi], "prior": K.PRIOR_TAX}),
-        _from(hyps["H2"], "SC2", "2. H2 testable: NIXL-vs-Mooncake gap at ref_safe reported and compared with ~7 pp",
-              lambda h: "agrees with trace replay" if h["verdict"] == "supported" else "disagrees with trace replay",
-              lambda h: h["numbers"]),
-        _from(hyps["H3"], "SC3", "3. H3 disambiguated: framework-dominated if noop >= 50% of mooncake_both tax, implementation-dominated if < 30%",
-              lambda h: _region(h["value"], [("implementation-cost-dominated", -inf, a), ("neither (30-50%)", a, b),
-                                             ("framework-cost-dominated", b, inf)]),
-              lambda h: {"noop_share": h["numbers"].get("noop_share")}),
-        _from(hyps["H4"], "SC4", "4. H4 additivity: |multi - (mooncake_both + lmcache_only)| / multi <= 0.30 -> linear",
-              lambda h: "linear" if h["verdict"] == "supported" else "super-additive" if h["value"] > 0 else "sub-additive",
-              lambda h: {"rel_dev": h["numbers"].get("rel_dev")}),
-    ]  # fmt: skip
+        _from(
+            hyps["H1"],
+            "SC1",
+            "1. H1 falsifiable: mooncake_both tax_TTFT_p90 at ref_safe reported; prior accepted if in [25%, 60%]",
+            lambda h: _region(
+                h["value"],
+                [
+                    ("revise prior (below)", -inf, lo),
+                    ("accept prior", lo, hi + 1e-12),
+                    ("revise prior (above)", hi + 1e-12, inf),
+                ],
+            ),
+            lambda h: {**h["numbers"], "accept_band": [lo, hi], "prior": K.PRIOR_TAX},
+        ),
+        _from(
+            hyps["H2"],
+            "SC2",
+            "2. H2 testable: NIXL-vs-Mooncake gap at ref_safe reported and compared with ~7 pp",
+            lambda h: "agrees with trace replay" if h["verdict"] == "supported" else "disagrees with trace replay",
+            lambda h: h["numbers"],
+        ),
+        _from(
+            hyps["H3"],
+            "SC3",
+            "3. H3 disambiguated: framework-dominated if noop >= 50% of mooncake_both tax, implementation-dominated if < 30%",
+            lambda h: _region(
+                h["value"],
+                [
+                    ("implementation-cost-dominated", -inf, a),
+                    ("neither (30-50%)", a, b),
+                    ("framework-cost-dominated", b, inf),
+                ],
+            ),
+            lambda h: {"noop_share": h["numbers"].get("noop_share")},
+        ),
+        _from(
+            hyps["H4"],
+            "SC4",
+            "4. H4 additivity: |multi - (mooncake_both + lmcache_only)| / multi <= 0.30 -> linear",
+            lambda h: (
+                "linear" if h["verdict"] == "supported" else "super-additive" if h["value"] > 0 else "sub-additive"
+            ),
+            lambda h: {"rel_dev": h["numbers"].get("rel_dev")},
+        ),
+    ]
     h5, h6 = hyps["H5"], hyps["H6"]
     title = "5. H5 + H6 directional: sign and magnitude of tax growth with input (TTFT) and output (TPOT)"
     if h5["verdict"] == "not_applicable" and h6["verdict"] == "not_applicable":
         out.append(_sc("SC5", title, "not_applicable", None, f"H5: {h5['reason']}; H6: {h6['reason']}"))
     else:
+
         def series(h: dict[str, Any], key: str) -> list[dict[str, Any]]:
             ser = ((h.get("numbers") or {}).get(K.MOONCAKE_BOTH) or {}).get("series") or []
             return [{key: s.get(key), "sign": s["sign"], "total_pp": s["total_pp"], "ci": s["total_ci"]} for s in ser]
 
         nums = {"ttft_tax_vs_input": series(h5, "output"), "tpot_tax_vs_output": series(h6, "input")}
         met = bool(nums["ttft_tax_vs_input"]) and bool(nums["tpot_tax_vs_output"])
-        out.append(_sc("SC5", title, "met" if met else "not_met", f"H5 {h5['verdict']}, H6 {h6['verdict']}",
-                       "reported" if met else "one direction could not be computed", nums))  # fmt: skip
+        out.append(
+            _sc(
+                "SC5",
+                title,
+                "met" if met else "not_met",
+                f"H5 {h5['verdict']}, H6 {h6['verdict']}",
+                "reported" if met else "one direction could not be computed",
+                nums,
+            )
+        )
     missing = artifacts.get("missing") or []
-    out.append(_sc("SC6", "6. All artifacts present: every config that ran has its file types; every SKIP has a reason",
-                   "met" if artifacts.get("ok") else "not_met", None,
-                   "all present" if artifacts.get("ok") else f"{len(missing)} problem(s): " + "; ".join(missing[:5]),
-                   artifacts))  # fmt: skip
+    out.append(
+        _sc(
+            "SC6",
+            "6. All artifacts present: every config that ran has its file types; every SKIP has a reason",
+            "met" if artifacts.get("ok") else "not_met",
+            None,
+            "all present" if artifacts.get("ok") else f"{len(missing)} problem(s): " + "; ".join(missing[:5]),
+            artifacts,
+        )
+    )
     title = f"7. Bench finishes < {K.SC7_MAX_HOURS:g} h wall clock"
     hours = runtime.get("wall_hours")
     if hours is None:
         out.append(_sc("SC7", title, "not_met", None, "no run.json with start and finish times", runtime))
     else:
         note = " (simulated backend: the 6 h budget is for the real H20 study)" if simulated else ""
-        out.append(_sc("SC7", title, "met" if hours < K.SC7_MAX_HOURS else "not_met", None,
-                       f"{hours:.2f} h from first phase start to last phase finish{note}", runtime))  # fmt: skip
+        out.append(
+            _sc(
+                "SC7",
+                title,
+                "met" if hours < K.SC7_MAX_HOURS else "not_met",
+                None,
+                f"{hours:.2f} h from first phase start to last phase finish{note}",
+                runtime,
+            )
+        )
     return out

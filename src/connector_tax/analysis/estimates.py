@@ -27,9 +27,15 @@ def div_interval(num: list[float], den: list[float]) -> list[float] | None:
 
 
 def tax_number(est: dict[str, Any]) -> dict[str, Any]:
-    return {"value": est.get("value"), "ci": ci_of(est), "x_p90": est.get("x_p90"), "base_p90": est.get("base_p90"),
-            "x_n": est.get("x_n"), "base_n": est.get("base_n"),
-            "cells_valid": [est.get("x_valid"), est.get("base_valid")]}  # fmt: skip
+    return {
+        "value": est.get("value"),
+        "ci": ci_of(est),
+        "x_p90": est.get("x_p90"),
+        "base_p90": est.get("base_p90"),
+        "x_n": est.get("x_n"),
+        "base_n": est.get("base_n"),
+        "cells_valid": [est.get("x_valid"), est.get("base_valid")],
+    }
 
 
 class Taxes:
@@ -60,9 +66,15 @@ def h2_gap_pp(t: Taxes) -> dict[str, Any] | None:
     if m is None or n is None:
         return None
     gap = tax_combination([(100.0, m), (-100.0, n)])
-    return {"value": gap["value"], "ci": ci_of(gap),
-            "numbers": {"gap_pp": {"value": gap["value"], "ci": ci_of(gap)}, "tax_ttft_p90_mooncake_both": tax_number(m),
-                        "tax_ttft_p90_nixl_both": tax_number(n)}}  # fmt: skip
+    return {
+        "value": gap["value"],
+        "ci": ci_of(gap),
+        "numbers": {
+            "gap_pp": {"value": gap["value"], "ci": ci_of(gap)},
+            "tax_ttft_p90_mooncake_both": tax_number(m),
+            "tax_ttft_p90_nixl_both": tax_number(n),
+        },
+    }
 
 
 def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
@@ -75,9 +87,16 @@ def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
         note = None if ci else "mooncake_both tax CI reaches 0: the share is unbounded"
     value = noop["value"] / mb["value"]
     share = {"value": value, "ci": ci, "note": note}
-    return {"value": value, "ci": ci, "note": note,
-            "numbers": {"noop_share": share, "tax_ttft_p90_noop_connector": tax_number(noop),
-                        "tax_ttft_p90_mooncake_both": tax_number(mb)}}  # fmt: skip
+    return {
+        "value": value,
+        "ci": ci,
+        "note": note,
+        "numbers": {
+            "noop_share": share,
+            "tax_ttft_p90_noop_connector": tax_number(noop),
+            "tax_ttft_p90_mooncake_both": tax_number(mb),
+        },
+    }
 
 
 def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
@@ -91,9 +110,19 @@ def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
         ci = div_interval(ci_of(dev), ci_of(multi))  # type: ignore[arg-type]
         note = None if ci else "multi tax CI reaches 0: the relative deviation is unbounded"
     value = dev["value"] / multi["value"]
-    return {"value": value, "ci": ci, "note": note,
-            "numbers": {"rel_dev": {"value": value, "ci": ci, "note": note}, "sum": total, "deviation": dev,
-                        "multi": tax_number(multi), "mooncake_both": tax_number(mb), "lmcache_only": tax_number(lmc)}}  # fmt: skip
+    return {
+        "value": value,
+        "ci": ci,
+        "note": note,
+        "numbers": {
+            "rel_dev": {"value": value, "ci": ci, "note": note},
+            "sum": total,
+            "deviation": dev,
+            "multi": tax_number(multi),
+            "mooncake_both": tax_number(mb),
+            "lmcache_only": tax_number(lmc),
+        },
+    }
 
 
 def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
@@ -123,8 +152,16 @@ def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
             steps.append({"from": a, "to": b, "delta_pp": d["value"], "ci": ci_of(d)})
         total = combine([(100.0, pts[-1][1]), (-100.0, pts[0][1])])
         sign = None if total["value"] is None else ("+" if total["value"] > 0 else "-" if total["value"] < 0 else "0")
-        series.append({across: fixed, "points": [{along: x, "tax": e["value"], "ci": ci_of(e)} for x, e in pts],
-                       "steps": steps, "total_pp": total["value"], "total_ci": ci_of(total), "sign": sign})  # fmt: skip
+        series.append(
+            {
+                across: fixed,
+                "points": [{along: x, "tax": e["value"], "ci": ci_of(e)} for x, e in pts],
+                "steps": steps,
+                "total_pp": total["value"],
+                "total_ci": ci_of(total),
+                "sign": sign,
+            }
+        )
     return {"config": config, "metric": metric, "along": along, "series": series, "excluded": excluded}
 
 

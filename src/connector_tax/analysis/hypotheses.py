@@ -21,8 +21,10 @@ from connector_tax.analysis import constants as K
 from connector_tax.analysis.criteria import success_criteria
 from connector_tax.analysis.estimates import Taxes, h1_tax, h2_gap_pp, h3_share, h4_rel_dev, monotone_steps
 
-VERDICT_RULE = ("the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
-                "interval agrees (confident) or reaches across the threshold (within noise)")  # fmt: skip
+VERDICT_RULE = (
+    "the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
+    "interval agrees (confident) or reaches across the threshold (within noise)"
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,13 @@ class Test:
     hi: float | None = None
 
     def holds(self, x: float) -> bool:
-        return {"ge": x >= self.lo, "lt": x < self.lo, "gt": x > self.lo, "within": self.lo <= x <= (self.hi or 0),
-                "abs_le": abs(x) <= self.lo}[self.kind]  # fmt: skip
+        return {
+            "ge": x >= self.lo,
+            "lt": x < self.lo,
+            "gt": x > self.lo,
+            "within": self.lo <= x <= (self.hi or 0),
+            "abs_le": abs(x) <= self.lo,
+        }[self.kind]
 
     def thresholds(self) -> list[float]:
         if self.kind == "within":
@@ -70,31 +77,83 @@ def _show(x: float, unit: str) -> str:
 
 
 RULES = (
-    Rule("H1", "H1: substrate tax persists at single instance (mooncake_both TTFT p90 tax >= 10%)", (K.MOONCAKE_BOTH,),
-         h1_tax, Test("ge", K.H1_MIN_TAX), "%", "the tax persists without 8-instance coupling",
-         lambda v: "below 10%: the trace-replay tax is coupling"),
-    Rule("H2", "H2: NIXL-vs-Mooncake gap is mechanism-side (NIXL tax below Mooncake tax by 5-10 pp)",
-         (K.MOONCAKE_BOTH, K.NIXL_BOTH), h2_gap_pp, Test("within", *K.H2_GAP_PP), "pp",
-         "the ~7 pp trace-replay gap is preserved",
-         lambda v: "the gap " + ("inverts" if v < 0 else "shrinks" if v < K.H2_GAP_PP[0] else "widens") + ": a coupling artifact"),
-    Rule("H3", "H3: framework-vs-implementation split (noop_connector tax < 50% of mooncake_both tax)",
-         (K.NOOP, K.MOONCAKE_BOTH), h3_share, Test("lt", K.H3_FRAMEWORK_SHARE), "share",
-         "most of the tax is the connector's own per-step work", lambda v: "vLLM's connector framework carries most of it"),
-    Rule("H4", "H4: MultiConnector tax is additive (|multi - (mooncake + lmcache)| / multi <= 0.30)",
-         (K.MOONCAKE_BOTH, K.LMCACHE_ONLY, K.MULTI), h4_rel_dev, Test("abs_le", K.H4_MAX_REL_DEV), "rel", "additive",
-         lambda v: "super-additive (interference)" if v > 0 else "sub-additive (shared cost amortized)"),
-    Rule("H5", "H5: tax is shape-dependent (mooncake_both tax_TTFT_p90 grows monotonically with input)", (K.MOONCAKE_BOTH,),
-         lambda t: monotone_steps(t, "ttft_p90", "input"), Test("gt", 0.0), "pp",
-         "every step up in input raises the TTFT tax", lambda v: "the TTFT tax does not grow at every step up in input"),
-    Rule("H6", "H6: tax compounds in decode (mooncake_both tax_TPOT_p90 grows with output)", (K.MOONCAKE_BOTH,),
-         lambda t: monotone_steps(t, "tpot_p90", "output"), Test("gt", 0.0), "pp",
-         "every step up in output raises the TPOT tax", lambda v: "the TPOT tax does not grow at every step up in output"),
-)  # fmt: skip
+    Rule(
+        "H1",
+        "H1: substrate tax persists at single instance (mooncake_both TTFT p90 tax >= 10%)",
+        (K.MOONCAKE_BOTH,),
+        h1_tax,
+        Test("ge", K.H1_MIN_TAX),
+        "%",
+        "the tax persists without 8-instance coupling",
+        lambda v: "below 10%: the trace-replay tax is coupling",
+    ),
+    Rule(
+        "H2",
+        "H2: NIXL-vs-Mooncake gap is mechanism-side (NIXL tax below Mooncake tax by 5-10 pp)",
+        (K.MOONCAKE_BOTH, K.NIXL_BOTH),
+        h2_gap_pp,
+        Test("within", *K.H2_GAP_PP),
+        "pp",
+        "the ~7 pp trace-replay gap is preserved",
+        lambda v: (
+            "the gap "
+            + ("inverts" if v < 0 else "shrinks" if v < K.H2_GAP_PP[0] else "widens")
+            + ": a coupling artifact"
+        ),
+    ),
+    Rule(
+        "H3",
+        "H3: framework-vs-implementation split (noop_connector tax < 50% of mooncake_both tax)",
+        (K.NOOP, K.MOONCAKE_BOTH),
+        h3_share,
+        Test("lt", K.H3_FRAMEWORK_SHARE),
+        "share",
+        "most of the tax is the connector's own per-step work",
+        lambda v: "vLLM's connector framework carries most of it",
+    ),
+    Rule(
+        "H4",
+        "H4: MultiConnector tax is additive (|multi - (mooncake + lmcache)| / multi <= 0.30)",
+        (K.MOONCAKE_BOTH, K.LMCACHE_ONLY, K.MULTI),
+        h4_rel_dev,
+        Test("abs_le", K.H4_MAX_REL_DEV),
+        "rel",
+        "additive",
+        lambda v: "super-additive (interference)" if v > 0 else "sub-additive (shared cost amortized)",
+    ),
+    Rule(
+        "H5",
+        "H5: tax is shape-dependent (mooncake_both tax_TTFT_p90 grows monotonically with input)",
+        (K.MOONCAKE_BOTH,),
+        lambda t: monotone_steps(t, "ttft_p90", "input"),
+        Test("gt", 0.0),
+        "pp",
+        "every step up in input raises the TTFT tax",
+        lambda v: "the TTFT tax does not grow at every step up in input",
+    ),
+    Rule(
+        "H6",
+        "H6: tax compounds in decode (mooncake_both tax_TPOT_p90 grows with output)",
+        (K.MOONCAKE_BOTH,),
+        lambda t: monotone_steps(t, "tpot_p90", "output"),
+        Test("gt", 0.0),
+        "pp",
+        "every step up in output raises the TPOT tax",
+        lambda v: "the TPOT tax does not grow at every step up in output",
+    ),
+)
 
 
 def _na(rule: Rule, reason: str) -> dict[str, Any]:
-    return {"id": rule.id, "title": rule.title, "verdict": "not_applicable", "reason": reason, "numbers": {},
-            "confidence": None, "ci_overlaps_threshold": None}  # fmt: skip
+    return {
+        "id": rule.id,
+        "title": rule.title,
+        "verdict": "not_applicable",
+        "reason": reason,
+        "numbers": {},
+        "confidence": None,
+        "ci_overlaps_threshold": None,
+    }
 
 
 def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) -> dict[str, Any]:
@@ -110,38 +169,73 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
     if absent:
         return _na(rule, "no tax at ref_safe (" + "; ".join(f"{n}: {taxes.missing_reason(n)}" for n in absent) + ")")
     est = rule.estimate(taxes)
-    out: dict[str, Any] = {"id": rule.id, "title": rule.title, "thresholds": {rule.test.kind: rule.test.thresholds()},
-                           "where": {"phase": K.PHASE_B if rule.id in ("H5", "H6") else K.PHASE_A,
-                                     "rate": taxes.safe.get("rate"), "cell": taxes.safe.get("cell")}}  # fmt: skip
+    out: dict[str, Any] = {
+        "id": rule.id,
+        "title": rule.title,
+        "thresholds": {rule.test.kind: rule.test.thresholds()},
+        "where": {
+            "phase": K.PHASE_B if rule.id in ("H5", "H6") else K.PHASE_A,
+            "rate": taxes.safe.get("rate"),
+            "cell": taxes.safe.get("cell"),
+        },
+    }
     if est is None and rule.id in ("H5", "H6"):
         along = "input" if rule.id == "H5" else "output"
         return _na(rule, f"no Phase B cells with >= 2 {along} lengths for mooncake_both and plain")
     if est is None or est.get("value") is None:
-        return {**out, "verdict": "inconclusive", "reason": "the number could not be computed from the cells measured",
-                "numbers": {}, "confidence": None, "ci_overlaps_threshold": None}  # fmt: skip
+        return {
+            **out,
+            "verdict": "inconclusive",
+            "reason": "the number could not be computed from the cells measured",
+            "numbers": {},
+            "confidence": None,
+            "ci_overlaps_threshold": None,
+        }
     value, ci = est["value"], est.get("ci")
     call = rule.test.holds(value)
     confident = rule.test.confident(ci, call)
-    shown = _show(value, rule.unit) + (f", CI [{_show(ci[0], rule.unit)}, {_show(ci[1], rule.unit)}]" if ci else ", no CI")
+    shown = _show(value, rule.unit) + (
+        f", CI [{_show(ci[0], rule.unit)}, {_show(ci[1], rule.unit)}]" if ci else ", no CI"
+    )
     why = rule.supported if call else rule.refuted(value)
     confidence = "confident" if confident else "within noise" if confident is False else "no interval"
-    return {**out, "verdict": "supported" if call else "refuted", "reason": f"{shown}: {why} ({confidence})",
-            "value": value, "ci": ci, "numbers": est.get("numbers") or {}, "confidence": confidence,
-            "ci_overlaps_threshold": None if ci is None else any(ci[0] <= t <= ci[1] for t in rule.test.thresholds())}  # fmt: skip
+    return {
+        **out,
+        "verdict": "supported" if call else "refuted",
+        "reason": f"{shown}: {why} ({confidence})",
+        "value": value,
+        "ci": ci,
+        "numbers": est.get("numbers") or {},
+        "confidence": confidence,
+        "ci_overlaps_threshold": None if ci is None else any(ci[0] <= t <= ci[1] for t in rule.test.thresholds()),
+    }
 
 
-def evaluate(taxes: dict[str, Any] | None, reference: dict[str, Any], configs: list[str], baseline: str | None,
-             artifacts: dict[str, Any], runtime: dict[str, Any], simulated: bool) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    taxes: dict[str, Any] | None,
+    reference: dict[str, Any],
+    configs: list[str],
+    baseline: str | None,
+    artifacts: dict[str, Any],
+    runtime: dict[str, Any],
+    simulated: bool,
+) -> dict[str, Any]:
     t = Taxes(taxes)
-    caveats = [f"ref_safe is flagged: {reference.get('ref_safe_reason')}"] if (reference or {}).get("ref_safe_flagged") else []
+    caveats = (
+        [f"ref_safe is flagged: {reference.get('ref_safe_reason')}"]
+        if (reference or {}).get("ref_safe_flagged")
+        else []
+    )
     hyps = {rule.id: judge(rule, t, configs, baseline) for rule in RULES}
     for h in hyps.values():
         h["caveats"] = []
         if h["verdict"] == "not_applicable":
             continue
-        h["caveats"] = list(caveats) + [f"{key}: rests on a cell the load generator marked invalid"
-                                        for key, val in (h.get("numbers") or {}).items()
-                                        if isinstance(val, dict) and False in (val.get("cells_valid") or [])]  # fmt: skip
+        h["caveats"] = list(caveats) + [
+            f"{key}: rests on a cell the load generator marked invalid"
+            for key, val in (h.get("numbers") or {}).items()
+            if isinstance(val, dict) and False in (val.get("cells_valid") or [])
+        ]
         for left_out in ((h.get("numbers") or {}).get(K.MOONCAKE_BOTH) or {}).get("excluded") or []:
             why = "; ".join(f"{n}: {c}" for n, c in left_out["saturated"].items())
             h["caveats"].append(f"shape {left_out['shape']} left out: saturated at ref_safe ({why})")
@@ -149,10 +243,19 @@ def evaluate(taxes: dict[str, Any] | None, reference: dict[str, Any], configs: l
         "schema_version": 2,
         "simulated": simulated,
         "baseline": baseline,
-        "reference": {k: (reference or {}).get(k) for k in ("ref_safe", "ref_load", "ref_safe_flagged", "ref_load_flagged",
-                                                              "ref_safe_reason", "ref_load_reason")},
+        "reference": {
+            k: (reference or {}).get(k)
+            for k in (
+                "ref_safe",
+                "ref_load",
+                "ref_safe_flagged",
+                "ref_load_flagged",
+                "ref_safe_reason",
+                "ref_load_reason",
+            )
+        },
         "ci_method": (taxes or {}).get("ci_method"),
         "verdict_rule": VERDICT_RULE,
         "hypotheses": list(hyps.values()),
         "success_criteria": success_criteria(hyps, artifacts, runtime, simulated),
-    }  # fmt: skip
+    }

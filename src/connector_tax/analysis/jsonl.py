@@ -78,7 +78,9 @@ def _read_arrow(path: Path, fields: dict[str, str]) -> dict[str, np.ndarray]:
             del table, block, data
     if not any(parts[name] for name in fields):
         return _empty(fields)
-    return {name: np.concatenate(chunks) if chunks else _empty({name: fields[name]})[name] for name, chunks in parts.items()}
+    return {
+        name: np.concatenate(chunks) if chunks else _empty({name: fields[name]})[name] for name, chunks in parts.items()
+    }
 
 
 def _coerce(value: Any, kind: str) -> Any:
@@ -102,7 +104,9 @@ def _read_stdlib(path: Path, fields: dict[str, str]) -> dict[str, np.ndarray]:
                 break  # truncated last line
             try:
                 rec = json.loads(raw)
-                values = [_coerce(rec.get(name) if isinstance(rec, dict) else None, kind) for name, kind in fields.items()]
+                values = [
+                    _coerce(rec.get(name) if isinstance(rec, dict) else None, kind) for name, kind in fields.items()
+                ]
             except (ValueError, TypeError, OverflowError):
                 bad += 1
                 continue
@@ -114,7 +118,7 @@ def _read_stdlib(path: Path, fields: dict[str, str]) -> dict[str, np.ndarray]:
     if bad:
         log.warning("%s: skipped %d malformed line(s)", path, bad)
     out = _empty(fields)
-    for name, kind in fields.items():
+    for name in fields:
         if cols[name]:
             out[name] = np.asarray(cols[name], dtype=out[name].dtype)
     return out

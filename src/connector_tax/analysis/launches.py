@@ -11,8 +11,14 @@ from typing import Any
 
 from connector_tax.analysis.constants import PHASE_A
 
-_SERVER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
-                "max_model_len", "tensor_parallel_size")  # fmt: skip
+_SERVER_KEYS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "max_model_len",
+    "tensor_parallel_size",
+)
 
 
 def _async_scheduling(argv: list[str]) -> str:
@@ -37,7 +43,9 @@ def like_for_like(study: Any) -> dict[str, dict[str, Any]]:
             argv = launch.get("argv") or []
             vllm = launch.get("vllm") or {}
             row["async_scheduling"] = _async_scheduling(argv)
-            row["hybrid_kv_cache_manager"] = "disabled" if "--disable-hybrid-kv-cache-manager" in argv else "vLLM decides"
+            row["hybrid_kv_cache_manager"] = (
+                "disabled" if "--disable-hybrid-kv-cache-manager" in argv else "vLLM decides"
+            )
             connector = (launch.get("variant") or {}).get("connector") or {}
             kinds = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
             if "lmcache" in kinds:

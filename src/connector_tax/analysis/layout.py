@@ -30,9 +30,17 @@ import yaml
 
 from connector_tax.analysis.jsonl import read_json
 from connector_tax.config import ConfigError, StudyConfig, find_variant, validate_config
-from connector_tax.contract import LAUNCH_OF, LAUNCH_PHASES, PHASE_A, PHASE_B, PHASES, CellFiles, StudyLayout
+from connector_tax.contract import (
+    LAUNCH_OF,
+    LAUNCH_PHASES,
+    PHASE_A,
+    PHASE_B,
+    PHASES,
+    CellFiles,
+    StudyLayout,
+    planned_cells,
+)
 from connector_tax.contract import Cell as PlannedCell
-from connector_tax.contract import planned_cells
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
 from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
 
@@ -132,8 +140,13 @@ class Study:
         return self.runs.get((config, phase))
 
     def cells(self, phase: str | None = None) -> list[Cell]:
-        return [c for name in self.configs for ph in PHASES if phase in (None, ph)
-                for c in (self.runs[(name, ph)].cells if (name, ph) in self.runs else [])]  # fmt: skip
+        return [
+            c
+            for name in self.configs
+            for ph in PHASES
+            if phase in (None, ph)
+            for c in (self.runs[(name, ph)].cells if (name, ph) in self.runs else [])
+        ]
 
     @property
     def phase_a_rates(self) -> list[float]:
@@ -149,8 +162,10 @@ def _read_config(layout: StudyLayout) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(where.read_text(encoding="utf-8"))
     except OSError:
-        raise StudyRefused(f"{layout.root}: no study_config.yaml, so no plan to check results against "
-                           "(not a study folder written by the pipeline)") from None  # fmt: skip
+        raise StudyRefused(
+            f"{layout.root}: no study_config.yaml, so no plan to check results against "
+            "(not a study folder written by the pipeline)"
+        ) from None
     except yaml.YAMLError as exc:
         raise StudyRefused(f"{where}: unreadable: {exc}") from None
     try:
@@ -163,19 +178,23 @@ def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None
     if index.study != config["study"]:
         raise StudyRefused(f"{where}: results of study {index.study!r}, not {config['study']!r}")
     if index.backend != config["backend"]:
-        raise StudyRefused(f"{where}: measured on backend {index.backend}, the study is backend "
-                           f"{config['backend']}: results of two backends are never mixed")  # fmt: skip
+        raise StudyRefused(
+            f"{where}: measured on backend {index.backend}, the study is backend "
+            f"{config['backend']}: results of two backends are never mixed"
+        )
     expected = launch_settings(config, find_variant(config, index.config), [], {})
     recorded = {k: v for k, v in index.launch.items() if k in _CONFIG_LAUNCH_KEYS}
     wanted = {k: v for k, v in expected.items() if k in _CONFIG_LAUNCH_KEYS}
     if canonical(recorded) != canonical(wanted):
         changed = "; ".join(differences(recorded, wanted))
-        raise StudyRefused(f"{where}: launched with other settings than study_config.yaml ({changed}); "
-                           "run the pipeline to re-measure")  # fmt: skip
+        raise StudyRefused(
+            f"{where}: launched with other settings than study_config.yaml ({changed}); run the pipeline to re-measure"
+        )
 
 
-def _usable(config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files: CellFiles,
-            where: str) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+def _usable(
+    config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files: CellFiles, where: str
+) -> tuple[dict[str, Any] | None, str | None]:
     """(sealed summary, None) for a usable cell, (None, why) for one that is not; raises
     StudyRefused when the cell on record was planned with other settings."""
     entry = index.cell(cell.phase, cell.label)
@@ -184,8 +203,9 @@ def _usable(config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files:
     expected = cell_settings(config, cell)
     if canonical(entry.settings) != canonical(expected):
         changed = "; ".join(differences(entry.settings, expected))
-        raise StudyRefused(f"{where}: measured with other settings than study_config.yaml ({changed}); "
-                           "run the pipeline to re-measure")  # fmt: skip
+        raise StudyRefused(
+            f"{where}: measured with other settings than study_config.yaml ({changed}); run the pipeline to re-measure"
+        )
     if fingerprint(index.launch, entry.settings, index.code) != entry.fingerprint:
         raise StudyRefused(f"{where}: its fingerprint in run.json is not the hash of what run.json records")
     if entry.status != COMPLETE:
@@ -197,21 +217,30 @@ def _usable(config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files:
 
 
 def _ignored(layout: StudyLayout, names: list[str], planned: dict[tuple[str, str], set[str]]) -> list[dict[str, str]]:
-    out = [{"path": str(layout.root / d), "why": "configuration not in the study config (orphan)"}
-           for d in layout.config_dirs() if d not in names]  # fmt: skip
+    out = [
+        {"path": str(layout.root / d), "why": "configuration not in the study config (orphan)"}
+        for d in layout.config_dirs()
+        if d not in names
+    ]
     for name in names:
         for phase in PHASES:
             pl = layout.phase(name, phase)
             if pl.superseded_root.is_dir():
-                out += [{"path": str(p), "why": "superseded (kept, not analysed)"}
-                        for p in sorted(pl.superseded_root.iterdir())]  # fmt: skip
+                out += [
+                    {"path": str(p), "why": "superseded (kept, not analysed)"}
+                    for p in sorted(pl.superseded_root.iterdir())
+                ]
             if not pl.folder.is_dir():
                 continue
             for summary in sorted(pl.folder.glob(f"summary_{phase}_*.json")):
-                label = summary.name[len(f"summary_{phase}_"): -len(".json")]
+                label = summary.name[len(f"summary_{phase}_") : -len(".json")]
                 if label not in planned.get((name, phase), set()):
-                    out.append({"path": str(summary.parent / f"*_{phase}_{label}.*"),
-                                "why": "cell not in the study config's plan (orphan)"})  # fmt: skip
+                    out.append(
+                        {
+                            "path": str(summary.parent / f"*_{phase}_{label}.*"),
+                            "why": "cell not in the study config's plan (orphan)",
+                        }
+                    )
     return out
 
 
@@ -256,15 +285,23 @@ def load_study(root: Path) -> Study:
                 codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))
     if len(codes) > 1:
         (first, a), (second, b) = list(codes.values())[:2]
-        raise StudyRefused(f"{second}: measured by other code than {first} ({'; '.join(differences(a, b))}): "
-                           "cells of one study must come from one version of the instruments")  # fmt: skip
+        raise StudyRefused(
+            f"{second}: measured by other code than {first} ({'; '.join(differences(a, b))}): "
+            "cells of one study must come from one version of the instruments"
+        )
     for run in runs.values():
         run.cells.sort(key=_sort_key)
     return Study(
-        root=layout.root, config=config, name=config["study"], configs=names, preflight=preflight, runs=runs,
-        reference_file=reference, ignored=_ignored(layout, names, planned_labels),
+        root=layout.root,
+        config=config,
+        name=config["study"],
+        configs=names,
+        preflight=preflight,
+        runs=runs,
+        reference_file=reference,
+        ignored=_ignored(layout, names, planned_labels),
         code=next(iter(codes.values()))[1] if codes else None,
-    )  # fmt: skip
+    )
 
 
 def _sort_key(cell: Cell) -> tuple:

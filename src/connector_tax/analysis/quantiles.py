@@ -61,8 +61,9 @@ def _interp_positions(n: int, ps: list[float]) -> list[int]:
     return sorted(out)
 
 
-def summarize(values: np.ndarray, ps: tuple[float, ...] = (50, 90, 99), ci_for: tuple[float, ...] = (90,),
-              conf: float = 0.95) -> dict[str, float | int | None]:  # fmt: skip
+def summarize(
+    values: np.ndarray, ps: tuple[float, ...] = (50, 90, 99), ci_for: tuple[float, ...] = (90,), conf: float = 0.95
+) -> dict[str, float | int | None]:
     """{"n", "pXX" for ps, "pXX_ci_lo"/"pXX_ci_hi" for ci_for}: NaN values are dropped; with
     no value every statistic is None. One np.partition serves every order statistic."""
     arr = np.asarray(values, dtype=np.float64)
@@ -124,8 +125,9 @@ def _se(lo: float | None, hi: float | None, log: bool = False) -> float | None:
     return (hi - lo) / (2 * _Z[0.95])
 
 
-def ratio_minus_one(x: float | None, x_lo: float | None, x_hi: float | None,
-                    b: float | None, b_lo: float | None, b_hi: float | None) -> dict:  # fmt: skip
+def ratio_minus_one(
+    x: float | None, x_lo: float | None, x_hi: float | None, b: float | None, b_lo: float | None, b_hi: float | None
+) -> dict:
     """x / b - 1 with a delta-method 95% CI (log scale)."""
     if x is None or b is None or b <= 0 or x <= 0:
         return {"value": None, "ci": None}
@@ -138,8 +140,9 @@ def ratio_minus_one(x: float | None, x_lo: float | None, x_hi: float | None,
     return {"value": value, "ci": [math.exp(r - _Z[0.95] * s) - 1.0, math.exp(r + _Z[0.95] * s) - 1.0]}
 
 
-def difference(x: float | None, x_lo: float | None, x_hi: float | None,
-               b: float | None, b_lo: float | None, b_hi: float | None) -> dict:  # fmt: skip
+def difference(
+    x: float | None, x_lo: float | None, x_hi: float | None, b: float | None, b_lo: float | None, b_hi: float | None
+) -> dict:
     """x - b with a 95% CI from the two intervals' standard errors."""
     if x is None or b is None:
         return {"value": None, "ci": None}
@@ -181,7 +184,7 @@ def tax_combination(terms: list[tuple[float, dict]]) -> dict:
     sx = [_se(*(t.get("x_ci") or [None, None])) for _, t in terms]
     if not p or sp is None or any(s is None for s in sx) or any(t.get("x_p90") is None for _, t in terms):
         return {"value": value, "ci": None}
-    var = sum((c / p) ** 2 * s ** 2 for (c, _), s in zip(terms, sx))  # type: ignore[operator]
+    var = sum((c / p) ** 2 * s**2 for (c, _), s in zip(terms, sx))  # type: ignore[operator]
     var += (sum(c * t["x_p90"] for c, t in terms) / p**2) ** 2 * sp**2
     s = math.sqrt(var)
     return {"value": value, "ci": [value - _Z[0.95] * s, value + _Z[0.95] * s]}

@@ -7,7 +7,6 @@ from typing import Any
 
 from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
 
-
 # Which step each number is (the design's "Step-timing instrumentation" and issue 15).
 STEP_DEFINITIONS = (
     "Step timing: **step** = `step_duration_us`, `Scheduler.schedule()` entry to exit (build_connector_meta "
@@ -67,34 +66,51 @@ def _ci_text(lo: Any, hi: Any) -> str:
     return f" [{_f(lo)}, {_f(hi)}]" if lo is not None and hi is not None else ""
 
 
-def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, list[str]],
-                  skipped: dict[str, str], figures_made: bool = True) -> str:  # fmt: skip
+def render_report(
+    agg: dict[str, Any],
+    hyp: dict[str, Any],
+    figures: dict[str, list[str]],
+    skipped: dict[str, str],
+    figures_made: bool = True,
+) -> str:
     L: list[str] = [f"# connector-tax analysis: {agg['study']}", ""]
     served = agg.get("served_by") or f"backend {agg.get('backend')}"
     if agg.get("simulated"):
-        L += ["> **SIMULATED DATA.** Every number and figure below comes from the embedded simulated vLLM "
-              "(backend `sim`), not from a GPU. It exercises the pipeline; it measures nothing about vLLM.", ""]
+        L += [
+            "> **SIMULATED DATA.** Every number and figure below comes from the embedded simulated vLLM "
+            "(backend `sim`), not from a GPU. It exercises the pipeline; it measures nothing about vLLM.",
+            "",
+        ]
     else:
-        L += [f"> **Served by {served}.** Every number and figure below was measured on that server"
-              + ("; its latencies are a CPU's, not a GPU's" if " on CPU" in served else "") + ".", ""]
+        L += [
+            f"> **Served by {served}.** Every number and figure below was measured on that server"
+            + ("; its latencies are a CPU's, not a GPU's" if " on CPU" in served else "")
+            + ".",
+            "",
+        ]
     ref = agg.get("reference") or {}
-    L += [f"- Served by: {served}",
-          f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
-          + ", ".join(f"`{c}`" for c in agg["configs"]),
-          f"- Baseline for taxes: `{agg.get('baseline')}`" if agg.get("baseline") else
-          f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
-          "(taxes, H1–H6, success criteria 1–5, figures 4–8) are **not applicable**; per-cell statistics, "
-          "saturation, reference rates and figures 1–3 are reported.",
-          f"- Reference rates ({ref.get('source')}): ref_safe = **{_f(ref.get('ref_safe'), 'g')} req/s**"
-          + (f" (FLAGGED: {ref.get('ref_safe_reason')})" if ref.get("ref_safe_flagged") else "")
-          + f", ref_load = **{_f(ref.get('ref_load'), 'g')} req/s**"
-          + (f" (FLAGGED: {ref.get('ref_load_reason')})" if ref.get("ref_load_flagged") else ""),
-          "- Measured by: " + (", ".join(f"{k} {v}" for k, v in sorted((agg.get("code") or {}).items())
-                                         if isinstance(v, str)) or "–")
-          + "; every cell below was checked against its fingerprint (aggregate.csv `fingerprint`).",
-          f"- Confidence intervals: {agg['ci_method']['percentiles']}. Taxes: {agg['ci_method']['taxes']}.",
-          f"- Saturation criterion 1 basis: effective / {agg['saturation']['throughput_basis']} rate; thresholds "
-          + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items()) + ".", ""]  # fmt: skip
+    L += [
+        f"- Served by: {served}",
+        f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
+        + ", ".join(f"`{c}`" for c in agg["configs"]),
+        f"- Baseline for taxes: `{agg.get('baseline')}`"
+        if agg.get("baseline")
+        else f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
+        "(taxes, H1–H6, success criteria 1–5, figures 4–8) are **not applicable**; per-cell statistics, "
+        "saturation, reference rates and figures 1–3 are reported.",
+        f"- Reference rates ({ref.get('source')}): ref_safe = **{_f(ref.get('ref_safe'), 'g')} req/s**"
+        + (f" (FLAGGED: {ref.get('ref_safe_reason')})" if ref.get("ref_safe_flagged") else "")
+        + f", ref_load = **{_f(ref.get('ref_load'), 'g')} req/s**"
+        + (f" (FLAGGED: {ref.get('ref_load_reason')})" if ref.get("ref_load_flagged") else ""),
+        "- Measured by: "
+        + (", ".join(f"{k} {v}" for k, v in sorted((agg.get("code") or {}).items()) if isinstance(v, str)) or "–")
+        + "; every cell below was checked against its fingerprint (aggregate.csv `fingerprint`).",
+        f"- Confidence intervals: {agg['ci_method']['percentiles']}. Taxes: {agg['ci_method']['taxes']}.",
+        f"- Saturation criterion 1 basis: effective / {agg['saturation']['throughput_basis']} rate; thresholds "
+        + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items())
+        + ".",
+        "",
+    ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
     L += ["", STEP_DEFINITIONS, ""]
@@ -107,13 +123,27 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
         cells = []
         for ph in PHASES:
             p = (st.get("phases") or {}).get(ph)
-            cells.append("–" if p is None else f"{p['status']} ({len(p['cells'])} cells)"
-                         + (f": {p['reason']}" if p.get("reason") else ""))  # fmt: skip
+            cells.append(
+                "–"
+                if p is None
+                else f"{p['status']} ({len(p['cells'])} cells)" + (f": {p['reason']}" if p.get("reason") else "")
+            )
         timing = [p for p in (st.get("phases") or {}).values()]
-        step = "yes" if any(p["step_timing_available"] for p in timing) else (
-            next((p["step_timing_reason"] for p in timing if p.get("step_timing_reason")), "no") if timing else "–")
-        rows.append([f"`{name}`", _f(st.get("preflight")) + (f": {st['preflight_reason']}" if st.get("preflight_reason") else ""),
-                     *cells, str(step)])  # fmt: skip
+        step = (
+            "yes"
+            if any(p["step_timing_available"] for p in timing)
+            else (
+                next((p["step_timing_reason"] for p in timing if p.get("step_timing_reason")), "no") if timing else "–"
+            )
+        )
+        rows.append(
+            [
+                f"`{name}`",
+                _f(st.get("preflight")) + (f": {st['preflight_reason']}" if st.get("preflight_reason") else ""),
+                *cells,
+                str(step),
+            ]
+        )
     L += _table(["config", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
 
     settings = agg.get("like_for_like") or {}
@@ -124,12 +154,26 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
 
     # verdicts
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
-    L += _table(["id", "verdict (design's call)", "95% interval", "why"],
-                [[h["id"], f"**{h['verdict']}**", _f(h.get("confidence")), h["reason"].replace("|", "/")]
-                 for h in hyp["hypotheses"]])  # fmt: skip
-    L += _table(["criterion", "status", "outcome", "95% interval", "why"],
-                [[s["title"].split(":")[0], f"**{s['status']}**", _f(s.get("outcome")), _f(s.get("confidence")),
-                  s["reason"].replace("|", "/")] for s in hyp["success_criteria"]])  # fmt: skip
+    L += _table(
+        ["id", "verdict (design's call)", "95% interval", "why"],
+        [
+            [h["id"], f"**{h['verdict']}**", _f(h.get("confidence")), h["reason"].replace("|", "/")]
+            for h in hyp["hypotheses"]
+        ],
+    )
+    L += _table(
+        ["criterion", "status", "outcome", "95% interval", "why"],
+        [
+            [
+                s["title"].split(":")[0],
+                f"**{s['status']}**",
+                _f(s.get("outcome")),
+                _f(s.get("confidence")),
+                s["reason"].replace("|", "/"),
+            ]
+            for s in hyp["success_criteria"]
+        ],
+    )
     for h in hyp["hypotheses"]:
         for c in h.get("caveats") or []:
             L.append(f"- {h['id']} caveat: {c}")
@@ -138,51 +182,130 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
     # Phase A
     pa = [r for r in agg["rows"] if r["phase"] == PHASE_A]
     if pa:
-        L += ["## Phase A (rate sweep)", "", "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.", ""]
-        L += _table(["config", "rate (req/s)", "n ok", "TTFT p90", "TPOT p90", "E2E p90", "eff/offered", "waiting p50",
-                     "step p50 (µs)", "engine step p50 (µs)", "saturated", "valid"],
-                    [[f"`{r['config']}`", _f(r["rate"], "g"), _f(r["n_ok"], "d"),
-                      _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
-                      _f(r["tpot_ms_p90"], ".2f"), _f(r["e2e_ms_p90"]), _f(r["throughput_ratio"], ".3f"),
-                      _f(r["waiting_p50"], "g"), _f(r["step_duration_us_p50"]), _f(r["engine_step_us_p50"]),
-                      (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
-                      _f(r["valid"])] for r in pa])  # fmt: skip
-    sat_rates = (ref.get("per_config") or {})
+        L += [
+            "## Phase A (rate sweep)",
+            "",
+            "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.",
+            "",
+        ]
+        L += _table(
+            [
+                "config",
+                "rate (req/s)",
+                "n ok",
+                "TTFT p90",
+                "TPOT p90",
+                "E2E p90",
+                "eff/offered",
+                "waiting p50",
+                "step p50 (µs)",
+                "engine step p50 (µs)",
+                "saturated",
+                "valid",
+            ],
+            [
+                [
+                    f"`{r['config']}`",
+                    _f(r["rate"], "g"),
+                    _f(r["n_ok"], "d"),
+                    _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
+                    _f(r["tpot_ms_p90"], ".2f"),
+                    _f(r["e2e_ms_p90"]),
+                    _f(r["throughput_ratio"], ".3f"),
+                    _f(r["waiting_p50"], "g"),
+                    _f(r["step_duration_us_p50"]),
+                    _f(r["engine_step_us_p50"]),
+                    (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
+                    _f(r["valid"]),
+                ]
+                for r in pa
+            ],
+        )
+    sat_rates = ref.get("per_config") or {}
     if sat_rates:
-        L += _table(["config", "saturation rate (req/s)", "criteria fired there"],
-                    [[f"`{n}`", _f(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
-                     for n, v in sat_rates.items()])  # fmt: skip
+        L += _table(
+            ["config", "saturation rate (req/s)", "criteria fired there"],
+            [
+                [f"`{n}`", _f(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
+                for n, v in sat_rates.items()
+            ],
+        )
 
     taxes = agg.get("taxes")
     if taxes:
-        L += ["## Substrate tax", "", f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
-              "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback.", ""]
+        L += [
+            "## Substrate tax",
+            "",
+            f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
+            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback.",
+            "",
+        ]
         for ref_name in ("ref_safe", "ref_load"):
             e = taxes["phase_a"].get(ref_name) or {}
             if not e.get("configs"):
-                L += [f"No tax at {ref_name}: " + ("; ".join(f"{k}: {v}" for k, v in (e.get("missing") or {}).items())
-                                                   or "no Phase A cell at that rate"), ""]  # fmt: skip
+                L += [
+                    f"No tax at {ref_name}: "
+                    + (
+                        "; ".join(f"{k}: {v}" for k, v in (e.get("missing") or {}).items())
+                        or "no Phase A cell at that rate"
+                    ),
+                    "",
+                ]
                 continue
             L += [f"### Phase A at {ref_name} = {_f(e.get('rate'), 'g')} req/s (cell {e.get('cell')})", ""]
-            L += _table(["config", "tax TTFT p90", "tax TPOT p90", "tax step p50 (µs)", "callback p50 (µs)", "unattributed (µs)"],
-                        [[f"`{n}`", _pct(t.get("ttft_p90")), _pct(t.get("tpot_p90")), _us(t.get("step_p50_us")),
-                          _us(t.get("callback_p50_us")), _us(t.get("unattributed_p50_us"))]
-                         for n, t in e["configs"].items()])  # fmt: skip
-        amp = {n: a for n, a in (taxes.get("amplification") or {}).items() if (a.get("ttft_p90") or {}).get("value") is not None}
+            L += _table(
+                [
+                    "config",
+                    "tax TTFT p90",
+                    "tax TPOT p90",
+                    "tax step p50 (µs)",
+                    "callback p50 (µs)",
+                    "unattributed (µs)",
+                ],
+                [
+                    [
+                        f"`{n}`",
+                        _pct(t.get("ttft_p90")),
+                        _pct(t.get("tpot_p90")),
+                        _us(t.get("step_p50_us")),
+                        _us(t.get("callback_p50_us")),
+                        _us(t.get("unattributed_p50_us")),
+                    ]
+                    for n, t in e["configs"].items()
+                ],
+            )
+        amp = {
+            n: a
+            for n, a in (taxes.get("amplification") or {}).items()
+            if (a.get("ttft_p90") or {}).get("value") is not None
+        }
         if amp:
             L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
-            L += _table(["config", "TTFT p90 tax", "TPOT p90 tax"],
-                        [[f"`{n}`", _ratio(a.get("ttft_p90")), _ratio(a.get("tpot_p90"))] for n, a in amp.items()])  # fmt: skip
-        for phase, title in ((PHASE_B, "Phase B (shapes at ref_safe)"), (PHASE_B_PRIME, "Phase B' (shapes at ref_load)")):
+            L += _table(
+                ["config", "TTFT p90 tax", "TPOT p90 tax"],
+                [[f"`{n}`", _ratio(a.get("ttft_p90")), _ratio(a.get("tpot_p90"))] for n, a in amp.items()],
+            )
+        for phase, title in (
+            (PHASE_B, "Phase B (shapes at ref_safe)"),
+            (PHASE_B_PRIME, "Phase B' (shapes at ref_load)"),
+        ):
             cells = (taxes.get(phase) or {}).get("cells") or {}
             if not cells:
                 continue
             names = sorted({n for c in cells.values() for n in c["configs"]}, key=agg["configs"].index)
             L += [f"### {title}: tax TTFT p90 / tax TPOT p90", ""]
-            L += _table(["shape"] + [f"`{n}`" for n in names],
-                        [[label] + [f"{_pct((c['configs'].get(n) or {}).get('ttft_p90'))} / "
-                                    f"{_pct((c['configs'].get(n) or {}).get('tpot_p90'))}" for n in names]
-                         for label, c in cells.items()])  # fmt: skip
+            L += _table(
+                ["shape"] + [f"`{n}`" for n in names],
+                [
+                    [label]
+                    + [
+                        f"{_pct((c['configs'].get(n) or {}).get('ttft_p90'))} / "
+                        f"{_pct((c['configs'].get(n) or {}).get('tpot_p90'))}"
+                        for n in names
+                    ]
+                    for label, c in cells.items()
+                ],
+            )
 
     L += ["## Figures", ""]
     if not figures_made:
@@ -196,20 +319,36 @@ def render_report(agg: dict[str, Any], hyp: dict[str, Any], figures: dict[str, l
         L += [f"- **{name}**: {reason}" for name, reason in sorted(skipped.items())]
     L.append("")
     notes = [f"{r['config']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")]
-    invalid = [f"{r['config']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}" for r in agg["rows"] if r.get("valid") is False]
+    invalid = [
+        f"{r['config']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}"
+        for r in agg["rows"]
+        if r.get("valid") is False
+    ]
     if invalid:
         L += ["## Cells the load generator marked invalid (kept, flagged)", ""] + [f"- {x}" for x in invalid] + [""]
     if notes:
         L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
-    not_analysed = [f"`{name}/{ph}/{label}`: {why}" for name, st in agg["config_status"].items()
-                    for ph, p in (st.get("phases") or {}).items() for label, why in (p.get("not_analysed") or {}).items()]
+    not_analysed = [
+        f"`{name}/{ph}/{label}`: {why}"
+        for name, st in agg["config_status"].items()
+        for ph, p in (st.get("phases") or {}).items()
+        for label, why in (p.get("not_analysed") or {}).items()
+    ]
     if not_analysed:
         L += ["## Cells not analysed (failed, never measured or incomplete; a re-run measures them)", ""]
         L += [f"- {x}" for x in not_analysed] + [""]
-    pruned = [f"`{name}/{ph}/{label}`: {why}" for name, st in agg["config_status"].items()
-              for ph, p in (st.get("phases") or {}).items() for label, why in (p.get("pruned") or {}).items()]
+    pruned = [
+        f"`{name}/{ph}/{label}`: {why}"
+        for name, st in agg["config_status"].items()
+        for ph, p in (st.get("phases") or {}).items()
+        for label, why in (p.get("pruned") or {}).items()
+    ]
     if pruned:
-        L += ["## Rates not measured, past a configuration's knee (Phase A pruning)", ""] + [f"- {x}" for x in pruned] + [""]
+        L += (
+            ["## Rates not measured, past a configuration's knee (Phase A pruning)", ""]
+            + [f"- {x}" for x in pruned]
+            + [""]
+        )
     if agg.get("ignored"):
         L += ["## Ignored on disk (not in this study's plan; never read)", ""]
         L += [f"- `{x['path']}`: {x['why']}" for x in agg["ignored"]] + [""]

@@ -31,7 +31,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING, DEFAULT_SATURATION, PHASE_A, PLAIN
+from connector_tax.analysis.constants import (
+    CRIT_THROUGHPUT,
+    CRIT_TTFT,
+    CRIT_WAITING,
+    DEFAULT_SATURATION,
+    PHASE_A,
+    PLAIN,
+)
 
 _EPS = 1e-9
 
@@ -40,8 +47,9 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def cell_criteria(row: dict[str, Any], thresholds: dict[str, float], basis: str = "offered",
-                  lower: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def cell_criteria(
+    row: dict[str, Any], thresholds: dict[str, float], basis: str = "offered", lower: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The three criteria of one cell. `lower` is the row at r' (criterion 3), or None."""
     t = {**DEFAULT_SATURATION, **(thresholds or {})}
     ratio_off, ratio_req = _num(row.get("throughput_ratio")), _num(row.get("throughput_ratio_requested"))
@@ -51,29 +59,46 @@ def cell_criteria(row: dict[str, Any], thresholds: dict[str, float], basis: str 
         value, used = (ratio_off, "offered") if ratio_off is not None else (ratio_req, "requested")
     crit: dict[str, Any] = {
         CRIT_THROUGHPUT: {
-            "value": value, "basis": used, "threshold": t["throughput_ratio_min"], "rule": "value < threshold",
-            "effective_rps": _num(row.get("effective_rps")), "offered_rps": _num(row.get("offered_rps")),
-            "requested_rps": _num(row.get("requested_rps")), "ratio_offered": ratio_off,
+            "value": value,
+            "basis": used,
+            "threshold": t["throughput_ratio_min"],
+            "rule": "value < threshold",
+            "effective_rps": _num(row.get("effective_rps")),
+            "offered_rps": _num(row.get("offered_rps")),
+            "requested_rps": _num(row.get("requested_rps")),
+            "ratio_offered": ratio_off,
             "ratio_requested": ratio_req,
             "fired": None if value is None else bool(value < t["throughput_ratio_min"]),
         },
         CRIT_WAITING: {
-            "value": _num(row.get("waiting_p50")), "threshold": t["waiting_p50_max"], "rule": "value > threshold",
+            "value": _num(row.get("waiting_p50")),
+            "threshold": t["waiting_p50_max"],
+            "rule": "value > threshold",
             "samples": row.get("metrics_n"),
             "fired": None if _num(row.get("waiting_p50")) is None else bool(row["waiting_p50"] > t["waiting_p50_max"]),
         },
-    }  # fmt: skip
+    }
     if row.get("phase") == PHASE_A:
-        c3: dict[str, Any] = {"threshold": t["ttft_p90_ratio_max"], "rule": "value > threshold", "value": None,
-                              "fired": None, "ttft_p90_ms": _num(row.get("ttft_ms_p90")), "vs_rate": None,
-                              "vs_ttft_p90_ms": None, "exact_half": None}  # fmt: skip
+        c3: dict[str, Any] = {
+            "threshold": t["ttft_p90_ratio_max"],
+            "rule": "value > threshold",
+            "value": None,
+            "fired": None,
+            "ttft_p90_ms": _num(row.get("ttft_ms_p90")),
+            "vs_rate": None,
+            "vs_ttft_p90_ms": None,
+            "exact_half": None,
+        }
         rate = _num(row.get("rate"))
         if lower is None:
             c3["note"] = "no Phase A rate <= r/2 to compare with"
         else:
             lo_rate, lo_ttft, hi_ttft = _num(lower.get("rate")), _num(lower.get("ttft_ms_p90")), c3["ttft_p90_ms"]
-            c3.update(vs_rate=lo_rate, vs_ttft_p90_ms=lo_ttft,
-                      exact_half=bool(rate is not None and lo_rate is not None and abs(lo_rate - rate / 2) < _EPS))  # fmt: skip
+            c3.update(
+                vs_rate=lo_rate,
+                vs_ttft_p90_ms=lo_ttft,
+                exact_half=bool(rate is not None and lo_rate is not None and abs(lo_rate - rate / 2) < _EPS),
+            )
             if not c3["exact_half"]:
                 c3["note"] = f"r/2 = {rate / 2:g} not measured; compared with the nearest lower rate {lo_rate:g}"
             if lo_ttft and hi_ttft is not None and lo_ttft > 0:
@@ -90,8 +115,9 @@ def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any]
     return rows[max(cands)] if cands else None
 
 
-def phase_a_saturation(rows: list[dict[str, Any]], thresholds: dict[str, float],
-                       basis: str = "offered") -> dict[str, dict[float, dict[str, Any]]]:  # fmt: skip
+def phase_a_saturation(
+    rows: list[dict[str, Any]], thresholds: dict[str, float], basis: str = "offered"
+) -> dict[str, dict[float, dict[str, Any]]]:
     """{config: {rate: cell_criteria}} over the Phase A rows."""
     by_config: dict[str, dict[float, dict[str, Any]]] = {}
     for row in rows:
@@ -99,8 +125,9 @@ def phase_a_saturation(rows: list[dict[str, Any]], thresholds: dict[str, float],
             by_config.setdefault(row["config"], {})[float(row["rate"])] = row
     out: dict[str, dict[float, dict[str, Any]]] = {}
     for config, cells in by_config.items():
-        out[config] = {rate: cell_criteria(row, thresholds, basis, _lower_row(cells, rate))
-                       for rate, row in sorted(cells.items())}  # fmt: skip
+        out[config] = {
+            rate: cell_criteria(row, thresholds, basis, _lower_row(cells, rate)) for rate, row in sorted(cells.items())
+        }
     return out
 
 
@@ -129,8 +156,13 @@ def _describe(rate: float, sat: dict[str, Any] | None) -> str:
     return f"r{rate:g}: " + (", ".join(parts) if parts else "not saturated")
 
 
-def select_reference(saturation: dict[str, dict[float, dict[str, Any]]], rates: list[float],
-                     considered: list[str], excluded: dict[str, str], baseline: str) -> dict[str, Any]:  # fmt: skip
+def select_reference(
+    saturation: dict[str, dict[float, dict[str, Any]]],
+    rates: list[float],
+    considered: list[str],
+    excluded: dict[str, str],
+    baseline: str,
+) -> dict[str, Any]:
     """ref_safe / ref_load from per-cell saturation; every decision with its numbers."""
     rates = sorted(set(rates) | {r for c in considered for r in saturation.get(c, {})})
     per_config: dict[str, Any] = {}
@@ -141,8 +173,10 @@ def select_reference(saturation: dict[str, dict[float, dict[str, Any]]], rates: 
         first = sat_rates[0] if sat_rates else None
         after = [r for r, s in sorted(cells.items()) if first is not None and r > first and s["saturated"] is False]
         if after:
-            notes.append(f"{name}: not saturated at {', '.join(f'r{r:g}' for r in after)} above its saturation "
-                         f"rate r{first:g} (noise or recovery); the lowest saturated rate is used")  # fmt: skip
+            notes.append(
+                f"{name}: not saturated at {', '.join(f'r{r:g}' for r in after)} above its saturation "
+                f"rate r{first:g} (noise or recovery); the lowest saturated rate is used"
+            )
         per_config[name] = {
             "saturation_rate": first,
             "fired_at_saturation": cells[first]["fired"] if first is not None else [],
@@ -160,8 +194,14 @@ def select_reference(saturation: dict[str, dict[float, dict[str, Any]]], rates: 
         return [f"{n} {_describe(rate, saturation.get(n, {}).get(rate))}" for n in names if not below_knee(n, rate)]
 
     lowest = rates[0] if rates else None
-    out: dict[str, Any] = {"rates": rates, "baseline": baseline, "configs_considered": considered,
-                           "configs_excluded": excluded, "per_config": per_config, "notes": notes}  # fmt: skip
+    out: dict[str, Any] = {
+        "rates": rates,
+        "baseline": baseline,
+        "configs_considered": considered,
+        "configs_excluded": excluded,
+        "per_config": per_config,
+        "notes": notes,
+    }
 
     safe = [r for r in rates if considered and all(below_knee(n, r) for n in considered)]
     if safe:
@@ -173,40 +213,60 @@ def select_reference(saturation: dict[str, dict[float, dict[str, Any]]], rates: 
             why = "no Phase A rate"
         else:
             why = "no Phase A rate is below every config's saturation rate; at the lowest rate: " + "; ".join(
-                blockers(considered, lowest))
+                blockers(considered, lowest)
+            )
         out.update(ref_safe=lowest, ref_safe_flagged=True, ref_safe_reason=why)
     out["ref_safe_basis"] = {
         "rule": "max rate r such that every considered config is unsaturated at r and r < its saturation rate",
         "candidates": safe,
         "blocked_above": (lambda above: {f"r{r:g}": blockers(considered, r) for r in above})(
-            [r for r in rates if out["ref_safe"] is not None and r > out["ref_safe"]]),
-    }  # fmt: skip
+            [r for r in rates if out["ref_safe"] is not None and r > out["ref_safe"]]
+        ),
+    }
 
     if baseline in considered:
         load = [r for r in rates if below_knee(baseline, r)]
         if load:
             out.update(ref_load=max(load), ref_load_flagged=False, ref_load_reason=None)
         else:
-            why = f"{baseline} is saturated at every Phase A rate; at the lowest: " + "; ".join(
-                blockers([baseline], lowest)) if lowest is not None else "no Phase A rate"  # fmt: skip
+            why = (
+                f"{baseline} is saturated at every Phase A rate; at the lowest: "
+                + "; ".join(blockers([baseline], lowest))
+                if lowest is not None
+                else "no Phase A rate"
+            )
             out.update(ref_load=lowest, ref_load_flagged=True, ref_load_reason=why)
-        out["ref_load_basis"] = {"rule": f"max rate r such that {baseline} is unsaturated at r and r < its saturation rate",
-                                 "config": baseline, "candidates": load}  # fmt: skip
+        out["ref_load_basis"] = {
+            "rule": f"max rate r such that {baseline} is unsaturated at r and r < its saturation rate",
+            "config": baseline,
+            "candidates": load,
+        }
     else:
-        out.update(ref_load=lowest, ref_load_flagged=True,
-                   ref_load_reason=f"baseline {baseline!r} did not complete Phase A; ref_load = lowest rate")  # fmt: skip
+        out.update(
+            ref_load=lowest,
+            ref_load_flagged=True,
+            ref_load_reason=f"baseline {baseline!r} did not complete Phase A; ref_load = lowest rate",
+        )
         out["ref_load_basis"] = {"rule": "baseline missing", "config": baseline, "candidates": []}
     return out
 
 
 def _jsonable_cells(saturation: dict[str, dict[float, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    return {name: {f"r{rate:g}": {"rate": rate, **sat} for rate, sat in cells.items()}
-            for name, cells in saturation.items()}  # fmt: skip
+    return {
+        name: {f"r{rate:g}": {"rate": rate, **sat} for rate, sat in cells.items()} for name, cells in saturation.items()
+    }
 
 
-def reference_from_rows(rows: list[dict[str, Any]], configs: list[str], completed: dict[str, str | None],
-                        rates: list[float], thresholds: dict[str, float], baseline: str = PLAIN,
-                        basis: str = "offered", simulated: bool = False) -> dict[str, Any]:  # fmt: skip
+def reference_from_rows(
+    rows: list[dict[str, Any]],
+    configs: list[str],
+    completed: dict[str, str | None],
+    rates: list[float],
+    thresholds: dict[str, float],
+    baseline: str = PLAIN,
+    basis: str = "offered",
+    simulated: bool = False,
+) -> dict[str, Any]:
     """The reference-rate document from already computed Phase A rows.
 
     completed: {config: None if it completed Phase A else the reason it did not}."""
@@ -245,9 +305,23 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
     rows = []
     for cell in study.cells(PHASE_A):
         run = study.run_of(cell.config, PHASE_A)
-        row, _ = cell_row(cell, backend=study.backend, simulated=study.simulated,
-                          run_status=run.status if run else "missing", step_timing_available=False, steps=False)  # fmt: skip
+        row, _ = cell_row(
+            cell,
+            backend=study.backend,
+            simulated=study.simulated,
+            run_status=run.status if run else "missing",
+            step_timing_available=False,
+            steps=False,
+        )
         rows.append(row)
     completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
-    return reference_from_rows(rows, study.configs, completed, study.phase_a_rates, study.saturation_thresholds,
-                               baseline=baseline, basis=throughput_basis, simulated=study.simulated)  # fmt: skip
+    return reference_from_rows(
+        rows,
+        study.configs,
+        completed,
+        study.phase_a_rates,
+        study.saturation_thresholds,
+        baseline=baseline,
+        basis=throughput_basis,
+        simulated=study.simulated,
+    )

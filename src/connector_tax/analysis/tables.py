@@ -22,9 +22,22 @@ from connector_tax.analysis.cellstats import COLUMNS
 from connector_tax.atomic import write_atomic
 
 TAX_COLUMNS = [
-    "phase", "point", "rate", "input_len", "output_len", "config", "baseline", "metric",
-    "value", "ci_lo", "ci_hi", "x", "base", "x_n", "base_n",
-]  # fmt: skip
+    "phase",
+    "point",
+    "rate",
+    "input_len",
+    "output_len",
+    "config",
+    "baseline",
+    "metric",
+    "value",
+    "ci_lo",
+    "ci_hi",
+    "x",
+    "base",
+    "x_n",
+    "base_n",
+]
 
 
 def cells_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -39,12 +52,25 @@ def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shap
             ci = est.get("ci") or (None, None)
             x = est.get("x_p90", est.get("x_p50"))
             base = est.get("base_p90", est.get("base_p50"))
-            out.append({
-                "phase": phase, "point": point, "rate": entry.get("rate"), "input_len": shape[0],
-                "output_len": shape[1], "config": config, "baseline": baseline, "metric": metric,
-                "value": est.get("value"), "ci_lo": ci[0], "ci_hi": ci[1], "x": x, "base": base,
-                "x_n": est.get("x_n", est.get("x_steps")), "base_n": est.get("base_n", est.get("base_steps")),
-            })  # fmt: skip
+            out.append(
+                {
+                    "phase": phase,
+                    "point": point,
+                    "rate": entry.get("rate"),
+                    "input_len": shape[0],
+                    "output_len": shape[1],
+                    "config": config,
+                    "baseline": baseline,
+                    "metric": metric,
+                    "value": est.get("value"),
+                    "ci_lo": ci[0],
+                    "ci_hi": ci[1],
+                    "x": x,
+                    "base": base,
+                    "x_n": est.get("x_n", est.get("x_steps")),
+                    "base_n": est.get("base_n", est.get("base_steps")),
+                }
+            )
     return out
 
 
@@ -60,7 +86,9 @@ def taxes_frame(taxes: dict[str, Any] | None) -> pd.DataFrame:
             section = taxes.get(phase) or {}
             rate = (section.get("rates") or [None])[0]
             for label, cell in (section.get("cells") or {}).items():
-                rows += _tax_rows(phase, label, {"rate": rate, **cell}, baseline, (cell.get("input"), cell.get("output")))
+                rows += _tax_rows(
+                    phase, label, {"rate": rate, **cell}, baseline, (cell.get("input"), cell.get("output"))
+                )
     frame = pd.DataFrame.from_records(rows, columns=TAX_COLUMNS)
     return frame.astype({"x_n": "Int64", "base_n": "Int64", "input_len": "Int64", "output_len": "Int64"})
 
@@ -71,8 +99,9 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def write_tables(aggregate: dict[str, Any], csv_path: Path, parquet_path: Path, taxes_csv: Path,
-                 taxes_parquet: Path) -> None:  # fmt: skip
+def write_tables(
+    aggregate: dict[str, Any], csv_path: Path, parquet_path: Path, taxes_csv: Path, taxes_parquet: Path
+) -> None:
     """Both tables in both formats, each file replaced atomically."""
     for frame, csv_file, parquet_file in (
         (cells_frame(aggregate["rows"]), csv_path, parquet_path),

@@ -28,20 +28,37 @@ def _get(row: dict[str, Any], key: str) -> float | None:
 def latency_tax(x: dict[str, Any], b: dict[str, Any], metric: str) -> dict[str, Any]:
     """tax of `metric` p90 ("ttft_ms", "tpot_ms") of row x over baseline row b."""
     k = f"{metric}_p90"
-    est = ratio_minus_one(_get(x, k), _get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi"),
-                          _get(b, k), _get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi"))  # fmt: skip
+    est = ratio_minus_one(
+        _get(x, k),
+        _get(x, f"{k}_ci_lo"),
+        _get(x, f"{k}_ci_hi"),
+        _get(b, k),
+        _get(b, f"{k}_ci_lo"),
+        _get(b, f"{k}_ci_hi"),
+    )
     return {
         **est,
-        "x_p90": _get(x, k), "x_ci": [_get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi")], "x_n": x.get(f"{metric}_n"),
-        "base_p90": _get(b, k), "base_ci": [_get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi")],
-        "base_n": b.get(f"{metric}_n"), "x_valid": x.get("valid"), "base_valid": b.get("valid"),
-    }  # fmt: skip
+        "x_p90": _get(x, k),
+        "x_ci": [_get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi")],
+        "x_n": x.get(f"{metric}_n"),
+        "base_p90": _get(b, k),
+        "base_ci": [_get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi")],
+        "base_n": b.get(f"{metric}_n"),
+        "x_valid": x.get("valid"),
+        "base_valid": b.get("valid"),
+    }
 
 
 def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     k = "step_duration_us_p50"
-    step = difference(_get(x, k), _get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi"),
-                      _get(b, k), _get(b, f"{k}_ci_lo"), _get(b, f"{k}_ci_hi"))  # fmt: skip
+    step = difference(
+        _get(x, k),
+        _get(x, f"{k}_ci_lo"),
+        _get(x, f"{k}_ci_hi"),
+        _get(b, k),
+        _get(b, f"{k}_ci_lo"),
+        _get(b, f"{k}_ci_hi"),
+    )
     step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
     c = "connector_total_us_p50"
     callback = {"value": _get(x, c), "ci": None}
@@ -75,47 +92,76 @@ def amplification(safe: dict[str, Any] | None, load: dict[str, Any] | None) -> d
     return {"value": value, "ci": ci}
 
 
-def compute_taxes(rows: list[dict[str, Any]], configs: list[str], baseline: str,
-                  reference: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def compute_taxes(
+    rows: list[dict[str, Any]], configs: list[str], baseline: str, reference: dict[str, Any]
+) -> dict[str, Any]:
     index = {(r["config"], r["phase"], r["cell"]): r for r in rows}
     others = [c for c in configs if c != baseline]
-    out: dict[str, Any] = {"baseline": baseline, "ci_method": TAX_CI_METHOD, "phase_a": {}, PHASE_B: {},
-                           PHASE_B_PRIME: {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "baseline": baseline,
+        "ci_method": TAX_CI_METHOD,
+        "phase_a": {},
+        PHASE_B: {},
+        PHASE_B_PRIME: {},
+    }
     for ref in ("ref_safe", "ref_load"):
         rate = reference.get(ref)
         entry: dict[str, Any] = {"rate": rate, "cell": None, "configs": {}, "missing": {}}
         if rate is not None:
-            label = next((r["cell"] for r in rows if r["phase"] == PHASE_A and r.get("rate") is not None
-                          and abs(float(r["rate"]) - float(rate)) < 1e-9), None)  # fmt: skip
+            label = next(
+                (
+                    r["cell"]
+                    for r in rows
+                    if r["phase"] == PHASE_A
+                    and r.get("rate") is not None
+                    and abs(float(r["rate"]) - float(rate)) < 1e-9
+                ),
+                None,
+            )
             entry["cell"] = label
             b = index.get((baseline, PHASE_A, label)) if label else None
             for name in others:
                 x = index.get((name, PHASE_A, label)) if label else None
                 if b is None or x is None:
                     entry["missing"][name] = f"no Phase A cell at r{float(rate):g} for " + (
-                        baseline if b is None else name)
+                        baseline if b is None else name
+                    )
                     continue
                 entry["configs"][name] = pair_taxes(x, b)
         out["phase_a"][ref] = entry
     safe, load = out["phase_a"]["ref_safe"]["configs"], out["phase_a"]["ref_load"]["configs"]
     out["amplification"] = {
-        name: {m: amplification((safe.get(name) or {}).get(m), (load.get(name) or {}).get(m)) for m in ("ttft_p90", "tpot_p90")}
-        for name in others if name in safe and name in load
-    }  # fmt: skip
+        name: {
+            m: amplification((safe.get(name) or {}).get(m), (load.get(name) or {}).get(m))
+            for m in ("ttft_p90", "tpot_p90")
+        }
+        for name in others
+        if name in safe and name in load
+    }
     for phase in (PHASE_B, PHASE_B_PRIME):
         cells: dict[str, Any] = {}
-        labels = sorted({r["cell"] for r in rows if r["phase"] == phase},
-                        key=lambda s: (index.get((baseline, phase, s)) or {}).get("input_len") or 0)
+        labels = sorted(
+            {r["cell"] for r in rows if r["phase"] == phase},
+            key=lambda s: (index.get((baseline, phase, s)) or {}).get("input_len") or 0,
+        )
         rates = {r.get("rate") for r in rows if r["phase"] == phase and r.get("rate") is not None}
         for label in labels:
             b = index.get((baseline, phase, label))
             any_row = next(r for r in rows if r["phase"] == phase and r["cell"] == label)
             # Which configurations the server could not take at this shape (the design's criteria):
             # their taxes stand, but a trend across shapes (H5, H6) must not rest on them.
-            saturated = {r["config"]: r.get("saturation_criteria") or "saturated" for r in rows
-                         if r["phase"] == phase and r["cell"] == label and r.get("saturated")}  # fmt: skip
-            cell: dict[str, Any] = {"input": any_row.get("input_len"), "output": any_row.get("output_len"),
-                                    "configs": {}, "missing": {}, "saturated": saturated}  # fmt: skip
+            saturated = {
+                r["config"]: r.get("saturation_criteria") or "saturated"
+                for r in rows
+                if r["phase"] == phase and r["cell"] == label and r.get("saturated")
+            }
+            cell: dict[str, Any] = {
+                "input": any_row.get("input_len"),
+                "output": any_row.get("output_len"),
+                "configs": {},
+                "missing": {},
+                "saturated": saturated,
+            }
             for name in others:
                 x = index.get((name, phase, label))
                 if x is None:

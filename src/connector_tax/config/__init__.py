@@ -1,7 +1,7 @@
 """A study config: read once, validated (schema, then cross-field checks), typed.
 
-    load_config(path) -> dict        the validated mapping, every schema default filled
-    load_study(path) -> StudyConfig  the same, as typed read-only objects (config.study)
+load_config(path) -> dict        the validated mapping, every schema default filled
+load_study(path) -> StudyConfig  the same, as typed read-only objects (config.study)
 """
 
 from connector_tax.config.errors import ConfigError

@@ -17,17 +17,13 @@ def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None
         if inside_multi:
             raise ConfigError(f"{where}.type", "multi cannot be nested inside multi")
         if "children" not in conn:
-            raise ConfigError(
-                where, "type multi requires children (a list of at least 2 connectors)"
-            )
+            raise ConfigError(where, "type multi requires children (a list of at least 2 connectors)")
         for j, child in enumerate(conn["children"]):
             _check_connector(child, f"{where}.children[{j}]", inside_multi=True)
         if "connectors" in conn.get("extra_config", {}):
             # vLLM's MultiConnector reads its children from extra_config.connectors; the
             # launch builds that list from `children`, so a second one would be ambiguous.
-            raise ConfigError(
-                f"{where}.extra_config.connectors", "is built from children; remove it"
-            )
+            raise ConfigError(f"{where}.extra_config.connectors", "is built from children; remove it")
     elif "children" in conn:
         raise ConfigError(f"{where}.children", f"only allowed when type is multi (type is {kind})")
 
@@ -40,9 +36,7 @@ def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None
                 f"{show(conn['module_path'])} must look like dotted.module:ClassName",
             )
     elif "module_path" in conn:
-        raise ConfigError(
-            f"{where}.module_path", f"only allowed when type is custom (type is {kind})"
-        )
+        raise ConfigError(f"{where}.module_path", f"only allowed when type is custom (type is {kind})")
 
 
 def _shape_requests(shape: dict) -> list[tuple[int, int]]:
@@ -77,9 +71,7 @@ def _check_lengths(config: dict) -> None:
     for where, inp, out in requests:
         for limit_name, limit in limits:
             if inp + out > limit:
-                raise ConfigError(
-                    where, f"a request of {inp} + {out} tokens exceeds {limit_name} {limit}"
-                )
+                raise ConfigError(where, f"a request of {inp} + {out} tokens exceeds {limit_name} {limit}")
 
 
 def check_semantics(config: dict) -> None:
@@ -98,16 +90,12 @@ def check_semantics(config: dict) -> None:
     workload = config["workload"]
     for j, name in enumerate(workload.get("phase_b_prime", {}).get("configs", [])):
         if name not in first_index:
-            raise ConfigError(
-                f"workload.phase_b_prime.configs[{j}]", f"{name!r} is not a config of this study"
-            )
+            raise ConfigError(f"workload.phase_b_prime.configs[{j}]", f"{name!r} is not a config of this study")
 
     phase_b = workload["phase_b"]
     if ("inputs" in phase_b) != ("outputs" in phase_b):
         given, absent = ("inputs", "outputs") if "inputs" in phase_b else ("outputs", "inputs")
-        raise ConfigError(
-            "workload.phase_b", f"{given} given without {absent} (the cells are inputs x outputs)"
-        )
+        raise ConfigError("workload.phase_b", f"{given} given without {absent} (the cells are inputs x outputs)")
     if "inputs" not in phase_b and "shapes" not in phase_b:
         raise ConfigError("workload.phase_b", "give inputs and outputs, or shapes")
 

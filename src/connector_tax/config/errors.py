@@ -96,8 +96,7 @@ def _branch_score(errors: list[ValidationError], depth: int) -> tuple[int, int]:
     structural = {
         e.validator
         for e in errors
-        if len(e.absolute_path) == depth
-        and e.validator in ("type", "required", "additionalProperties")
+        if len(e.absolute_path) == depth and e.validator in ("type", "required", "additionalProperties")
     }
     deepest = max((len(e.absolute_path) for e in errors), default=depth)
     return (len(structural), -deepest)

@@ -61,9 +61,7 @@ def _validator() -> Any:
 def validate_config(config: dict) -> dict:
     """A validated copy of `config` with the schema's defaults filled in; raises ConfigError."""
     if not isinstance(config, dict):
-        raise ConfigError(
-            "(top level)", f"expected a mapping of study settings, got {type_word(config)}"
-        )
+        raise ConfigError("(top level)", f"expected a mapping of study settings, got {type_word(config)}")
     filled = copy.deepcopy(config)
     errors = list(_validator().iter_errors(filled))
     if errors:
@@ -125,9 +123,7 @@ def load_config(path: str | Path) -> dict:
     label = str(path)
     data = _read_yaml(Path(path), label)
     if data is None:
-        raise ConfigError(
-            "(top level)", "the file is empty; expected a mapping of study settings", file=label
-        )
+        raise ConfigError("(top level)", "the file is empty; expected a mapping of study settings", file=label)
     try:
         return validate_config(data)
     except ConfigError as exc:
@@ -155,8 +151,5 @@ def check_file(path: str | Path) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(
-        f"ok: {path}: study '{config['study']}', {len(config['configs'])} configs, "
-        f"backend {config['backend']}"
-    )
+    print(f"ok: {path}: study '{config['study']}', {len(config['configs'])} configs, backend {config['backend']}")
     return 0

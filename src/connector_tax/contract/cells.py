@@ -24,6 +24,7 @@ PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
 LAUNCH_PHASES = (PHASE_A, PHASE_B)
 LAUNCH_OF = {PHASE_A: PHASE_A, PHASE_B: PHASE_B, PHASE_B_PRIME: PHASE_B}
 
+
 def rate_label(rate: float) -> str:
     """`r<rate>` with 6 significant digits (r0.5, r32, r1e+03): rates that collide here are
     rejected at config load rather than silently sharing a cell."""
@@ -38,7 +39,7 @@ def _short_hash(obj: Any) -> str:
 
 
 def shape_label(shape: dict[str, Any]) -> str:
-    """"4096x256", "mix-<hash>" or "pattern-<hash>"."""
+    """ "4096x256", "mix-<hash>" or "pattern-<hash>"."""
     if "mix" in shape:
         content = [[e["input"], e["output"], float(e.get("weight", 1))] for e in shape["mix"]]
         return f"mix-{_short_hash(content)}"
@@ -181,6 +182,9 @@ def _duplicate_shape(named: list[tuple[str, dict[str, Any]]]) -> tuple[str, str]
     for where, shape in named:
         label = shape_label(shape)
         if label in seen:
-            return where, f"repeats the shape of {seen[label]} (cell {label}): every cell of a phase needs its own shape"
+            return (
+                where,
+                f"repeats the shape of {seen[label]} (cell {label}): every cell of a phase needs its own shape",
+            )
         seen[label] = where
     return None

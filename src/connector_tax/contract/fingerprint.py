@@ -136,7 +136,7 @@ def cell_settings(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tree_hash(*roots: Path) -> str:
     """sha256 over the relative paths and bytes of every .py file under `roots` ("absent" if
     none exists, e.g. an installed package without the checkout's patches/)."""
@@ -161,7 +161,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_versions(backend: str) -> dict[str, Any]:
     """The code that measures (and, for the simulator, the code that is measured)."""
     out: dict[str, Any] = {

@@ -16,15 +16,24 @@ from connector_tax.contract.cells import LAUNCH_OF, PHASES
 # The per-cell record files a complete cell vouches for, in the order they are sealed (the
 # summary comes last and carries the size and record count of each).
 CELL_RECORDS = ("requests", "metrics", "engine_step")
-_SUFFIX = {"requests": ".jsonl", "metrics": ".jsonl", "engine_step": ".jsonl", "summary": ".json",
-           "events": ".jsonl"}  # fmt: skip
+_SUFFIX = {"requests": ".jsonl", "metrics": ".jsonl", "engine_step": ".jsonl", "summary": ".json", "events": ".jsonl"}
 
 STAGING = ".staging"
 SUPERSEDED = "superseded"
 RAW_STEPS = "raw_steps"
 # Names inside results/<study>/ that are not configurations.
-STUDY_ENTRIES = {"study.json", "study_config.yaml", "preflight", "reference_rates.json", "analysis", "logs",
-                 "benchmarks", "MANIFEST.md", "MANIFEST.tsv", ".study.lock"}  # fmt: skip
+STUDY_ENTRIES = {
+    "study.json",
+    "study_config.yaml",
+    "preflight",
+    "reference_rates.json",
+    "analysis",
+    "logs",
+    "benchmarks",
+    "MANIFEST.md",
+    "MANIFEST.tsv",
+    ".study.lock",
+}
 
 
 def results_root(study: str) -> Path:
@@ -33,11 +42,11 @@ def results_root(study: str) -> Path:
 
 
 def utc_stamp() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -92,10 +101,16 @@ class CellFiles:
 
 # The design's figures, one file pair each (plots.figures.FIGURES draws them under these names).
 FIGURES = (
-    "fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested",
-    "fig4_tax_bars_ref_safe_ref_load", "fig4b_tax_shapes_phase_b_prime", "fig5_tax_shape_heatmaps",
-    "fig6_step_latency_cdf", "fig7_tax_decomposition", "fig8_h4_additivity",
-)  # fmt: skip
+    "fig1_ttft_p90_vs_rate",
+    "fig2_tpot_p90_vs_rate",
+    "fig3_throughput_vs_requested",
+    "fig4_tax_bars_ref_safe_ref_load",
+    "fig4b_tax_shapes_phase_b_prime",
+    "fig5_tax_shape_heatmaps",
+    "fig6_step_latency_cdf",
+    "fig7_tax_decomposition",
+    "fig8_h4_additivity",
+)
 
 
 @dataclass(frozen=True)
@@ -149,8 +164,15 @@ class AnalysisFiles:
 
     def outputs(self) -> list[Path]:
         """What the analyze step writes (the figures and report.md are steps of their own)."""
-        return [self.aggregate_json, self.aggregate_csv, self.aggregate_parquet, self.taxes_csv, self.taxes_parquet,
-                self.hypotheses_json, self.verdicts_tsv]  # fmt: skip
+        return [
+            self.aggregate_json,
+            self.aggregate_csv,
+            self.aggregate_parquet,
+            self.taxes_csv,
+            self.taxes_parquet,
+            self.hypotheses_json,
+            self.verdicts_tsv,
+        ]
 
 
 @dataclass(frozen=True)
@@ -285,5 +307,8 @@ class StudyLayout:
         or left over from an earlier config)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and p.name not in STUDY_ENTRIES and any((p / ph).is_dir() for ph in PHASES))  # fmt: skip
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and p.name not in STUDY_ENTRIES and any((p / ph).is_dir() for ph in PHASES)
+        )

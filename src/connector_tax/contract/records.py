@@ -7,9 +7,18 @@ from __future__ import annotations
 
 # requests_<phase>_<label>.jsonl: one line per request issued (warm-up included, flagged).
 REQUEST_FIELDS = (
-    "request_id", "t_scheduled_ns", "t_send_ns", "t_first_token_ns", "t_last_token_ns", "prompt_tokens",
-    "completion_tokens", "inflight_at_send", "warmup", "status", "error",
-)  # fmt: skip
+    "request_id",
+    "t_scheduled_ns",
+    "t_send_ns",
+    "t_first_token_ns",
+    "t_last_token_ns",
+    "prompt_tokens",
+    "completion_tokens",
+    "inflight_at_send",
+    "warmup",
+    "status",
+    "error",
+)
 REQUEST_STATUSES = ("ok", "error", "dropped", "timeout")
 
 # metrics_<phase>_<label>.jsonl: one line per /metrics scrape; t_ns plus the vllm:* samples.
@@ -21,9 +30,18 @@ METRIC_FIELDS = ("t_ns", "vllm:num_requests_running", "vllm:num_requests_waiting
 # overlaps the model under async scheduling). Worker-side connector hooks come in their own
 # records (patches/README.md), sliced into the same file.
 STEP_FIELDS = (
-    "t_ns", "step_id", "step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us",
-    "num_running", "num_waiting", "prefill_tokens", "decode_tokens", "engine_step_us",
-)  # fmt: skip
+    "t_ns",
+    "step_id",
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "num_running",
+    "num_waiting",
+    "prefill_tokens",
+    "decode_tokens",
+    "engine_step_us",
+)
 
 # Where a server writes its step log. patches/step_timing.py runs inside vLLM and cannot import
 # this package: it spells the name itself, and a test checks the two agree.

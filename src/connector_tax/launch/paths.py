@@ -16,9 +16,7 @@ def repo_root() -> Path:
         candidates.append(Path(os.environ["CONNECTOR_TAX_ROOT"]))
     candidates += [Path(__file__).resolve().parents[3], Path.cwd()]
     for root in candidates:
-        if (root / "tools" / "noop_connector.py").is_file() and (
-            root / "patches" / "step_timing.py"
-        ).is_file():
+        if (root / "tools" / "noop_connector.py").is_file() and (root / "patches" / "step_timing.py").is_file():
             return root.resolve()
     raise ValueError(
         "CONNECTOR_TAX_ROOT: cannot find the connector-tax checkout (tools/noop_connector.py, "

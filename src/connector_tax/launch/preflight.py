@@ -45,4 +45,3 @@ def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
         if script is not None:
             plan[variant["name"]] = script
     return plan
-

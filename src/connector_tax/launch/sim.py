@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from connector_tax.launch.spec import LaunchSpec
 from connector_tax.contract.records import STEP_LOG_ENV
+from connector_tax.launch.spec import LaunchSpec
 
 
 def sim_command(
@@ -19,13 +19,21 @@ def sim_command(
 ) -> LaunchSpec:
     host = variant.get("server", {}).get("host") or config["server"]["host"]
     argv = [
-        sys.executable, "-m", "connector_tax.cli", "sim",
-        "--config", str(config_path),
-        "--connector", variant["name"],
-        "--host", host,
-        "--port", str(port),
-        "--seed", str(config.get("seed", 0)),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "connector_tax.cli",
+        "sim",
+        "--config",
+        str(config_path),
+        "--connector",
+        variant["name"],
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--seed",
+        str(config.get("seed", 0)),
+    ]
     env = dict(variant.get("env", {}))
     if step_log:
         env[STEP_LOG_ENV] = step_log

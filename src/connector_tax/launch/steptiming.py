@@ -18,8 +18,9 @@ wait_for_layer_load, save_kv_layer, wait_for_save, get_finished). The pipeline c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 # Must equal patches/targets.py's ENGINE_INSTANCES etc. (patches/ cannot import this package;
 # tests check the two agree).
@@ -88,9 +89,7 @@ def step_timing_status(step_log: str | Path, has_connector: bool) -> tuple[bool,
         targets = {k: v for r in reports for k, v in r.get("targets", {}).items()}
         missing = [k for k, v in targets.items() if not str(v).startswith(("wrapped", "present"))]
         detail = "; ".join(errors[:2] + [f"{k}: {targets[k]}" for k in missing[:2]])
-        return False, "no vLLM engine-core process was instrumented" + (
-            f" ({detail})" if detail else ""
-        )
+        return False, "no vLLM engine-core process was instrumented" + (f" ({detail})" if detail else "")
     instances: dict[str, str] = {}
     for report in reports:
         for key, value in report.get("instances", {}).items():
@@ -101,9 +100,7 @@ def step_timing_status(step_log: str | Path, has_connector: bool) -> tuple[bool,
         needed += list(SCHEDULER_CONNECTOR_INSTANCES) + list(WORKER_CONNECTOR_INSTANCES)
     missing = [k for k in needed if not _wrapped(instances.get(k))]
     if missing:
-        return False, "not wrapped: " + "; ".join(
-            f"{k} ({instances.get(k, 'never reached')})" for k in missing
-        )
+        return False, "not wrapped: " + "; ".join(f"{k} ({instances.get(k, 'never reached')})" for k in missing)
     if not read_step_records(step_log):
         return False, "instrumented, but no engine step was recorded"
     versions = sorted({str(r.get("vllm_version")) for r in engines})

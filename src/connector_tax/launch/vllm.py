@@ -31,8 +31,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from connector_tax.contract.fingerprint import merged_server
 from connector_tax.config import ConfigError
+from connector_tax.contract.fingerprint import merged_server
+from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch import vllm_cpu
 from connector_tax.launch.paths import repo_root, tools_dir
 from connector_tax.launch.preflight import (
@@ -43,11 +44,17 @@ from connector_tax.launch.preflight import (
 )
 from connector_tax.launch.spec import LaunchSpec
 from connector_tax.launch.vllm_install import check_flags, installed_vllm
-from connector_tax.contract.records import STEP_LOG_ENV
 
 # re-exported: the pipeline, tools and tests ask this module for them
-__all__ = ["PREFLIGHT_SCRIPTS", "STEP_LOG_ENV", "preflight_check", "preflight_plan",
-           "preflight_script", "repo_root", "tools_dir"]  # fmt: skip
+__all__ = [
+    "PREFLIGHT_SCRIPTS",
+    "STEP_LOG_ENV",
+    "preflight_check",
+    "preflight_plan",
+    "preflight_script",
+    "repo_root",
+    "tools_dir",
+]
 
 # Registered names in vLLM 0.33's KVConnectorFactory.
 CONNECTOR_CLASSES = {
@@ -128,9 +135,7 @@ def _check_port(port: Any) -> int:
         raise ValueError(f"--port: expected an integer, got {port!r}")
     top = 65535 - (PORTS_PER_LAUNCH - 1)
     if not 1 <= port <= top:
-        raise ValueError(
-            f"--port: {port} is out of range 1-{top} (the launch also uses port+1 and port+2)"
-        )
+        raise ValueError(f"--port: {port} is out of range 1-{top} (the launch also uses port+1 and port+2)")
     return port
 
 
@@ -152,9 +157,7 @@ def _connector_kinds(connector: dict[str, Any] | None) -> set[str]:
     return kinds
 
 
-def _one_connector(
-    conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool
-) -> dict[str, Any]:
+def _one_connector(conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool) -> dict[str, Any]:
     kind = conn["type"]
     extra = dict(conn.get("extra_config") or {})
     out: dict[str, Any]
@@ -166,12 +169,9 @@ def _one_connector(
         if child:
             raise ConfigError(f"{where}.type", "multi cannot be nested inside multi")
         if "connectors" in extra:
-            raise ConfigError(
-                f"{where}.extra_config.connectors", "is built from children; remove it"
-            )
+            raise ConfigError(f"{where}.extra_config.connectors", "is built from children; remove it")
         children = [
-            _one_connector(c, settings, f"{where}.children[{j}]", child=True)
-            for j, c in enumerate(conn["children"])
+            _one_connector(c, settings, f"{where}.children[{j}]", child=True) for j, c in enumerate(conn["children"])
         ]
         extra = {"connectors": children, **extra}
         out = {"kv_connector": CONNECTOR_CLASSES[kind]}
@@ -210,8 +210,9 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
     conn = variant["connector"]
     for c in [conn, *conn.get("children", [])]:
         if c["type"] == "mooncake":
-            defaults.update({k: v for k, v in (c.get("extra_config") or {}).items()
-                             if k in ("mooncake_protocol", "device_name")})  # fmt: skip
+            defaults.update(
+                {k: v for k, v in (c.get("extra_config") or {}).items() if k in ("mooncake_protocol", "device_name")}
+            )
     device = defaults.get("device_name")
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
@@ -232,9 +233,7 @@ def _check_extra_args(extra_args: list[str], where: str) -> None:
     for arg in extra_args:
         flag = arg.split("=", 1)[0]
         if flag in _MANAGED_FLAGS:
-            raise ConfigError(
-                where, f"{flag} is set by the launch from {_MANAGED_FLAGS[flag]}; set that instead"
-            )
+            raise ConfigError(where, f"{flag} is set by the launch from {_MANAGED_FLAGS[flag]}; set that instead")
 
 
 def check_settings(config: dict[str, Any]) -> None:
@@ -242,10 +241,14 @@ def check_settings(config: dict[str, Any]) -> None:
     extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
     _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
     for i, variant in enumerate(config["configs"]):
-        _check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"configs[{i}].server.extra_args")
+        _check_extra_args(
+            list((variant.get("server") or {}).get("extra_args") or []), f"configs[{i}].server.extra_args"
+        )
         if vllm_cpu.device(config) == "cpu":
-            vllm_cpu.check_server(merged_server(config, variant), "server" if "block_size" not in
-                                  (variant.get("server") or {}) else f"configs[{i}].server")  # fmt: skip
+            vllm_cpu.check_server(
+                merged_server(config, variant),
+                "server" if "block_size" not in (variant.get("server") or {}) else f"configs[{i}].server",
+            )
 
 
 def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
@@ -254,9 +257,7 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
     server = merged_server(config, variant)
     where = _variant_where(config, variant)
     _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
-    _check_extra_args(
-        list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args"
-    )
+    _check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args")
     settings = _vllm_settings(config)
     executable = settings.get("executable", "vllm")
     on_cpu = vllm_cpu.device(config) == "cpu"
@@ -264,16 +265,24 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
         vllm_cpu.check_server(server, "server")
     model = config["model"]
     argv = [
-        executable, "serve", model_path(config),
-        "--host", str(server["host"]),
-        "--port", str(port),
-        "--tensor-parallel-size", str(server["tensor_parallel_size"]),
-        "--max-model-len", str(server["max_model_len"]),
+        executable,
+        "serve",
+        model_path(config),
+        "--host",
+        str(server["host"]),
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(server["tensor_parallel_size"]),
+        "--max-model-len",
+        str(server["max_model_len"]),
         "--enable-prefix-caching" if server["enable_prefix_caching"] else "--no-enable-prefix-caching",
         "--enable-chunked-prefill" if server["enable_chunked_prefill"] else "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens", str(server["max_num_batched_tokens"]),
-        "--max-num-seqs", str(server["max_num_seqs"]),
-    ]  # fmt: skip
+        "--max-num-batched-tokens",
+        str(server["max_num_batched_tokens"]),
+        "--max-num-seqs",
+        str(server["max_num_seqs"]),
+    ]
     if not on_cpu:  # the CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead
         argv += ["--gpu-memory-utilization", str(server["gpu_memory_utilization"])]
     if server.get("block_size") is not None:
@@ -318,9 +327,7 @@ def model_path(config: dict[str, Any]) -> str:
     return str(path)
 
 
-def vllm_env(
-    config: dict[str, Any], variant: dict[str, Any], port: int, step_log: str | None = None
-) -> dict[str, str]:
+def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_log: str | None = None) -> dict[str, str]:
     """The environment a launch sets (on top of the caller's)."""
     ports = side_ports(port)
     settings = _vllm_settings(config)

@@ -29,7 +29,7 @@ CPU_BLOCK_MULTIPLE = 32
 
 
 def device(config: dict[str, Any]) -> str:
-    """"cuda" (a GPU host, the default) or "cpu" for backend vllm; "cuda" for other backends
+    """ "cuda" (a GPU host, the default) or "cpu" for backend vllm; "cuda" for other backends
     (they lease nothing anyway)."""
     if config.get("backend") != "vllm":
         return "cuda"

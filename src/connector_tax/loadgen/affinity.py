@@ -155,9 +155,7 @@ def discover_topology(
             except ValueError:
                 pass
     perf = _perf_of(cpus, sys_cpu)
-    return Topology(
-        tuple(CpuInfo(cpu=c, core=core_key[c], node=node_of.get(c, 0), perf=perf[c]) for c in cpus)
-    )
+    return Topology(tuple(CpuInfo(cpu=c, core=core_key[c], node=node_of.get(c, 0), perf=perf[c]) for c in cpus))
 
 
 def _n(count: int, noun: str) -> str:
@@ -188,9 +186,7 @@ def _cores(topology: Topology) -> list[_Core]:
     ]
 
 
-def plan_affinity(
-    n_workers: int, loadgen_physical_cores: int = 2, topology: Topology | None = None
-) -> AffinityPlan:
+def plan_affinity(n_workers: int, loadgen_physical_cores: int = 2, topology: Topology | None = None) -> AffinityPlan:
     """Where the load generator and each worker may run (seed 000's three phases)."""
     if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
         raise ValueError(f"n_workers: must be a non-negative integer, got {n_workers!r}")
@@ -216,10 +212,7 @@ def plan_affinity(
     all_cpus = tuple(sorted(i.cpu for i in topology.cpus))
 
     if total == 1:
-        plan_note = (
-            f"degraded: 1 physical core ({_n(len(all_cpus), 'CPU')}); "
-            "load generator and workers share it"
-        )
+        plan_note = f"degraded: 1 physical core ({_n(len(all_cpus), 'CPU')}); load generator and workers share it"
         return AffinityPlan(all_cpus, tuple(all_cpus for _ in range(n_workers)), plan_note, all_cpus)
 
     # Phase 2: the load generator on the primary node's fastest cores, leaving at least one

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from connector_tax.contract.layout import CellFiles
 from connector_tax.atomic import write_json
+from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector
 from connector_tax.loadgen.options import CellSpec
@@ -27,7 +27,6 @@ from connector_tax.loadgen.stats import CellStats
 from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
 
-
 if TYPE_CHECKING:
     from connector_tax.loadgen.session import LoadGenerator
 
@@ -36,8 +35,14 @@ _RUNS = itertools.count(1)  # cell runs in this process: a cell id is unique eve
 
 
 class CellRun:
-    def __init__(self, gen: LoadGenerator, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None,
-                 give_up: Callable[[], bool] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gen: LoadGenerator,
+        cell: CellSpec,
+        out_dir: Path,
+        enough: Callable[[], bool] | None,
+        give_up: Callable[[], bool] | None,
+    ) -> None:
         self.gen = gen
         self.enough, self.give_up = enough, give_up
         self.opts = gen.options
@@ -60,9 +65,7 @@ class CellRun:
         writer = RecordWriter(self.files.requests)
         self.stats = CellStats(time.monotonic_ns(), self.opts.summary_exact_cap)
         self.collector = Collector(self.cell_id, writer, self.stats, self.progress)
-        chunk_paths = [
-            str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)
-        ]
+        chunk_paths = [str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)]
         pool.set_cell(chunk_paths)
         self.receive_errors_before = pool.receive_errors
         pool.set_handler(self.on_message)
@@ -96,9 +99,14 @@ class CellRun:
         cpu_frac = {k: (cpu1[k] - cpu0.get(k, 0.0)) / wall for k in cpu1}
         overrun_ms = max(0, self.t_issue_end - self.planned_end) / 1e6
         summary = self.stats.summary(
-            self.cell.describe(), self.t_warm_end, self.t_issue_end, cpu_frac, self.opts.validity,
-            unissued=self.unissued, overrun_ms=overrun_ms,
-        )  # fmt: skip
+            self.cell.describe(),
+            self.t_warm_end,
+            self.t_issue_end,
+            cpu_frac,
+            self.opts.validity,
+            unissued=self.unissued,
+            overrun_ms=overrun_ms,
+        )
         summary["cell_id"] = self.cell_id
         summary["wall_s"] = round(wall, 3)
         summary["drain_budget_s"] = round(self.drain_budget_s(), 3)
@@ -112,7 +120,8 @@ class CellRun:
         if receive_errors:  # their requests were recorded as errors by the drain ("no result from worker")
             summary["validity"]["valid"] = False
             summary["validity"]["reasons"].append(
-                f"{receive_errors} worker messages could not be handled (first: {pool.first_receive_errors[0]})")
+                f"{receive_errors} worker messages could not be handled (first: {pool.first_receive_errors[0]})"
+            )
         stopped = interrupted or ("stopped" if self.gen.stop_event.is_set() else None)
         if stopped:
             summary["validity"]["valid"] = False
@@ -229,21 +238,48 @@ class CellRun:
             self.progress.dropped += 1
             if self.gate is not None:
                 self.gate.release()
-            self.collector.record(self._failed(spec, target, self.opts.inflight_cap, warmup, "dropped",
-                                               "in-flight cap reached", None))  # fmt: skip
+            self.collector.record(
+                self._failed(spec, target, self.opts.inflight_cap, warmup, "dropped", "in-flight cap reached", None)
+            )
             return
         if not pool.fire(worker, spec, target):  # the worker died: the request is lost
             self.collector.forget(spec.index)
             self.progress.errors += 1
             if self.gate is not None:
                 self.gate.release()
-            self.collector.record(self._failed(spec, target, in_flight, warmup, "error",
-                                               f"load generator worker died (worker {worker})", worker))  # fmt: skip
+            self.collector.record(
+                self._failed(
+                    spec, target, in_flight, warmup, "error", f"load generator worker died (worker {worker})", worker
+                )
+            )
 
-    def _failed(self, spec: ipc.RequestSpec, target: int, in_flight: int, warmup: bool, status: str, error: str,
-                worker: int | None) -> RequestRecord:  # fmt: skip
-        return RequestRecord(spec.request_id, target, None, None, None, None, None, in_flight, warmup, status, error,
-                             spec.input_len, spec.output_len, worker=worker, cell=self.cell_id)  # fmt: skip
+    def _failed(
+        self,
+        spec: ipc.RequestSpec,
+        target: int,
+        in_flight: int,
+        warmup: bool,
+        status: str,
+        error: str,
+        worker: int | None,
+    ) -> RequestRecord:
+        return RequestRecord(
+            spec.request_id,
+            target,
+            None,
+            None,
+            None,
+            None,
+            None,
+            in_flight,
+            warmup,
+            status,
+            error,
+            spec.input_len,
+            spec.output_len,
+            worker=worker,
+            cell=self.cell_id,
+        )
 
     # -- results (receiver thread) ----------------------------------------------------
     def on_message(self, message: tuple[Any, ...]) -> None:
@@ -254,7 +290,10 @@ class CellRun:
     def drain_budget_s(self) -> float:
         """The drain's bound: the base, plus time for the longest stream issued, up to the request timeout."""
         opts = self.opts
-        return min(max(opts.timeout_s, opts.drain_timeout_s), opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token)
+        return min(
+            max(opts.timeout_s, opts.drain_timeout_s),
+            opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token,
+        )
 
     def _drain(self, short: bool) -> None:
         """Wait for what is in flight, at most drain_timeout_s in all (2 s after a stop):
@@ -273,8 +312,9 @@ class CellRun:
         alive = live()
         for p in lost.values():
             why = "no result from worker" if p.worker in alive else "load generator worker died"
-            self.collector.record(self._failed(p.spec, p.target, p.in_flight, p.warmup, "error",
-                                               f"{why} (worker {p.worker})", p.worker))  # fmt: skip
+            self.collector.record(
+                self._failed(p.spec, p.target, p.in_flight, p.warmup, "error", f"{why} (worker {p.worker})", p.worker)
+            )
         if self.gate is not None:
             self.gate.close()
 

@@ -20,8 +20,14 @@ from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.loadgen.urls import parse_url
 
 # LoadgenOptions / CellSpec fields, as the flags that set them (their errors name the flag).
-_FLAGS = {"url": "--url", "seed": "--seed", "api_key_env": "--api-key-env", "tls_ca_file": "--cacert",
-          "trace": "--trace", "shape": "--input-len"}  # fmt: skip
+_FLAGS = {
+    "url": "--url",
+    "seed": "--seed",
+    "api_key_env": "--api-key-env",
+    "tls_ca_file": "--cacert",
+    "trace": "--trace",
+    "shape": "--input-len",
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -138,11 +144,16 @@ def _reject_unknown(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, type=_url,
-                   help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000")
+    p.add_argument(
+        "--url",
+        required=True,
+        type=_url,
+        help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000",
+    )
     p.add_argument("--model", required=True, type=_nonempty, help="model name sent in each request")
-    p.add_argument("--api-key-env", type=_env_name, metavar="NAME",
-                   help="send 'Authorization: Bearer $NAME' with every request")
+    p.add_argument(
+        "--api-key-env", type=_env_name, metavar="NAME", help="send 'Authorization: Bearer $NAME' with every request"
+    )
     p.add_argument("--insecure", action="store_true", help="https: do not verify the server's certificate")
     p.add_argument("--cacert", type=_file, help="https: verify the server against this CA bundle (PEM)")
     rate = p.add_mutually_exclusive_group()
@@ -157,8 +168,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", type=_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
     p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
     p.add_argument("--warmup", type=_seconds, default=10.0)
-    p.add_argument("--min-completed", type=_non_negative(int, "a whole number"), default=0,
-                   help="extend a cell until this many completed")
+    p.add_argument(
+        "--min-completed",
+        type=_non_negative(int, "a whole number"),
+        default=0,
+        help="extend a cell until this many completed",
+    )
     p.add_argument("--max-duration", type=_positive(float), help="hard end of a cell's extension")
     p.add_argument("--num-requests", type=_positive(int), help="with --arrival max, or a cap on --trace")
     p.add_argument("--inflight-cap", type=_positive(int), default=256)
@@ -170,9 +185,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", choices=["token_ids", "text"], default="token_ids")
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
-    p.add_argument("--cpu-latency-us", type=_cpu_latency, default=0, metavar="US|off",
-                   help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
-                        "0 (default) keeps idle CPUs polling; off leaves it alone")  # fmt: skip
+    p.add_argument(
+        "--cpu-latency-us",
+        type=_cpu_latency,
+        default=0,
+        metavar="US|off",
+        help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
+        "0 (default) keeps idle CPUs polling; off leaves it alone",
+    )
     p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
     p.add_argument("--phase", type=_name, default="bench", help="phase name in output file names")
@@ -181,8 +201,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
-    common = dict(phase=args.phase, warmup_s=args.warmup, duration_s=args.duration,
-                  min_completed=args.min_completed, max_duration_s=args.max_duration)  # fmt: skip
+    common = dict(
+        phase=args.phase,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        min_completed=args.min_completed,
+        max_duration_s=args.max_duration,
+    )
     if args.trace:
         from connector_tax.loadgen.trace import load_trace
 
@@ -190,8 +215,16 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
             trace = tuple(load_trace(args.trace))
         except (ValueError, OSError) as exc:
             raise ValueError(f"--trace: {exc}") from None
-        cells = [CellSpec(label="trace", arrival="trace", trace=trace, time_scale=args.time_scale,
-                          num_requests=args.num_requests, **common)]  # fmt: skip
+        cells = [
+            CellSpec(
+                label="trace",
+                arrival="trace",
+                trace=trace,
+                time_scale=args.time_scale,
+                num_requests=args.num_requests,
+                **common,
+            )
+        ]
         _check(cells)
         return cells
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
@@ -199,21 +232,45 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
     if longest >= POOL_TOKENS:
         raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
     if args.concurrency:
-        return [CellSpec(label=f"c{args.concurrency}-{s}", arrival="concurrency", concurrency=args.concurrency,
-                         rampup_s=args.rampup, shape=shape_spec(s), **common) for s in shapes]  # fmt: skip
+        return [
+            CellSpec(
+                label=f"c{args.concurrency}-{s}",
+                arrival="concurrency",
+                concurrency=args.concurrency,
+                rampup_s=args.rampup,
+                shape=shape_spec(s),
+                **common,
+            )
+            for s in shapes
+        ]
     if args.arrival == "max":
         if not args.num_requests:
             raise ValueError("--arrival max needs --num-requests")
-        return [CellSpec(label=f"max{args.num_requests}-{s}", arrival="max", num_requests=args.num_requests,
-                         shape=shape_spec(s), **common) for s in shapes]  # fmt: skip
+        return [
+            CellSpec(
+                label=f"max{args.num_requests}-{s}",
+                arrival="max",
+                num_requests=args.num_requests,
+                shape=shape_spec(s),
+                **common,
+            )
+            for s in shapes
+        ]
     rates = args.rates or [args.rate or 1.0]
     if len(rates) > 1 and len(shapes) > 1:
         raise ValueError("--rates and --shapes: sweep one or the other")
     return [
-        CellSpec(label=f"r{r:g}-{s}", arrival=args.arrival, rate=r, gamma_shape=args.gamma_shape,
-                 shape=shape_spec(s), **common)
-        for r in rates for s in shapes
-    ]  # fmt: skip
+        CellSpec(
+            label=f"r{r:g}-{s}",
+            arrival=args.arrival,
+            rate=r,
+            gamma_shape=args.gamma_shape,
+            shape=shape_spec(s),
+            **common,
+        )
+        for r in rates
+        for s in shapes
+    ]
 
 
 def _check(cells: list[CellSpec]) -> None:
@@ -237,8 +294,12 @@ def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> N
     while not done.wait(0.25 if tty else 1.0):
         p = gen.progress
         ttft = p.ttft_p50_ms()
-        fields = dict(issued=p.issued, completed=p.completed, in_flight=p.in_flight,
-                      ttft_p50_ms=f"{ttft:.1f}" if ttft is not None else "-")  # fmt: skip
+        fields = dict(
+            issued=p.issued,
+            completed=p.completed,
+            in_flight=p.in_flight,
+            ttft_p50_ms=f"{ttft:.1f}" if ttft is not None else "-",
+        )
         if bar is not None:
             bar.n = p.completed
             bar.set_postfix(fields, refresh=True)
@@ -254,11 +315,13 @@ def _line(summary: dict[str, Any]) -> str:
     rates, counts = summary["rates"], summary["counts"]
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     valid = "valid" if summary["validity"]["valid"] else "INVALID: " + "; ".join(summary["validity"]["reasons"])
-    return (f"{summary['cell']}: ok={counts['ok']} err={counts['error']} timeout={counts['timeout']} "
-            f"dropped={counts['dropped']} achieved={fmt(rates['achieved_dispatch_rps'])}/s "
-            f"TTFT p50/p90/p99={fmt(ttft['p50'])}/{fmt(ttft['p90'])}/{fmt(ttft['p99'])} ms "
-            f"TPOT p50/p90={fmt(tpot['p50'])}/{fmt(tpot['p90'])} ms "
-            f"lateness p99={fmt(summary['lateness_us']['p99'])} us [{valid}]")  # fmt: skip
+    return (
+        f"{summary['cell']}: ok={counts['ok']} err={counts['error']} timeout={counts['timeout']} "
+        f"dropped={counts['dropped']} achieved={fmt(rates['achieved_dispatch_rps'])}/s "
+        f"TTFT p50/p90/p99={fmt(ttft['p50'])}/{fmt(ttft['p90'])}/{fmt(ttft['p99'])} ms "
+        f"TPOT p50/p90={fmt(tpot['p50'])}/{fmt(tpot['p90'])} ms "
+        f"lateness p99={fmt(summary['lateness_us']['p99'])} us [{valid}]"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -268,13 +331,23 @@ def main(args: argparse.Namespace) -> int:
         print(f"ctax bench: {exc}", file=sys.stderr)
         return 2
     options = LoadgenOptions(
-        url=args.url, model=args.model, endpoint=args.endpoint, prompt=args.prompt,
-        workers=args.workers, inflight_cap=args.inflight_cap, timeout_s=args.timeout, seed=args.seed,
-        affinity=not args.no_affinity, cpu_latency_us=args.cpu_latency_us,
-        chunk_log=args.chunk_log, events_log=args.events_log,
-        validity=ValidityThresholds(), api_key_env=args.api_key_env,
-        tls_verify=not args.insecure, tls_ca_file=args.cacert,
-    )  # fmt: skip
+        url=args.url,
+        model=args.model,
+        endpoint=args.endpoint,
+        prompt=args.prompt,
+        workers=args.workers,
+        inflight_cap=args.inflight_cap,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        affinity=not args.no_affinity,
+        cpu_latency_us=args.cpu_latency_us,
+        chunk_log=args.chunk_log,
+        events_log=args.events_log,
+        validity=ValidityThresholds(),
+        api_key_env=args.api_key_env,
+        tls_verify=not args.insecure,
+        tls_ca_file=args.cacert,
+    )
     try:
         options.check()
     except ValueError as exc:

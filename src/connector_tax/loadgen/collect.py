@@ -115,12 +115,26 @@ class Collector:
         spec = entry.spec
         usage = res.usage_completion_tokens
         record = RequestRecord(
-            spec.request_id, entry.target, res.t_send_ns, res.t_first_token_ns, res.t_last_token_ns,
+            spec.request_id,
+            entry.target,
+            res.t_send_ns,
+            res.t_first_token_ns,
+            res.t_last_token_ns,
             res.prompt_tokens if res.prompt_tokens is not None else spec.input_len,
-            res.completion_tokens, max(0, in_flight), entry.warmup, res.status, res.error,
-            spec.input_len, spec.output_len, res.chunks, res.http_status, res.worker, self.cell_id,
-            usage, usage is not None and usage != res.chunks,
-        )  # fmt: skip
+            res.completion_tokens,
+            max(0, in_flight),
+            entry.warmup,
+            res.status,
+            res.error,
+            spec.input_len,
+            spec.output_len,
+            res.chunks,
+            res.http_status,
+            res.worker,
+            self.cell_id,
+            usage,
+            usage is not None and usage != res.chunks,
+        )
         if res.status == "ok":
             self.progress.completed += 1
             if not entry.warmup:
@@ -143,15 +157,35 @@ class Collector:
     def _unmatched(self, res: ipc.RequestResult) -> None:
         with self._stats_lock:
             self.stats.unmatched += 1
-        why = "another cell run" if res.cell != self.cell_id else "no request of this cell in flight with that index and id"
+        why = (
+            "another cell run"
+            if res.cell != self.cell_id
+            else "no request of this cell in flight with that index and id"
+        )
         # No timings: they belong to no request of this cell. Not one of its requests either,
         # so only the unmatched count (and the validity check on it) sees it.
         self.record(
-            RequestRecord(res.request_id or f"?{res.index}", res.t_send_ns or 0, None, None, None, None, None, 0,
-                          False, "error", f"unmatched result from cell {res.cell!r} index {res.index}: {why}",
-                          0, 0, res.chunks, res.http_status, res.worker, res.cell or None),
+            RequestRecord(
+                res.request_id or f"?{res.index}",
+                res.t_send_ns or 0,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+                False,
+                "error",
+                f"unmatched result from cell {res.cell!r} index {res.index}: {why}",
+                0,
+                0,
+                res.chunks,
+                res.http_status,
+                res.worker,
+                res.cell or None,
+            ),
             counted=False,
-        )  # fmt: skip
+        )
 
     def record(self, record: RequestRecord, itl_us: bytes | None = None, counted: bool = True) -> None:
         """Write it (flushed) and fold it into the statistics; thread-safe."""

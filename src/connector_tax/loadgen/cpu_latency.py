@@ -55,10 +55,19 @@ class CpuLatencyHold:
         if self.max_us is None or self.holder is not None:
             return self.state
         holder = subprocess.Popen(
-            [sys.executable, "-m", "connector_tax.loadgen.latency_holder", str(os.getpid()), str(self.max_us),
-             str(self.device)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "connector_tax.loadgen.latency_holder",
+                str(os.getpid()),
+                str(self.max_us),
+                str(self.device),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert holder.stdout is not None
         ready, _, _ = select.select([holder.stdout], [], [], HOLDER_START_S)
         line = holder.stdout.readline().strip() if ready else ""
@@ -68,7 +77,9 @@ class CpuLatencyHold:
             self.state = CpuLatencyState(self.max_us, False, f"not held: {why}")
             return self.state
         self.holder = holder
-        self.state = CpuLatencyState(self.max_us, True, f"held at {self.max_us} us through {self.device}{self._effect()}")
+        self.state = CpuLatencyState(
+            self.max_us, True, f"held at {self.max_us} us through {self.device}{self._effect()}"
+        )
         return self.state
 
     @staticmethod

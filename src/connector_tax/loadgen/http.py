@@ -46,8 +46,21 @@ class Response:
     woken for it (`iter_chunks`).
     """
 
-    __slots__ = ("status", "chunks", "complete", "error", "_event", "headers_done", "content_type", "sink",
-                 "streaming", "body_limit", "size", "cut", "finished")  # fmt: skip
+    __slots__ = (
+        "status",
+        "chunks",
+        "complete",
+        "error",
+        "_event",
+        "headers_done",
+        "content_type",
+        "sink",
+        "streaming",
+        "body_limit",
+        "size",
+        "cut",
+        "finished",
+    )
 
     def __init__(self, sink: StreamSink | None = None, body_limit: int = 1 << 20) -> None:
         self.status = 0
@@ -113,7 +126,9 @@ class Response:
 
 
 class HttpConnection(asyncio.Protocol):
-    def __init__(self, on_lost: Callable[[HttpConnection], None], before_read: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, on_lost: Callable[[HttpConnection], None], before_read: Callable[[], None] | None = None
+    ) -> None:
         self._before_read = before_read  # e.g. the fire timer's run_due: a due send goes first
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -190,8 +205,11 @@ class HttpConnection(asyncio.Protocol):
             resp.headers_done = True
             self.keep_alive = self.parser.should_keep_alive()
             ctype = resp.content_type
-            resp.streaming = resp.sink is not None and resp.status == 200 and (
-                ctype is None or ctype.lower().startswith(b"text/event-stream"))  # fmt: skip
+            resp.streaming = (
+                resp.sink is not None
+                and resp.status == 200
+                and (ctype is None or ctype.lower().startswith(b"text/event-stream"))
+            )
             if resp.sink is None:
                 resp.wake()
 
@@ -316,9 +334,12 @@ class ConnectionPool:
             for _, addr in await self._resolve():
                 try:
                     _, conn = await loop.create_connection(
-                        lambda: HttpConnection(self._lost, self.before_read), addr, self.port,
-                        ssl=self.tls, server_hostname=self.host if self.tls else None,
-                    )  # fmt: skip
+                        lambda: HttpConnection(self._lost, self.before_read),
+                        addr,
+                        self.port,
+                        ssl=self.tls,
+                        server_hostname=self.host if self.tls else None,
+                    )
                     return conn
                 except OSError as exc:
                     error = exc

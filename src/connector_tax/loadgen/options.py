@@ -35,12 +35,19 @@ class CellSpec:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "phase": self.phase, "cell": self.label, "arrival": self.arrival, "rate": self.rate,
+            "phase": self.phase,
+            "cell": self.label,
+            "arrival": self.arrival,
+            "rate": self.rate,
             "gamma_shape": self.gamma_shape if self.arrival == "gamma" else None,
-            "shape": self.shape if self.trace is None else "trace", "concurrency": self.concurrency,
-            "rampup_s": self.rampup_s, "warmup_s": self.warmup_s, "duration_s": self.duration_s,
-            "min_completed": self.min_completed, "max_duration_s": self._max_duration(),
-        }  # fmt: skip
+            "shape": self.shape if self.trace is None else "trace",
+            "concurrency": self.concurrency,
+            "rampup_s": self.rampup_s,
+            "warmup_s": self.warmup_s,
+            "duration_s": self.duration_s,
+            "min_completed": self.min_completed,
+            "max_duration_s": self._max_duration(),
+        }
 
     def _max_duration(self) -> float:
         return self.max_duration_s if self.max_duration_s is not None else 10 * self.duration_s + 60
@@ -50,7 +57,9 @@ class CellSpec:
         if self.trace is not None:
             longest = max((r.input_length for r in self.trace), default=0)
             if longest >= POOL_TOKENS:
-                raise ValueError(f"trace: input_length {longest} is over the load generator's limit of {POOL_TOKENS - 1}")
+                raise ValueError(
+                    f"trace: input_length {longest} is over the load generator's limit of {POOL_TOKENS - 1}"
+                )
         else:
             longest = max(p.input for p in ShapeSampler(self.shape, 0).pairs)
             if longest >= POOL_TOKENS:

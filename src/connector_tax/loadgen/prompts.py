@@ -70,7 +70,9 @@ class BodyBuilder:
     def token_ids(self, request_id: str, n: int) -> bytes:
         digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
         # 4 tokens x 16 bits: 64 bits of the request id's hash, clear of the pool's id range.
-        unique = [TOKEN_HIGH + int.from_bytes(digest[2 * k : 2 * k + 2], "little") for k in range(min(UNIQUE_TOKENS, n))]
+        unique = [
+            TOKEN_HIGH + int.from_bytes(digest[2 * k : 2 * k + 2], "little") for k in range(min(UNIQUE_TOKENS, n))
+        ]
         head = ",".join(map(str, unique)).encode()
         rest = n - len(unique)
         if rest <= 0:

@@ -14,6 +14,7 @@ from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import CellSpec, LoadgenOptions
 from connector_tax.loadgen.prompts import BodySettings
 from connector_tax.loadgen.workers import WorkerPool
+
 __all__ = ["CellSpec", "LoadGenerator", "LoadgenOptions", "Progress"]
 
 
@@ -65,8 +66,13 @@ class LoadGenerator:
         """Ask the running cell to stop issuing and drain (from any thread)."""
         self.stop_event.set()
 
-    def run_cell(self, cell: CellSpec, out_dir: Path, enough: Callable[[], bool] | None = None,
-                 give_up: Callable[[], bool] | None = None) -> dict[str, Any]:  # fmt: skip
+    def run_cell(
+        self,
+        cell: CellSpec,
+        out_dir: Path,
+        enough: Callable[[], bool] | None = None,
+        give_up: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
         """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
         min-completed, up to its max duration, until it says True; `give_up` ends it at once,
         min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""

@@ -129,9 +129,7 @@ def parse_shapes(text: str) -> list[ShapePair]:
     for item in items:
         m = _PAIR_RE.match(item)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise ValueError(
-                f"--shapes: {item.strip()!r} is not INPUTxOUTPUT with positive lengths (e.g. 512x64)"
-            )
+            raise ValueError(f"--shapes: {item.strip()!r} is not INPUTxOUTPUT with positive lengths (e.g. 512x64)")
         out.append(ShapePair(int(m.group(1)), int(m.group(2))))
     return out
 

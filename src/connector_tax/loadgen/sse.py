@@ -117,9 +117,22 @@ def _bulk(block: bytes) -> list[bytes] | None:
 
 class SSEReader:
     __slots__ = (
-        "_tail", "_tail_len", "_cr", "_data", "_data_len", "_event", "t_first", "t_last", "chunks",
-        "gaps_us", "times", "usage", "done", "error", "fatal",
-    )  # fmt: skip
+        "_tail",
+        "_tail_len",
+        "_cr",
+        "_data",
+        "_data_len",
+        "_event",
+        "t_first",
+        "t_last",
+        "chunks",
+        "gaps_us",
+        "times",
+        "usage",
+        "done",
+        "error",
+        "fatal",
+    )
 
     def __init__(self, keep_times: bool = False) -> None:
         self._tail: list[bytes] = []  # the incomplete last line, in pieces
@@ -146,10 +159,15 @@ class SSEReader:
         # The most common read under load: exactly one whole `data:` event and nothing pending.
         # It is what the general path below makes of it (one line, one blank line).
         if (
-            not self._tail and not self._data and not self._event and not self._cr
-            and data.startswith(b"data:") and data.endswith(b"\n\n") and data.count(b"\n") == 2
+            not self._tail
+            and not self._data
+            and not self._event
+            and not self._cr
+            and data.startswith(b"data:")
+            and data.endswith(b"\n\n")
+            and data.count(b"\n") == 2
             and b"\r" not in data
-        ):  # fmt: skip
+        ):
             self._handle(t_ns, [data[6:-2] if data[5:6] == b" " else data[5:-2]])
             return
         if self._cr or b"\r" in data:

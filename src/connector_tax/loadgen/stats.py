@@ -201,9 +201,14 @@ class CellStats:
         return {
             **cell,
             "counts": {
-                "scheduled": self.records, "warmup": self.warmup, "post_warmup": post, **count,
-                "unissued": unissued, "unmatched": self.unmatched, "token_count_mismatch": self.token_mismatch,
-            },  # fmt: skip
+                "scheduled": self.records,
+                "warmup": self.warmup,
+                "post_warmup": post,
+                **count,
+                "unissued": unissued,
+                "unmatched": self.unmatched,
+                "token_count_mismatch": self.token_mismatch,
+            },
             "rates": {
                 "requested_rps": cell.get("rate"),
                 "scheduled_rps": _round(scheduled_rate),

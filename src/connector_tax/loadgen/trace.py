@@ -93,8 +93,10 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
 
 def trace_arrivals(trace: list[TraceRequest], time_scale: float = 1.0) -> Iterator[int]:
     """Send offsets in ns from the first request's timestamp; time_scale 2 replays twice as fast."""
-    if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or not (
-        math.isfinite(time_scale) and time_scale > 0
+    if (
+        isinstance(time_scale, bool)
+        or not isinstance(time_scale, (int, float))
+        or not (math.isfinite(time_scale) and time_scale > 0)
     ):
         raise ValueError(f"time_scale: must be a positive number, got {time_scale!r}")
     if not trace:
@@ -110,4 +112,3 @@ def prefix_blocks(req: TraceRequest) -> list[tuple[int, int]]:
     n = len(req.hash_ids)
     last = req.input_length - BLOCK_TOKENS * (n - 1)
     return [(h, BLOCK_TOKENS) for h in req.hash_ids[:-1]] + [(req.hash_ids[-1], last)]
-

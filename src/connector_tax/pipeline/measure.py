@@ -95,8 +95,9 @@ class ServerWatch:
     still decoding moves the counters; a slow /metrics alone, with requests completing, is not a
     stuck server."""
 
-    def __init__(self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler, name: str,
-                 stall_s: float = STALL_S) -> None:  # fmt: skip
+    def __init__(
+        self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler, name: str, stall_s: float = STALL_S
+    ) -> None:
         self.server, self.gen, self.sampler, self.stall_s, self.name = server, gen, sampler, stall_s, name
         self.failure: str | None = None
         self._stop = threading.Event()
@@ -119,9 +120,12 @@ class ServerWatch:
             if now - shown >= PROGRESS_S:
                 shown = now
                 ttft = progress.ttft_p50_ms()
-                print(f"  {self.name}: {now - start:.0f} s, sent {progress.issued}, completed {progress.completed}, "
-                      f"errors {progress.errors}, in flight {progress.in_flight}"
-                      + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""), flush=True)  # fmt: skip
+                print(
+                    f"  {self.name}: {now - start:.0f} s, sent {progress.issued}, completed {progress.completed}, "
+                    f"errors {progress.errors}, in flight {progress.in_flight}"
+                    + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""),
+                    flush=True,
+                )
             if progress.completed + progress.errors != answered or progress.in_flight == 0:
                 answered, since = progress.completed + progress.errors, now
             worked = max(self.sampler.last_work or start, start)
@@ -129,8 +133,10 @@ class ServerWatch:
             if code is not None:
                 self.failure = f"server exited with code {code} during the cell"
             elif now - since > self.stall_s and now - worked > self.stall_s:
-                self.failure = (f"server stuck: no response and no engine work for {self.stall_s:g} s "
-                                f"with {progress.in_flight} requests in flight")  # fmt: skip
+                self.failure = (
+                    f"server stuck: no response and no engine work for {self.stall_s:g} s "
+                    f"with {progress.in_flight} requests in flight"
+                )
             if self.failure:
                 self.gen.stop()
                 return
@@ -247,16 +253,18 @@ def _measure_cell(
     t0 = time.monotonic_ns()
     precision = PrecisionWatch(staging.requests, cell.precision_target)
     with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision:
-        guard = OverloadGuard(sampler, time.monotonic() + cell.warmup_s, saturation["waiting_p50_max"],
-                              active=cell.phase != PHASE_A)  # fmt: skip
+        guard = OverloadGuard(
+            sampler, time.monotonic() + cell.warmup_s, saturation["waiting_p50_max"], active=cell.phase != PHASE_A
+        )
         with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
             summary = gen.run_cell(cell_spec(planned), staging.folder, precision.enough, guard.overloaded)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
     # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
     failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
     status, reason = _verdict(summary, failure)
-    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason,
-                       extra=precision.describe(summary, guard))  # fmt: skip
+    sealed = seal_cell(
+        staging, final, planned.fingerprint, status=status, reason=reason, extra=precision.describe(summary, guard)
+    )
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
         entry.status = COMPLETE if sealed["complete"] else FAILED

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import StudyConfig, find_variant, load_study
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, run_order
@@ -25,8 +26,8 @@ from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, Phas
 from connector_tax.contract.layout import now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
-from connector_tax.pipeline.prune import knee, overloaded_shape
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
+from connector_tax.pipeline.prune import knee, overloaded_shape
 from connector_tax.pipeline.resume import decide
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
@@ -75,7 +76,9 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
         if planned.cell.phase == PHASE_A:
             return knee(layout, study, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
         if planned.cell.phase == PHASE_B_PRIME:
-            shape = next((p for p in plan.cells if p.cell.phase == PHASE_B and p.cell.label == planned.cell.label), None)
+            shape = next(
+                (p for p in plan.cells if p.cell.phase == PHASE_B and p.cell.label == planned.cell.label), None
+            )
             return overloaded_shape(layout, study, name, shape) if shape is not None and complete(shape) else None
         return None
 
@@ -93,11 +96,21 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     plan = launch_plan(config_path, study, name, launch_phase, reference)
     previous = read_index(folder.index)
     index = PhaseIndex(
-        study=config["study"], config=name, phase=launch_phase, backend=config["backend"], launch=plan.launch,
-        code=plan.code, cells=[], launch_id=f"{utc_stamp()}-{os.getpid()}", started=now_iso(),
-        run_order=run_order(study, launch_phase), server_versions=plan.launch["server_versions"], cpus_leased=leased,
-        served_by=served_by(config, plan.launch["server_versions"]), mooncake_transport=mooncake_transport(config, variant),
-    )  # fmt: skip
+        study=config["study"],
+        config=name,
+        phase=launch_phase,
+        backend=config["backend"],
+        launch=plan.launch,
+        code=plan.code,
+        cells=[],
+        launch_id=f"{utc_stamp()}-{os.getpid()}",
+        started=now_iso(),
+        run_order=run_order(study, launch_phase),
+        server_versions=plan.launch["server_versions"],
+        cpus_leased=leased,
+        served_by=served_by(config, plan.launch["server_versions"]),
+        mooncake_transport=mooncake_transport(config, variant),
+    )
     skip = _preflight_reason(layout, name)
     if skip:
         index.cells = [CellEntry(p.cell.phase, p.cell.label, p.fingerprint, p.settings) for p in plan.cells]
@@ -115,13 +128,29 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         index.write(folder.index)
         return index
 
-    write_json(folder.config_json, {"study": config["study"], "variant": variant, "workload": config["workload"],
-                                    "launch": plan.launch, "code": plan.code})  # fmt: skip
+    write_json(
+        folder.config_json,
+        {
+            "study": config["study"],
+            "variant": variant,
+            "workload": config["workload"],
+            "launch": plan.launch,
+            "code": plan.code,
+        },
+    )
     write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
     index.write(folder.index)
     try:
-        measure(config_path, config, variant, layout, index, todo, lambda: index.write(folder.index),
-                _pruner(layout, study, name, plan, index))  # fmt: skip
+        measure(
+            config_path,
+            config,
+            variant,
+            layout,
+            index,
+            todo,
+            lambda: index.write(folder.index),
+            _pruner(layout, study, name, plan, index),
+        )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
         for entry in index.cells:
@@ -165,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.close(lock)
     reused = sum(c.reused for c in index.cells)
-    _say(f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
-         + (f" ({index.reason})" if index.reason else ""))  # fmt: skip
+    _say(
+        f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+        + (f" ({index.reason})" if index.reason else "")
+    )
     return 0
 
 

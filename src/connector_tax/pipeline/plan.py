@@ -94,8 +94,10 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
             continue
         old = index.cell(planned.cell.phase, planned.cell.label) if index else None
         if old is not None and old.fingerprint != planned.fingerprint:
-            changed = differences({"launch": index.launch, "cell": old.settings, "code": index.code},
-                                  {"launch": plan.launch, "cell": planned.settings, "code": plan.code})  # fmt: skip
+            changed = differences(
+                {"launch": index.launch, "cell": old.settings, "code": index.code},
+                {"launch": plan.launch, "cell": planned.settings, "code": plan.code},
+            )
             why = "settings changed: " + "; ".join(changed) if changed else why
         out[planned.cell.key] = why
     return out
@@ -143,8 +145,9 @@ def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
             if pending:
                 why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
                 more = f" (+{len(pending) - 3} more)" if len(pending) > 3 else ""
-                lines.append(f"{name}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure"
-                             f" — {why}{more}")  # fmt: skip
+                lines.append(
+                    f"{name}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure — {why}{more}"
+                )
     return lines
 
 

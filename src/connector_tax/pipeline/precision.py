@@ -86,7 +86,11 @@ class PrecisionWatch:
                 continue
             ttft = (r["t_first_token_ns"] - r["t_send_ns"]) / 1e6
             n = r.get("completion_tokens") or 0
-            tpot = (r["t_last_token_ns"] - r["t_first_token_ns"]) / 1e6 / (n - 1) if n > 1 and r.get("t_last_token_ns") else np.nan
+            tpot = (
+                (r["t_last_token_ns"] - r["t_first_token_ns"]) / 1e6 / (n - 1)
+                if n > 1 and r.get("t_last_token_ns")
+                else np.nan
+            )
             self._rows.append((int(r["t_scheduled_ns"]), ttft, tpot))
 
     def check(self) -> None:
@@ -111,13 +115,19 @@ class PrecisionWatch:
         if summary.get("complete") is False:
             why = "stopped"
         elif overloaded:
-            why = (f"ended at its floor: saturated at this rate (waiting p50 {guard.waiting_p50:g} > "
-                   f"{guard.threshold:g}); left out of H5/H6")  # type: ignore[union-attr]  # fmt: skip
+            why = (
+                f"ended at its floor: saturated at this rate (waiting p50 {guard.waiting_p50:g} > "
+                f"{guard.threshold:g}); left out of H5/H6"
+            )  # type: ignore[union-attr]
         elif self.target is None:
             why = "duration floor and min-completed"
         elif self.reached:
             why = f"precision reached (target ±{self.target:.0%})"
         else:
             why = "cap reached (max_duration_s) before the precision target"
-        return {"stop_reason": why, "overloaded": overloaded, "precision_target": self.target,
-                "precision": {k: None if v is None else round(v, 4) for k, v in self.widths.items()}}  # fmt: skip
+        return {
+            "stop_reason": why,
+            "overloaded": overloaded,
+            "precision_target": self.target,
+            "precision": {k: None if v is None else round(v, 4) for k, v in self.widths.items()},
+        }

@@ -21,16 +21,22 @@ import httpx
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_study
 from connector_tax.launch.command import launch_spec
-from connector_tax.pipeline.plan import launch_digest
 from connector_tax.launch.vllm_cpu import device
+from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 
 
 def _one_streamed_request(url: str, model: str) -> None:
-    body = {"model": model, "prompt": list(range(1, 17)), "max_tokens": 4, "ignore_eos": True,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": list(range(1, 17)),
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.Client(timeout=30.0) as client, client.stream("POST", url + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise ServerStartError(f"test request answered HTTP {resp.status_code}: {resp.read()[:200]!r}")
@@ -70,8 +76,13 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
         verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
-    return {"config": name, "status": verdict.get("status", "skip"), "reason": verdict.get("reason"),
-            "backend": "vllm", "gate": script.name}  # fmt: skip
+    return {
+        "config": name,
+        "status": verdict.get("status", "skip"),
+        "reason": verdict.get("reason"),
+        "backend": "vllm",
+        "gate": script.name,
+    }
 
 
 def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
@@ -79,8 +90,12 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
     try:
         return _readiness(config_path, config, name, log_dir)
     except Exception as exc:  # noqa: BLE001 - every launch error is this configuration's SKIP
-        return {"config": name, "status": "skip", "reason": f"{type(exc).__name__}: {exc}",
-                "backend": config["backend"]}  # fmt: skip
+        return {
+            "config": name,
+            "status": "skip",
+            "reason": f"{type(exc).__name__}: {exc}",
+            "backend": config["backend"],
+        }
 
 
 def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:

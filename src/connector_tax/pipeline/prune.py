@@ -31,22 +31,31 @@ from connector_tax.pipeline.plan import PlannedCell
 def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: Any) -> dict[str, Any]:
     files = layout.phase(name, planned.cell.phase).cell(planned.cell.label)
     cell = Cell(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
-    row, _ = cell_row(cell, backend=study.backend, simulated=study.backend == "sim", run_status="ok",
-                      step_timing_available=False, steps=False)  # fmt: skip
+    row, _ = cell_row(
+        cell,
+        backend=study.backend,
+        simulated=study.backend == "sim",
+        run_status="ok",
+        step_timing_available=False,
+        steps=False,
+    )
     row["phase"] = planned.cell.phase
     return row
 
 
-def saturated(layout: StudyLayout, study: StudyConfig, name: str, planned: PlannedCell,
-              lower: PlannedCell | None = None) -> str | None:  # fmt: skip
+def saturated(
+    layout: StudyLayout, study: StudyConfig, name: str, planned: PlannedCell, lower: PlannedCell | None = None
+) -> str | None:
     """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
     Phase A only), as a phrase; None when it is not saturated."""
     lower_row = _row(layout, study, name, lower) if lower else None
     verdict = cell_criteria(_row(layout, study, name, planned), asdict(study.saturation), "offered", lower_row)
     if not verdict["saturated"]:
         return None
-    return ", ".join(f"{c} {verdict['criteria'][c]['value']:.3g} vs {verdict['criteria'][c]['threshold']:g}"
-                     for c in verdict["fired"])  # fmt: skip
+    return ", ".join(
+        f"{c} {verdict['criteria'][c]['value']:.3g} vs {verdict['criteria'][c]['threshold']:g}"
+        for c in verdict["fired"]
+    )
 
 
 def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[PlannedCell]) -> str | None:
@@ -62,5 +71,8 @@ def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[PlannedC
 def overloaded_shape(layout: StudyLayout, study: StudyConfig, name: str, shape_cell: PlannedCell) -> str | None:
     """Phase B' runs a shape at ref_load (>= ref_safe): one saturated at ref_safe in Phase B is cut."""
     fired = saturated(layout, study, name, shape_cell)
-    return None if fired is None else (f"{PRUNED}: the shape was saturated at ref_safe in Phase B ({fired}); "
-                                       "cut from Phase B'")  # fmt: skip
+    return (
+        None
+        if fired is None
+        else (f"{PRUNED}: the shape was saturated at ref_safe in Phase B ({fired}); cut from Phase B'")
+    )

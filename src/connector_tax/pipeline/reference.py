@@ -1,6 +1,6 @@
 """The reference-rate checkpoint: saturation of every Phase A cell, then ref_safe and ref_load.
 
-    ctax pipeline reference --config results/STUDY/study_config.yaml
+ctax pipeline reference --config results/STUDY/study_config.yaml
 """
 
 from __future__ import annotations

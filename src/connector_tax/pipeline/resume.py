@@ -31,7 +31,7 @@ def clear_staging(layout: StudyLayout, plan: LaunchPlan) -> list[dict[str, Any]]
         if not pl.staging_root.is_dir():
             continue
         for folder in sorted(p for p in pl.staging_root.iterdir() if p.is_dir()):
-            label = folder.name[len(phase) + 1:] if folder.name.startswith(f"{phase}_") else folder.name
+            label = folder.name[len(phase) + 1 :] if folder.name.startswith(f"{phase}_") else folder.name
             files = sorted(p for p in folder.iterdir() if p.is_file())
             dest = pl.superseded(label, "interrupted")
             move_aside(files, dest, {"cell": f"{phase}/{label}", "reason": "interrupted before it was sealed"})
@@ -55,10 +55,15 @@ def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[CellEntry], list
             entry.counts = {k: v["records"] for k, v in (summary.get("files") or {}).items()}
         elif files.existing():
             old = read_summary(files) or {}
-            dest = layout.phase(plan.name, cell.phase).superseded(cell.label, _why_tag(why, old.get("fingerprint"),
-                                                                                         planned.fingerprint))  # fmt: skip
-            why_doc = {"cell": cell.key, "reason": why, "fingerprint": old.get("fingerprint"),
-                       "replaced_by": planned.fingerprint}  # fmt: skip
+            dest = layout.phase(plan.name, cell.phase).superseded(
+                cell.label, _why_tag(why, old.get("fingerprint"), planned.fingerprint)
+            )
+            why_doc = {
+                "cell": cell.key,
+                "reason": why,
+                "fingerprint": old.get("fingerprint"),
+                "replaced_by": planned.fingerprint,
+            }
             move_aside(files.existing(), dest, why_doc)
             moved.append({"cell": cell.key, "reason": why, "to": str(dest)})
         entries.append(entry)

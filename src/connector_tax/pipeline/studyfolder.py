@@ -77,8 +77,10 @@ def claim_study(config: dict[str, Any]) -> None:
     layout = StudyLayout.of(config["study"])
     fd = exclusive_lock(layout.lock)
     if fd is None:
-        sys.exit(f"connector-tax: {layout.root} is being run by {lock_holder(layout.lock)}; "
-                 "wait for it, or stop it, then run again")  # fmt: skip
+        sys.exit(
+            f"connector-tax: {layout.root} is being run by {lock_holder(layout.lock)}; "
+            "wait for it, or stop it, then run again"
+        )
     _held[config["study"]] = fd
 
 

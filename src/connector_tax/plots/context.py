@@ -39,7 +39,7 @@ class Ctx:
         for r in self.rows(phase):
             out.setdefault(r["config"], []).append(r)
         for v in out.values():
-            v.sort(key=lambda r: (r.get("rate") or 0))
+            v.sort(key=lambda r: r.get("rate") or 0)
         return {c: out[c] for c in self.configs if c in out} | {c: v for c, v in out.items() if c not in self.configs}
 
     def title(self, text: str) -> str:
@@ -47,6 +47,8 @@ class Ctx:
 
     def need_taxes(self, what: str) -> dict[str, Any]:
         if not self.taxes:
-            raise Skip(f"{what}: no baseline config {self.agg.get('baseline_requested')!r} in this study "
-                       "(connector-specific figure not applicable)")  # fmt: skip
+            raise Skip(
+                f"{what}: no baseline config {self.agg.get('baseline_requested')!r} in this study "
+                "(connector-specific figure not applicable)"
+            )
         return self.taxes

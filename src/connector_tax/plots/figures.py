@@ -6,7 +6,7 @@ missing is never drawn empty; the reason goes to figures/skipped.json and the re
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from matplotlib.figure import Figure
 

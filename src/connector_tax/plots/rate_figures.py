@@ -20,8 +20,17 @@ def _ref_lines(ax: Any, ctx: Ctx) -> None:
     for key, v, style in marks:
         if v:
             ax.axvline(v, color="0.35", ls=style, lw=1, zorder=1)
-            ax.annotate(f"{key} = {v:g}", xy=(v, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -6),
-                        textcoords="offset points", fontsize=7, color="0.3", rotation=90, va="top")  # fmt: skip
+            ax.annotate(
+                f"{key} = {v:g}",
+                xy=(v, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -6),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.3",
+                rotation=90,
+                va="top",
+            )
 
 
 def _rate_axis(ax: Any, rates: list[float]) -> None:
@@ -45,8 +54,12 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
     for c, rows in series.items():
         x = np.array([r["rate"] for r in rows], float)
         y = np.array([r[f"{metric}_p90"] for r in rows], float)
-        lo = np.array([r.get(f"{metric}_p90_ci_lo") if r.get(f"{metric}_p90_ci_lo") is not None else np.nan for r in rows], float)
-        hi = np.array([r.get(f"{metric}_p90_ci_hi") if r.get(f"{metric}_p90_ci_hi") is not None else np.nan for r in rows], float)
+        lo = np.array(
+            [r.get(f"{metric}_p90_ci_lo") if r.get(f"{metric}_p90_ci_lo") is not None else np.nan for r in rows], float
+        )
+        hi = np.array(
+            [r.get(f"{metric}_p90_ci_hi") if r.get(f"{metric}_p90_ci_hi") is not None else np.nan for r in rows], float
+        )
         yerr = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)]).clip(min=0)
         rates.update(x.tolist())
         ax.errorbar(x, y, yerr=yerr, color=ctx.palette(c), marker="o", ms=4, lw=1.6, capsize=2, label=c, zorder=3)
@@ -71,10 +84,28 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
     first = ax.legend(title="config", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if markers:
         ax.add_artist(first)
-        handles = [Line2D([], [], ls="none", color="0.2", markerfacecolor="none" if kw.get("facecolors") == "none" else "0.2",
-                          marker=kw["marker"], markersize=8, label=kw["label"]) for crit, kw in CRITERION_MARKERS.items()]  # fmt: skip
-        ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), borderaxespad=0,
-                  title="saturation criterion (fired)", title_fontsize=7)  # fmt: skip
+        handles = [
+            Line2D(
+                [],
+                [],
+                ls="none",
+                color="0.2",
+                markerfacecolor="none" if kw.get("facecolors") == "none" else "0.2",
+                marker=kw["marker"],
+                markersize=8,
+                label=kw["label"],
+            )
+            for crit, kw in CRITERION_MARKERS.items()
+        ]
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc="lower left",
+            bbox_to_anchor=(1.01, 0.0),
+            borderaxespad=0,
+            title="saturation criterion (fired)",
+            title_fontsize=7,
+        )
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
@@ -88,8 +119,10 @@ def fig2(ctx: Ctx) -> Figure:
 
 
 def fig3(ctx: Ctx) -> Figure:
-    data = {c: [r for r in rows if r.get("effective_rps") is not None and r.get("rate")]
-            for c, rows in ctx.by_config(PHASE_A).items()}  # fmt: skip
+    data = {
+        c: [r for r in rows if r.get("effective_rps") is not None and r.get("rate")]
+        for c, rows in ctx.by_config(PHASE_A).items()
+    }
     data = {c: v for c, v in data.items() if v}
     if not data:
         raise Skip("no Phase A cell with an effective throughput")
@@ -107,9 +140,15 @@ def fig3(ctx: Ctx) -> Figure:
             at = next((r for r in rows if abs(r["rate"] - knee) < 1e-9), None)
             if at is not None:
                 fired = (per_config.get(c) or {}).get("fired_at_saturation") or []
-                ax.annotate(f"knee {c}\n@{knee:g} ({', '.join(fired)})", xy=(knee, at["effective_rps"]),
-                            xytext=(-95, 14 + 16 * (i % 5)), textcoords="offset points", fontsize=6.5,
-                            color=ctx.palette(c), arrowprops=dict(arrowstyle="->", color=ctx.palette(c), lw=0.8))  # fmt: skip
+                ax.annotate(
+                    f"knee {c}\n@{knee:g} ({', '.join(fired)})",
+                    xy=(knee, at["effective_rps"]),
+                    xytext=(-95, 14 + 16 * (i % 5)),
+                    textcoords="offset points",
+                    fontsize=6.5,
+                    color=ctx.palette(c),
+                    arrowprops=dict(arrowstyle="->", color=ctx.palette(c), lw=0.8),
+                )
     lo, hi = min(all_x), max(all_x)
     ax.plot([lo, hi], [lo, hi], ls="--", color="0.4", lw=1, label="y = x (keeps up)", zorder=2)
     _rate_axis(ax, sorted(set(all_x)))

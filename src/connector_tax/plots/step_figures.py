@@ -16,17 +16,25 @@ def fig6(ctx: Ctx) -> Figure:
     if not ctx.taxes:
         ctx.need_taxes("fig 6")
     rate = ctx.ref.get("ref_safe")
-    cdf = (ctx.agg.get("step_cdf") or {})
+    cdf = ctx.agg.get("step_cdf") or {}
     pcts = np.array(cdf.get("percentiles") or [], float) / 100.0
     key = f"{PHASE_A}/r{float(rate):g}" if rate is not None else None
     lines = {c: (cdf.get("configs") or {}).get(c, {}).get(key) for c in ctx.configs}
     lines = {c: v for c, v in lines.items() if v}
     if not lines:
-        reasons = sorted({p.get("step_timing_reason") or "no engine_step file"
-                          for st in (ctx.agg.get("config_status") or {}).values()
-                          for ph, p in (st.get("phases") or {}).items() if ph == PHASE_A and not p.get("step_timing_available")})  # fmt: skip
-        raise Skip(f"no engine step log at ref_safe={rate} (step timing unavailable"
-                   + (f": {'; '.join(reasons)}" if reasons else "") + ")")
+        reasons = sorted(
+            {
+                p.get("step_timing_reason") or "no engine_step file"
+                for st in (ctx.agg.get("config_status") or {}).values()
+                for ph, p in (st.get("phases") or {}).items()
+                if ph == PHASE_A and not p.get("step_timing_available")
+            }
+        )
+        raise Skip(
+            f"no engine step log at ref_safe={rate} (step timing unavailable"
+            + (f": {'; '.join(reasons)}" if reasons else "")
+            + ")"
+        )
     fig = new_figure(8.0, 5.0)
     ax = fig.add_subplot()
     for c, values in lines.items():
@@ -52,11 +60,15 @@ def fig7(ctx: Ctx) -> Figure:
     safe = taxes["phase_a"].get("ref_safe") or {}
     with_steps = [c for c in ctx.configs if _step_value(safe, c, "step_p50_us")]
     if not with_steps:
-        raise Skip(f"no step-time tax at ref_safe={safe.get('rate')} (step timing unavailable for the baseline or "
-                   "every connector config: figs 6-7 need the engine step log)")  # fmt: skip
+        raise Skip(
+            f"no step-time tax at ref_safe={safe.get('rate')} (step timing unavailable for the baseline or "
+            "every connector config: figs 6-7 need the engine step log)"
+        )
     if NOOP not in ctx.configs or NOOP not in with_steps:
-        raise Skip(f"{NOOP} did not run (or has no step log at ref_safe): framework cost cannot be separated; "
-                   "the tax is reported as one number per config")  # fmt: skip
+        raise Skip(
+            f"{NOOP} did not run (or has no step log at ref_safe): framework cost cannot be separated; "
+            "the tax is reported as one number per config"
+        )
     fw = _step_value(safe, NOOP, "step_p50_us")["value"]  # type: ignore[index]
     names = with_steps
     fig = new_figure(11.0, 4.8)
@@ -64,13 +76,24 @@ def fig7(ctx: Ctx) -> Figure:
     x = np.arange(len(names))
     impl = [(_step_value(safe, c, "step_p50_us")["value"] - fw) if c != NOOP else 0.0 for c in names]  # type: ignore[index]
     ax1.bar(x, [fw] * len(names), 0.6, color="0.75", hatch="..", edgecolor="0.3", linewidth=0.6)
-    ax1.bar(x, impl, 0.6, bottom=[fw] * len(names), color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6)
+    ax1.bar(
+        x, impl, 0.6, bottom=[fw] * len(names), color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6
+    )
     ax1.set_title("framework (noop_connector) vs implementation")
     cb = [(_step_value(safe, c, "callback_p50_us") or {"value": 0.0})["value"] for c in names]
     un = [(_step_value(safe, c, "unattributed_p50_us") or {"value": 0.0})["value"] for c in names]
     ax2.bar(x, cb, 0.6, color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6)
-    ax2.bar(x, un, 0.6, bottom=cb, color=[ctx.palette(c) for c in names], alpha=0.45, hatch="//", edgecolor="0.3",
-            linewidth=0.6)  # fmt: skip
+    ax2.bar(
+        x,
+        un,
+        0.6,
+        bottom=cb,
+        color=[ctx.palette(c) for c in names],
+        alpha=0.45,
+        hatch="//",
+        edgecolor="0.3",
+        linewidth=0.6,
+    )
     ax2.set_title("callback-attributable vs unattributed")
     for ax in (ax1, ax2):
         ax.axhline(0, color="0.2", lw=0.8)
@@ -80,12 +103,18 @@ def fig7(ctx: Ctx) -> Figure:
         ax.set_ylabel(f"tax step p50 vs {taxes['baseline']} (µs)")
         ax.grid(True, axis="y", alpha=0.3)
     # Below the axes, never over bars (the tallest bar's height is not known in advance).
-    fig.legend(handles=[Patch(facecolor="0.75", hatch="..", edgecolor="0.3", label="framework = tax(noop_connector)"),
-                        Patch(facecolor="0.45", label="implementation = tax(X) - tax(noop), config colour"),
-                        Patch(facecolor="0.45", label="callbacks: build_meta + get_finished + start_load_kv (p50)"),
-                        Patch(facecolor="0.45", alpha=0.45, hatch="//", label="unattributed = tax_step - tax_callback")]
-               + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
-               loc="outside lower center", ncol=3, fontsize=7)  # fmt: skip
+    fig.legend(
+        handles=[
+            Patch(facecolor="0.75", hatch="..", edgecolor="0.3", label="framework = tax(noop_connector)"),
+            Patch(facecolor="0.45", label="implementation = tax(X) - tax(noop), config colour"),
+            Patch(facecolor="0.45", label="callbacks: build_meta + get_finished + start_load_kv (p50)"),
+            Patch(facecolor="0.45", alpha=0.45, hatch="//", label="unattributed = tax_step - tax_callback"),
+        ]
+        + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
+        loc="outside lower center",
+        ncol=3,
+        fontsize=7,
+    )
     fig.suptitle(ctx.title(f"Fig. 7: per-step tax decomposition at ref_safe = {safe.get('rate'):g} req/s"))
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig

@@ -62,20 +62,48 @@ def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
     CPU study is never taken for a GPU's."""
     if not simulated:
         if served_by:
-            fig.text(0.005, 0.005, f"served by {served_by}", fontsize=7, color="0.25", ha="left", va="bottom",
-                     transform=fig.transFigure, gid="served-by-stamp")  # fmt: skip
+            fig.text(
+                0.005,
+                0.005,
+                f"served by {served_by}",
+                fontsize=7,
+                color="0.25",
+                ha="left",
+                va="bottom",
+                transform=fig.transFigure,
+                gid="served-by-stamp",
+            )
         return
-    fig.text(0.5, 0.5, SIM_TEXT, fontsize=56, color="red", alpha=0.13, rotation=25, ha="center", va="center",
-             transform=fig.transFigure, zorder=0, gid="simulated-stamp")  # fmt: skip
-    fig.text(0.995, 0.005, "simulated data (backend sim)", fontsize=7, color="red", ha="right", va="bottom",
-             transform=fig.transFigure)  # fmt: skip
+    fig.text(
+        0.5,
+        0.5,
+        SIM_TEXT,
+        fontsize=56,
+        color="red",
+        alpha=0.13,
+        rotation=25,
+        ha="center",
+        va="center",
+        transform=fig.transFigure,
+        zorder=0,
+        gid="simulated-stamp",
+    )
+    fig.text(
+        0.995,
+        0.005,
+        "simulated data (backend sim)",
+        fontsize=7,
+        color="red",
+        ha="right",
+        va="bottom",
+        transform=fig.transFigure,
+    )
 
 
 def notice(name: str, reason: str, simulated: bool) -> Figure:
     """The file of a figure that could not be drawn: its name and why, in words, no axes."""
     fig = new_figure(7.0, 2.2)
-    fig.text(0.5, 0.62, f"{name}: not drawn", ha="center", va="center", fontsize=13, weight="bold",
-             gid="not-drawn")  # fmt: skip
+    fig.text(0.5, 0.62, f"{name}: not drawn", ha="center", va="center", fontsize=13, weight="bold", gid="not-drawn")
     fig.text(0.5, 0.35, "\n".join(textwrap.wrap(reason, 90)[:4]), ha="center", va="center", fontsize=9)
     stamp(fig, simulated)
     return fig
@@ -89,10 +117,14 @@ def describe(fig: Figure) -> dict[str, Any]:
             axes.append({"colorbar": True, "ylabel": ax.get_ylabel(), "xlabel": ax.get_xlabel()})
             continue
         legends = [c for c in ax.get_children() if isinstance(c, Legend)]
-        axes.append({
-            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-            "legend": [t.get_text() for lg in legends for t in lg.get_texts()],
-        })  # fmt: skip
+        axes.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "legend": [t.get_text() for lg in legends for t in lg.get_texts()],
+            }
+        )
     sup = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""  # noqa: SLF001
     texts = [t.get_text() for t in fig.texts]
     return {"suptitle": sup, "axes": axes, "texts": texts}

@@ -24,22 +24,31 @@ def _bar_err(est: dict[str, Any] | None, scale: float = 100.0) -> tuple[float, l
 
 def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
     taxes = ctx.need_taxes("fig 4")
-    safe = (taxes["phase_a"].get("ref_safe") or {})
-    load = (taxes["phase_a"].get("ref_load") or {})
+    safe = taxes["phase_a"].get("ref_safe") or {}
+    load = taxes["phase_a"].get("ref_load") or {}
     names = [c for c in ctx.configs if c in (safe.get("configs") or {}) or c in (load.get("configs") or {})]
     if not safe.get("configs"):
-        raise Skip("no tax at ref_safe: " + ("; ".join(f"{k}: {v}" for k, v in (safe.get("missing") or {}).items())
-                                            or f"no Phase A cell at ref_safe={safe.get('rate')}"))  # fmt: skip
+        raise Skip(
+            "no tax at ref_safe: "
+            + (
+                "; ".join(f"{k}: {v}" for k, v in (safe.get("missing") or {}).items())
+                or f"no Phase A cell at ref_safe={safe.get('rate')}"
+            )
+        )
     has_load = bool(load.get("configs"))
     if not has_load:
         skipped["fig4_ref_load_bars"] = "no tax at ref_load: " + (
-            "; ".join(f"{k}: {v}" for k, v in (load.get("missing") or {}).items()) or f"no Phase A cell at {load.get('rate')}")
+            "; ".join(f"{k}: {v}" for k, v in (load.get("missing") or {}).items())
+            or f"no Phase A cell at {load.get('rate')}"
+        )
     fig = new_figure(12.0, 4.8)
     axes = fig.subplots(1, 2)
     width = 0.38 if has_load else 0.6
     x = np.arange(len(names))
     for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
-        for j, (entry, hatch, alpha, tag) in enumerate(((safe, None, 0.95, "ref_safe"), (load, "//", 0.55, "ref_load"))):
+        for j, (entry, hatch, alpha, tag) in enumerate(
+            ((safe, None, 0.95, "ref_safe"), (load, "//", 0.55, "ref_load"))
+        ):
             if tag == "ref_load" and not has_load:
                 continue
             vals, errs = [], []
@@ -48,8 +57,18 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
                 vals.append(v)
                 errs.append(e)
             off = (j - 0.5) * width if has_load else 0.0
-            ax.bar(x + off, vals, width, yerr=np.array(errs).T, capsize=2, color=[ctx.palette(c) for c in names],
-                   alpha=alpha, hatch=hatch, edgecolor="0.2", linewidth=0.6)  # fmt: skip
+            ax.bar(
+                x + off,
+                vals,
+                width,
+                yerr=np.array(errs).T,
+                capsize=2,
+                color=[ctx.palette(c) for c in names],
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor="0.2",
+                linewidth=0.6,
+            )
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -59,8 +78,15 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
         ax.grid(True, axis="y", alpha=0.3)
     handles = [Patch(facecolor="0.6", edgecolor="0.2", label=f"ref_safe = {safe.get('rate'):g} req/s (pure tax)")]
     if has_load:
-        handles.append(Patch(facecolor="0.6", edgecolor="0.2", hatch="//", alpha=0.55,
-                             label=f"ref_load = {load.get('rate'):g} req/s (tax + queueing)"))  # fmt: skip
+        handles.append(
+            Patch(
+                facecolor="0.6",
+                edgecolor="0.2",
+                hatch="//",
+                alpha=0.55,
+                label=f"ref_load = {load.get('rate'):g} req/s (tax + queueing)",
+            )
+        )
     handles += [Patch(facecolor=ctx.palette(c), label=c) for c in names]
     axes[1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle(ctx.title("Fig. 4: substrate tax at ref_safe and ref_load (Phase A)"))
@@ -75,8 +101,10 @@ def fig4b(ctx: Ctx) -> Figure:
     base = (taxes.get(PHASE_B) or {}).get("cells") or {}
     shared = [s for s in prime if s in base and prime[s]["configs"]]
     if not shared:
-        raise Skip("no Phase B' taxes (Phase B' did not run: ref_load == ref_safe, or no phase_b_prime cells "
-                   "for the baseline and another config)")  # fmt: skip
+        raise Skip(
+            "no Phase B' taxes (Phase B' did not run: ref_load == ref_safe, or no phase_b_prime cells "
+            "for the baseline and another config)"
+        )
     names = [c for c in ctx.configs if any(c in prime[s]["configs"] for s in shared)]
     fig = new_figure(4.0 + 2.6 * len(shared), 4.6)
     axes = np.atleast_1d(fig.subplots(1, len(shared), sharey=True))
@@ -84,8 +112,18 @@ def fig4b(ctx: Ctx) -> Figure:
     for ax, s in zip(axes, shared):
         for j, (cells, hatch, alpha) in enumerate(((base, None, 0.95), (prime, "//", 0.55))):
             vals, errs = zip(*[_bar_err(((cells[s]["configs"].get(c)) or {}).get("ttft_p90")) for c in names])
-            ax.bar(x + (j - 0.5) * 0.38, vals, 0.38, yerr=np.array(errs).T, capsize=2, hatch=hatch, alpha=alpha,
-                   color=[ctx.palette(c) for c in names], edgecolor="0.2", linewidth=0.6)  # fmt: skip
+            ax.bar(
+                x + (j - 0.5) * 0.38,
+                vals,
+                0.38,
+                yerr=np.array(errs).T,
+                capsize=2,
+                hatch=hatch,
+                alpha=alpha,
+                color=[ctx.palette(c) for c in names],
+                edgecolor="0.2",
+                linewidth=0.6,
+            )
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -94,10 +132,19 @@ def fig4b(ctx: Ctx) -> Figure:
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylabel(f"tax TTFT p90 vs {taxes['baseline']} (%)")
     rs, rl = taxes[PHASE_B].get("rates") or [], taxes[PHASE_B_PRIME].get("rates") or []
-    axes[-1].legend(handles=[Patch(facecolor="0.6", label=f"Phase B (ref_safe {', '.join(f'{r:g}' for r in rs)} req/s)"),
-                             Patch(facecolor="0.6", hatch="//", alpha=0.55,
-                                   label=f"Phase B' (ref_load {', '.join(f'{r:g}' for r in rl)} req/s)")]
-                    + [Patch(facecolor=ctx.palette(c), label=c) for c in names], fontsize=7)  # fmt: skip
+    axes[-1].legend(
+        handles=[
+            Patch(facecolor="0.6", label=f"Phase B (ref_safe {', '.join(f'{r:g}' for r in rs)} req/s)"),
+            Patch(
+                facecolor="0.6",
+                hatch="//",
+                alpha=0.55,
+                label=f"Phase B' (ref_load {', '.join(f'{r:g}' for r in rl)} req/s)",
+            ),
+        ]
+        + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
+        fontsize=7,
+    )
     fig.suptitle(ctx.title("Fig. 4b: TTFT p90 tax per shape, ref_safe (Phase B) vs ref_load (Phase B')"))
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
@@ -107,11 +154,17 @@ def fig5(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 5")
     cells = (taxes.get(PHASE_B) or {}).get("cells") or {}
     shaped = {k: v for k, v in cells.items() if v.get("input") is not None and v.get("output") is not None}
-    names = [c for c in ctx.configs if c != ctx.baseline and any(
-        ((v["configs"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())]
+    names = [
+        c
+        for c in ctx.configs
+        if c != ctx.baseline
+        and any(((v["configs"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())
+    ]
     if not names:
-        raise Skip("no Phase B tax on an input x output shape grid (Phase B missing for the baseline or every other "
-                   "config, or shapes are mixes/patterns)")  # fmt: skip
+        raise Skip(
+            "no Phase B tax on an input x output shape grid (Phase B missing for the baseline or every other "
+            "config, or shapes are mixes/patterns)"
+        )
     inputs = sorted({v["input"] for v in shaped.values()})
     outputs = sorted({v["output"] for v in shaped.values()})
     grids = {}
@@ -127,7 +180,7 @@ def fig5(ctx: Ctx) -> Figure:
     nrows = -(-len(names) // ncols)
     fig = new_figure(2.0 + 3.0 * ncols, 0.8 + 3.0 * nrows)
     grid = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
-    for ax in grid[len(names):]:
+    for ax in grid[len(names) :]:
         ax.set_visible(False)
     axes = grid[: len(names)]
     im = None
@@ -151,8 +204,6 @@ def fig5(ctx: Ctx) -> Figure:
     fig.suptitle(ctx.title(f"Fig. 5: TTFT p90 tax by shape (Phase B at {', '.join(f'{r:g}' for r in rates)} req/s)"))
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
-
-
 
 
 def fig8(ctx: Ctx) -> Figure:
@@ -187,10 +238,18 @@ def fig8(ctx: Ctx) -> Figure:
         ax.set_title(label)
         ax.grid(True, axis="y", alpha=0.3)
     rel = ((h4.get("numbers") or {}).get("rel_dev") or {}).get("value")
-    fig.legend(handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
-               + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
-               loc="outside lower center", ncol=2, fontsize=7)  # fmt: skip
-    fig.suptitle(ctx.title(f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
-                           f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")))
+    fig.legend(
+        handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
+        + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
+        loc="outside lower center",
+        ncol=2,
+        fontsize=7,
+    )
+    fig.suptitle(
+        ctx.title(
+            f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
+            f"verdict {h4.get('verdict', 'n/a')}" + (f", rel. dev. {rel:+.2f}" if rel is not None else "")
+        )
+    )
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig

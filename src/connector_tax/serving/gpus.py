@@ -27,16 +27,21 @@ def visible_gpus() -> list[str]:
         return [d for d in env.split(",") if d.strip()]
     if shutil.which("nvidia-smi") is None:
         return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+    )
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def memory_used_mib(gpu: str) -> int | None:
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     try:
         return int(out.stdout.strip().splitlines()[0])
     except (ValueError, IndexError):

@@ -142,8 +142,10 @@ def private_dir(name: str) -> Path:
             pass
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise RuntimeError(f"{folder}: not a private directory of this user (mode {oct(info.st_mode)}, "
-                               f"owner {info.st_uid}); remove it or set CONNECTOR_TAX_LOCKS")  # fmt: skip
+            raise RuntimeError(
+                f"{folder}: not a private directory of this user (mode {oct(info.st_mode)}, "
+                f"owner {info.st_uid}); remove it or set CONNECTOR_TAX_LOCKS"
+            )
     return root / name
 
 

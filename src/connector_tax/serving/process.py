@@ -24,7 +24,6 @@ import psutil
 from connector_tax.launch.spec import LaunchSpec
 from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent
 
-
 # How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
@@ -172,7 +171,9 @@ class ServerProcess:
         script = self.spec.script()
         if self.cpus:
             cpus = ",".join(map(str, self.cpus))
-            script += f"# launched pinned to CPUs {cpus} (as by taskset -c {cpus}), off the load generator's worker cores\n"
+            script += (
+                f"# launched pinned to CPUs {cpus} (as by taskset -c {cpus}), off the load generator's worker cores\n"
+            )
         (self.log_dir / "launch.sh").write_text(script, encoding="utf-8")
 
     def wait_ready(self, timeout_s: float) -> None:

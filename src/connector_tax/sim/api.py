@@ -251,9 +251,7 @@ class SimApp:
             sent += len(tokens)
             finished = stream.finished and not stream.pending
             reason = request.finish_reason if finished else None
-            chunk_usage = (
-                usage(request.prompt_len, sent) if gen.continuous_usage else None
-            )
+            chunk_usage = usage(request.prompt_len, sent) if gen.continuous_usage else None
             text = "".join(detokenize(t) for t in tokens)
             chunk = text_chunk(ids, text, reason, chunk_usage, usage_follows=gen.include_usage)
             if self.dice.malformed_chunk():

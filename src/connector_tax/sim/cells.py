@@ -71,8 +71,9 @@ def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) 
         rate = reference.get(key)
         if rate is not None:
             load = _load(template)
-            loads[rate_label(rate)] = Load(PHASE_A, rate_label(rate), float(rate), load.shape, load.arrival,
-                                           load.gamma_shape)  # fmt: skip
+            loads[rate_label(rate)] = Load(
+                PHASE_A, rate_label(rate), float(rate), load.shape, load.arrival, load.gamma_shape
+            )
     out = list(loads.values())
     if workload.get("phase_b"):
         out += [_load(c) for c in phase_b_cells(study, name, reference)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 
-
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False):
     def parse(text: str) -> float:
         try:
@@ -38,16 +37,22 @@ FAULT_FLAGS: dict[str, tuple[object, str]] = {
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--connector", required=True, metavar="NAME",
-                        help="the config (server variant) of the study to serve, e.g. mooncake_both")
+    parser.add_argument(
+        "--connector",
+        required=True,
+        metavar="NAME",
+        help="the config (server variant) of the study to serve, e.g. mooncake_both",
+    )
     parser.add_argument("--config", metavar="FILE", help="study config (default: configs/default.yaml)")
     parser.add_argument("--host", help="address to bind (default: the config's server.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
     parser.add_argument("--ready-file", metavar="PATH", help="also write the 'ready http://HOST:PORT' line here")
-    parser.add_argument("--step-log", metavar="PATH",
-                        help="per-step JSONL log (default: $CONNECTOR_TAX_STEP_LOG, else none)")
-    parser.add_argument("--request-log", metavar="PATH",
-                        help="per-request JSONL of the server's own first/last token times")
+    parser.add_argument(
+        "--step-log", metavar="PATH", help="per-step JSONL log (default: $CONNECTOR_TAX_STEP_LOG, else none)"
+    )
+    parser.add_argument(
+        "--request-log", metavar="PATH", help="per-request JSONL of the server's own first/last token times"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
     faults = parser.add_argument_group("faults (override the config's sim.faults)")
     for name, (kind, help_text) in FAULT_FLAGS.items():

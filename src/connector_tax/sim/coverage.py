@@ -23,7 +23,7 @@ from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.config import find_variant
 from connector_tax.sim.cells import CellRun, Load, run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.truth import METRICS, hypotheses_of, tax_estimates
+from connector_tax.sim.truth import hypotheses_of, tax_estimates
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,25 @@ class CoverageSettings:
 def cell_row(run: CellRun, config: str, load: Load) -> dict[str, Any]:
     """A cell's row as cellstats gives it: p90s with their batch-means 95% intervals."""
     pair = load.pair
-    row: dict[str, Any] = {"config": config, "phase": load.phase, "cell": load.label, "rate": load.rate,
-                           "input_len": pair[0] if pair else None, "output_len": pair[1] if pair else None,
-                           "valid": True}  # fmt: skip
+    row: dict[str, Any] = {
+        "config": config,
+        "phase": load.phase,
+        "cell": load.label,
+        "rate": load.rate,
+        "input_len": pair[0] if pair else None,
+        "output_len": pair[1] if pair else None,
+        "valid": True,
+    }
     for m, values in (("ttft_ms", run.ttft_ms), ("tpot_ms", run.tpot_ms)):
         est, lo, hi = percentile_ci(values, 90)
-        row.update({f"{m}_p90": est, f"{m}_p90_ci_lo": lo, f"{m}_p90_ci_hi": hi,
-                    f"{m}_n": int(np.count_nonzero(~np.isnan(values)))})  # fmt: skip
+        row.update(
+            {
+                f"{m}_p90": est,
+                f"{m}_p90_ci_lo": lo,
+                f"{m}_p90_ci_hi": hi,
+                f"{m}_n": int(np.count_nonzero(~np.isnan(values))),
+            }
+        )
     return row
 
 
@@ -53,8 +65,13 @@ def _cell(job: tuple[dict[str, Any], str, Load, int, CoverageSettings]) -> dict[
     settings = resolve(config, find_variant(config, name), {})
     warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rate))
-    run = run_cell(settings, load, warmup + cs.requests, seed_for(seed, load, 0, config=name),
-                   ignore_eos=config["workload"].get("ignore_eos", True))  # fmt: skip
+    run = run_cell(
+        settings,
+        load,
+        warmup + cs.requests,
+        seed_for(seed, load, 0, config=name),
+        ignore_eos=config["workload"].get("ignore_eos", True),
+    )
     return {"seed": seed, **cell_row(run.after(warmup), name, load)}
 
 
@@ -71,25 +88,38 @@ def score(rows: list[dict[str, Any]], truth: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"taxes": {}, "hypotheses": {}}
     for key, est in tax_estimates(taxes).items():
         if key in true_tax and est.get("value") is not None:
-            out["taxes"]["/".join(key)] = {"value": est["value"], "ci": est.get("ci"),
-                                           "covered": _covers(est.get("ci"), true_tax[key])}  # fmt: skip
+            out["taxes"]["/".join(key)] = {
+                "value": est["value"],
+                "ci": est.get("ci"),
+                "covered": _covers(est.get("ci"), true_tax[key]),
+            }
     for hid, h in hyps.items():
         t = truth["hypotheses"][hid]
         if h.get("value") is None or t.get("value") is None:
             continue
-        out["hypotheses"][hid] = {"value": h["value"], "ci": h.get("ci"), "verdict": h["verdict"],
-                                  "agrees": h["verdict"] == t["verdict"], "confidence": h.get("confidence"),
-                                  "covered": _covers(h.get("ci"), t["value"])}  # fmt: skip
+        out["hypotheses"][hid] = {
+            "value": h["value"],
+            "ci": h.get("ci"),
+            "verdict": h["verdict"],
+            "agrees": h["verdict"] == t["verdict"],
+            "confidence": h.get("confidence"),
+            "covered": _covers(h.get("ci"), t["value"]),
+        }
     return out
 
 
-def run_coverage(config: dict[str, Any], truth: dict[str, Any], cs: CoverageSettings,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_coverage(
+    config: dict[str, Any], truth: dict[str, Any], cs: CoverageSettings, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """`cs.seeds` short studies at the truth's reference rates, each scored against it."""
     names, reference = truth["configs"], truth["reference"]
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
-    jobs = [(config, name, load, seed, cs) for seed in seeds for name in names
-            for load in study_loads(config, name, reference)]  # fmt: skip
+    jobs = [
+        (config, name, load, seed, cs)
+        for seed in seeds
+        for name in names
+        for load in study_loads(config, name, reference)
+    ]
     pool = ProcessPoolExecutor(cs.jobs) if cs.jobs > 1 else None
     try:
         rows = list(pool.map(_cell, jobs, chunksize=8) if pool else map(_cell, jobs))
@@ -115,9 +145,13 @@ def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             entries = [s[kind][key] for s in per_seed if key in s[kind]]
             judged = [e["covered"] for e in entries if e["covered"] is not None]
             halves = [(e["ci"][1] - e["ci"][0]) / 2 for e in entries if e.get("ci") and None not in e["ci"]]
-            table[key] = {"n": len(entries), "with_ci": len(judged), "covered": int(sum(judged)),
-                          "coverage": sum(judged) / len(judged) if judged else None,
-                          "median_half_width": float(np.median(halves)) if halves else None}  # fmt: skip
+            table[key] = {
+                "n": len(entries),
+                "with_ci": len(judged),
+                "covered": int(sum(judged)),
+                "coverage": sum(judged) / len(judged) if judged else None,
+                "median_half_width": float(np.median(halves)) if halves else None,
+            }
             if kind == "hypotheses":
                 table[key]["agrees"] = sum(e["agrees"] for e in entries)
                 table[key]["confident"] = sum(e.get("confidence") == "confident" for e in entries)

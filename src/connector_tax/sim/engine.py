@@ -162,9 +162,7 @@ class EngineCore:
             if budget <= 0 or len(self.running) >= self.settings.max_num_seqs:
                 break
             if req.num_computed == 0:
-                hits = self.pool.match_prefix(
-                    req.request_id, req.hashes(block_size), req.prompt_len
-                )
+                hits = self.pool.match_prefix(req.request_id, req.hashes(block_size), req.prompt_len)
                 req.num_computed = hits
                 req.num_cached_tokens = hits
             remaining = req.total_tokens - req.num_computed

@@ -23,7 +23,7 @@ class FaultSettings:
     after_requests: int = 0  # the per-request faults spare this many first requests (a preflight's)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "FaultSettings":
+    def from_dict(cls, values: dict[str, Any]) -> FaultSettings:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known and v is not None})
 

@@ -91,7 +91,9 @@ def _lax(key: str, value: Any, kind: type) -> Any:
             return bool(value)
         if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
             return value.lower() in _TRUE
-        raise validation_error("bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input", value)
+        raise validation_error(
+            "bool_parsing", f"body.{key}", "Input should be a valid boolean, unable to interpret input", value
+        )
     if isinstance(value, bool) and kind is not str:
         return int(value) if kind is int else float(value)
     if kind is int:
@@ -103,8 +105,12 @@ def _lax(key: str, value: Any, kind: type) -> Any:
             try:
                 return int(value.strip())
             except ValueError:
-                raise validation_error("int_parsing", f"body.{key}",
-                                       "Input should be a valid integer, unable to parse string as an integer", value) from None
+                raise validation_error(
+                    "int_parsing",
+                    f"body.{key}",
+                    "Input should be a valid integer, unable to parse string as an integer",
+                    value,
+                ) from None
     if kind is float:
         if isinstance(value, (int, float)):
             return float(value)
@@ -112,8 +118,12 @@ def _lax(key: str, value: Any, kind: type) -> Any:
             try:
                 return float(value.strip())
             except ValueError:
-                raise validation_error("float_parsing", f"body.{key}",
-                                       "Input should be a valid number, unable to parse string as a number", value) from None
+                raise validation_error(
+                    "float_parsing",
+                    f"body.{key}",
+                    "Input should be a valid number, unable to parse string as a number",
+                    value,
+                ) from None
     if isinstance(value, kind):
         return value
     raise validation_error(f"{word}_type", f"body.{key}", f"Input should be a valid {word}", value)
@@ -132,9 +142,7 @@ def _prompt_token_ids(prompt: Any) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         ids = tokenize(prompt)
-    elif isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise vllm_error("The simulator serves one prompt per request.", "prompt")
@@ -143,7 +151,9 @@ def _prompt_token_ids(prompt: Any) -> list[int]:
     if not ids:
         raise vllm_error(MISSING_PROMPT, "prompt")
     if any(t < 0 for t in ids):
-        raise validation_error("greater_than_equal", "body.prompt", "Input should be greater than or equal to 0", prompt)
+        raise validation_error(
+            "greater_than_equal", "body.prompt", "Input should be greater than or equal to 0", prompt
+        )
     return list(ids)
 
 
@@ -158,18 +168,23 @@ def _chat_token_ids(messages: Any) -> list[int]:
         if isinstance(content, list):  # content parts: keep the text ones
             texts = [p.get("text", "") for p in content if isinstance(p, dict)]
             if not all(isinstance(t, str) for t in texts):
-                raise validation_error("string_type", f"body.messages.{i}.content", "Input should be a valid string", content)
+                raise validation_error(
+                    "string_type", f"body.messages.{i}.content", "Input should be a valid string", content
+                )
             content = "".join(texts)
         if not isinstance(content, str):
-            raise validation_error("string_type", f"body.messages.{i}.content", "Input should be a valid string", content)
+            raise validation_error(
+                "string_type", f"body.messages.{i}.content", "Input should be a valid string", content
+            )
         rendered.append({"role": message["role"], "content": content})
     return tokenize(chat_prompt(rendered))
 
 
 def _decode(raw: bytes, content_type: str | None) -> dict[str, Any]:
     if content_type is None or content_type.split(";")[0].strip().lower() != "application/json":
-        raise ApiError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-                       err_type="Bad Request")  # fmt: skip
+        raise ApiError(
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request"
+        )
     if not raw.strip():
         raise validation_error("missing", "body", "Field required", None)
     try:
@@ -182,9 +197,11 @@ def _decode(raw: bytes, content_type: str | None) -> dict[str, Any]:
         raise ApiError("There was an error parsing the body", err_type="Bad Request") from None
     if not isinstance(body, dict):
         raise validation_error(
-            "model_attributes_type", "body",
-            "Input should be a valid dictionary or object to extract fields from", body,
-        )  # fmt: skip
+            "model_attributes_type",
+            "body",
+            "Input should be a valid dictionary or object to extract fields from",
+            body,
+        )
     return body
 
 

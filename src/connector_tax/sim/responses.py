@@ -65,17 +65,28 @@ def text_chunk(
     """One content chunk; the last one carries finish_reason (vLLM has no separate finish chunk)."""
     last = finish_reason is not None
     if ids.chat:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None,
-                                  "finish_reason": finish_reason}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         if last:
             choice["stop_reason"] = None
         choice["token_ids"] = None
         if last:
             choice["weight_versions"] = None
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                  "stop_reason": None, "prompt_token_ids": None, "token_ids": None,
-                  "weight_versions": None}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_token_ids": None,
+            "token_ids": None,
+            "weight_versions": None,
+        }
     body: dict[str, Any] = {**ids.head(), "choices": [choice]}
     if chunk_usage is not None:
         body["usage"] = chunk_usage
@@ -92,20 +103,55 @@ def usage_chunk(ids: ResponseIds, final_usage: dict[str, int]) -> bytes:
 def full_response(ids: ResponseIds, text: str, finish_reason: str, final_usage: dict[str, int]) -> bytes:
     full_usage = {**final_usage, "prompt_tokens_details": None, "completion_tokens_details": None}
     if ids.chat:
-        message = {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                   "audio": None, "function_call": None, "reasoning": None}  # fmt: skip
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": finish_reason, "stop_reason": None, "token_ids": None,
-                                  "routed_experts": None, "weight_versions": None}  # fmt: skip
-        body: dict[str, Any] = {**ids.head("chat.completion"), "choices": [choice], "service_tier": None,
-                                "system_fingerprint": ids.fingerprint, "usage": full_usage,
-                                "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None}  # fmt: skip
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
+            "weight_versions": None,
+        }
+        body: dict[str, Any] = {
+            **ids.head("chat.completion"),
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": ids.fingerprint,
+            "usage": full_usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+        }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                  "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                  "prompt_token_ids": None, "routed_experts": None, "weight_versions": None}  # fmt: skip
-        body = {**ids.head("text_completion"), "choices": [choice], "service_tier": None,
-                "system_fingerprint": ids.fingerprint, "usage": full_usage}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
+            "weight_versions": None,
+        }
+        body = {
+            **ids.head("text_completion"),
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": ids.fingerprint,
+            "usage": full_usage,
+        }
     body.update({"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None})
     return dumps(body).encode()
 
@@ -113,11 +159,27 @@ def full_response(ids: ResponseIds, text: str, finish_reason: str, final_usage: 
 def models_body(model: str, root: str, max_model_len: int, permission_id: str) -> bytes:
     created = int(time.time())
     permission = {
-        "id": permission_id, "object": "model_permission", "created": created,
-        "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-        "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-        "organization": "*", "group": None, "is_blocking": False,
-    }  # fmt: skip
-    card = {"id": model, "object": "model", "created": created, "owned_by": "vllm", "root": root,
-            "parent": None, "max_model_len": max_model_len, "permission": [permission]}  # fmt: skip
+        "id": permission_id,
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [permission],
+    }
     return dumps({"object": "list", "data": [card]}).encode()

@@ -23,13 +23,13 @@ import uvloop
 
 from connector_tax.config import ConfigError, default_config_path, find_variant, load_config
 from connector_tax.sim.api import SimApp
+from connector_tax.sim.cli_args import FAULT_FLAGS
 from connector_tax.sim.engine import EngineCore
 from connector_tax.sim.faults import FaultDice, FaultSettings
 from connector_tax.sim.metrics import SimMetrics
 from connector_tax.sim.runner import EngineRunner
 from connector_tax.sim.settings import SimSettings, resolve
 from connector_tax.sim.steplog import STEP_LOG_ENV, StepLog
-from connector_tax.sim.cli_args import FAULT_FLAGS
 
 CRASH_EXIT_CODE = 70
 FAIL_START_EXIT_CODE = 3

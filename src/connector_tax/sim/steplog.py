@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import IO
 
-from connector_tax.sim.engine import StepResult
 from connector_tax.contract.records import STEP_LOG_ENV
+from connector_tax.sim.engine import StepResult
 
 __all__ = ["STEP_LOG_ENV", "StepLog", "step_record"]
 

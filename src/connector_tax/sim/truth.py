@@ -69,16 +69,28 @@ class Series:
         return t975(len(reps) - 1) * float(reps.std(ddof=1)) / math.sqrt(len(reps)) if len(reps) > 1 else math.inf
 
 
-def _replicate(job: tuple[dict[str, Any], str, Load, int, TruthSettings]) -> tuple[str, str, int, dict[str, np.ndarray]]:
+def _replicate(
+    job: tuple[dict[str, Any], str, Load, int, TruthSettings],
+) -> tuple[str, str, int, dict[str, np.ndarray]]:
     config, name, load, rep, ts = job
     settings = resolve(config, find_variant(config, name), {})
-    run = run_cell(settings, load, ts.warmup + ts.requests, seed_for(ts.seed, load, rep),
-                   ignore_eos=config["workload"].get("ignore_eos", True)).after(ts.warmup)  # fmt: skip
+    run = run_cell(
+        settings,
+        load,
+        ts.warmup + ts.requests,
+        seed_for(ts.seed, load, rep),
+        ignore_eos=config["workload"].get("ignore_eos", True),
+    ).after(ts.warmup)
     return name, load.key, rep, {"ttft_ms": run.ttft_ms.astype(np.float32), "tpot_ms": run.tpot_ms.astype(np.float32)}
 
 
-def simulate(config: dict[str, Any], reference: dict[str, float], configs: list[str], ts: TruthSettings,
-             progress: Callable[[str], None] | None = None) -> dict[tuple[str, str], Series]:  # fmt: skip
+def simulate(
+    config: dict[str, Any],
+    reference: dict[str, float],
+    configs: list[str],
+    ts: TruthSettings,
+    progress: Callable[[str], None] | None = None,
+) -> dict[tuple[str, str], Series]:
     """Replicate every (configuration, load) of the study until the precision is reached."""
     series = {(name, load.key): Series(name, load) for name in configs for load in study_loads(config, name, reference)}
     done, target = 0, min(ts.min_replications, ts.max_replications)
@@ -106,16 +118,26 @@ def simulate(config: dict[str, Any], reference: dict[str, float], configs: list[
 
 def _row(s: Series, p90: dict[str, float], n: int) -> dict[str, Any]:
     pair = s.load.pair
-    row: dict[str, Any] = {"config": s.config, "phase": s.load.phase, "cell": s.load.label, "rate": s.load.rate,
-                           "input_len": pair[0] if pair else None, "output_len": pair[1] if pair else None,
-                           "valid": True}  # fmt: skip
+    row: dict[str, Any] = {
+        "config": s.config,
+        "phase": s.load.phase,
+        "cell": s.load.label,
+        "rate": s.load.rate,
+        "input_len": pair[0] if pair else None,
+        "output_len": pair[1] if pair else None,
+        "valid": True,
+    }
     for m in METRICS:
         row.update({f"{m}_p90": p90[m], f"{m}_p90_ci_lo": None, f"{m}_p90_ci_hi": None, f"{m}_n": n})
     return row
 
 
-def hypotheses_of(rows: list[dict[str, Any]], configs: list[str], reference: dict[str, float],
-                cis: dict[str, list[float]] | None = None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:  # fmt: skip
+def hypotheses_of(
+    rows: list[dict[str, Any]],
+    configs: list[str],
+    reference: dict[str, float],
+    cis: dict[str, list[float]] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The analysis's taxes and H1–H6 judgements of cell rows (cellstats' columns); `cis`, when
     given, replace the estimates' intervals (the oracle's come from its replications)."""
     taxes = compute_taxes(rows, configs, K.PLAIN, reference)
@@ -143,8 +165,11 @@ def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str,
     """(config, phase/cell, metric) -> the tax estimate ({"value", "ci", ...}) of a taxes document."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     cells = [(f"{K.PHASE_A}/{e.get('cell')}", e) for e in (taxes.get("phase_a") or {}).values()]
-    cells += [(f"{phase}/{label}", c) for phase in (K.PHASE_B, K.PHASE_B_PRIME)
-              for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items()]  # fmt: skip
+    cells += [
+        (f"{phase}/{label}", c)
+        for phase in (K.PHASE_B, K.PHASE_B_PRIME)
+        for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items()
+    ]
     for where, entry in cells:
         for name, t in (entry.get("configs") or {}).items():
             for m in ("ttft_p90", "tpot_p90"):
@@ -156,8 +181,13 @@ def _tax_values(taxes: dict[str, Any]) -> dict[tuple[str, str, str], float | Non
     return {k: v.get("value") for k, v in tax_estimates(taxes).items()}
 
 
-def truth(config: dict[str, Any], reference: dict[str, float], configs: list[str] | None = None,
-          ts: TruthSettings = TruthSettings(), progress: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def truth(
+    config: dict[str, Any],
+    reference: dict[str, float],
+    configs: list[str] | None = None,
+    ts: TruthSettings = TruthSettings(),
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """The oracle's document: per configuration and load the true p90s, the true taxes and
     the true H1–H6, each with its 95% interval and the margin to the design's threshold."""
     names = configs or [c["name"] for c in config["configs"]]
@@ -166,27 +196,55 @@ def truth(config: dict[str, Any], reference: dict[str, float], configs: list[str
     series = simulate(config, reference, names, ts, progress)
     reps = min(len(s.p90s["ttft_ms"]) for s in series.values())
     pooled_rows = [_row(s, {m: s.value(m) for m in METRICS}, reps * ts.requests) for s in series.values()]
-    rep_rows = [[_row(s, {m: s.p90s[m][r] for m in METRICS}, ts.requests) for s in series.values()] for r in range(reps)]
+    rep_rows = [
+        [_row(s, {m: s.p90s[m][r] for m in METRICS}, ts.requests) for s in series.values()] for r in range(reps)
+    ]
     rep_docs = [hypotheses_of(rows, names, reference) for rows in rep_rows]
     taxes, first = hypotheses_of(pooled_rows, names, reference)
-    cis = {h: _interval(first[h]["value"], [d[1][h].get("value") for d in rep_docs])
-           for h in first if first[h].get("value") is not None}  # fmt: skip
+    cis = {
+        h: _interval(first[h]["value"], [d[1][h].get("value") for d in rep_docs])
+        for h in first
+        if first[h].get("value") is not None
+    }
     _, hyps = hypotheses_of(pooled_rows, names, reference, cis)
     rep_taxes = [_tax_values(d[0]) for d in rep_docs]
     tax_rows = []
     for key, value in _tax_values(taxes).items():
         if value is not None:
-            tax_rows.append({"config": key[0], "cell": key[1], "metric": key[2], "value": value,
-                             "ci": _interval(value, [t.get(key) for t in rep_taxes])})  # fmt: skip
-    cells = [{"config": s.config, "cell": s.load.key, "rate": s.load.rate, "shape": s.load.shape,
-              **{f"{m}_p90": s.value(m) for m in METRICS},
-              **{f"{m}_p90_half_width": s.half_width(m) for m in METRICS}} for s in series.values()]  # fmt: skip
+            tax_rows.append(
+                {
+                    "config": key[0],
+                    "cell": key[1],
+                    "metric": key[2],
+                    "value": value,
+                    "ci": _interval(value, [t.get(key) for t in rep_taxes]),
+                }
+            )
+    cells = [
+        {
+            "config": s.config,
+            "cell": s.load.key,
+            "rate": s.load.rate,
+            "shape": s.load.shape,
+            **{f"{m}_p90": s.value(m) for m in METRICS},
+            **{f"{m}_p90_half_width": s.half_width(m) for m in METRICS},
+        }
+        for s in series.values()
+    ]
     for h in hyps.values():
         h["margin"] = margin(h)
-    return {"simulated": True, "study": config["study"], "reference": reference, "configs": names,
-            "method": __doc__.split("\n\n")[2].replace("\n", " "),
-            "settings": dataclasses.asdict(ts), "replications": reps, "cells": cells, "taxes": tax_rows,
-            "hypotheses": hyps}  # fmt: skip
+    return {
+        "simulated": True,
+        "study": config["study"],
+        "reference": reference,
+        "configs": names,
+        "method": __doc__.split("\n\n")[2].replace("\n", " "),
+        "settings": dataclasses.asdict(ts),
+        "replications": reps,
+        "cells": cells,
+        "taxes": tax_rows,
+        "hypotheses": hyps,
+    }
 
 
 def margin(h: dict[str, Any]) -> dict[str, float] | None:
@@ -198,5 +256,4 @@ def margin(h: dict[str, Any]) -> dict[str, float] | None:
     distance = min(abs(h["value"] - t) for t in thresholds)
     ci = h.get("ci")
     half = (ci[1] - ci[0]) / 2 if ci else None
-    return {"distance": distance, "oracle_half_width": half,
-            "in_half_widths": distance / half if half else math.inf}  # fmt: skip
+    return {"distance": distance, "oracle_half_width": half, "in_half_widths": distance / half if half else math.inf}

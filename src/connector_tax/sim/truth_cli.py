@@ -27,24 +27,56 @@ def _positive(kind: type):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TruthSettings()
-    parser.add_argument("--config", default="configs/default.yaml", metavar="FILE",
-                        help="study config (default configs/default.yaml); only backend sim has a truth")
-    parser.add_argument("--ref-safe", type=_positive(float), metavar="RATE",
-                        help="ref_safe in req/s (default: results/<study>/reference_rates.json)")
-    parser.add_argument("--ref-load", type=_positive(float), metavar="RATE",
-                        help="ref_load in req/s (default: the same file, else ref_safe)")
+    parser.add_argument(
+        "--config",
+        default="configs/default.yaml",
+        metavar="FILE",
+        help="study config (default configs/default.yaml); only backend sim has a truth",
+    )
+    parser.add_argument(
+        "--ref-safe",
+        type=_positive(float),
+        metavar="RATE",
+        help="ref_safe in req/s (default: results/<study>/reference_rates.json)",
+    )
+    parser.add_argument(
+        "--ref-load",
+        type=_positive(float),
+        metavar="RATE",
+        help="ref_load in req/s (default: the same file, else ref_safe)",
+    )
     parser.add_argument("--configs", metavar="A,B", help="only these configurations (plain is always added)")
-    parser.add_argument("--precision", type=_positive(float), default=d.precision, metavar="REL",
-                        help=f"target relative 95%% half-width of every p90 (default {d.precision})")
-    parser.add_argument("--requests", type=_positive(int), default=d.requests, metavar="N",
-                        help=f"measured requests per replication (default {d.requests})")
-    parser.add_argument("--warmup", type=_positive(int), default=d.warmup, metavar="N",
-                        help=f"requests discarded at the start of each replication (default {d.warmup})")
-    parser.add_argument("--max-replications", type=_positive(int), default=d.max_replications, metavar="N",
-                        help=f"stop here even if the precision is not reached (default {d.max_replications})")
+    parser.add_argument(
+        "--precision",
+        type=_positive(float),
+        default=d.precision,
+        metavar="REL",
+        help=f"target relative 95%% half-width of every p90 (default {d.precision})",
+    )
+    parser.add_argument(
+        "--requests",
+        type=_positive(int),
+        default=d.requests,
+        metavar="N",
+        help=f"measured requests per replication (default {d.requests})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_positive(int),
+        default=d.warmup,
+        metavar="N",
+        help=f"requests discarded at the start of each replication (default {d.warmup})",
+    )
+    parser.add_argument(
+        "--max-replications",
+        type=_positive(int),
+        default=d.max_replications,
+        metavar="N",
+        help=f"stop here even if the precision is not reached (default {d.max_replications})",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of the replications (default 0)")
     parser.add_argument("--jobs", type=_positive(int), default=1, metavar="N", help="worker processes (default 1)")
-    parser.add_argument("--json", metavar="FILE", help="also write the whole document here")  # fmt: skip
+    parser.add_argument("--json", metavar="FILE", help="also write the whole document here")
 
 
 def reference_of(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, float]:
@@ -56,7 +88,9 @@ def reference_of(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raise ValueError(f"--ref-safe: no reference rates given and none in {path} (run the reference stage, or give --ref-safe)") from None
+        raise ValueError(
+            f"--ref-safe: no reference rates given and none in {path} (run the reference stage, or give --ref-safe)"
+        ) from None
     if doc.get("ref_safe") is None:
         raise ValueError(f"--ref-safe: {path} has no ref_safe")
     ref_load = args.ref_load or doc.get("ref_load") or doc["ref_safe"]
@@ -70,16 +104,21 @@ def _pct(x: float | None) -> str:
 def render(doc: dict[str, Any]) -> str:
     ref = doc["reference"]
     s = doc["settings"]
-    lines = [f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
-             f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
-             "95% intervals from the replications", "",
-             f"{'config':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}"]  # fmt: skip
+    lines = [
+        f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
+        f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
+        "95% intervals from the replications",
+        "",
+        f"{'config':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
+    ]
     tax = {(t["config"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
     for c in doc["cells"]:
         key = (c["config"], c["cell"])
-        lines.append(f"{c['config']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
-                     f"{c['tpot_ms_p90']:9.3f} ±{c['tpot_ms_p90_half_width']:5.3f} "
-                     f"{_pct(tax.get((*key, 'ttft_p90'))):>9} {_pct(tax.get((*key, 'tpot_p90'))):>9}")  # fmt: skip
+        lines.append(
+            f"{c['config']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
+            f"{c['tpot_ms_p90']:9.3f} ±{c['tpot_ms_p90_half_width']:5.3f} "
+            f"{_pct(tax.get((*key, 'ttft_p90'))):>9} {_pct(tax.get((*key, 'tpot_p90'))):>9}"
+        )
     lines += ["", "true verdicts (the analysis's rules on the true numbers):"]
     for h in doc["hypotheses"].values():
         m = h.get("margin")
@@ -105,8 +144,14 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"ctax truth: {exc}", file=sys.stderr)
         return 2
-    ts = TruthSettings(requests=args.requests, warmup=args.warmup, precision=args.precision,
-                       max_replications=max(args.max_replications, 2), seed=args.seed, jobs=args.jobs)  # fmt: skip
+    ts = TruthSettings(
+        requests=args.requests,
+        warmup=args.warmup,
+        precision=args.precision,
+        max_replications=max(args.max_replications, 2),
+        seed=args.seed,
+        jobs=args.jobs,
+    )
     doc = truth(config, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
