@@ -16,10 +16,13 @@ records for a person to read and are redone on the next run.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from tqdm import tqdm
 
 from connector_tax.contract import PHASE_A, StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
@@ -28,7 +31,7 @@ from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_cpu import device
 from connector_tax.loadgen.affinity import plan_affinity
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions, Progress
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.plan import PlannedCell
@@ -114,32 +117,58 @@ class ServerWatch:
     def _run(self) -> None:
         start = time.monotonic()
         answered, since, shown = -1, start, start
-        while not self._stop.wait(0.5):
-            now = time.monotonic()
-            progress = self.gen.progress
-            if now - shown >= PROGRESS_S:
-                shown = now
-                ttft = progress.ttft_p50_ms()
-                print(
-                    f"  {self.name}: {now - start:.0f} s, sent {progress.issued}, completed {progress.completed}, "
-                    f"errors {progress.errors}, in flight {progress.in_flight}"
-                    + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""),
-                    flush=True,
-                )
-            if progress.completed + progress.errors != answered or progress.in_flight == 0:
-                answered, since = progress.completed + progress.errors, now
-            worked = max(self.sampler.last_work or start, start)
-            code = self.server.exited()
-            if code is not None:
-                self.failure = f"server exited with code {code} during the cell"
-            elif now - since > self.stall_s and now - worked > self.stall_s:
-                self.failure = (
-                    f"server stuck: no response and no engine work for {self.stall_s:g} s "
-                    f"with {progress.in_flight} requests in flight"
-                )
-            if self.failure:
-                self.gen.stop()
-                return
+        # By hand in a terminal: a live bar; under snakemake (a pipe and a log): a line every PROGRESS_S.
+        bar = tqdm(desc=self.name, unit="req", file=sys.stderr, leave=False) if sys.stderr.isatty() else None
+        try:
+            while not self._stop.wait(0.5):
+                now = time.monotonic()
+                progress = self.gen.progress
+                if bar is not None:
+                    self._show_bar(bar, progress)
+                elif now - shown >= PROGRESS_S:
+                    shown = now
+                    print(f"  {self.name}: {now - start:.0f} s, {self._counts(progress)}", flush=True)
+                if progress.completed + progress.errors != answered or progress.in_flight == 0:
+                    answered, since = progress.completed + progress.errors, now
+                if self._check(progress, start, now, since):
+                    return
+        finally:
+            if bar is not None:
+                bar.close()
+
+    @staticmethod
+    def _counts(progress: Progress) -> str:
+        ttft = progress.ttft_p50_ms()
+        return (
+            f"sent {progress.issued}, completed {progress.completed}, errors {progress.errors}, "
+            f"in flight {progress.in_flight}" + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else "")
+        )
+
+    @staticmethod
+    def _show_bar(bar: tqdm, progress: Progress) -> None:
+        bar.n = progress.completed
+        ttft = progress.ttft_p50_ms()
+        bar.set_postfix_str(
+            f"sent {progress.issued}, in flight {progress.in_flight}, errors {progress.errors}"
+            + (f", TTFT p50 {ttft:.1f} ms" if ttft is not None else ""),
+            refresh=True,
+        )
+
+    def _check(self, progress: Progress, start: float, now: float, since: float) -> bool:
+        """Set `failure` and stop the cell when the server exited or is stuck."""
+        worked = max(self.sampler.last_work or start, start)
+        code = self.server.exited()
+        if code is not None:
+            self.failure = f"server exited with code {code} during the cell"
+        elif now - since > self.stall_s and now - worked > self.stall_s:
+            self.failure = (
+                f"server stuck: no response and no engine work for {self.stall_s:g} s "
+                f"with {progress.in_flight} requests in flight"
+            )
+        if self.failure:
+            self.gen.stop()
+            return True
+        return False
 
 
 def _verdict(summary: dict[str, Any], failure: str | None) -> tuple[str, str | None]:
