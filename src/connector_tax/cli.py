@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # A rule's `ctax pipeline STEP ...` goes straight to its step: the full parser imports every
+    # subcommand (the analysis pulls in pandas), about a second per job on a loaded machine.
+    if len(argv) >= 2 and argv[0] == "pipeline" and argv[1] in PIPELINE_STEPS:
+        return _pipeline(argparse.Namespace(step=argv[1], args=argv[2:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
