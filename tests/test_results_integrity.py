@@ -21,6 +21,7 @@ import psutil
 import pytest
 from study_runner import TINY, consistent, our_processes, sealed_cells, snakemake, start_snakemake, write_config
 
+from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
 from connector_tax.contract import StudyLayout
 
 
@@ -277,9 +278,9 @@ def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
     summary = json.loads(
         StudyLayout(tmp_path / "results" / "integrity").phase("plain", "phase_a").cell("r40").summary.read_text()
     )
-    # far past its 0.3 s floor and 3 requests: batch means need 200 requests before any interval
+    # far past its 0.3 s floor and 3 requests: batch means need 5 batches of 10 before any interval
     assert summary["stop_reason"] == "precision reached (target ±15%)", summary["stop_reason"]
-    assert summary["counts"]["ok"] >= 200 and summary["extended"] is True
+    assert summary["counts"]["ok"] >= MIN_BATCHES * MIN_PER_BATCH and summary["extended"] is True
     assert all(w is not None and w <= 0.15 for w in summary["precision"].values())
 
 
