@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
-from study_runner import TINY, consistent, sealed_cells, snakemake, write_config
+from study_runner import REPO, TINY, consistent, sealed_cells, snakemake, write_config
 
 from connector_tax.contract import StudyLayout
 
@@ -59,3 +61,33 @@ def test_a_config_cannot_set_the_clock_of_its_own(tmp_path):
     result = snakemake(tmp_path, write_config(tmp_path, config), "all")
     assert result.returncode != 0
     assert "configs[1].sim.clock" in result.stderr and "top-level" in result.stderr
+
+
+def _ctax(*args: str, cwd) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "connector_tax.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
+    """`ctax plan --predict` computes Phase A and the baseline's Phase B in virtual time before
+    anything runs; its estimate of the whole study is held against the study's own cells."""
+    config = virtual("predicted")
+    config["configs"].append({"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}})
+    config["workload"]["phase_b"] = {"inputs": [128, 1024], "outputs": [8, 64]}
+    path = write_config(tmp_path, config)
+    out = tmp_path / "plan.json"
+    plan = _ctax("plan", "--config", str(path), "--predict", "--json", str(out), cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "note: predicted: Phase A and the baseline's Phase B computed" in plan.stdout
+    assert not (tmp_path / "results").exists()  # the prediction ran in a scratch folder
+    estimate_h = json.loads(out.read_text())["total_s"] / 3600
+    assert snakemake(tmp_path, path, "all").returncode == 0
+    layout = StudyLayout(tmp_path / "results" / "predicted")
+    cells = [json.loads(p.read_text()) for p in layout.root.glob("*/*/summary_*.json")]
+    actual_h = (sum(s["wall_s"] + 1.5 for s in cells) + 2.0 * len(config["configs"])) / 3600
+    assert abs(estimate_h / actual_h - 1) < 0.25, (estimate_h, actual_h)
+
+
+def test_ctax_plan_predict_needs_a_profile_of_the_server(tmp_path):
+    result = _ctax("plan", "--config", str(REPO / "configs" / "vllm-cpu-tiny.yaml"), "--predict", cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "ctax plan: --predict: the config names no sim.hardware_profile for its server"
