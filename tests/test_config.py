@@ -93,6 +93,8 @@ def test_defaults_are_filled() -> None:
         "throughput_ratio_min": 0.95,
         "waiting_p50_max": 1,
         "ttft_p90_ratio_max": 1.5,
+        "min_requests": 20,
+        "min_scrapes": 3,
     }
     assert config["loadgen"] == {"workers": 1, "affinity": True, "cpu_latency_us": 0}
     workload = config["workload"]
@@ -176,7 +178,13 @@ def test_h20_study_is_the_design() -> None:
     assert prime["configs"] == ["plain", "mooncake_both", "nixl_both", "lmcache_only"]
     assert prime["shapes"] == [{"input": n, "output": 256} for n in (512, 4096, 32768)]
     assert prime["rate"] == "ref_load"
-    assert config["saturation"] == {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5}
+    assert config["saturation"] == {
+        "throughput_ratio_min": 0.95,
+        "waiting_p50_max": 1,
+        "ttft_p90_ratio_max": 1.5,
+        "min_requests": 20,
+        "min_scrapes": 3,
+    }
 
 
 def test_h20_study_runs_on_the_simulator_with_a_backend_override() -> None:

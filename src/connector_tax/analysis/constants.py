@@ -14,7 +14,16 @@ LMCACHE_ONLY = "lmcache_only"
 MULTI = "multi_mooncake_lmcache"
 
 # Saturation thresholds (schema defaults = the design's numbers).
-DEFAULT_SATURATION = {"throughput_ratio_min": 0.95, "waiting_p50_max": 1.0, "ttft_p90_ratio_max": 1.5}
+# min_requests / min_scrapes: a criterion judges a cell only on enough of it. A throughput ratio
+# of fewer requests (post warm-up) moves in steps of 1/N (one late request of 4 reads as 0.75),
+# and a p90 of fewer is one or two requests; such a criterion is "too few to judge".
+DEFAULT_SATURATION = {
+    "throughput_ratio_min": 0.95,
+    "waiting_p50_max": 1.0,
+    "ttft_p90_ratio_max": 1.5,
+    "min_requests": 20,
+    "min_scrapes": 3,
+}
 
 # Criterion names as they appear in every output.
 CRIT_THROUGHPUT = "throughput"  # 1: effective / offered rate < throughput_ratio_min
@@ -23,11 +32,6 @@ CRIT_TTFT = "ttft_growth"  # 3: TTFT p90(r) / TTFT p90(r') > ttft_p90_ratio_max,
 CRITERIA = (CRIT_THROUGHPUT, CRIT_WAITING, CRIT_TTFT)
 
 # Hypothesis / success-criterion thresholds of the design (seed 002).
-# A saturation criterion judges a cell only with enough of it to judge: a throughput ratio of
-# fewer than this many requests (post warm-up) moves in steps of 1/N (one late request of 4 reads
-# as 0.75), and a p90 of fewer is one or two requests; such a criterion is "too few to judge".
-MIN_JUDGED_REQUESTS = 20
-MIN_JUDGED_SCRAPES = 3  # /metrics scrapes in the window behind a waiting p50 (the overload guard's too)
 H1_MIN_TAX = 0.10  # Mooncake_both TTFT p90 tax >= 10 %
 H2_GAP_PP = (5.0, 10.0)  # NIXL tax below Mooncake tax by 5-10 pp
 PRIOR_TAX = 0.45  # elastic_migration_v2 trace-replay Mooncake_both tax

@@ -7,8 +7,8 @@ A cell at rate r is saturated if ANY of:
      Phase A rate <= r/2 that this config has (exactly r/2 on the design's doubling grid; the
      output says which r' was used and whether it was an exact half; no such rate: not evaluated).
 A criterion on too small a sample is not judged (fired None, with a note): fewer than
-MIN_JUDGED_REQUESTS requests post warm-up (criterion 1) or TTFT samples in either cell (3), fewer
-than MIN_JUDGED_SCRAPES scrapes (2). A cell none of whose criteria could be judged is "unknown":
+min_requests (20) requests post warm-up (criterion 1) or TTFT samples in either cell (3), fewer
+than min_scrapes (3) scrapes (2). A cell none of whose criteria could be judged is "unknown":
 never a knee, never a reference rate.
 
 Criterion 1's denominator: the design writes effective_throughput(r) / r. With Poisson arrivals
@@ -40,8 +40,6 @@ from connector_tax.analysis.constants import (
     CRIT_TTFT,
     CRIT_WAITING,
     DEFAULT_SATURATION,
-    MIN_JUDGED_REQUESTS,
-    MIN_JUDGED_SCRAPES,
     PHASE_A,
     PLAIN,
 )
@@ -84,8 +82,8 @@ def cell_criteria(
             "fired": None if _num(row.get("waiting_p50")) is None else bool(row["waiting_p50"] > t["waiting_p50_max"]),
         },
     }
-    _too_few(crit[CRIT_THROUGHPUT], _num(row.get("n_post_warmup")), MIN_JUDGED_REQUESTS, "requests post warm-up")
-    _too_few(crit[CRIT_WAITING], _num(row.get("metrics_n")), MIN_JUDGED_SCRAPES, "/metrics scrapes")
+    _too_few(crit[CRIT_THROUGHPUT], _num(row.get("n_post_warmup")), t["min_requests"], "requests post warm-up")
+    _too_few(crit[CRIT_WAITING], _num(row.get("metrics_n")), t["min_scrapes"], "/metrics scrapes")
     if row.get("phase") == PHASE_A:
         c3: dict[str, Any] = {
             "threshold": t["ttft_p90_ratio_max"],
@@ -113,7 +111,7 @@ def cell_criteria(
                 c3["value"] = hi_ttft / lo_ttft
                 c3["fired"] = bool(c3["value"] > t["ttft_p90_ratio_max"])
                 n = min(_num(row.get("ttft_ms_n")) or 0.0, _num(lower.get("ttft_ms_n")) or 0.0)
-                _too_few(c3, n, MIN_JUDGED_REQUESTS, "TTFT samples in one of the two cells")
+                _too_few(c3, n, t["min_requests"], "TTFT samples in one of the two cells")
         crit[CRIT_TTFT] = c3
     fired = [name for name, c in crit.items() if c["fired"]]
     evaluable = [name for name, c in crit.items() if c["fired"] is not None]
@@ -125,7 +123,7 @@ def _too_few(criterion: dict[str, Any], n: float | None, minimum: int, what: str
     a sample size the row does not give is not held against it."""
     if n is not None and n < minimum and criterion["fired"] is not None:
         criterion["fired"] = None
-        criterion["note"] = f"too few to judge: {n:g} {what} < {minimum}"
+        criterion["note"] = f"too few to judge: {n:g} {what} < {minimum:g}"
 
 
 def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any] | None:
