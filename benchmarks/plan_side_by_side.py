@@ -7,8 +7,8 @@ The fixed plan is the design's (seed 002): every cell warm-up 10 s, then max(60 
 like any cell, saturated or not; no precision target. The adaptive plan is the config as
 written (knee pruning, the Phase B overload guard, its precision target and floors). Each plan:
 
-1. `ctax plan --predict` on the config as the real study (backend vllm): its estimate, before
-   anything of the plan's own runs;
+1. `ctax plan` and `ctax plan --predict` on the config as the real study (backend vllm): their
+   estimates, before anything of the plan's own runs;
 2. the whole study through `snakemake all` with backend sim and sim.clock virtual, on the
    config's hardware profile: every cell computed in virtual time, analysed and reported;
 3. its cost: the cells' simulated seconds (each + the plan's 1.5 s of fixed cost), one server
@@ -66,11 +66,14 @@ def write(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def plan_estimate(config: Path, workdir: Path) -> float:
-    """`ctax plan --predict`'s GPU-hours for the study as a real one."""
-    out = workdir / "plan.json"
-    argv = [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--predict", "--json", str(out)]
-    subprocess.run([*argv, "--workdir", str(workdir)], capture_output=True, text=True, check=True)
+def plan_estimate(config: Path, workdir: Path, predict: bool) -> float:
+    """`ctax plan [--predict]`'s GPU-hours for the study as a real one (run from `workdir`, which
+    holds no results: the plan has no earlier run to lean on)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / f"plan{'-predict' if predict else ''}.json"
+    argv = [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--json", str(out)]
+    argv += ["--predict", "--workdir", str(workdir / "predict")] if predict else []
+    subprocess.run(argv, cwd=workdir, capture_output=True, text=True, check=True)
     return json.loads(out.read_text())["gpu_hours"]
 
 
@@ -133,13 +136,15 @@ def main() -> int:
     for name, config in (("fixed", fixed_plan(base)), ("adaptive", base)):
         study = f"{base['study']}-{name}"
         folder = out / name
-        estimate = plan_estimate(write(folder / "real.yaml", as_real(config, study)), folder / "predict")
+        real = write(folder / "real.yaml", as_real(config, study))
+        rules_only, estimate = plan_estimate(real, folder / "plan", False), plan_estimate(real, folder / "plan", True)
         compute_s = run_study(write(folder / "virtual.yaml", as_virtual(config, study)), folder / "run")
         root = folder / "run" / "results" / study
         reference = json.loads((root / "reference_rates.json").read_text())
         rows[name] = {
             **cost(root, args.launch_s),
             "plan_estimate_gpu_hours": estimate,
+            "plan_rules_only_gpu_hours": rules_only,
             "computed_in_s": round(compute_s, 1),
             "ref_safe": reference.get("ref_safe"),
             "ref_load": reference.get("ref_load"),
@@ -148,6 +153,7 @@ def main() -> int:
         }
         row = rows[name]
         row["plan_error"] = round(estimate / row["gpu_hours"] - 1, 3)
+        row["plan_rules_only_error"] = round(rules_only / row["gpu_hours"] - 1, 3)
         print(f"{name}: {row['gpu_hours']} GPU-h simulated, plan {estimate} ({row['plan_error']:+.0%})", flush=True)
     text = render(rows, args.launch_s)
     print(text)
@@ -168,6 +174,9 @@ def render(rows: dict[str, dict[str, Any]], launch_s: float) -> str:
         f"| GPU-hours (one GPU) | **{fixed['gpu_hours']}** | **{adaptive['gpu_hours']}** |",
         f"| `ctax plan --predict` estimate | {fixed['plan_estimate_gpu_hours']} ({fixed['plan_error']:+.0%}) "
         f"| {adaptive['plan_estimate_gpu_hours']} ({adaptive['plan_error']:+.0%}) |",
+        f"| `ctax plan` estimate, rules only | {fixed['plan_rules_only_gpu_hours']} "
+        f"({fixed['plan_rules_only_error']:+.0%}) | {adaptive['plan_rules_only_gpu_hours']} "
+        f"({adaptive['plan_rules_only_error']:+.0%}) |",
         f"| ref_safe / ref_load (req/s) | {fixed['ref_safe']:g} / {fixed['ref_load']:g} "
         f"| {adaptive['ref_safe']:g} / {adaptive['ref_load']:g} |",
     ]
