@@ -217,6 +217,13 @@ class PhaseLayout:
         return self.folder / "config.json"
 
     @property
+    def launch_json(self) -> Path:
+        """launch.json: the facts of the last launch that ran here (command, CPUs, GPU, step
+        timing). Not a Snakemake output, so it outlives run.json, which Snakemake deletes before
+        it re-runs the job: a run that launches nothing carries these facts over."""
+        return self.folder / "launch.json"
+
+    @property
     def env_txt(self) -> Path:
         return self.folder / "env.txt"
 
