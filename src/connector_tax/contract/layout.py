@@ -264,6 +264,11 @@ class StudyLayout:
     def preflight_status(self) -> Path:
         return self.preflight_dir / "preflight_status.json"
 
+    @property
+    def preflight_probe(self) -> Path:
+        """vLLM's own errors for connector libraries its Python lacks (pipeline/preflight.py)."""
+        return self.preflight_dir / "connector_probe.json"
+
     def preflight_ready(self, config: str) -> Path:
         return self.preflight_dir / f"ready_{config}.json"
 
