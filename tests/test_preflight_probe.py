@@ -134,8 +134,8 @@ def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
     }
     for name, (error, raised_by) in expected.items():
         status = preflight(tmp_path, name)
-        assert status["status"] == "skip" and status["reason"].startswith(f"{error} (vLLM's own error: "), status
-        assert raised_by in status["probe"]["raised_by"] and "checked without a launch" in status["reason"]
+        assert status["status"] == "skip" and status["reason"].startswith(f"{error} (vLLM's own error, from "), status
+        assert raised_by in status["probe"]["raised_by"] and "without a launch" in status["reason"]
         assert "gate" not in status  # multi's verify script did not run: its launch could only fail
     assert lines(tmp_path / "launches") == []
     # vLLM's code was asked once, for every library: the other configurations reuse its answers

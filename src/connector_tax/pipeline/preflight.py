@@ -142,10 +142,9 @@ def missing_library(
 
 def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
     packages = " or ".join(f"'{p}'" for p in missing.get("packages") or [missing["library"]])
-    reason = (
-        f"{missing['error']} (vLLM's own error: {missing['raised_by']} raised it in {missing['python']}, "
-        f"checked without a launch: no {packages} package is importable there)"
-    )
+    by = missing["raised_by"]  # "vllm....MooncakeConnectorWorker" or "import lmcache.x (vllm....)"
+    by = "its " + by.split(" (")[0] if by.startswith("import ") else by.rsplit(".", 1)[-1]
+    reason = f"{missing['error']} (vLLM's own error, from {by} in vLLM's Python, without a launch: no {packages} there)"
     return {"config": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
 
 
