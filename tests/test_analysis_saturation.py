@@ -115,3 +115,19 @@ def test_requested_basis_and_thresholds():
     assert sat["saturated"] is True and sat["fired"] == ["throughput"]
     assert cell_criteria(row, {"throughput_ratio_min": 0.85}, "requested")["saturated"] is False
     assert cell_criteria({"phase": "phase_b"}, {})["saturated"] is None  # nothing to evaluate
+
+
+def test_a_criterion_on_too_few_requests_is_not_judged():
+    """One late request of four reads as a throughput ratio of 0.75: that is noise, not a knee."""
+    small = {"phase": "phase_a", "rate": 4.0, "throughput_ratio": 0.75, "n_post_warmup": 4, "metrics_n": 2}
+    verdict = cell_criteria({**small, "waiting_p50": 5.0}, {})
+    assert verdict["saturated"] is None and verdict["fired"] == []
+    assert verdict["criteria"]["throughput"]["note"] == "too few to judge: 4 requests post warm-up < 20"
+    assert verdict["criteria"]["waiting"]["note"] == "too few to judge: 2 /metrics scrapes < 3"
+    assert cell_criteria({**small, "n_post_warmup": 20}, {})["fired"] == ["throughput"]
+    # criterion 3 needs enough TTFTs in both cells
+    lower = {"phase": "phase_a", "rate": 2.0, "ttft_ms_p90": 10.0, "ttft_ms_n": 8}
+    row = {"phase": "phase_a", "rate": 4.0, "ttft_ms_p90": 30.0, "ttft_ms_n": 200}
+    growth = cell_criteria(row, {}, lower=lower)["criteria"]["ttft_growth"]
+    assert growth["value"] == pytest.approx(3.0) and growth["fired"] is None and "8 TTFT samples" in growth["note"]
+    assert cell_criteria(row, {}, lower={**lower, "ttft_ms_n": 20})["fired"] == ["ttft_growth"]

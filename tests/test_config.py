@@ -93,6 +93,8 @@ def test_defaults_are_filled() -> None:
         "throughput_ratio_min": 0.95,
         "waiting_p50_max": 1,
         "ttft_p90_ratio_max": 1.5,
+        "min_requests": 20,
+        "min_scrapes": 3,
     }
     assert config["loadgen"] == {"workers": 1, "affinity": True, "cpu_latency_us": 0}
     workload = config["workload"]
@@ -166,12 +168,23 @@ def test_h20_study_is_the_design() -> None:
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 60, 200)
     assert workload["inflight_cap"] == 256
     assert (workload["temperature"], workload["ignore_eos"], workload["prompt"]) == (0, True, "token_ids")
-    assert workload["phase_b"] == {"rate": "ref_safe", "inputs": [512, 4096, 32768], "outputs": [64, 256, 1024]}
+    assert workload["phase_b"] == {
+        "rate": "ref_safe",
+        "overload_guard": True,
+        "inputs": [512, 4096, 32768],
+        "outputs": [64, 256, 1024],
+    }
     prime = workload["phase_b_prime"]
     assert prime["configs"] == ["plain", "mooncake_both", "nixl_both", "lmcache_only"]
     assert prime["shapes"] == [{"input": n, "output": 256} for n in (512, 4096, 32768)]
     assert prime["rate"] == "ref_load"
-    assert config["saturation"] == {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5}
+    assert config["saturation"] == {
+        "throughput_ratio_min": 0.95,
+        "waiting_p50_max": 1,
+        "ttft_p90_ratio_max": 1.5,
+        "min_requests": 20,
+        "min_scrapes": 3,
+    }
 
 
 def test_h20_study_runs_on_the_simulator_with_a_backend_override() -> None:

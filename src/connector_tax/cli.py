@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _config_check(args: argparse.Namespace) -> int:
@@ -61,7 +62,7 @@ PIPELINE_STEPS = {
 
 def _plan(args: argparse.Namespace) -> int:
     from connector_tax.config import ConfigError, load_study
-    from connector_tax.pipeline.estimate import plan_study, render
+    from connector_tax.pipeline.estimate import plan_study
 
     try:
         study = load_study(args.config)
@@ -71,9 +72,49 @@ def _plan(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
         return 2
-    estimates, notes = plan_study(study)
-    print(render(study, estimates, notes, args.gpus), end="")
+    if not args.predict:
+        estimates, notes = plan_study(study)
+        _plan_out(args, study, estimates, notes)
+        return 0
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from connector_tax.pipeline.predict import predict, predictable
+
+    raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+    why = predictable(study, "hardware_profile" in (raw.get("sim") or {}))
+    if why:
+        print(f"ctax plan: --predict: {why}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ctax-plan-") as scratch:
+        workdir = Path(args.workdir or scratch)
+        print(f"predicting in the simulator's virtual time under {workdir} ...", file=sys.stderr, flush=True)
+        try:
+            layout = predict(study, workdir)
+        except RuntimeError as exc:
+            print(f"ctax plan: {exc}", file=sys.stderr)
+            return 1
+        estimates, notes = plan_study(study, layout)
+    notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
+    notes.append(
+        "predicted: Phase A and the baseline's Phase B computed in the simulator's virtual time "
+        f"({study.raw['sim']['hardware_profile']} profile); other configurations' Phase B cells at the baseline's lengths"
+    )
+    _plan_out(args, study, estimates, notes)
     return 0
+
+
+def _plan_out(args: argparse.Namespace, study: Any, estimates: list[Any], notes: list[str]) -> None:
+    from pathlib import Path
+
+    from connector_tax.atomic import write_json
+    from connector_tax.pipeline.estimate import as_dict, render
+
+    print(render(study, estimates, notes, args.gpus), end="")
+    if args.json:
+        write_json(Path(args.json), as_dict(study, estimates, notes))
 
 
 def _pipeline(args: argparse.Namespace) -> int:
@@ -138,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)"
     )
     plan.add_argument("--gpus", type=int, default=1, metavar="N", help="also show the wall time on N GPUs side by side")
+    plan.add_argument(
+        "--predict",
+        action="store_true",
+        help="find the knees, reference rates and Phase B cell lengths first, by computing Phase A and the "
+        "baseline's Phase B in the simulator's virtual time (needs sim.hardware_profile; takes minutes)",
+    )
+    plan.add_argument("--workdir", metavar="DIR", help="keep the prediction's scratch study here (default: removed)")
+    plan.add_argument("--json", metavar="FILE", help="also write the estimates here (seconds per stage and job)")
     plan.set_defaults(func=_plan)
 
     steps = "\n".join(f"  {name:13} {text}" for name, (_, text) in PIPELINE_STEPS.items())

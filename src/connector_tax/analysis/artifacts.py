@@ -65,9 +65,14 @@ def runtime_of(study: Any) -> dict[str, Any]:
     if not starts or not ends:
         return {"wall_hours": None}
     span = (max(ends) - min(starts)).total_seconds()
-    return {
+    out = {
         "wall_hours": span / 3600.0,
         "first_start": min(starts).isoformat(),
         "last_finish": max(ends).isoformat(),
         "scope": "phase runs (run.json started/finished); preflight and analysis not included",
     }
+    cells = [c.summary for run in study.runs.values() for c in run.cells if c.summary]
+    if cells and all(s.get("clock") == "virtual" for s in cells):
+        # The study took seconds here; what it models is its cells' time on the modelled hardware.
+        out["simulated_cell_hours"] = sum(float(s.get("wall_s") or 0.0) for s in cells) / 3600.0
+    return out

@@ -6,6 +6,10 @@ A cell at rate r is saturated if ANY of:
   3. ttft_growth: TTFT p90(r) / TTFT p90(r') > ttft_p90_ratio_max (1.5), r' = the largest
      Phase A rate <= r/2 that this config has (exactly r/2 on the design's doubling grid; the
      output says which r' was used and whether it was an exact half; no such rate: not evaluated).
+A criterion on too small a sample is not judged (fired None, with a note): fewer than
+min_requests (20) requests post warm-up (criterion 1) or TTFT samples in either cell (3), fewer
+than min_scrapes (3) scrapes (2). A cell none of whose criteria could be judged is "unknown":
+never a knee, never a reference rate.
 
 Criterion 1's denominator: the design writes effective_throughput(r) / r. With Poisson arrivals
 the number of requests actually offered in a finite window deviates from r * window by about
@@ -78,6 +82,8 @@ def cell_criteria(
             "fired": None if _num(row.get("waiting_p50")) is None else bool(row["waiting_p50"] > t["waiting_p50_max"]),
         },
     }
+    _too_few(crit[CRIT_THROUGHPUT], _num(row.get("n_post_warmup")), t["min_requests"], "requests post warm-up")
+    _too_few(crit[CRIT_WAITING], _num(row.get("metrics_n")), t["min_scrapes"], "/metrics scrapes")
     if row.get("phase") == PHASE_A:
         c3: dict[str, Any] = {
             "threshold": t["ttft_p90_ratio_max"],
@@ -104,10 +110,20 @@ def cell_criteria(
             if lo_ttft and hi_ttft is not None and lo_ttft > 0:
                 c3["value"] = hi_ttft / lo_ttft
                 c3["fired"] = bool(c3["value"] > t["ttft_p90_ratio_max"])
+                n = min(_num(row.get("ttft_ms_n")) or 0.0, _num(lower.get("ttft_ms_n")) or 0.0)
+                _too_few(c3, n, t["min_requests"], "TTFT samples in one of the two cells")
         crit[CRIT_TTFT] = c3
     fired = [name for name, c in crit.items() if c["fired"]]
     evaluable = [name for name, c in crit.items() if c["fired"] is not None]
     return {"saturated": bool(fired) if evaluable else None, "fired": fired, "criteria": crit}
+
+
+def _too_few(criterion: dict[str, Any], n: float | None, minimum: int, what: str) -> None:
+    """Leave a criterion unjudged (fired None) when its sample is too small to mean anything;
+    a sample size the row does not give is not held against it."""
+    if n is not None and n < minimum and criterion["fired"] is not None:
+        criterion["fired"] = None
+        criterion["note"] = f"too few to judge: {n:g} {what} < {minimum:g}"
 
 
 def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any] | None:

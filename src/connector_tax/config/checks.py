@@ -86,6 +86,8 @@ def check_semantics(config: dict) -> None:
         first_index[name] = i
         if "connector" in variant:
             _check_connector(variant["connector"], f"configs[{i}].connector")
+        if "clock" in (variant.get("sim") or {}):
+            raise ConfigError(f"configs[{i}].sim.clock", "is the study's (top-level sim.clock), not a config's")
 
     workload = config["workload"]
     for j, name in enumerate(workload.get("phase_b_prime", {}).get("configs", [])):

@@ -57,6 +57,8 @@ class Saturation:
     throughput_ratio_min: float
     waiting_p50_max: float
     ttft_p90_ratio_max: float
+    min_requests: int = 20  # too few to judge below these (analysis/saturation.py)
+    min_scrapes: int = 3
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ turns such a collision into a config error before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -64,6 +65,7 @@ class Cell:
     gamma_shape: float = 1.0
     precision_target: float | None = None  # workload.precision: adaptive length (pipeline.precision)
     max_duration_s: float | None = None
+    overload_guard: bool = True  # workload.phase_b.overload_guard (Phase B and B' cells only)
 
     @property
     def key(self) -> str:
@@ -82,6 +84,9 @@ class Cell:
             "min_completed": self.min_completed,
             "precision_target": self.precision_target,
             "max_duration_s": self.max_duration_s,
+            # Only when off, so that the settings (and fingerprints) of cells measured before the
+            # switch existed, all guarded, stay the same.
+            **({} if self.overload_guard else {"overload_guard": False}),
         }
 
 
@@ -127,7 +132,8 @@ def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any]) -> l
     if runs_phase_b_prime(study, name, reference):
         prime = workload.phase_b_prime or {}
         cells += [_cell(workload, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s) for s in prime["shapes"]]
-    return cells
+    guard = bool(workload.phase_b.get("overload_guard", True))
+    return [dataclasses.replace(c, overload_guard=guard) for c in cells]
 
 
 def planned_cells(study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:

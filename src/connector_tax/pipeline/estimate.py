@@ -15,6 +15,7 @@ GPU; the wall time on N GPUs is the makespan of the phase jobs placed longest fi
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from typing import Any
 
 from connector_tax.config import StudyConfig
 from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, phase_a_cells, phase_b_cells
-from connector_tax.contract.index import read_summary
+from connector_tax.contract.index import PRUNED, read_index, read_summary
+from connector_tax.pipeline.provenance import virtual_clock
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
 # graphs; measured values from a previous run replace these).
@@ -60,9 +62,19 @@ def cell_seconds(study: StudyConfig, cell: Cell) -> float:
 
 
 def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
+    """The cell's time in an earlier run of the study: its sealed wall time, 0 if it was pruned."""
     summary = read_summary(layout.phase(name, cell.phase).cell(cell.label)) or {}
     wall = summary.get("wall_s")
-    return float(wall) + CELL_FIXED_S if summary.get("complete") and isinstance(wall, (int, float)) else None
+    if summary.get("complete") and isinstance(wall, (int, float)):
+        return float(wall) + CELL_FIXED_S
+    index = read_index(layout.phase(name, cell.phase).index)
+    entry = index.cell(cell.phase, cell.label) if index is not None else None
+    return 0.0 if entry is not None and entry.status == PRUNED else None
+
+
+def baseline(study: StudyConfig) -> str:
+    """The configuration taxes are measured against (the analysis's default)."""
+    return "plain" if "plain" in study.names else study.names[0]
 
 
 def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any], str | None]:
@@ -78,24 +90,50 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
         )
 
 
-def plan_study(study: StudyConfig) -> tuple[list[Estimate], list[str]]:
-    layout = StudyLayout.of(study.study)
+def plan_study(study: StudyConfig, layout: StudyLayout | None = None) -> tuple[list[Estimate], list[str]]:
+    """`layout`: where earlier (or predicted, predict.py) cells of the study are; default its results folder."""
+    layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
     notes = [note] if note else []
-    launch = LAUNCH_S[study.backend]
+    launch = 0.0 if virtual_clock(study.raw) else LAUNCH_S[study.backend]
+    base = baseline(study)
     out = []
     for name in study.names:
         out.append(Estimate("preflight", name, 0, launch + 2.0))
         for stage, cells in ((PHASE_A, phase_a_cells(study)), (PHASE_B, phase_b_cells(study, name, reference))):
             seconds, measured = launch, 0
             for cell in cells:
+                # A Phase B cell of the baseline's stands in for the same shape and rate of another's.
                 took = _measured(layout, name, cell)
+                if took is None and stage == PHASE_B:
+                    took = _measured(layout, base, cell)
                 measured += took is not None
                 seconds += took if took is not None else cell_seconds(study, cell)
             out.append(Estimate(stage, name, len(cells), seconds, measured))
     if study.workload.phase_a.prune_after_knee and not any(e.measured for e in out):
         notes.append("no rate assumed pruned: knees are found while Phase A runs (an upper bound)")
     return out, notes
+
+
+def gpu_seconds(study: StudyConfig, estimates: list[Estimate]) -> float:
+    """Phase jobs, and preflights where they launch a real server, each holding one GPU."""
+    jobs = sum(e.seconds for e in estimates if e.stage != "preflight")
+    return jobs + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
+
+
+def as_dict(study: StudyConfig, estimates: list[Estimate], notes: list[str]) -> dict[str, Any]:
+    by_stage: dict[str, float] = {}
+    for e in estimates:
+        by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
+    return {
+        "study": study.study,
+        "backend": study.backend,
+        "stages_s": {k: round(v, 1) for k, v in by_stage.items()},
+        "total_s": round(sum(by_stage.values()), 1),
+        "gpu_hours": round(gpu_seconds(study, estimates) / 3600, 3) if study.backend == "vllm" else None,
+        "jobs": [dataclasses.asdict(e) for e in estimates],
+        "notes": notes,
+    }
 
 
 def makespan(jobs: list[float], gpus: int) -> float:
@@ -115,8 +153,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
     lines += ["", "per stage, one job at a time: " + ", ".join(f"{s} {v / 3600:.2f} h" for s, v in by_stage.items())]
-    jobs = [e.seconds for e in estimates if e.stage != "preflight"]
-    gpu_s = sum(jobs) + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
+    gpu_s = gpu_seconds(study, estimates)
     serial = sum(by_stage.values())
     gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if study.backend == "vllm" else "no GPU held (simulated)"
     lines.append(f"total {serial / 3600:.2f} h one job at a time; {gpu_hours}")

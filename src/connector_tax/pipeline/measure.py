@@ -24,10 +24,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from connector_tax.contract import PHASE_A, StudyLayout
+from connector_tax.contract import PHASE_A, Cell, StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
-from connector_tax.contract.layout import now_iso
+from connector_tax.contract.layout import CellFiles, now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_cpu import device
 from connector_tax.loadgen.affinity import plan_affinity
@@ -36,7 +36,7 @@ from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.plan import PlannedCell
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
-from connector_tax.pipeline.provenance import gpu_description
+from connector_tax.pipeline.provenance import gpu_description, virtual_clock
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
@@ -196,8 +196,13 @@ def measure(
     phase_dir = layout.phase(index.config, index.phase)
     drop_raw_logs(phase_dir.raw_steps)  # an earlier launch's cells are sealed or will be redone
     pending = list(todo)
-    _prune_from(index, pending, prune)
+    prune_from(index, pending, prune)
     if not pending:
+        return
+    if virtual_clock(config):
+        from connector_tax.pipeline.measure_virtual import measure_virtual
+
+        measure_virtual(config, variant, layout, index, pending, save, prune)
         return
     with gpu_lease(backend, device=device(config)) as gpu:
         index.gpu = gpu_description(gpu, backend)
@@ -247,7 +252,7 @@ def _launch(
         with LoadGenerator(options) as gen:
             while pending:
                 failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter, config["saturation"])
-                _prune_from(index, pending, prune)
+                prune_from(index, pending, prune)
                 save()
                 if failure:
                     return failure
@@ -256,7 +261,7 @@ def _launch(
     return None
 
 
-def _prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
+def prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
     """Record as pruned, not measured, the next pending cells `prune` gives a reason for."""
     while pending and (why := prune(pending[0])) is not None:
         entry = index.cell(pending[0].cell.phase, pending[0].cell.label)
@@ -282,21 +287,36 @@ def _measure_cell(
     t0 = time.monotonic_ns()
     precision = PrecisionWatch(staging.requests, cell.precision_target)
     with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision:
-        guard = OverloadGuard(
-            sampler, time.monotonic() + cell.warmup_s, saturation["waiting_p50_max"], active=cell.phase != PHASE_A
-        )
+        guard = overload_guard(sampler, time.monotonic() + cell.warmup_s, saturation, cell)
         with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
             summary = gen.run_cell(cell_spec(planned), staging.folder, precision.enough, guard.overloaded)
     splitter.split(t0, time.monotonic_ns(), staging.engine_step)
     # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
     failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
+    seal_measured(index, planned, staging, final, summary, failure, precision.describe(summary, guard))
+    return failure
+
+
+def overload_guard(sampler: Any, since: float, saturation: dict[str, float], cell: Cell) -> OverloadGuard:
+    """Phase B and B' cells end at their floor when saturated, unless the study turned it off."""
+    return OverloadGuard(sampler, since, saturation["waiting_p50_max"], cell.phase != PHASE_A and cell.overload_guard)
+
+
+def seal_measured(
+    index: PhaseIndex,
+    planned: PlannedCell,
+    staging: CellFiles,
+    final: CellFiles,
+    summary: dict[str, Any],
+    failure: str | None,
+    extra: dict[str, Any],
+) -> None:
+    """Seal a measured cell (failed with `failure` if there was one) and note it in the index."""
+    cell = planned.cell
     status, reason = _verdict(summary, failure)
-    sealed = seal_cell(
-        staging, final, planned.fingerprint, status=status, reason=reason, extra=precision.describe(summary, guard)
-    )
+    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason, extra=extra)
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
         entry.status = COMPLETE if sealed["complete"] else FAILED
         entry.reason = sealed.get("reason")
         entry.counts = {k: v["records"] for k, v in sealed["files"].items()}
-    return failure

@@ -93,17 +93,21 @@ class PrecisionWatch:
             )
             self._rows.append((int(r["t_scheduled_ns"]), ttft, tpot))
 
-    def check(self) -> None:
-        """Read what was appended since, and recompute the two relative half-widths."""
+    def check(self) -> bool:
+        """Read what was appended since, recompute the two relative half-widths; whether the
+        target is reached (always, without a target)."""
+        if self.target is None:
+            return True
         self._read()
         if not self._rows:
-            return
+            return self.reached
         rows = np.array(sorted(self._rows))
         self.widths = {"ttft_p90": relative_half_width(rows[:, 1], 90)}
         if not np.isnan(rows[:, 2]).all():  # one-token outputs have no TPOT to be precise about
             self.widths["tpot_p90"] = relative_half_width(rows[:, 2], 90)
         assert self.target is not None
         self.reached = all(w is not None and w <= self.target for w in self.widths.values())
+        return self.reached
 
     def _run(self) -> None:
         while not self._stop.wait(CHECK_S):

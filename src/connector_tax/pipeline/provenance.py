@@ -109,13 +109,19 @@ def server_versions(config: dict[str, Any]) -> dict[str, Any]:
     return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
 
 
+def virtual_clock(config: dict[str, Any]) -> bool:
+    """A simulated study run in the simulator's virtual time (sim.clock: virtual): no server is
+    launched, each cell is computed (sim/virtual_cell.py)."""
+    return config["backend"] == "sim" and (config.get("sim") or {}).get("clock") == "virtual"
+
+
 def served_by(config: dict[str, Any], versions: dict[str, Any]) -> str:
     """What serves a study, in the words every output uses: "vLLM 0.32.0 on CPU, dummy weights"
     (the version the server's own Python reports), "simulated vLLM (ctax sim)", or the external
     server; never "GPU" for a CPU launch, never "simulated" for a real one."""
     backend = config["backend"]
     if backend == "sim":
-        return "simulated vLLM (ctax sim)"
+        return "simulated vLLM (ctax sim, virtual time)" if virtual_clock(config) else "simulated vLLM (ctax sim)"
     if backend == "openai":
         return f"external OpenAI-compatible server at {config['openai']['url']}"
     from connector_tax.launch.vllm_cpu import describe

@@ -34,6 +34,11 @@ _UNIQUE_BASE = 100_000
 _FILLER = [1000 + (i * 7919) % 29000 for i in range(1 << 18)]
 
 
+def prompt_ids(index: int, input_len: int) -> list[int]:
+    """Request `index`'s prompt of `input_len` tokens, sharing no KV block with any other."""
+    return [_UNIQUE_BASE + index] + _FILLER[: input_len - 1]
+
+
 @dataclass(frozen=True)
 class Load:
     """What one cell of a study asks of a server."""
@@ -144,7 +149,7 @@ def run_cell(settings: SimSettings, load: Load, n: int, seed: int, ignore_eos: b
     def requests():
         for i in range(n):
             inp, out = int(shapes[i, 0]), int(shapes[i, 1])
-            req = SimRequest(str(i), [_UNIQUE_BASE + i] + _FILLER[: inp - 1], out, int(targets[i]))
+            req = SimRequest(str(i), prompt_ids(i, inp), out, int(targets[i]))
             index[id(req)] = i
             yield float(arrival[i]), req
 

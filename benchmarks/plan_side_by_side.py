@@ -1,0 +1,192 @@
+"""The design's fixed plan against the adaptive one, both run on the simulator in virtual time.
+
+    python benchmarks/plan_side_by_side.py [--config configs/h20-qwen3-coder.yaml] [--out DIR]
+
+The fixed plan is the design's (seed 002): every cell warm-up 10 s, then max(60 s, the time to
+200 completed requests), up to its cap; every Phase A rate measured; every Phase B shape run
+like any cell, saturated or not; no precision target. The adaptive plan is the config as
+written (knee pruning, the Phase B overload guard, its precision target and floors). Each plan:
+
+1. `ctax plan` and `ctax plan --predict` on the config as the real study (backend vllm): their
+   estimates, before anything of the plan's own runs;
+2. the whole study through `snakemake all` with backend sim and sim.clock virtual, on the
+   config's hardware profile: every cell computed in virtual time, analysed and reported;
+3. its cost: the cells' simulated seconds (each + the plan's 1.5 s of fixed cost), one server
+   start-up (--launch-s, the plan's assumption for vLLM) per preflight and per phase job that
+   measured anything, as GPU-hours on one GPU; its reference rates and H1-H6 calls.
+
+Prints the two side by side (Markdown), with the plan's estimate against each run's cost, and
+writes it to DIR/side_by_side.md and .json. The simulator is a model: these are simulated hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
+DESIGN_FIXED = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # seed 002's cell rule
+CELL_FIXED_S = 1.5  # as pipeline/estimate.py counts per cell
+HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
+
+
+def fixed_plan(config: dict[str, Any]) -> dict[str, Any]:
+    fixed = copy.deepcopy(config)
+    workload = fixed["workload"]
+    workload.update(DESIGN_FIXED)
+    workload["precision"] = {"target": None}
+    workload["phase_a"]["prune_after_knee"] = False
+    workload["phase_b"]["overload_guard"] = False
+    return fixed
+
+
+def as_real(config: dict[str, Any], study: str) -> dict[str, Any]:
+    return {**copy.deepcopy(config), "study": study, "backend": "vllm"}
+
+
+def as_virtual(config: dict[str, Any], study: str) -> dict[str, Any]:
+    out = {**copy.deepcopy(config), "study": study, "backend": "sim"}
+    out["sim"] = {**out.get("sim", {}), "clock": "virtual"}
+    out.pop("vllm", None)
+    return out
+
+
+def write(path: Path, config: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def plan_estimate(config: Path, workdir: Path, predict: bool) -> float:
+    """`ctax plan [--predict]`'s GPU-hours for the study as a real one (run from `workdir`, which
+    holds no results: the plan has no earlier run to lean on)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / f"plan{'-predict' if predict else ''}.json"
+    argv = [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--json", str(out)]
+    argv += ["--predict", "--workdir", str(workdir / "predict")] if predict else []
+    subprocess.run(argv, cwd=workdir, capture_output=True, text=True, check=True)
+    return json.loads(out.read_text())["gpu_hours"]
+
+
+def run_study(config: Path, folder: Path) -> float:
+    t0 = time.monotonic()
+    argv = [*SNAKEMAKE, "all", "--configfile", str(config), "--directory", str(folder)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"snakemake failed for {config}:\n{done.stderr[-3000:]}")
+    return time.monotonic() - t0
+
+
+def cost(root: Path, launch_s: float) -> dict[str, Any]:
+    """Simulated cell seconds per stage and the launches that measured something."""
+    stages: dict[str, float] = {}
+    cells = pruned = launches = 0
+    for index_path in sorted(root.glob("*/*/run.json")):
+        index = json.loads(index_path.read_text())
+        measured = [c for c in index["cells"] if c["status"] == "complete"]
+        pruned += sum(c["status"] == "pruned" for c in index["cells"])
+        launches += bool(measured)
+        stage = index["phase"]
+        for entry in measured:
+            summary = json.loads((index_path.parent / f"summary_{entry['phase']}_{entry['label']}.json").read_text())
+            stages[stage] = stages.get(stage, 0.0) + summary["wall_s"] + CELL_FIXED_S
+            cells += 1
+    status = json.loads((root / "preflight" / "preflight_status.json").read_text())
+    preflights = sum(1 for v in status.values() if isinstance(v, dict))
+    cell_s = sum(stages.values())
+    gpu_s = cell_s + launches * launch_s + preflights * (launch_s + 2.0)
+    return {
+        "cells": cells,
+        "pruned": pruned,
+        "launches": launches,
+        "preflights": preflights,
+        "cell_hours": {k: round(v / 3600, 3) for k, v in stages.items()},
+        "cell_hours_total": round(cell_s / 3600, 3),
+        "gpu_hours": round(gpu_s / 3600, 3),
+    }
+
+
+def verdicts(root: Path) -> dict[str, str]:
+    out = {}
+    for line in (root / "analysis" / "verdicts.tsv").read_text().splitlines()[1:]:
+        parts = line.split("\t")
+        if parts[0] in HYPOTHESES:
+            out[parts[0]] = f"{parts[1]} ({parts[2]})" if parts[2] else parts[1]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "h20-qwen3-coder.yaml"))
+    parser.add_argument("--out", default="/tmp/ctax-plan-side-by-side")
+    parser.add_argument("--launch-s", type=float, default=150.0, help="one vLLM start-up, seconds (the plan's)")
+    args = parser.parse_args()
+    base = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+    out = Path(args.out)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, config in (("fixed", fixed_plan(base)), ("adaptive", base)):
+        study = f"{base['study']}-{name}"
+        folder = out / name
+        real = write(folder / "real.yaml", as_real(config, study))
+        rules_only, estimate = plan_estimate(real, folder / "plan", False), plan_estimate(real, folder / "plan", True)
+        compute_s = run_study(write(folder / "virtual.yaml", as_virtual(config, study)), folder / "run")
+        root = folder / "run" / "results" / study
+        reference = json.loads((root / "reference_rates.json").read_text())
+        rows[name] = {
+            **cost(root, args.launch_s),
+            "plan_estimate_gpu_hours": estimate,
+            "plan_rules_only_gpu_hours": rules_only,
+            "computed_in_s": round(compute_s, 1),
+            "ref_safe": reference.get("ref_safe"),
+            "ref_load": reference.get("ref_load"),
+            "verdicts": verdicts(root),
+            "report": str(root / "analysis" / "report.md"),
+        }
+        row = rows[name]
+        row["plan_error"] = round(estimate / row["gpu_hours"] - 1, 3)
+        row["plan_rules_only_error"] = round(rules_only / row["gpu_hours"] - 1, 3)
+        print(f"{name}: {row['gpu_hours']} GPU-h simulated, plan {estimate} ({row['plan_error']:+.0%})", flush=True)
+    text = render(rows, args.launch_s)
+    print(text)
+    (out / "side_by_side.md").write_text(text, encoding="utf-8")
+    (out / "side_by_side.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+def render(rows: dict[str, dict[str, Any]], launch_s: float) -> str:
+    fixed, adaptive = rows["fixed"], rows["adaptive"]
+    lines = [
+        "| | fixed plan (design) | adaptive plan (config) |",
+        "|---|---|---|",
+        f"| cells measured (pruned) | {fixed['cells']} ({fixed['pruned']}) | {adaptive['cells']} ({adaptive['pruned']}) |",
+        f"| cell time, simulated h | {fixed['cell_hours_total']} | {adaptive['cell_hours_total']} |",
+        f"| server start-ups x {launch_s:g} s | {fixed['launches'] + fixed['preflights']} "
+        f"| {adaptive['launches'] + adaptive['preflights']} |",
+        f"| GPU-hours (one GPU) | **{fixed['gpu_hours']}** | **{adaptive['gpu_hours']}** |",
+        f"| `ctax plan --predict` estimate | {fixed['plan_estimate_gpu_hours']} ({fixed['plan_error']:+.0%}) "
+        f"| {adaptive['plan_estimate_gpu_hours']} ({adaptive['plan_error']:+.0%}) |",
+        f"| `ctax plan` estimate, rules only | {fixed['plan_rules_only_gpu_hours']} "
+        f"({fixed['plan_rules_only_error']:+.0%}) | {adaptive['plan_rules_only_gpu_hours']} "
+        f"({adaptive['plan_rules_only_error']:+.0%}) |",
+        f"| ref_safe / ref_load (req/s) | {fixed['ref_safe']:g} / {fixed['ref_load']:g} "
+        f"| {adaptive['ref_safe']:g} / {adaptive['ref_load']:g} |",
+    ]
+    for h in HYPOTHESES:
+        a, b = fixed["verdicts"].get(h, "-"), adaptive["verdicts"].get(h, "-")
+        same = "same call" if a.split(" ")[0] == b.split(" ")[0] else "DIFFERENT call"
+        lines.append(f"| {h} | {a} | {b} ({same}) |")
+    lines.append(f"| computed here in | {fixed['computed_in_s']:.0f} s | {adaptive['computed_in_s']:.0f} s |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

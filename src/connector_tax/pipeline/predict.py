@@ -1,0 +1,65 @@
+"""`ctax plan --predict`: what a study will find about its own length, from the simulator.
+
+The rules alone cannot say where Phase A's knees are or what ref_safe will be, and a study's
+length hangs on both (a Phase B cell at 0.5 req/s needs 400 s for 200 requests, at 4 req/s
+only its 60 s floor). The simulator's hardware profile models the study's server, so the
+prediction runs the study itself in virtual time (sim.clock: virtual) in a scratch folder, as
+far as it must: preflight, every configuration's Phase A, the reference rates, and the
+baseline's Phase B (with its B'). Those cells' simulated lengths then stand in for what the
+plan would otherwise guess: Phase A as computed (pruned cells cost nothing), Phase B at the
+predicted reference rates, each configuration's cell at the baseline's length for its shape.
+
+This is only as good as the profile: for a vLLM study the config must name its server's
+profile (sim.hardware_profile), or there is nothing to predict from.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from connector_tax.config import StudyConfig
+from connector_tax.contract import PHASE_B, StudyLayout
+
+_SNAKEFILE = Path(__file__).resolve().parents[3] / "workflow" / "Snakefile"
+
+
+def predictable(study: StudyConfig, named_profile: bool) -> str | None:
+    """Why the simulator cannot predict this study, or None if it can."""
+    if study.backend == "openai":
+        return "an external server: the simulator does not model it"
+    if study.backend == "vllm" and not named_profile:
+        return "the config names no sim.hardware_profile for its server"
+    return None
+
+
+def virtual_config(study: StudyConfig) -> dict:
+    """The study as a virtual-time simulated one (same name: it runs in its own scratch folder)."""
+    config = copy.deepcopy(dict(study.raw))
+    config["backend"] = "sim"
+    config["sim"] = {**config.get("sim", {}), "clock": "virtual"}
+    for section in ("vllm", "openai"):
+        config.pop(section, None)
+    return config
+
+
+def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> StudyLayout:
+    """Compute the study's Phase A and its baseline's Phase B in virtual time under `workdir`;
+    returns the layout of those results. Raises RuntimeError with the log's tail on failure."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "study.yaml"
+    path.write_text(yaml.safe_dump(virtual_config(study), sort_keys=False), encoding="utf-8")
+    layout = StudyLayout(workdir / "results" / study.study)
+    baseline = study.names[0]
+    targets = [f"results/{study.study}/{baseline}/{PHASE_B}/run.json"]
+    argv = [sys.executable, "-m", "snakemake", "-s", str(_SNAKEFILE), "--cores", "1", "--quiet", "all"]
+    argv += ["--configfile", str(path), "--directory", str(workdir), *targets]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise RuntimeError("the virtual-time prediction failed: " + " | ".join(tail))
+    return layout

@@ -1,0 +1,270 @@
+"""One study cell in the simulator's virtual time (`sim.clock: virtual`): the load generator's
+schedule and cell rules driving the simulated engine, leaving the records a real cell leaves.
+
+A real simulated cell sleeps through its seconds; this one computes them. Everything that
+decides what a cell measures is the real cell's: the arrival offsets and shapes come from the
+load generator's own generators with the study's seed (loadgen.schedulers, loadgen.shapes); the
+cell ends as loadgen.cell_run ends one (warm-up, duration floor, then min-completed and the
+caller's `enough`, the caller's `give_up`, or max_duration_s), asking `enough` once a virtual
+second as the pipeline's precision watch recomputes once a second; the scrapes land in the
+caller's `waiting` list as a metrics sampler's do (the overload guard reads them); the in-flight
+cap drops, the request timeout and the drain budget cancel as there; the summary is the load generator's own (loadgen.stats.CellStats). The engine is the one
+`ctax sim` serves with (settings.resolve), stepped in virtual time (virtual.py's convention: a
+token is stamped at the end of the step that produced it).
+
+What it leaves out is what a real run adds: HTTP, the client's and the server's CPU time, send
+lateness (t_send = t_scheduled), scheduling noise. Every record says `clock: virtual`, and the
+study's outputs say "simulated vLLM (ctax sim, virtual time)".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from connector_tax.atomic import write_json
+from connector_tax.contract.layout import CellFiles
+from connector_tax.loadgen.options import CellSpec, LoadgenOptions
+from connector_tax.loadgen.records import RecordWriter, RequestRecord
+from connector_tax.loadgen.schedulers import arrivals
+from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.stats import CellStats
+from connector_tax.sim.cells import prompt_ids
+from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
+from connector_tax.sim.settings import SimSettings
+from connector_tax.sim.steplog import step_record
+from connector_tax.sim.tokens import natural_length
+
+_NS = 1_000_000_000
+CHECK_S = 1.0  # `enough` is asked this often (virtual seconds), as the precision watch recomputes
+
+
+@dataclass
+class _InFlight:
+    record: RequestRecord
+    request: SimRequest
+
+
+class _Run:
+    def __init__(
+        self,
+        settings: SimSettings,
+        cell: CellSpec,
+        opts: LoadgenOptions,
+        files: CellFiles,
+        t0_ns: int,
+        enough: Callable[[], bool],
+        give_up: Callable[[], bool],
+        waiting: list[tuple[float, float]],
+        metrics_interval_s: float,
+    ) -> None:
+        self.cell, self.opts, self.files = cell, opts, files
+        self.enough, self.give_up, self.waiting = enough, give_up, waiting
+        self.core = EngineCore(settings.engine, settings.cost_model)
+        self.t0 = t0_ns
+        self.now = self.t0
+        self.warm_end = self.t0 + int(cell.warmup_s * _NS)
+        self.issue_end = self.warm_end + int(cell.duration_s * _NS)
+        self.hard_end = self.warm_end + int(cell._max_duration() * _NS)
+        self.name = f"{cell.phase}_{cell.label}"
+        self.writer = RecordWriter(files.requests)
+        self.stats = CellStats(self.t0, opts.summary_exact_cap)
+        self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()  # send order: the oldest times out first
+        self.by_request: dict[int, int] = {}  # id(SimRequest) -> index
+        self.completed_post = 0
+        self.longest_output = 0
+        self.next_check = self.issue_end
+        self.was_enough = False
+        self.interval_ns = int(metrics_interval_s * _NS)
+        self.next_sample = self.t0
+        self.steps: IO[str] = open(files.engine_step, "w", encoding="utf-8")
+        self.metrics: IO[str] = open(files.metrics, "w", encoding="utf-8")
+        self.tokens = {"prompt": 0, "generation": 0}
+
+    # -- the cell's rules (loadgen.cell_run._done) --------------------------------------
+    def done(self, t: int) -> bool:
+        if t < self.issue_end:
+            return False
+        if t >= self.hard_end or self.give_up():
+            return True
+        if t >= self.next_check:
+            self.was_enough = self.enough()
+            self.next_check = t + int(CHECK_S * _NS)
+        return self.completed_post >= self.cell.min_completed and self.was_enough
+
+    def issue(self, index: int, target: int, input_len: int, output_len: int) -> None:
+        warmup = target < self.warm_end
+        self.longest_output = max(self.longest_output, output_len)
+        record = RequestRecord(
+            request_id=f"{self.name}-{index}",
+            t_scheduled_ns=target,
+            t_send_ns=None,
+            t_first_token_ns=None,
+            t_last_token_ns=None,
+            prompt_tokens=None,
+            completion_tokens=None,
+            inflight_at_send=len(self.in_flight),
+            warmup=warmup,
+            status="dropped",
+            error=None,
+            input_len=input_len,
+            output_len=output_len,
+            worker=0,
+            cell=f"{self.name}#virtual",
+        )
+        if len(self.in_flight) >= self.opts.inflight_cap:
+            record.error = "in-flight cap reached"
+            self.finish(record)
+            return
+        ids = prompt_ids(index, input_len)
+        tokens = output_len if self.opts.ignore_eos else natural_length(ids, output_len)
+        request = SimRequest(record.request_id, ids, output_len, tokens)
+        record.t_send_ns, record.status = target, "ok"
+        self.in_flight[index] = _InFlight(record, request)
+        self.by_request[id(request)] = index
+        self.core.add_request(request)
+
+    def finish(self, record: RequestRecord) -> None:
+        if record.status == "ok" and not record.warmup:
+            self.completed_post += 1
+        self.stats.add(record)
+        self.writer.write(record)
+
+    def end_request(self, index: int, status: str, error: str | None) -> None:
+        entry = self.in_flight.pop(index)
+        self.by_request.pop(id(entry.request), None)
+        if status != "ok":
+            self.core.abort_request(entry.request)
+        record = entry.record
+        record.status, record.error = status, error
+        record.completion_tokens = len(entry.request.output_token_ids) or None
+        record.usage_completion_tokens = record.completion_tokens if status == "ok" else None
+        record.prompt_tokens = entry.request.prompt_len
+        record.chunks = record.completion_tokens or 0
+        record.http_status = 200
+        self.finish(record)
+
+    # -- the clock ----------------------------------------------------------------------
+    def step(self) -> bool:
+        """One engine step from `now`; False when the engine had nothing to do."""
+        result = self.core.step()
+        if result is None:
+            return False
+        self.sample_until(self.now, result)
+        self.now += int(result.cost.duration_us * 1000)
+        self.steps.write(json.dumps(step_record(result, self.now), separators=(",", ":")) + "\n")
+        self.tokens["prompt"] += result.prefill_tokens
+        self.tokens["generation"] += result.decode_tokens
+        for out in result.outputs:
+            index = self.by_request.get(id(out.request))
+            if index is None:
+                continue
+            record = self.in_flight[index].record
+            if record.t_first_token_ns is None:
+                record.t_first_token_ns = self.now
+            record.t_last_token_ns = self.now
+            if out.finished:
+                self.end_request(index, "ok", None)
+        self.expire(self.now)
+        return True
+
+    def expire(self, t: int) -> None:
+        """The request timeout, oldest send first (as the worker's per-request timer)."""
+        limit = int(self.opts.timeout_s * _NS)
+        while self.in_flight:
+            index, entry = next(iter(self.in_flight.items()))
+            if t - (entry.record.t_send_ns or t) < limit:
+                return
+            self.end_request(index, "timeout", f"timeout after {self.opts.timeout_s:g} s")
+
+    def sample_until(self, t: int, result: StepResult | None) -> None:
+        """The /metrics scrapes due by `t`, reading the queues as the scheduler left them."""
+        while self.next_sample <= t:
+            running = result.num_running if result else len(self.core.running)
+            waiting = result.num_waiting if result else len(self.core.waiting)
+            usage = result.kv_cache_usage if result else 0.0
+            line = {
+                "t_ns": self.next_sample,
+                "vllm:num_requests_running": running,
+                "vllm:num_requests_waiting": waiting,
+                "vllm:kv_cache_usage_perc": round(usage, 6),
+                "vllm:prompt_tokens_total": self.tokens["prompt"],
+                "vllm:generation_tokens_total": self.tokens["generation"],
+            }
+            self.metrics.write(json.dumps(line, separators=(",", ":")) + "\n")
+            self.waiting.append((self.next_sample / _NS, float(waiting)))
+            self.next_sample += self.interval_ns
+
+    def advance_idle(self, t: int) -> None:
+        """The engine is idle until `t`: the scrapes in between, then the clock."""
+        self.sample_until(t, None)
+        self.now = max(self.now, t)
+
+    def drain_budget_s(self) -> float:
+        opts = self.opts
+        return min(
+            max(opts.timeout_s, opts.drain_timeout_s),
+            opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token,
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+        self.steps.close()
+        self.metrics.close()
+
+
+def run_virtual_cell(
+    settings: SimSettings,
+    cell: CellSpec,
+    opts: LoadgenOptions,
+    files: CellFiles,
+    t0_ns: int,
+    enough: Callable[[], bool],
+    give_up: Callable[[], bool],
+    waiting: list[tuple[float, float]],
+    metrics_interval_s: float,
+) -> dict[str, Any]:
+    """Run `cell` to its end in virtual time from `t0_ns` (the base of its clock: give a
+    monotonic reading, so its times sort with real ones); its records and summary land in
+    `files`. Returns the summary."""
+    files.folder.mkdir(parents=True, exist_ok=True)
+    run = _Run(settings, cell, opts, files, t0_ns, enough, give_up, waiting, metrics_interval_s)
+    wall0 = time.monotonic()
+    try:
+        schedule = arrivals(cell.arrival, cell.rate, opts.seed, cell.gamma_shape, cell.num_requests)
+        shapes = ShapeSampler(cell.shape, opts.seed)
+        t_issue_end = run.t0
+        for index, offset in enumerate(schedule):
+            target = run.t0 + offset
+            while run.now < target and run.step():  # the engine works up to the next arrival
+                pass
+            run.advance_idle(target)
+            if run.done(target):
+                t_issue_end = target
+                break
+            pair = shapes.next()
+            run.issue(index, target, pair.input, pair.output)
+        drain_end = t_issue_end + int(run.drain_budget_s() * _NS)
+        while run.in_flight and run.now < drain_end and run.step():
+            pass
+        run.sample_until(run.now, None)
+        for index in list(run.in_flight):
+            run.end_request(index, "timeout", f"drain timeout after {run.drain_budget_s():g} s")
+    finally:
+        run.close()
+    summary = run.stats.summary(cell.describe(), run.warm_end, t_issue_end, {}, opts.validity)
+    summary.update(
+        cell_id=f"{run.name}#virtual",
+        clock="virtual",
+        wall_s=round((run.now - run.t0) / _NS, 3),
+        compute_s=round(time.monotonic() - wall0, 3),
+        drain_budget_s=round(run.drain_budget_s(), 3),
+        extended=t_issue_end > run.issue_end + 100_000_000,
+        complete=True,
+    )
+    write_json(files.summary, summary)
+    return summary
