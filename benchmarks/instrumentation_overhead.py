@@ -186,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="--real: leave idle servers running while another serves (they then compete for its core)",
     )
+    parser.add_argument(
+        "--launch-rotation",
+        type=int,
+        default=0,
+        help="--real: launch order plain, plain2, instrumented rotated by this many places",
+    )
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
     if args.real:

@@ -124,10 +124,16 @@ class Freezer:
         self._signal(self.groups, signal.SIGCONT)
 
 
-def _launch(config: dict[str, Any], tmp: Path, control: bool) -> dict[str, ServerProcess]:
+def launch_order(rotation: int) -> list[str]:
+    """The roles in the order they are launched: a launch's place can be a bias of its own."""
+    k = rotation % len(ROLES)
+    return list(ROLES[k:] + ROLES[:k])
+
+
+def _launch(config: dict[str, Any], tmp: Path, control: bool, rotation: int) -> dict[str, ServerProcess]:
     variant = find_variant(config, "noop_connector")
     servers: dict[str, ServerProcess] = {}
-    for name in ROLES:  # one at a time: start-up saturates both cores
+    for name in launch_order(rotation):  # one at a time: start-up saturates both cores
         port = free_port("127.0.0.1", block=3)
         instrumented = name == "instrumented" and not control
         step_log = str(tmp / name / "steps" / "engine_step.jsonl") if instrumented else None
@@ -202,7 +208,7 @@ def run_real(args: Any) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ctax-overhead-"))
     servers: dict[str, ServerProcess] = {}
     try:
-        servers = _launch(config, tmp, args.control)
+        servers = _launch(config, tmp, args.control, args.launch_rotation)
         load_before = os.getloadavg()
         got = _measure(servers, args)
         load_after = os.getloadavg()
@@ -214,6 +220,7 @@ def run_real(args: Any) -> int:
     report: dict[str, Any] = {
         "control": bool(args.control),
         "freeze_idle": bool(args.freeze),
+        "launch_order": launch_order(args.launch_rotation),
         "prompts": args.rounds * args.requests,
         "output_len": args.output_len,
         "input_len": INPUT_LEN,
@@ -241,7 +248,8 @@ def _print(report: dict[str, Any]) -> None:
     print(
         f"vLLM CPU build, tiny dummy model, noop_connector; {report['prompts']} prompts of {report['input_len']}->"
         f"{report['output_len']} tokens, each sent to plain, plain2 and instrumented back to back (order rotating); "
-        f"idle servers {'frozen' if report['freeze_idle'] else 'left running'}"
+        f"idle servers {'frozen' if report['freeze_idle'] else 'left running'}; launched in the order "
+        f"{', '.join(report['launch_order'])}"
     )
     for label, by_metric in report["comparisons"].items():
         for metric, name in (("itl_us", "per step (ITL)"), ("e2e_us", "end to end")):
