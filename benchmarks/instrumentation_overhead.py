@@ -1,7 +1,7 @@
 """The step-timing instrumentation's own cost per engine step (patches/).
 
     python benchmarks/instrumentation_overhead.py [--steps 20000] [--repeat 7] [--json]
-    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--json]  (rounds x requests prompt pairs)
+    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--no-freeze] [--control] [--json]
 
 Fakes (default): an engine step of fakes that do no work of their own is timed twice: plain,
 and with exactly the wrappers vLLM's processes get (EngineCore.step_fn, Scheduler.schedule with
@@ -12,8 +12,9 @@ records to a temporary file. The difference per step is the instrumentation's co
 batch sizes (the split loops over the batch).
 
 Real (--real, benchmarks/overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
-model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), two servers side by
-side, one instrumented and one not, the same seeded prompts sent to each in alternating rounds.
+model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), three servers side by
+side, one instrumented and two not, each seeded prompt sent to all three back to back in a
+rotating order: the A/B difference and the A/A one (two identical launches) in one sitting.
 The design's budget is 1% of a step.
 """
 
@@ -167,14 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
     parser.add_argument(
-        "--rounds", type=int, default=8, help="--real: rounds of --requests prompts (each prompt: one pair)"
+        "--rounds",
+        type=int,
+        default=8,
+        help="--real: rounds of --requests prompts (each prompt: one request per server)",
     )
     parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
     parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
     parser.add_argument(
         "--control",
         action="store_true",
-        help="--real: A/A control, neither server instrumented (the set-up's own bias)",
+        help="--real: no server instrumented (every difference is the set-up's own)",
+    )
+    parser.add_argument(
+        "--no-freeze",
+        dest="freeze",
+        action="store_false",
+        help="--real: leave idle servers running while another serves (they then compete for its core)",
+    )
+    parser.add_argument(
+        "--launch-rotation",
+        type=int,
+        default=0,
+        help="--real: launch order plain, plain2, instrumented rotated by this many places",
     )
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)

@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 CPU = REPO / "configs" / "vllm-cpu-tiny.yaml"
 
 
-def fake_vllm(tmp_path: Path, distributions: dict[str, str]) -> Path:
-    """A `vllm` script whose Python has the given distributions' metadata (no vLLM at all)."""
+def fake_vllm(tmp_path: Path, distributions: dict[str, str], serve: str = "print('fake')\n") -> Path:
+    """A `vllm` script (body `serve`) whose Python has the given distributions' metadata (no vLLM
+    at all) in tmp_path/site, ahead of the caller's PYTHONPATH."""
     site = tmp_path / "site"
     site.mkdir(parents=True)
     for name, version in distributions.items():
@@ -31,10 +32,10 @@ def fake_vllm(tmp_path: Path, distributions: dict[str, str]) -> Path:
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     script = tmp_path / "vllm"
-    script.write_text(f"#!{python}\nprint('fake')\n")
+    script.write_text(f"#!{python}\n{serve}")
     script.chmod(0o755)
     return script
 

@@ -134,6 +134,47 @@ def test_an_unchanged_rerun_reuses_everything(measured, tmp_path) -> None:
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr
 
 
+# Facts of the launch that measured a phase's cells, which a run that launches nothing must keep.
+_LAUNCH_FACTS = ("launch_command", "server_cpus", "gpu", "step_timing_available", "step_timing_reason")
+
+
+def _launch_facts(folder: Path, name: str, phase: str) -> dict:
+    index = json.loads(StudyLayout(folder / "results" / "integrity").index(name, phase).read_text())
+    return {key: index[key] for key in _LAUNCH_FACTS}
+
+
+def test_a_forced_rerun_that_reuses_every_cell_keeps_the_launch_facts(measured, tmp_path) -> None:
+    """Snakemake deletes a job's outputs (run.json) before it runs it: the facts of the launch that
+    measured the reused cells (step timing above all) must not go with it."""
+    folder = _copy(measured, tmp_path)
+    before = {(n, p): _launch_facts(folder, n, p) for n in ("plain", "noop_connector") for p in ("phase_a", "phase_b")}
+    assert all(f["step_timing_available"] and f["launch_command"] for f in before.values())
+    result = snakemake(folder, folder / "study.yaml", "analyze", "--forcerun", "phase_a_plain", "phase_b_plain")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "plain phase_a: ok, 2 cells (2 reused)" in out and "plain phase_b: ok, 1 cells (1 reused)" in out
+    assert {k: _launch_facts(folder, *k) for k in before} == before
+    rows = json.loads((StudyLayout(folder / "results" / "integrity").analysis_dir / "aggregate.json").read_text())
+    assert all(r["step_timing_available"] for r in rows["rows"]), [r["cell"] for r in rows["rows"]]
+
+
+def test_a_rerun_whose_only_cell_left_is_pruned_keeps_the_launch_facts(tmp_path) -> None:
+    """The knee prunes r400 again without a launch: the launch that measured r4 and r200 stands."""
+    config = copy.deepcopy(TINY)
+    config["configs"] = config["configs"][:1]
+    config.pop("saturation")
+    config["workload"]["phase_a"] = {"rates": [4, 200, 400], "shape": {"input": 512, "output": 16}}
+    path = write_config(tmp_path, config)
+    assert snakemake(tmp_path, path, "phase_a").returncode == 0
+    before = _launch_facts(tmp_path, "plain", "phase_a")
+    assert before["step_timing_available"] and before["launch_command"]
+    result = snakemake(tmp_path, path, "phase_a", "--forcerun", "phase_a_plain")
+    assert result.returncode == 0, result.stderr[-3000:]
+    index = json.loads(StudyLayout(tmp_path / "results" / "integrity").index("plain", "phase_a").read_text())
+    assert [c["status"] for c in index["cells"]] == ["complete", "complete", "pruned"]
+    assert _launch_facts(tmp_path, "plain", "phase_a") == before
+
+
 def test_duplicate_labels_are_one_line_before_any_launch(tmp_path) -> None:
     config = copy.deepcopy(TINY)
     config["workload"]["phase_a"]["rates"] = [100, 100.000001]

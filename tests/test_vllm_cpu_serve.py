@@ -24,6 +24,7 @@ from connector_tax.launch import steptiming
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_install import FLAGS_SINCE, installed_vllm
 from connector_tax.metrics.sampler import MetricsSampler
+from connector_tax.pipeline.preflight import missing_library
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -223,7 +224,9 @@ def test_plain_vllm_has_engine_records_and_no_connector_fields(cpu_config, tmp_p
         ("lmcache_only", "No module named 'lmcache"),
     ],
 )
-def test_a_real_connector_that_is_not_installed_fails_with_vllms_own_error(cpu_config, tmp_path, name, cause):
+def test_a_real_connector_that_is_not_installed_fails_with_vllms_own_error(
+    cpu_config, tmp_path, probe_cache, name, cause
+):
     server = start(cpu_config, name, tmp_path)
     try:
         with pytest.raises(ServerStartError) as err:
@@ -231,6 +234,15 @@ def test_a_real_connector_that_is_not_installed_fails_with_vllms_own_error(cpu_c
     finally:
         server.stop()
     assert cause in str(err.value) and "\n" not in str(err.value)
+    # The preflight's probe finds the same error in vLLM's Python without a launch (its root cause, verbatim).
+    variant = find_variant(cpu_config, name)
+    missing = missing_library(cpu_config, variant, launch_spec(str(CONFIG), cpu_config, variant, 8000).env, probe_cache)
+    assert missing is not None and str(err.value).endswith(": " + missing["error"]), (missing, str(err.value))
+
+
+@pytest.fixture(scope="module")
+def probe_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("probe") / "connector_probe.json"
 
 
 def test_the_installed_cli_lacks_exactly_the_flags_the_launch_refuses(cpu_config):

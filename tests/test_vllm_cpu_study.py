@@ -3,12 +3,13 @@ configs/vllm-cpu-tiny.yaml, against real `vllm serve` on this host's CPU.
 
 Marked `vllm_cpu` (skipped, with the reason, without vLLM's CPU environment). The copy keeps the
 shipped config's server, vLLM and load generator settings and cuts the rest: plain and
-noop_connector measured (one Phase A rate, one Phase B shape, short cells), mooncake_both (SKIP on
-the readiness path) and multi_mooncake_lmcache (SKIP through tools/verify_multi_connector.sh). It
-checks what the study leaves: preflight verdicts with vLLM's own errors, every launch's index,
+noop_connector measured (one Phase A rate, one Phase B shape, short cells), mooncake_both and
+multi_mooncake_lmcache (SKIP without a launch: vLLM's own error from its Python, through
+tools/connector_probe.py). It checks what the study leaves: preflight verdicts with vLLM's own
+errors, every launch's index,
 an engine-step slice with engine records (and, with a connector, worker records) and a
 /metrics file with vLLM's series for every measured cell, and a report, manifest and figures that
-say what served them. About eight vLLM launches: 8-12 minutes on two cores.
+say what served them. Six vLLM launches (two preflight, four measured).
 """
 
 from __future__ import annotations
@@ -83,10 +84,13 @@ def test_preflight_measures_plain_and_noop_and_skips_the_others_with_vllms_error
     for name in MEASURED:
         assert status[name]["status"] == "ok", status[name]
     assert status["noop_connector"]["gate"] == "verify_noop_connector.sh"
-    assert status["multi_mooncake_lmcache"]["gate"] == "verify_multi_connector.sh"
     for name, cause in SKIPPED.items():
         assert status[name]["status"] == "skip" and cause in status[name]["reason"], status[name]
         assert "See root cause above" not in status[name]["reason"]  # vLLM's cause, not its last words
+        # no launch that could only fail: vLLM's worker class raised it in vLLM's own Python
+        probe = status[name]["probe"]
+        assert probe["error"] == cause and probe["raised_by"].endswith("MooncakeConnectorWorker"), probe
+        assert not (study["results"] / "preflight" / name).exists()
 
 
 def test_every_launch_has_an_index_that_says_what_served_it(study):

@@ -8,9 +8,11 @@ Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
     results/<study>/
       study.json                  which study and backend this folder holds (one backend only)
       study_config.yaml           the validated config the study ran with (file + --config)
-      preflight/                  ready_<config>.json, preflight_status.json, <config>/ logs
-      <config>/phase_a/           one server launch: run.json (its index), config.json, env.txt,
-                                  launch.sh, server logs, raw_steps/, and per cell:
+      preflight/                  ready_<config>.json, preflight_status.json, <config>/ logs,
+                                  connector_probe.json (vLLM's errors for libraries it lacks)
+      <config>/phase_a/           one server launch: run.json (its index), launch.json (the last
+                                  launch's facts), config.json, env.txt, launch.sh, server logs,
+                                  raw_steps/, and per cell:
                                     requests_<phase>_<label>.jsonl
                                     metrics_<phase>_<label>.jsonl
                                     engine_step_<phase>_<label>.jsonl

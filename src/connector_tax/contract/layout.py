@@ -217,6 +217,13 @@ class PhaseLayout:
         return self.folder / "config.json"
 
     @property
+    def launch_json(self) -> Path:
+        """launch.json: the facts of the last launch that ran here (command, CPUs, GPU, step
+        timing). Not a Snakemake output, so it outlives run.json, which Snakemake deletes before
+        it re-runs the job: a run that launches nothing carries these facts over."""
+        return self.folder / "launch.json"
+
+    @property
     def env_txt(self) -> Path:
         return self.folder / "env.txt"
 
@@ -256,6 +263,11 @@ class StudyLayout:
     @property
     def preflight_status(self) -> Path:
         return self.preflight_dir / "preflight_status.json"
+
+    @property
+    def preflight_probe(self) -> Path:
+        """vLLM's own errors for connector libraries its Python lacks (pipeline/preflight.py)."""
+        return self.preflight_dir / "connector_probe.json"
 
     def preflight_ready(self, config: str) -> Path:
         return self.preflight_dir / f"ready_{config}.json"

@@ -22,8 +22,9 @@ import sys
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import StudyConfig, find_variant, load_study
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, run_order
+from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
-from connector_tax.contract.layout import now_iso, utc_stamp
+from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
@@ -33,8 +34,35 @@ from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
 
-# Launch facts a launch that measured nothing carries over from the one that measured.
+# Facts of a server launch (not settings). A run that launches nothing (every cell reused, or the
+# only cells left pruned) carries them over from the last launch, which measured the cells it
+# reuses. They are kept in launch.json: Snakemake deletes a job's output, run.json, before it
+# re-runs the job (--forcerun, a touched input), so run.json alone would lose them.
 _CARRIED = ("launch_command", "server_cpus", "gpu", "step_timing_available", "step_timing_reason")
+
+
+def _settings_of(index: PhaseIndex) -> str:
+    """Every cell's fingerprint holds these: cells reused now were measured by a launch of them."""
+    return sha({"launch": index.launch, "code": index.code})
+
+
+def _keep_launch_facts(folder: PhaseLayout, index: PhaseIndex) -> None:
+    facts = {key: getattr(index, key) for key in _CARRIED}
+    write_json(folder.launch_json, {"launch_id": index.launch_id, "settings": _settings_of(index), **facts})
+
+
+def _carry_launch_facts(folder: PhaseLayout, index: PhaseIndex, previous: PhaseIndex | None) -> None:
+    """The last launch's facts, from launch.json (or, for results older than it, a run.json that
+    is still there), if that launch ran with the current launch settings and code."""
+    try:
+        facts = json.loads(folder.launch_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        facts = None
+    if not isinstance(facts, dict) and previous is not None:
+        facts = {"settings": _settings_of(previous), **{key: getattr(previous, key) for key in _CARRIED}}
+    if isinstance(facts, dict) and facts.get("settings") == _settings_of(index):
+        for key in _CARRIED:
+            setattr(index, key, facts.get(key, getattr(index, key)))
 
 
 def _preflight_reason(layout: StudyLayout, name: str) -> str | None:
@@ -121,9 +149,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     index.cells, index.superseded = decide(layout, plan)
     todo = [p for p, entry in zip(plan.cells, index.cells) if not entry.reused]
     if not todo:
-        if previous is not None:
-            for key in _CARRIED:
-                setattr(index, key, getattr(previous, key))
+        _carry_launch_facts(folder, index, previous)
         index.status, index.finished = _final_status(index), now_iso()
         index.write(folder.index)
         return index
@@ -160,6 +186,10 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         index.status, index.reason, index.finished = "interrupted", "stopped by a signal or Ctrl-C", now_iso()
         index.write(folder.index)
         raise
+    if index.launch_command is None:  # every cell left was pruned: no server launched
+        _carry_launch_facts(folder, index, previous)
+    else:
+        _keep_launch_facts(folder, index)
     index.status, index.finished = _final_status(index), now_iso()
     if index.status != "ok" and index.reason is None:
         failed = [c for c in index.cells if c.status == FAILED]

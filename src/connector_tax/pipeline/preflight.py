@@ -20,6 +20,8 @@ import httpx
 
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_study
+from connector_tax.contract import StudyLayout
+from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_cpu import device
 from connector_tax.pipeline.plan import launch_digest
@@ -98,18 +100,70 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
         }
 
 
+def missing_library(
+    config: dict[str, Any], variant: dict[str, Any], env: dict[str, str], cache: Path
+) -> dict[str, Any] | None:
+    """vLLM's own start-up error for the first connector library of `variant` that vLLM's Python
+    cannot import, found without a launch (launch/connector_probe.py); None when every library is
+    there or the probe cannot tell: the real launch decides then.
+
+    The package check runs every time (a library installed since is launched for real). vLLM's
+    errors cost an import of its connector modules, so they are probed once for all libraries and
+    kept in `cache` (preflight/connector_probe.json) for the same interpreter, PYTHONPATH and
+    versions."""
+    from connector_tax.launch.connector_probe import LIBRARIES, libraries, probe
+    from connector_tax.launch.vllm_install import installed_vllm
+    from connector_tax.pipeline.provenance import server_versions
+
+    libs = libraries(variant)
+    if not libs:
+        return None
+    try:
+        python = installed_vllm((config.get("vllm") or {}).get("executable", "vllm")).python
+    except ValueError:
+        return None
+    quick = probe(python, env, libs, errors=False)
+    absent = [lib for lib in libs if quick[lib].get("present") is False]
+    if not absent:
+        return None
+    key = {"python": python, "pythonpath": env.get("PYTHONPATH"), "server_versions": server_versions(config)}
+    kept = _read(cache) or {}
+    answers = (kept.get("libraries") or {}) if kept.get("key") == key else {}
+    if any(lib not in answers for lib in absent):
+        answers = probe(python, env, list(LIBRARIES), errors=True)
+        kept = {"key": key, "probed": now_iso(), "libraries": answers}
+        write_json(cache, kept)
+    for lib in absent:
+        answer = answers.get(lib) or {}
+        if answer.get("present") is False and answer.get("error"):
+            return {"library": lib, "python": python, "probed": kept["probed"], **answer}
+    return None
+
+
+def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
+    packages = " or ".join(f"'{p}'" for p in missing.get("packages") or [missing["library"]])
+    by = missing["raised_by"]  # "vllm....MooncakeConnectorWorker" or "import lmcache.x (vllm....)"
+    by = "its " + by.split(" (")[0] if by.startswith("import ") else by.rsplit(".", 1)[-1]
+    reason = f"{missing['error']} (vLLM's own error, from {by} in vLLM's Python, without a launch: no {packages} there)"
+    return {"config": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
+
+
 def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     variant = find_variant(config, name)
     backend = config["backend"]
-    if backend == "vllm":
-        from connector_tax.launch.vllm import preflight_script
-
-        script = preflight_script(config, name)
-        if script is not None:
-            return run_gate(config_path, config, name, script, log_dir)
     host = variant.get("server", {}).get("host") or config["server"]["host"]
     port = free_port(host, block=3 if backend == "vllm" else 1)
     spec = launch_spec(config_path, config, variant, port)
+    if backend == "vllm":
+        from connector_tax.launch.vllm import preflight_script
+
+        # A connector library vLLM's Python lacks: vLLM's own error, without a launch that can only fail.
+        missing = missing_library(config, variant, spec.env, StudyLayout.of(config["study"]).preflight_probe)
+        if missing is not None:
+            return _probe_skip(name, missing)
+        script = preflight_script(config, name)
+        if script is not None:
+            return run_gate(config_path, config, name, script, log_dir)
     url = spec.url or f"http://{host}:{port}"
     model = config["model"].get("served_name") or config["model"]["name"]
     started = time.monotonic()

