@@ -64,9 +64,9 @@ def snakemake(
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def start_snakemake(folder: Path, config: Path, *args: str) -> subprocess.Popen[bytes]:
+def start_snakemake(folder: Path, config: Path, *args: str, cores: int = 1) -> subprocess.Popen[bytes]:
     """In its own session, so the test can signal or kill the whole job tree."""
-    argv = [*SNAKEMAKE, "--cores", "1", *args, "--configfile", str(config), "--directory", str(folder)]
+    argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.Popen(
         argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

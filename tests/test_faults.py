@@ -89,7 +89,8 @@ def faulty_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
         request_timeout_s=3, duration_s=0.6, phase_a={"rates": [4], "shape": {"input": 128, "output": 8}}
     )
     config["loadgen"]["cpu_latency_us"] = 25
-    proc = start_snakemake(folder, write_config(folder, config), "phase_a", "--keep-going")
+    # two jobs at a time: nine configurations' preflights and phases, the faults met side by side
+    proc = start_snakemake(folder, write_config(folder, config), "phase_a", "--keep-going", cores=2)
     _kill_when_measuring(folder, {"killed_phase": False, "killed_worker": True}, proc)
     return folder, config, proc.wait(600)
 

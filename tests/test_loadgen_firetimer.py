@@ -142,5 +142,7 @@ def test_run_due_fires_from_inside_a_long_callback() -> None:
         timer.close()
         return target, fired[0], end
 
-    target, fired, end = _run(main)
-    assert target <= fired < end - 2_000_000
+    # A 3 ms window on a shared host: a preemption inside it says nothing of run_due(), so the
+    # measurement gets three tries; a run_due() that does not fire fails every one.
+    runs = [_run(main) for _ in range(3)]
+    assert any(target <= fired < end - 2_000_000 for target, fired, end in runs), runs

@@ -12,7 +12,7 @@ from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen.options import CellSpec, LoadgenOptions
 from connector_tax.sim.cells import Load, run_cell
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.virtual_cell import run_virtual_cell
+from connector_tax.sim.virtual_cell import VirtualCell
 
 CONFIG = {"backend": "sim", "model": {"name": "m"}, "server": {}, "sim": {"hardware_profile": "tiny-fast"}}
 T0 = 10**12
@@ -26,7 +26,7 @@ def run(tmp_path: Path, cell: CellSpec, enough=lambda: True, give_up=lambda: Fal
     files = CellFiles(tmp_path / cell.label, cell.phase, cell.label)
     waiting: list[tuple[float, float]] = []
     options = LoadgenOptions(url="virtual:", model="m", seed=3, **opts)
-    summary = run_virtual_cell(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0)
+    summary = VirtualCell(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0).run()
     records = [json.loads(line) for line in files.requests.read_text().splitlines()]
     return summary, records, files, waiting
 

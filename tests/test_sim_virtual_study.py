@@ -41,18 +41,19 @@ def test_a_virtual_study_runs_end_to_end_and_says_so(tmp_path):
 
 
 def test_switching_the_clock_measures_again(tmp_path):
-    """A virtual cell is not a real one: the clock is a setting of every cell's fingerprint."""
+    """A virtual cell is not a real one: the clock is a setting of every cell's fingerprint, so
+    the real clock's plan measures every cell again (the dry run says what a run would do)."""
     config = virtual("switch")
     path = write_config(tmp_path, config)
     assert snakemake(tmp_path, path, "phase_a").returncode == 0
-    before = sealed_cells(tmp_path, config)
+    assert all(v for k, v in sealed_cells(tmp_path, config).items() if "/phase_a/" in k)
+    same = snakemake(tmp_path, path, "phase_a", "-n")
+    assert same.returncode == 0 and "Nothing to be done" in same.stdout + same.stderr
     config["sim"]["clock"] = "real"
-    path = write_config(tmp_path, config)
-    result = snakemake(tmp_path, path, "phase_a")
-    assert result.returncode == 0, result.stderr[-3000:]
-    after = sealed_cells(tmp_path, config)
-    phase_a = [k for k in before if "/phase_a/" in k]
-    assert phase_a and all(after[k] and after[k] != before[k] for k in phase_a)
+    dry = snakemake(tmp_path, write_config(tmp_path, config), "phase_a", "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    for name in ("plain", "noop_connector"):
+        assert f"connector-tax: {name}/phase_a: 2 of 2 cells to measure" in dry.stderr, dry.stderr[-2000:]
 
 
 def test_a_config_cannot_set_the_clock_of_its_own(tmp_path):

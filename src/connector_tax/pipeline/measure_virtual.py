@@ -21,7 +21,7 @@ from connector_tax.pipeline.measure import cell_spec, loadgen_options, overload_
 from connector_tax.pipeline.plan import PlannedCell
 from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.virtual_cell import run_virtual_cell
+from connector_tax.sim.virtual_cell import VirtualCell
 
 
 def measure_virtual(
@@ -48,7 +48,7 @@ def measure_virtual(
         waiting: list[tuple[float, float]] = []
         guard = overload_guard(SimpleNamespace(waiting=waiting), t0 / 1e9 + cell.warmup_s, config["saturation"], cell)
         print(f"  {index.config}/{cell.key}: computing in virtual time", flush=True)
-        summary = run_virtual_cell(
+        summary = VirtualCell(
             settings,
             cell_spec(planned),
             options,
@@ -58,7 +58,7 @@ def measure_virtual(
             give_up=guard.overloaded,
             waiting=waiting,
             metrics_interval_s=METRICS_INTERVAL_S,
-        )
+        ).run()
         seal_measured(index, planned, staging, final, summary, None, precision.describe(summary, guard))
         prune_from(index, pending, prune)
         save()

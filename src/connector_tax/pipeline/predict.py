@@ -24,6 +24,7 @@ import yaml
 
 from connector_tax.config import StudyConfig
 from connector_tax.contract import PHASE_B, StudyLayout
+from connector_tax.pipeline.estimate import baseline
 
 _SNAKEFILE = Path(__file__).resolve().parents[3] / "workflow" / "Snakefile"
 
@@ -54,8 +55,7 @@ def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> Study
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(virtual_config(study), sort_keys=False), encoding="utf-8")
     layout = StudyLayout(workdir / "results" / study.study)
-    baseline = study.names[0]
-    targets = [f"results/{study.study}/{baseline}/{PHASE_B}/run.json"]
+    targets = [f"results/{study.study}/{baseline(study)}/{PHASE_B}/run.json"]
     argv = [sys.executable, "-m", "snakemake", "-s", str(_SNAKEFILE), "--cores", "1", "--quiet", "all"]
     argv += ["--configfile", str(path), "--directory", str(workdir), *targets]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)

@@ -49,7 +49,10 @@ class _InFlight:
     request: SimRequest
 
 
-class _Run:
+class VirtualCell:
+    """One cell from `t0_ns` (the base of its clock: give a monotonic reading, so its times
+    sort with real ones); `VirtualCell(...).run()`."""
+
     def __init__(
         self,
         settings: SimSettings,
@@ -62,6 +65,7 @@ class _Run:
         waiting: list[tuple[float, float]],
         metrics_interval_s: float,
     ) -> None:
+        files.folder.mkdir(parents=True, exist_ok=True)
         self.cell, self.opts, self.files = cell, opts, files
         self.enough, self.give_up, self.waiting = enough, give_up, waiting
         self.core = EngineCore(settings.engine, settings.cost_model)
@@ -216,55 +220,41 @@ class _Run:
         self.steps.close()
         self.metrics.close()
 
-
-def run_virtual_cell(
-    settings: SimSettings,
-    cell: CellSpec,
-    opts: LoadgenOptions,
-    files: CellFiles,
-    t0_ns: int,
-    enough: Callable[[], bool],
-    give_up: Callable[[], bool],
-    waiting: list[tuple[float, float]],
-    metrics_interval_s: float,
-) -> dict[str, Any]:
-    """Run `cell` to its end in virtual time from `t0_ns` (the base of its clock: give a
-    monotonic reading, so its times sort with real ones); its records and summary land in
-    `files`. Returns the summary."""
-    files.folder.mkdir(parents=True, exist_ok=True)
-    run = _Run(settings, cell, opts, files, t0_ns, enough, give_up, waiting, metrics_interval_s)
-    wall0 = time.monotonic()
-    try:
-        schedule = arrivals(cell.arrival, cell.rate, opts.seed, cell.gamma_shape, cell.num_requests)
-        shapes = ShapeSampler(cell.shape, opts.seed)
-        t_issue_end = run.t0
-        for index, offset in enumerate(schedule):
-            target = run.t0 + offset
-            while run.now < target and run.step():  # the engine works up to the next arrival
+    def run(self) -> dict[str, Any]:
+        """Run the cell to its end; its records and summary land in `files`. Returns the summary."""
+        cell, opts = self.cell, self.opts
+        wall0 = time.monotonic()
+        try:
+            schedule = arrivals(cell.arrival, cell.rate, opts.seed, cell.gamma_shape, cell.num_requests)
+            shapes = ShapeSampler(cell.shape, opts.seed)
+            t_issue_end = self.t0
+            for index, offset in enumerate(schedule):
+                target = self.t0 + offset
+                while self.now < target and self.step():  # the engine works up to the next arrival
+                    pass
+                self.advance_idle(target)
+                if self.done(target):
+                    t_issue_end = target
+                    break
+                pair = shapes.next()
+                self.issue(index, target, pair.input, pair.output)
+            drain_end = t_issue_end + int(self.drain_budget_s() * _NS)
+            while self.in_flight and self.now < drain_end and self.step():
                 pass
-            run.advance_idle(target)
-            if run.done(target):
-                t_issue_end = target
-                break
-            pair = shapes.next()
-            run.issue(index, target, pair.input, pair.output)
-        drain_end = t_issue_end + int(run.drain_budget_s() * _NS)
-        while run.in_flight and run.now < drain_end and run.step():
-            pass
-        run.sample_until(run.now, None)
-        for index in list(run.in_flight):
-            run.end_request(index, "timeout", f"drain timeout after {run.drain_budget_s():g} s")
-    finally:
-        run.close()
-    summary = run.stats.summary(cell.describe(), run.warm_end, t_issue_end, {}, opts.validity)
-    summary.update(
-        cell_id=f"{run.name}#virtual",
-        clock="virtual",
-        wall_s=round((run.now - run.t0) / _NS, 3),
-        compute_s=round(time.monotonic() - wall0, 3),
-        drain_budget_s=round(run.drain_budget_s(), 3),
-        extended=t_issue_end > run.issue_end + 100_000_000,
-        complete=True,
-    )
-    write_json(files.summary, summary)
-    return summary
+            self.sample_until(self.now, None)
+            for index in list(self.in_flight):
+                self.end_request(index, "timeout", f"drain timeout after {self.drain_budget_s():g} s")
+        finally:
+            self.close()
+        summary = self.stats.summary(cell.describe(), self.warm_end, t_issue_end, {}, opts.validity)
+        summary.update(
+            cell_id=f"{self.name}#virtual",
+            clock="virtual",
+            wall_s=round((self.now - self.t0) / _NS, 3),
+            compute_s=round(time.monotonic() - wall0, 3),
+            drain_budget_s=round(self.drain_budget_s(), 3),
+            extended=t_issue_end > self.issue_end + 100_000_000,
+            complete=True,
+        )
+        write_json(self.files.summary, summary)
+        return summary
