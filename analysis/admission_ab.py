@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from connector_tax.analysis.layout import load_study
-from connector_tax.contract import PHASE_A
+from connector_tax.config import PHASE_A
 
 
 def ttft_by_length(path: Path) -> dict[int, np.ndarray]:

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import yaml
 
-from connector_tax.config import StudyConfig, validate_config
-from connector_tax.contract import LAUNCH_PHASES, StudyLayout, planned_cells
+from connector_tax.config import LAUNCH_PHASES, StudyConfig, planned_cells, validate_config
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import read_index, read_summary, verify_cell
 
 REPO = Path(__file__).resolve().parents[1]

@@ -30,17 +30,19 @@ import numpy as np
 import yaml
 
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.config import StudyConfig, find_variant, validate_config
-from connector_tax.contract import (
+from connector_tax.config import (
     LAUNCH_PHASES,
     PHASE_A,
     PHASE_B,
     PHASE_B_PRIME,
-    StudyLayout,
+    StudyConfig,
+    find_variant,
     phase_a_cells,
     phase_b_cells,
+    validate_config,
 )
-from connector_tax.contract import Cell as PlannedCell
+from connector_tax.config import Cell as PlannedCell
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import cell_settings, code_versions, fingerprint, launch_settings
 from connector_tax.contract.index import CellEntry, PhaseIndex, seal_cell
 

@@ -10,8 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from connector_tax.config import ConfigError, StudyConfig, Variant, validate_config
-from connector_tax.contract import PHASE_A, PHASE_B, StudyLayout, phase_a_cells, phase_b_cells, run_order, shape_label
+from connector_tax.config import (
+    PHASE_A,
+    PHASE_B,
+    ConfigError,
+    StudyConfig,
+    Variant,
+    phase_a_cells,
+    phase_b_cells,
+    run_order,
+    shape_label,
+    validate_config,
+)
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
 from connector_tax.contract.index import CellEntry, PhaseIndex, read_index, seal_cell, verify_cell
 from connector_tax.loadgen.shapes import ShapeSampler

@@ -15,7 +15,7 @@ import pytest
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import find_variant, load_config
-from connector_tax.contract.cells import PHASE_A
+from connector_tax.config.cells import PHASE_A
 from connector_tax.sim.cells import Load, run_cell
 from connector_tax.sim.costs import BatchShape
 from connector_tax.sim.profiles import CONNECTOR_KINDS, HOOKS

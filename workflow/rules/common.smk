@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from connector_tax.config import ConfigError, StudyConfig, validate_config
-from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.contract import StudyLayout
+from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, run_order
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from connector_tax.analysis import constants as K
+from connector_tax.config import PHASE_B_PRIME, PHASES
 
 
 def check_artifacts(study: Any) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def check_artifacts(study: Any) -> dict[str, Any]:
             missing.append(f"{name}: preflight {pf.get('status')} without a reason")
         if pf is not None and pf.get("status") != "ok":
             continue
-        for phase in K.PHASES:
+        for phase in PHASES:
             run = study.run_of(name, phase)
             if run is None or (run.run is None and not run.problems):
                 continue
@@ -33,7 +33,7 @@ def check_artifacts(study: Any) -> dict[str, Any]:
                 continue
             if run.run is None:
                 missing.append(f"{name}/{phase}: run.json")
-            elif phase != K.PHASE_B_PRIME and not (run.folder / "env.txt").is_file():
+            elif phase != PHASE_B_PRIME and not (run.folder / "env.txt").is_file():
                 missing.append(f"{name}/{phase}: env.txt")
             checked += len(run.cells) + len(run.problems)
             missing += [f"{name}/{phase}/{label}: {why}" for label, why in run.problems.items()]

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from connector_tax.analysis.batchmeans import percentile_ci
-from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES, PHASE_A
+from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Cell
 from connector_tax.analysis.quantiles import cdf_grid, summarize
+from connector_tax.config import PHASE_A
 
 REQUEST_FIELDS = {
     "t_scheduled_ns": "int",

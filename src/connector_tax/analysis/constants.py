@@ -1,9 +1,7 @@
-"""Names and numbers the analysis needs. Phases and labels are the study contract's; the design's
-thresholds live here."""
+"""Names and numbers the analysis needs: the design's variant names and thresholds (phases and
+labels are the study config's, connector_tax.config)."""
 
 from __future__ import annotations
-
-from connector_tax.contract import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES  # noqa: F401 (re-exported)
 
 # The design's configurations that the hypotheses name.
 PLAIN = "plain"

@@ -21,7 +21,7 @@ from typing import Any
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
 from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
-from connector_tax.analysis.constants import PHASE_A, PLAIN
+from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
@@ -30,7 +30,8 @@ from connector_tax.analysis.saturation import apply_to_row, cell_criteria, refer
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.atomic import write_atomic
-from connector_tax.contract import StudyLayout, rate_label
+from connector_tax.config import PHASE_A, rate_label
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import AnalysisFiles
 
 log = logging.getLogger(__name__)

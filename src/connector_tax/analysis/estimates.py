@@ -11,6 +11,7 @@ from typing import Any
 
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.quantiles import combine, tax_combination
+from connector_tax.config import PHASE_B
 
 
 def ci_of(est: dict[str, Any] | None) -> list[float] | None:
@@ -53,7 +54,7 @@ class Taxes:
         return (self.safe.get("missing") or {}).get(config, "no TTFT p90 tax at ref_safe")
 
     def phase_b_cells(self) -> dict[str, Any]:
-        return (self.doc.get(K.PHASE_B) or {}).get("cells") or {}
+        return (self.doc.get(PHASE_B) or {}).get("cells") or {}
 
 
 def h1_tax(t: Taxes) -> dict[str, Any] | None:

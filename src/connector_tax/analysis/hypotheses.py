@@ -20,6 +20,7 @@ from typing import Any
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.criteria import success_criteria
 from connector_tax.analysis.estimates import Taxes, h1_tax, h2_gap_pp, h3_share, h4_rel_dev, monotone_steps
+from connector_tax.config import PHASE_A, PHASE_B
 
 VERDICT_RULE = (
     "the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
@@ -174,7 +175,7 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
         "title": rule.title,
         "thresholds": {rule.test.kind: rule.test.thresholds()},
         "where": {
-            "phase": K.PHASE_B if rule.id in ("H5", "H6") else K.PHASE_A,
+            "phase": PHASE_B if rule.id in ("H5", "H6") else PHASE_A,
             "rate": taxes.safe.get("rate"),
             "cell": taxes.safe.get("cell"),
         },

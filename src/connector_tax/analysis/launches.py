@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connector_tax.analysis.constants import PHASE_A
+from connector_tax.config import PHASE_A
 
 _SERVER_KEYS = (
     "max_num_seqs",

@@ -29,18 +29,20 @@ from typing import Any
 import yaml
 
 from connector_tax.analysis.jsonl import read_json
-from connector_tax.config import ConfigError, StudyConfig, find_variant, validate_config
-from connector_tax.contract import (
+from connector_tax.config import (
     LAUNCH_OF,
     LAUNCH_PHASES,
     PHASE_A,
     PHASE_B,
     PHASES,
-    CellFiles,
-    StudyLayout,
+    ConfigError,
+    StudyConfig,
+    find_variant,
     planned_cells,
+    validate_config,
 )
-from connector_tax.contract import Cell as PlannedCell
+from connector_tax.config import Cell as PlannedCell
+from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
 from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
 

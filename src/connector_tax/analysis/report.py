@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
+from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
 
 # Which step each number is (the design's "Step-timing instrumentation" and issue 15).
 STEP_DEFINITIONS = (

@@ -35,14 +35,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from connector_tax.analysis.constants import (
-    CRIT_THROUGHPUT,
-    CRIT_TTFT,
-    CRIT_WAITING,
-    DEFAULT_SATURATION,
-    PHASE_A,
-    PLAIN,
-)
+from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING, DEFAULT_SATURATION, PLAIN
+from connector_tax.config import PHASE_A
 
 _EPS = 1e-9
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME
 from connector_tax.analysis.quantiles import TAX_CI_METHOD, combine, difference, ratio_minus_one
+from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME
 
 
 def _get(row: dict[str, Any], key: str) -> float | None:

@@ -2,8 +2,25 @@
 
 load_config(path) -> dict        the validated mapping, every schema default filled
 load_study(path) -> StudyConfig  the same, as typed read-only objects (config.study)
+cells                            phases, cell labels and the cells a study plans (config.cells)
 """
 
+from connector_tax.config.cells import (
+    LAUNCH_OF,
+    LAUNCH_PHASES,
+    PHASE_A,
+    PHASE_B,
+    PHASE_B_PRIME,
+    PHASES,
+    Cell,
+    phase_a_cells,
+    phase_b_cells,
+    phase_b_shapes,
+    planned_cells,
+    rate_label,
+    run_order,
+    shape_label,
+)
 from connector_tax.config.errors import ConfigError
 from connector_tax.config.load import (
     check_file,
@@ -17,6 +34,13 @@ from connector_tax.config.load import (
 from connector_tax.config.study import StudyConfig, Variant
 
 __all__ = [
+    "LAUNCH_OF",
+    "LAUNCH_PHASES",
+    "PHASES",
+    "PHASE_A",
+    "PHASE_B",
+    "PHASE_B_PRIME",
+    "Cell",
     "ConfigError",
     "StudyConfig",
     "Variant",
@@ -25,6 +49,13 @@ __all__ = [
     "find_variant",
     "load_config",
     "load_study",
+    "phase_a_cells",
+    "phase_b_cells",
+    "phase_b_shapes",
+    "planned_cells",
+    "rate_label",
+    "run_order",
     "schema_path",
+    "shape_label",
     "validate_config",
 ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
-from connector_tax.contract.cells import check_labels
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")

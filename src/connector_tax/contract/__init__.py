@@ -23,9 +23,10 @@ Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
       <config>/phase_b_prime/     Phase B' cells (measured in the Phase B launch)
       reference_rates.json, analysis/, MANIFEST.md, MANIFEST.tsv, logs/
 
-Cells (`cells`): a cell is (configuration, phase, label); labels are `r<rate>` (Phase A) or the
-shape's label (`4096x256`, `mix-<hash>`, `pattern-<hash>`), unique per phase by construction:
-colliding rates or repeated shapes are a config error.
+Cells are the study config's (`connector_tax.config.cells`): a cell is (variant, phase, label);
+labels are `r<rate>` (Phase A) or the shape's label (`4096x256`, `mix-<hash>`,
+`pattern-<hash>`), unique per phase by construction: colliding rates or repeated shapes are a
+config error.
 
 Fingerprint (`fingerprint`): the sha256 of every setting that can change a cell's measurement
 (the launch: backend, model, variant, merged server settings, simulator or vLLM settings, the
@@ -45,43 +46,6 @@ listing: it verifies every fingerprint and refuses to mix fingerprints, backends
 superseded and orphan folders are listed in the report and otherwise ignored.
 """
 
-from connector_tax.contract.cells import (
-    LAUNCH_OF,
-    LAUNCH_PHASES,
-    PHASE_A,
-    PHASE_B,
-    PHASE_B_PRIME,
-    PHASES,
-    Cell,
-    check_labels,
-    phase_a_cells,
-    phase_b_cells,
-    phase_b_shapes,
-    planned_cells,
-    rate_label,
-    run_order,
-    shape_label,
-)
 from connector_tax.contract.layout import CELL_RECORDS, CellFiles, PhaseLayout, StudyLayout
 
-__all__ = [
-    "CELL_RECORDS",
-    "LAUNCH_OF",
-    "LAUNCH_PHASES",
-    "PHASES",
-    "PHASE_A",
-    "PHASE_B",
-    "PHASE_B_PRIME",
-    "Cell",
-    "CellFiles",
-    "PhaseLayout",
-    "StudyLayout",
-    "check_labels",
-    "phase_a_cells",
-    "phase_b_cells",
-    "phase_b_shapes",
-    "planned_cells",
-    "rate_label",
-    "run_order",
-    "shape_label",
-]
+__all__ = ["CELL_RECORDS", "CellFiles", "PhaseLayout", "StudyLayout"]

@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from connector_tax.contract.cells import Cell
+from connector_tax.config.cells import Cell
 
 FINGERPRINT_VERSION = 1
 SHORT = 12  # hex digits shown in folder names and messages

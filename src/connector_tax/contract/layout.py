@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from connector_tax.contract.cells import LAUNCH_OF, PHASES
+from connector_tax.config.cells import LAUNCH_OF, PHASES
 
 # The per-cell record files a complete cell vouches for, in the order they are sealed (the
 # summary comes last and carries the size and record count of each).

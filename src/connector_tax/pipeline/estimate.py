@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from connector_tax.config import StudyConfig
-from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, phase_a_cells, phase_b_cells
+from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, phase_a_cells, phase_b_cells
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.provenance import virtual_clock
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.atomic import write_atomic
-from connector_tax.config import load_config
-from connector_tax.contract import LAUNCH_PHASES, StudyLayout
+from connector_tax.config import LAUNCH_PHASES, load_config
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
 from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake_transport, served_by, server_versions
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from connector_tax.contract import PHASE_A, Cell, StudyLayout
+from connector_tax.config import PHASE_A, Cell
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso

@@ -20,8 +20,17 @@ import os
 import sys
 
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.config import StudyConfig, find_variant, load_study
-from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, PHASE_B_PRIME, StudyLayout, run_order
+from connector_tax.config import (
+    LAUNCH_PHASES,
+    PHASE_A,
+    PHASE_B,
+    PHASE_B_PRIME,
+    StudyConfig,
+    find_variant,
+    load_study,
+    run_order,
+)
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp

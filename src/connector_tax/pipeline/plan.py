@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import StudyConfig, find_variant
-from connector_tax.contract import PHASE_A, PHASE_B, Cell, StudyLayout, planned_cells
+from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, find_variant, planned_cells
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import (
     cell_settings,
     code_versions,

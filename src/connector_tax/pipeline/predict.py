@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from connector_tax.config import StudyConfig
-from connector_tax.contract import PHASE_B, StudyLayout
+from connector_tax.config import PHASE_B, StudyConfig
+from connector_tax.contract import StudyLayout
 from connector_tax.pipeline.estimate import baseline
 
 _SNAKEFILE = Path(__file__).resolve().parents[3] / "workflow" / "Snakefile"

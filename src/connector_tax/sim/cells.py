@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from connector_tax.config.cells import PHASE_A, phase_a_cells, phase_b_cells, rate_label
 from connector_tax.config.study import StudyConfig
-from connector_tax.contract.cells import PHASE_A, phase_a_cells, phase_b_cells, rate_label
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
 from connector_tax.sim.virtual import drive

@@ -33,7 +33,7 @@ from connector_tax.analysis.batchmeans import t975
 from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
 from connector_tax.analysis.taxes import compute_taxes
-from connector_tax.config import find_variant
+from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, find_variant
 from connector_tax.sim.cells import Load, run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
@@ -164,10 +164,10 @@ def _interval(value: float, reps: list[float]) -> list[float] | None:
 def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """(config, phase/cell, metric) -> the tax estimate ({"value", "ci", ...}) of a taxes document."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
-    cells = [(f"{K.PHASE_A}/{e.get('cell')}", e) for e in (taxes.get("phase_a") or {}).values()]
+    cells = [(f"{PHASE_A}/{e.get('cell')}", e) for e in (taxes.get("phase_a") or {}).values()]
     cells += [
         (f"{phase}/{label}", c)
-        for phase in (K.PHASE_B, K.PHASE_B_PRIME)
+        for phase in (PHASE_B, PHASE_B_PRIME)
         for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items()
     ]
     for where, entry in cells:

@@ -14,10 +14,9 @@ import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # config imports this module (label checks at load time)
-    from connector_tax.config.study import StudyConfig, Workload
+from connector_tax.config.study import StudyConfig, Workload
 
 PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
 PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
