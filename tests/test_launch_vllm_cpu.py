@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from connector_tax.config import ConfigError, find_variant, load_config
+from connector_tax.config.vllm_rules import device
 from connector_tax.launch import vllm as launch
 from connector_tax.launch import vllm_cpu, vllm_install
 from connector_tax.serving.gpus import gpu_lease
@@ -86,8 +87,8 @@ def test_no_gpu_lease_on_cpu(monkeypatch):
     with pytest.raises(RuntimeError, match="needs a GPU"):
         with gpu_lease("vllm", device="cuda"):
             pass
-    assert vllm_cpu.device(load_config(CPU)) == "cpu"
-    assert vllm_cpu.device(load_config(REPO / "configs" / "h20-qwen3-coder.yaml")) == "cuda"
+    assert device(load_config(CPU)) == "cpu"
+    assert device(load_config(REPO / "configs" / "h20-qwen3-coder.yaml")) == "cuda"
 
 
 def test_the_cpu_block_size_rule_is_checked_before_a_launch(cpu):

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from connector_tax.launch.spec import LaunchSpec
 from connector_tax.serving.process import ServerProcess, ServerStartError
+from connector_tax.serving.spec import LaunchSpec
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -42,7 +42,7 @@ FAMILY = ["bash", "-c", "sleep 300 & echo $! > child.pid; sleep 300"]
 OWNER = """
 import sys, time
 from pathlib import Path
-from connector_tax.launch.spec import LaunchSpec
+from connector_tax.serving.spec import LaunchSpec
 from connector_tax.serving.process import ServerProcess
 folder = Path(sys.argv[1])
 server = ServerProcess(LaunchSpec(sys.argv[2:]), "http://127.0.0.1:1", folder)

@@ -6,6 +6,7 @@ import re
 
 from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
+from connector_tax.config.vllm_rules import check_settings
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -111,6 +112,4 @@ def check_semantics(config: dict) -> None:
     if config["backend"] != "openai":  # an external server's context window is its own business
         _check_lengths(config)
     if config["backend"] == "vllm":
-        from connector_tax.launch.vllm import check_settings
-
         check_settings(config)

@@ -20,7 +20,6 @@ re-measures.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config.cells import Cell
+from connector_tax.config.merge import deep_merge, merged_server
 
 FINGERPRINT_VERSION = 1
 SHORT = 12  # hex digits shown in folder names and messages
@@ -60,34 +60,6 @@ def canonical(value: Any) -> str:
 
 def sha(value: Any) -> str:
     return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `override` merged in, mapping by mapping (a copy: neither is changed)."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-# Server settings that change how long the pipeline waits, never what is measured.
-_NOT_MEASURED = ("ready_timeout_s",)
-
-
-def merged_server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
-    """The study's `server` with a variant's overrides; extra_args of both, in order; without
-    the settings that cannot change a measurement."""
-    overrides = variant.get("server") or {}
-    merged = {**(config.get("server") or {}), **{k: v for k, v in overrides.items() if k != "extra_args"}}
-    for key in _NOT_MEASURED:
-        merged.pop(key, None)
-    merged["extra_args"] = list((config.get("server") or {}).get("extra_args") or []) + list(
-        overrides.get("extra_args") or []
-    )
-    return merged
 
 
 def normalize_argv(argv: list[str], port: int | None, paths: dict[str, str]) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config import ConfigError, find_variant, load_config
-from connector_tax.launch.spec import LaunchSpec
+from connector_tax.serving.spec import LaunchSpec
 
 
 def launch_spec(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.contract.records import STEP_LOG_ENV
-from connector_tax.launch.spec import LaunchSpec
+from connector_tax.serving.spec import LaunchSpec
 
 
 def sim_command(

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config import ConfigError
-from connector_tax.contract.fingerprint import merged_server
+from connector_tax.config.merge import merged_server
+from connector_tax.config.vllm_rules import MANAGED_FLAGS, check_extra_args, check_server, device
 from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch import vllm_cpu
 from connector_tax.launch.paths import repo_root, tools_dir
@@ -42,8 +43,8 @@ from connector_tax.launch.preflight import (
     preflight_plan,
     preflight_script,
 )
-from connector_tax.launch.spec import LaunchSpec
 from connector_tax.launch.vllm_install import check_flags, installed_vllm
+from connector_tax.serving.spec import LaunchSpec
 
 # re-exported: the pipeline, tools and tests ask this module for them
 __all__ = [
@@ -69,32 +70,6 @@ NOOP_MODULE_PATH = "tools.noop_connector:NoOpConnector"
 PORTS_PER_LAUNCH = 3
 
 HMA_FLAG = "--disable-hybrid-kv-cache-manager"
-
-# The flags the launch sets from the config: server.extra_args must not set them again (vLLM's
-# argparse would silently keep the last one).
-_MANAGED_FLAGS = {
-    "--host": "server.host",
-    "--port": "the launch's port",
-    "--model": "model.name",
-    "--served-model-name": "model.served_name",
-    "--tensor-parallel-size": "server.tensor_parallel_size",
-    "-tp": "server.tensor_parallel_size",
-    "--max-model-len": "server.max_model_len",
-    "--enable-prefix-caching": "server.enable_prefix_caching",
-    "--no-enable-prefix-caching": "server.enable_prefix_caching",
-    "--enable-chunked-prefill": "server.enable_chunked_prefill",
-    "--no-enable-chunked-prefill": "server.enable_chunked_prefill",
-    "--max-num-batched-tokens": "server.max_num_batched_tokens",
-    "--max-num-seqs": "server.max_num_seqs",
-    "--gpu-memory-utilization": "server.gpu_memory_utilization",
-    "--device-memory-utilization": "server.gpu_memory_utilization",
-    "--block-size": "server.block_size",
-    "--load-format": "model.load_format",
-    "--kv-transfer-config": "the config's connector",
-    "--disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
-    "--no-disable-hybrid-kv-cache-manager": "vllm.hybrid_kv_cache_manager",
-}
-
 
 _LMCACHE_DEFAULT_ENV = {
     "LMCACHE_CHUNK_SIZE": "256",
@@ -229,40 +204,18 @@ def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[
 # --------------------------------------------------------------------------- argv and env
 
 
-def _check_extra_args(extra_args: list[str], where: str) -> None:
-    for arg in extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in _MANAGED_FLAGS:
-            raise ConfigError(where, f"{flag} is set by the launch from {_MANAGED_FLAGS[flag]}; set that instead")
-
-
-def check_settings(config: dict[str, Any]) -> None:
-    """What a launch would refuse, checked when the config loads (ConfigError, one line):
-    extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
-    _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
-    for i, variant in enumerate(config["configs"]):
-        _check_extra_args(
-            list((variant.get("server") or {}).get("extra_args") or []), f"configs[{i}].server.extra_args"
-        )
-        if vllm_cpu.device(config) == "cpu":
-            vllm_cpu.check_server(
-                merged_server(config, variant),
-                "server" if "block_size" not in (variant.get("server") or {}) else f"configs[{i}].server",
-            )
-
-
 def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
     """The exact `vllm serve` command line of a variant on `port`."""
     _check_port(port)
     server = merged_server(config, variant)
     where = _variant_where(config, variant)
-    _check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
-    _check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args")
+    check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
+    check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args")
     settings = _vllm_settings(config)
     executable = settings.get("executable", "vllm")
-    on_cpu = vllm_cpu.device(config) == "cpu"
+    on_cpu = device(config) == "cpu"
     if on_cpu:
-        vllm_cpu.check_server(server, "server")
+        check_server(server, "server")
     model = config["model"]
     argv = [
         executable,
@@ -304,7 +257,7 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
     except ValueError:
         installed = None  # not installed here: the argv is for another host (vllm_version)
     if installed is not None:
-        check_flags(argv, installed, {flag: key for flag, key in _MANAGED_FLAGS.items()})
+        check_flags(argv, installed, dict(MANAGED_FLAGS))
     return argv
 
 
@@ -339,7 +292,7 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
     caller = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
-    if vllm_cpu.device(config) == "cpu":
+    if device(config) == "cpu":
         env.update(vllm_cpu.cpu_env(config, root))
     kinds = _connector_kinds(variant.get("connector"))
     if "mooncake" in kinds:

@@ -23,27 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import ConfigError
-
-CPU_BLOCK_MULTIPLE = 32
-
-
-def device(config: dict[str, Any]) -> str:
-    """ "cuda" (a GPU host, the default) or "cpu" for backend vllm; "cuda" for other backends
-    (they lease nothing anyway)."""
-    if config.get("backend") != "vllm":
-        return "cuda"
-    return (config.get("vllm") or {}).get("device", "cuda")
-
-
-def check_server(server: dict[str, Any], where: str) -> None:
-    """The CPU attention backend's block-size rule, before anything is launched."""
-    block = server.get("block_size")
-    if block is not None and block % CPU_BLOCK_MULTIPLE:
-        raise ConfigError(
-            f"{where}.block_size",
-            f"{block}: vLLM on CPU needs a multiple of {CPU_BLOCK_MULTIPLE} (16 is refused; default 128)",
-        )
+from connector_tax.config.vllm_rules import device
 
 
 def cpu_env(config: dict[str, Any], root: Path) -> dict[str, str]:

@@ -25,12 +25,12 @@ from typing import Any
 from tqdm import tqdm
 
 from connector_tax.config import PHASE_A, Cell
+from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
 from connector_tax.launch.command import launch_spec
-from connector_tax.launch.vllm_cpu import device
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions, Progress
 from connector_tax.loadgen.stats import ValidityThresholds

@@ -20,10 +20,10 @@ import httpx
 
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_study
+from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
-from connector_tax.launch.vllm_cpu import device
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals

@@ -61,7 +61,7 @@ def wait_released(gpu: str, timeout_s: float = 300.0) -> None:
 @contextlib.contextmanager
 def gpu_lease(backend: str, timeout_s: float = 3600.0, device: str = "cuda") -> Iterator[str | None]:
     """A free GPU id for this job (None for backends that use none, and for vLLM on a CPU:
-    `vllm.device: cpu`, see connector_tax.launch.vllm_cpu.device)."""
+    `vllm.device: cpu`, see connector_tax.config.vllm_rules.device)."""
     if backend != "vllm" or device == "cpu":
         yield None
         return

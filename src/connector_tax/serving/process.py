@@ -21,8 +21,8 @@ from types import TracebackType
 import httpx
 import psutil
 
-from connector_tax.launch.spec import LaunchSpec
 from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent
+from connector_tax.serving.spec import LaunchSpec
 
 # How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}

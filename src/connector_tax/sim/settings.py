@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from connector_tax.contract.fingerprint import deep_merge
+from connector_tax.config.merge import deep_merge
 from connector_tax.sim.admission import AdmissionSettings
 from connector_tax.sim.costs import CostModel, connector_terms
 from connector_tax.sim.engine import EngineSettings
