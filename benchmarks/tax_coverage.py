@@ -1,6 +1,6 @@
 """Coverage of the analysis's 95% intervals against the simulator's truth, over many seeds.
 
-The oracle (connector_tax.sim.truth) gives the true p90s, taxes and H1-H6 of a study config at
+The oracle (connector_tax.oracle.truth) gives the true p90s, taxes and H1-H6 of a study config at
 given reference rates; then `--seeds` short virtual-time studies, each configuration's cell
 `--requests` long on its own traffic, are analysed with the analysis's own methods (batch-means
 p90 intervals, the taxes' delta-method combination, the hypotheses' estimates and calls) and
@@ -22,8 +22,8 @@ import sys
 import time
 
 from connector_tax.config import load_config
-from connector_tax.sim.coverage import CoverageSettings, run_coverage
-from connector_tax.sim.truth import TruthSettings, truth
+from connector_tax.oracle.coverage import CoverageSettings, run_coverage
+from connector_tax.oracle.truth import TruthSettings, truth
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _truth(args: argparse.Namespace) -> int:
-    from connector_tax.sim.truth_cli import main
+    from connector_tax.oracle.truth_cli import main
 
     return main(args)
 
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim)
 
-    from connector_tax.sim.truth_cli import add_arguments as add_truth_arguments
+    from connector_tax.oracle.truth_cli import add_arguments as add_truth_arguments
 
     truth = sub.add_parser(
         "truth", help="the simulator's true p90s, taxes and H1-H6 verdicts of a study config (virtual time)"

@@ -2,7 +2,7 @@
 
 The cells are planned, pruned, fingerprinted, staged and sealed exactly as measure.py does for
 a real launch, with the same precision watch and overload guard deciding when a cell ends; only
-the cell itself is run by the simulator in virtual time (sim/virtual_cell.py) instead of by the
+the cell itself is run by the simulator in virtual time (oracle/virtual_cell.py) instead of by the
 load generator against a `ctax sim` server. A cell's `wall_s` is its virtual duration (what the
 cell would take on the modelled hardware), `compute_s` what computing it took here.
 """
@@ -17,11 +17,11 @@ from typing import Any
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
+from connector_tax.oracle.virtual_cell import VirtualCell
 from connector_tax.pipeline.measure import cell_spec, loadgen_options, overload_guard, prune_from, seal_measured
 from connector_tax.pipeline.plan import PlannedCell
 from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.virtual_cell import VirtualCell
 
 
 def measure_virtual(

@@ -33,7 +33,7 @@ from connector_tax.loadgen.records import RecordWriter, RequestRecord
 from connector_tax.loadgen.schedulers import arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.stats import CellStats
-from connector_tax.sim.cells import prompt_ids
+from connector_tax.oracle.cells import prompt_ids
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
 from connector_tax.sim.steplog import step_record

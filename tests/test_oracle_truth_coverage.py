@@ -16,8 +16,8 @@ import pytest
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import load_config
-from connector_tax.sim.coverage import CoverageSettings, run_coverage
-from connector_tax.sim.truth import TruthSettings, truth
+from connector_tax.oracle.coverage import CoverageSettings, run_coverage
+from connector_tax.oracle.truth import TruthSettings, truth
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = 20

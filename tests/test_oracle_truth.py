@@ -1,4 +1,4 @@
-"""The truth oracle (sim/truth.py, sim/cells.py) reproduces numbers known without it, and
+"""The truth oracle (oracle/truth.py, oracle/cells.py) reproduces numbers known without it, and
 `ctax truth` works from the command line. All in virtual time: seconds, no server."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 from connector_tax.analysis import constants as K
 from connector_tax.config import find_variant, load_config
 from connector_tax.config.cells import PHASE_A
-from connector_tax.sim.cells import Load, run_cell
+from connector_tax.oracle.cells import Load, run_cell
+from connector_tax.oracle.truth import TruthSettings, truth
 from connector_tax.sim.costs import BatchShape
 from connector_tax.sim.profiles import CONNECTOR_KINDS, HOOKS
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.truth import TruthSettings, truth
 
 SHAPE = {"input": 128, "output": 16}
 REPO = Path(__file__).resolve().parents[1]

@@ -34,7 +34,7 @@ from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
 from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, find_variant
-from connector_tax.sim.cells import Load, run_cell, seed_for, study_loads
+from connector_tax.oracle.cells import Load, run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
 METRICS = ("ttft_ms", "tpot_ms")

@@ -21,9 +21,9 @@ import numpy as np
 
 from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.config import find_variant
-from connector_tax.sim.cells import CellRun, Load, run_cell, seed_for, study_loads
+from connector_tax.oracle.cells import CellRun, Load, run_cell, seed_for, study_loads
+from connector_tax.oracle.truth import hypotheses_of, tax_estimates
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.truth import hypotheses_of, tax_estimates
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import pytest
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import load_config
-from connector_tax.sim.coverage import CoverageSettings, run_coverage
-from connector_tax.sim.truth import TruthSettings, truth
+from connector_tax.oracle.coverage import CoverageSettings, run_coverage
+from connector_tax.oracle.truth import TruthSettings, truth
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {"H1": "supported", "H2": "refuted", "H3": "supported", "H4": "refuted", "H5": "refuted", "H6": "supported"}

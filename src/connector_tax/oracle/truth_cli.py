@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from connector_tax.sim.truth import TruthSettings
+from connector_tax.oracle.truth import TruthSettings
 
 
 def _positive(kind: type):
@@ -129,7 +129,7 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from connector_tax.config import ConfigError, load_config
-    from connector_tax.sim.truth import truth
+    from connector_tax.oracle.truth import truth
 
     try:
         config = load_config(args.config)

@@ -1,4 +1,4 @@
-"""A cell in the simulator's virtual time (sim/virtual_cell.py) follows the real cell's rules."""
+"""A cell in the simulator's virtual time (oracle/virtual_cell.py) follows the real cell's rules."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen.options import CellSpec, LoadgenOptions
-from connector_tax.sim.cells import Load, run_cell
+from connector_tax.oracle.cells import Load, run_cell
+from connector_tax.oracle.virtual_cell import VirtualCell
 from connector_tax.sim.settings import resolve
-from connector_tax.sim.virtual_cell import VirtualCell
 
 CONFIG = {"backend": "sim", "model": {"name": "m"}, "server": {}, "sim": {"hardware_profile": "tiny-fast"}}
 T0 = 10**12
@@ -88,7 +88,7 @@ def test_the_same_cell_twice_gives_the_same_records(tmp_path):
 
 def test_unloaded_latency_is_the_engine_models(tmp_path):
     """The virtual cell's TTFT and TPOT at a light load are what the virtual engine alone gives
-    (sim/cells.py, the truth oracle's cells) for the same load."""
+    (oracle/cells.py, the truth oracle's cells) for the same load."""
     summary, records, _, _ = run(tmp_path, spec(rate=2.0, duration_s=30.0))
     ttft = np.array([(r["t_first_token_ns"] - r["t_send_ns"]) / 1e6 for r in records if not r["warmup"]])
     oracle = run_cell(settings(), Load("phase_a", "r2", 2.0, {"input": 256, "output": 16}), 60, seed=1)
