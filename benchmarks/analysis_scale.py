@@ -2,7 +2,7 @@
 
 Generates a synthetic study (tests/synthetic_study.py for the layout: study config,
 preflight, run.json, summaries, metrics; then large request and step logs written with
-pandas and sealed as the pipeline seals a cell), runs `analyze(results_dir, figures=True)` in a child process, and prints the
+pandas and sealed as the pipeline seals a cell), runs `analyze(results_dir, make_figures)` in a child process, and prints the
 child's wall time and peak RSS (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss).
 
     python benchmarks/analysis_scale.py                 # temp dir, removed afterwards
@@ -139,7 +139,8 @@ def generate(root: Path, n_requests: int, n_steps: int, seed: int = 7) -> dict[s
 def run_child(root: Path, figures: bool) -> tuple[float, float, str]:
     code = (
         "import sys, json; from pathlib import Path; from connector_tax.analysis import analyze; "
-        f"out = analyze(Path({str(root)!r}), figures={figures}); "
+        "from connector_tax.plots import make_figures; "
+        f"out = analyze(Path({str(root)!r}), {'make_figures' if figures else 'None'}); "
         "print(json.dumps({'seconds': out['seconds'], 'figures': len(out['figures']), 'skipped': len(out['skipped_figures'])}))"
     )
     t0 = time.perf_counter()

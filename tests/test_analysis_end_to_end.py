@@ -10,6 +10,7 @@ import pytest
 from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import analyze
+from connector_tax.plots import make_figures
 
 EXPECTED_COLUMNS = [
     "config",
@@ -150,7 +151,7 @@ SPEC = SyntheticSpec(sigma=0.04, n_requests=1000, n_steps=1500, step_sigma=0.02,
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     root = write_study(tmp_path_factory.mktemp("e2e") / "synthetic", SPEC)
-    out = analyze(root, figures=True)
+    out = analyze(root, make_figures)
     agg = json.loads((root / "analysis" / "aggregate.json").read_text())
     hyp = json.loads((root / "analysis" / "hypotheses.json").read_text())
     return root, out, agg, hyp

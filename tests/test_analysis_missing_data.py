@@ -9,6 +9,7 @@ import pytest
 from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import analyze, build
+from connector_tax.plots import make_figures
 from connector_tax.plots.style import notice as build_notice
 
 SMALL = dict(n_requests=250, n_steps=300, shapes=[(512, 64), (4096, 64)], rates=[1.0, 2.0, 4.0, 8.0, 16.0])
@@ -26,7 +27,7 @@ def degraded(tmp_path_factory):
         **SMALL,
     )
     root = write_study(tmp_path_factory.mktemp("degraded") / "synthetic", spec)
-    out = analyze(root, figures=True)
+    out = analyze(root, make_figures)
     return root, out
 
 
@@ -181,7 +182,7 @@ def test_ab_report_says_not_applicable(tmp_path):
         seed=9,
     )
     root = write_study(tmp_path / "ab", spec)
-    out = analyze(root, figures=False)
+    out = analyze(root)
     report = (root / "analysis" / "report.md").read_text()
     assert "**not applicable**" in report and "SIMULATED" not in report
     assert not (root / "analysis" / "figures").exists()

@@ -38,7 +38,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from connector_tax.analysis.cli import main
+    from connector_tax.pipeline.analyze import main
 
     return main(args)
 
@@ -55,7 +55,7 @@ PIPELINE_STEPS = {
         "one configuration's phase: reuse what provably belongs, measure the rest",
     ),
     "reference": ("connector_tax.pipeline.reference", "saturation of Phase A cells, then ref_safe and ref_load"),
-    "analyze": ("connector_tax.analysis.cli", "statistics, taxes and verdicts of a study (ctax analyze)"),
+    "analyze": ("connector_tax.pipeline.analyze", "statistics, taxes and verdicts of a study (ctax analyze)"),
     "manifest": ("connector_tax.pipeline.manifest", "MANIFEST.md and MANIFEST.tsv"),
 }
 
@@ -122,7 +122,7 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     module = importlib.import_module(PIPELINE_STEPS[args.step][0])
     if args.step == "analyze":
-        from connector_tax.analysis.cli import add_arguments
+        from connector_tax.pipeline.analyze import add_arguments
 
         parser = argparse.ArgumentParser(prog="ctax pipeline analyze")
         add_arguments(parser)
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.error = lambda message: bench.exit(2, f"ctax bench: {message}\n")  # type: ignore[method-assign]
     bench.set_defaults(func=_bench)
 
-    from connector_tax.analysis.cli import add_arguments as add_analyze_arguments
+    from connector_tax.pipeline.analyze import add_arguments as add_analyze_arguments
 
     analyze = sub.add_parser("analyze", help="statistics, taxes, verdicts and figures from results/<study>")
     add_analyze_arguments(analyze)

@@ -4,7 +4,8 @@ analyze() reads every cell once (requests, summary, metrics, step log), builds t
 applies the saturation criteria, takes the reference rates (those in reference_rates.json,
 which Phase B actually ran at, or recomputed when the file is absent), computes the taxes
 against the baseline, reaches the verdicts, draws the figures and writes everything
-atomically (temporary file in the same folder, then rename).
+atomically (temporary file in the same folder, then rename). The figures are drawn by the
+`draw` it is handed (plots.make_figures, from the pipeline above it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +28,14 @@ from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
+from connector_tax.analysis.report import render_report
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A, rate_label
 from connector_tax.contract import StudyLayout
-from connector_tax.contract.layout import AnalysisFiles
+from connector_tax.contract.layout import FIGURES, AnalysisFiles
 
 log = logging.getLogger(__name__)
 
@@ -199,22 +202,27 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     return {"aggregate": aggregate, "hypotheses": hypotheses}
 
 
+# Draws the figures of (aggregate, hypotheses) into a folder: {"made": {name: [paths]},
+# "skipped": {name: why}}. The plots package gives one (plots.make_figures); the analysis,
+# below it, only calls what it is handed.
+Draw = Callable[[dict[str, Any], dict[str, Any], Path], dict[str, Any]]
+
+
 def analyze(
     results_dir: Path,
-    figures: bool = True,
+    draw: Draw | None = None,
     *,
     baseline: str | None = PLAIN,
     out_dir: Path | None = None,
     throughput_basis: str = "offered",
 ) -> dict[str, Any]:
     """Analyse results/<study>/ and write analysis/{aggregate.json,aggregate.csv/.parquet,taxes.csv/.parquet,hypotheses.json,
-    report.md,figures/} there (or in out_dir). Returns {"out_dir", "files", "figures",
-    "skipped_figures", "verdicts", "seconds"}.
+    report.md} there (or in out_dir), and figures/ when `draw` is given. Returns {"out_dir",
+    "files", "figures", "skipped_figures", "verdicts", "seconds"}.
 
-    baseline: the config taxes are measured against ("plain"; "first" = the study's first
-    config; any config name). Without it in the study only the generic parts are produced."""
-    from connector_tax.analysis.report import render_report
-
+    baseline: the variant taxes are measured against ("plain"; "first" = the study's first
+    variant; any variant name). Without it in the study only the generic parts are produced."""
+    figures = draw is not None
     t0 = time.perf_counter()
     results_dir = Path(results_dir)
     out = AnalysisFiles(Path(out_dir) if out_dir is not None else StudyLayout(results_dir).analysis_dir)
@@ -222,10 +230,8 @@ def analyze(
     agg, hyp = built["aggregate"], built["hypotheses"]
     made: dict[str, list[str]] = {}
     skipped: dict[str, str] = {}
-    if figures:
-        from connector_tax.plots import make_figures
-
-        fig = make_figures(agg, hyp, out.figures)
+    if draw is not None:
+        fig = draw(agg, hyp, out.figures)
         made, skipped = fig["made"], fig["skipped"]
         write_json_atomic(out.figures_skipped, skipped)
     write_json_atomic(out.aggregate_json, agg)
@@ -248,31 +254,8 @@ def analyze(
     }
 
 
-def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
-    """Figures only, from an existing analysis/ folder (aggregate.json + hypotheses.json): draws
-    figures/ (a notice for each one that cannot be drawn) and writes figures/skipped.json.
-    Returns {"out_dir", "figures", "skipped_figures", "seconds"}."""
-    from connector_tax.plots import make_figures
-
-    t0 = time.perf_counter()
-    out = AnalysisFiles(Path(analysis_dir))
-    agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
-    hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
-    fig = make_figures(agg, hyp, out.figures)
-    write_json_atomic(out.figures_skipped, fig["skipped"])
-    return {
-        "out_dir": str(out.folder),
-        "figures": fig["made"],
-        "skipped_figures": fig["skipped"],
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-
-
 def write_report(analysis_dir: Path) -> Path:
     """report.md from an analysis/ folder whose figures are drawn (figures/skipped.json)."""
-    from connector_tax.analysis.report import render_report
-    from connector_tax.contract.layout import FIGURES
-
     out = AnalysisFiles(Path(analysis_dir))
     agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
     hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))

@@ -1,13 +1,42 @@
-"""`ctax analyze RESULTS_DIR [--figures] [...]`: the analysis of one study's results.
+"""`ctax analyze RESULTS_DIR [--figures] [...]`: the analysis of one study's results, with its
+figures (the analysis computes, the plots draw; this step joins them).
 
 cli.py (the console script) wires it: add_arguments(subparser); subparser.set_defaults(func=main).
+The rules `analyze`, `figures` and `report` run it (`ctax pipeline analyze ...`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
+
+from connector_tax.analysis.core import analyze, write_json_atomic, write_report
+from connector_tax.analysis.layout import StudyRefused
+from connector_tax.contract import StudyLayout
+from connector_tax.contract.layout import AnalysisFiles
+from connector_tax.plots import make_figures
+
+
+def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
+    """Figures only, from an existing analysis/ folder (aggregate.json + hypotheses.json): draws
+    figures/ (a notice for each one that cannot be drawn) and writes figures/skipped.json.
+    Returns {"out_dir", "figures", "skipped_figures", "seconds"}."""
+    t0 = time.perf_counter()
+    out = AnalysisFiles(Path(analysis_dir))
+    agg = json.loads(out.aggregate_json.read_text(encoding="utf-8"))
+    hyp = json.loads(out.hypotheses_json.read_text(encoding="utf-8"))
+    fig = make_figures(agg, hyp, out.figures)
+    write_json_atomic(out.figures_skipped, fig["skipped"])
+    return {
+        "out_dir": str(out.folder),
+        "figures": fig["made"],
+        "skipped_figures": fig["skipped"],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,11 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from connector_tax.analysis.core import analyze, redraw_figures, write_report
-    from connector_tax.analysis.layout import StudyRefused
-    from connector_tax.contract import StudyLayout
-    from connector_tax.contract.layout import AnalysisFiles
-
     results = Path(args.results_dir)
     if not results.is_dir():
         print(f"ctax analyze: {results}: no such directory", file=sys.stderr)
@@ -75,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         out = analyze(
             results,
-            figures=bool(args.figures),
+            make_figures if args.figures else None,
             baseline=args.baseline,
             out_dir=args.out,
             throughput_basis=args.throughput_basis,
@@ -93,9 +117,3 @@ def main(args: argparse.Namespace) -> int:
         for name, reason in out["skipped_figures"].items():
             print(f"  skipped {name}: {reason}")
     return 0
-
-
-if __name__ == "__main__":  # python -m connector_tax.analysis.cli RESULTS_DIR --figures
-    p = argparse.ArgumentParser(prog="python -m connector_tax.analysis.cli")
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

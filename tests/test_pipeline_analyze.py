@@ -7,7 +7,7 @@ import json
 
 from synthetic_study import SyntheticSpec, write_study
 
-from connector_tax.analysis import cli
+from connector_tax.pipeline import analyze as cli
 
 
 def _parse(argv):
