@@ -31,8 +31,9 @@ import numpy as np
 import psutil
 import yaml
 
+from connector_tax.config import Cell
 from connector_tax.loadgen.affinity import plan_affinity
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
@@ -93,7 +94,7 @@ def run(
     options = LoadgenOptions(
         url=url, model=model, inflight_cap=4096, timeout_s=60, seed=1, cpu_latency_us=cpu_latency_us
     )
-    cell = CellSpec(
+    cell = Cell(
         phase="bench",
         label=label,
         rate=rate,

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from connector_tax.config import Cell
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.sketch import REL_ERR, Quantiles
 from connector_tax.loadgen.stats import CellStats, ValidityThresholds
 
@@ -84,7 +85,7 @@ def test_results_are_matched_by_cell_and_request_id(tmp_path: Path) -> None:
     stats = CellStats(0)
     col = Collector("s_c#2", RecordWriter(path), stats, Progress())
     spec = ipc.RequestSpec(0, "s_c-0", 8, 2, None, "s_c#2")
-    assert col.issue(5, spec, 0, False, cap=10) == 0
+    assert col.issue(5, spec, 0, False, lambda n: n < 10) == 0
     col.on_result(_result("s_c#1", 0, "s_c-0"))  # the same index from the cell run before
     col.on_result(_result("s_c#2", 0, "s_c-9"))  # right cell and index, another request's id
     assert 0 in col.pending and stats.unmatched == 2
@@ -119,7 +120,7 @@ def test_a_rate_the_generator_cannot_issue_ends_on_the_wall_clock(tmp_path: Path
     with LoadGenerator(opts) as gen:
         t = time.monotonic()
         summary = gen.run_cell(
-            CellSpec(
+            Cell(
                 phase="b",
                 label="fast",
                 arrival="fixed",

@@ -9,8 +9,9 @@ from typing import Any
 
 from sim_server import MODEL
 
+from connector_tax.config import Cell
 from connector_tax.loadgen.records import read_records
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 
 RECORD_KEYS = [
     "request_id",
@@ -49,7 +50,7 @@ def options(url: str, **kw: Any) -> LoadgenOptions:
 
 
 def run(gen: LoadGenerator, out: Path, label: str, **kw: Any) -> tuple[dict, list[dict]]:
-    cell = CellSpec(**{"phase": "s", "label": label, "shape": SHAPE, "warmup_s": 0.0, **kw})
+    cell = Cell(**{"phase": "s", "label": label, "shape": SHAPE, "warmup_s": 0.0, **kw})
     summary = gen.run_cell(cell, out)
     records = read_records(out / f"requests_s_{label}.jsonl")
     assert json.loads((out / f"summary_s_{label}.json").read_text()) == summary

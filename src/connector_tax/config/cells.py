@@ -49,28 +49,54 @@ def shape_label(shape: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class TraceRequest:
+    """One request of a replayed trace (loadgen.trace reads them from a Mooncake-format file)."""
+
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Cell:
-    """What one cell measures, as the config defines it (rates of Phase B come from the
-    reference stage)."""
+    """What one cell measures: the one description every stage passes on (the pipeline plans it,
+    the load generator and the virtual-time runner run it, the analysis reads it back). A study
+    cell comes from the config (rates of Phase B from the reference stage); `ctax bench` builds
+    its own, and only it uses the traffic patterns at the end (concurrency, a count, a trace)."""
 
     phase: str
     label: str
-    rate: float
-    shape: dict[str, Any] = field(hash=False)
-    warmup_s: float
-    duration_s: float
-    min_completed: int
-    arrival: str = "poisson"  # workload.arrival.process: poisson | gamma | fixed
+    rate: float | None = None  # req/s of an open-loop arrival process
+    shape: dict[str, Any] = field(default_factory=lambda: {"input": 1024, "output": 128}, hash=False)
+    warmup_s: float = 0.0
+    duration_s: float = 60.0
+    min_completed: int = 0
+    arrival: str = "poisson"  # poisson | gamma | fixed (a study's); max | concurrency | trace (ctax bench)
     gamma_shape: float = 1.0
     precision_target: float | None = None  # workload.precision: adaptive length (pipeline.precision)
-    max_duration_s: float | None = None
+    max_duration_s: float | None = None  # hard end of the extension (default 10x duration + 60 s)
     overload_guard: bool = True  # workload.phase_b.overload_guard (Phase B and B' cells only)
+    concurrency: int | None = None  # closed loop: requests kept in flight
+    rampup_s: float = 0.0
+    num_requests: int | None = None  # max-throughput count, or a cap on a trace
+    trace: tuple[TraceRequest, ...] | None = None
+    time_scale: float = 1.0
 
     @property
     def key(self) -> str:
         return f"{self.phase}/{self.label}"
 
+    @property
+    def pair(self) -> tuple[int, int] | None:
+        """(input, output) of a single-shape cell; None for a mix, a pattern or a trace."""
+        return (int(self.shape["input"]), int(self.shape["output"])) if "input" in self.shape else None
+
+    def max_duration(self) -> float:
+        return self.max_duration_s if self.max_duration_s is not None else 10 * self.duration_s + 60
+
     def settings(self) -> dict[str, Any]:
+        """What the cell's fingerprint hashes (contract.fingerprint.cell_settings)."""
         return {
             "phase": self.phase,
             "label": self.label,
@@ -86,6 +112,23 @@ class Cell:
             # Only when off, so that the settings (and fingerprints) of cells measured before the
             # switch existed, all guarded, stay the same.
             **({} if self.overload_guard else {"overload_guard": False}),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """The cell as a load generator's summary records it."""
+        return {
+            "phase": self.phase,
+            "cell": self.label,
+            "arrival": self.arrival,
+            "rate": self.rate,
+            "gamma_shape": self.gamma_shape if self.arrival == "gamma" else None,
+            "shape": self.shape if self.trace is None else "trace",
+            "concurrency": self.concurrency,
+            "rampup_s": self.rampup_s,
+            "warmup_s": self.warmup_s,
+            "duration_s": self.duration_s,
+            "min_completed": self.min_completed,
+            "max_duration_s": self.max_duration(),
         }
 
 

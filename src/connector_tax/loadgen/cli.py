@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from connector_tax.config.cells import Cell
+from connector_tax.loadgen.options import check_cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
-from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.shapes import parse_shapes, shape_spec
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.loadgen.urls import parse_url
 
-# LoadgenOptions / CellSpec fields, as the flags that set them (their errors name the flag).
+# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
 _FLAGS = {
     "url": "--url",
     "seed": "--seed",
@@ -200,7 +202,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     _reject_unknown(p)
 
 
-def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
+def cells_from_args(args: argparse.Namespace) -> list[Cell]:
     common = dict(
         phase=args.phase,
         warmup_s=args.warmup,
@@ -216,7 +218,7 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
         except (ValueError, OSError) as exc:
             raise ValueError(f"--trace: {exc}") from None
         cells = [
-            CellSpec(
+            Cell(
                 label="trace",
                 arrival="trace",
                 trace=trace,
@@ -233,7 +235,7 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
         raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
     if args.concurrency:
         return [
-            CellSpec(
+            Cell(
                 label=f"c{args.concurrency}-{s}",
                 arrival="concurrency",
                 concurrency=args.concurrency,
@@ -247,7 +249,7 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
         if not args.num_requests:
             raise ValueError("--arrival max needs --num-requests")
         return [
-            CellSpec(
+            Cell(
                 label=f"max{args.num_requests}-{s}",
                 arrival="max",
                 num_requests=args.num_requests,
@@ -260,7 +262,7 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
     if len(rates) > 1 and len(shapes) > 1:
         raise ValueError("--rates and --shapes: sweep one or the other")
     return [
-        CellSpec(
+        Cell(
             label=f"r{r:g}-{s}",
             arrival=args.arrival,
             rate=r,
@@ -273,10 +275,10 @@ def cells_from_args(args: argparse.Namespace) -> list[CellSpec]:
     ]
 
 
-def _check(cells: list[CellSpec]) -> None:
+def _check(cells: list[Cell]) -> None:
     for cell in cells:
         try:
-            cell.check()
+            check_cell(cell)
         except ValueError as exc:
             field, _, rest = str(exc).partition(": ")
             raise ValueError(f"{_FLAGS.get(field, field)}: {rest}") from None

@@ -16,6 +16,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -69,11 +70,14 @@ class Collector:
         self.on_done: Any = None  # called once per result (closed loop: the gate's release)
 
     # -- session thread ----------------------------------------------------------------
-    def issue(self, target: int, spec: ipc.RequestSpec, worker: int, warmup: bool, cap: int) -> int | None:
-        """Register a request about to be sent: its in-flight count, or None if over the cap."""
+    def issue(
+        self, target: int, spec: ipc.RequestSpec, worker: int, warmup: bool, admits: Callable[[int], bool]
+    ) -> int | None:
+        """Register a request about to be sent: its in-flight count, or None if the cell's rules
+        do not admit another one in flight (the in-flight cap)."""
         with self.lock:
             in_flight = len(self.pending)
-            if in_flight >= cap:
+            if not admits(in_flight):
                 return None
             self.pending[spec.index] = Pending(target, in_flight, warmup, spec, worker, time.monotonic_ns())
         self.progress.in_flight = in_flight + 1

@@ -1,69 +1,30 @@
-"""What a load generator is asked to do: a cell (CellSpec) and the generator's options
-(LoadgenOptions), each checked before anything starts (`check()`: ValueError naming the field)."""
+"""The load generator's options (LoadgenOptions) and what it can send of a cell (check_cell),
+each checked before anything starts (ValueError naming the field). The cell itself is the study
+config's (connector_tax.config.Cell)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
+from connector_tax.config.cells import Cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP
 from connector_tax.loadgen.stats import ValidityThresholds
-from connector_tax.loadgen.trace import TraceRequest
 from connector_tax.loadgen.urls import parse_url
 
 
-@dataclass(frozen=True)
-class CellSpec:
-    phase: str
-    label: str
-    arrival: str = "poisson"  # poisson | gamma | fixed | max | concurrency | trace
-    rate: float | None = None
-    gamma_shape: float = 1.0
-    shape: dict[str, Any] = field(default_factory=lambda: {"input": 1024, "output": 128})
-    concurrency: int | None = None
-    rampup_s: float = 0.0
-    num_requests: int | None = None  # max-throughput count, or a cap on a trace
-    trace: tuple[TraceRequest, ...] | None = None
-    time_scale: float = 1.0
-    warmup_s: float = 0.0
-    duration_s: float = 60.0
-    min_completed: int = 0
-    max_duration_s: float | None = None  # hard end of the extension (default 10x duration + 60 s)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "cell": self.label,
-            "arrival": self.arrival,
-            "rate": self.rate,
-            "gamma_shape": self.gamma_shape if self.arrival == "gamma" else None,
-            "shape": self.shape if self.trace is None else "trace",
-            "concurrency": self.concurrency,
-            "rampup_s": self.rampup_s,
-            "warmup_s": self.warmup_s,
-            "duration_s": self.duration_s,
-            "min_completed": self.min_completed,
-            "max_duration_s": self._max_duration(),
-        }
-
-    def _max_duration(self) -> float:
-        return self.max_duration_s if self.max_duration_s is not None else 10 * self.duration_s + 60
-
-    def check(self) -> None:
-        """ValueError naming the field, before any request is sent."""
-        if self.trace is not None:
-            longest = max((r.input_length for r in self.trace), default=0)
-            if longest >= POOL_TOKENS:
-                raise ValueError(
-                    f"trace: input_length {longest} is over the load generator's limit of {POOL_TOKENS - 1}"
-                )
-        else:
-            longest = max(p.input for p in ShapeSampler(self.shape, 0).pairs)
-            if longest >= POOL_TOKENS:
-                raise ValueError(f"shape: input {longest} is over the load generator's limit of {POOL_TOKENS - 1}")
+def check_cell(cell: Cell) -> None:
+    """ValueError naming the field, before any request is sent: what the load generator can send."""
+    if cell.trace is not None:
+        longest = max((r.input_length for r in cell.trace), default=0)
+        if longest >= POOL_TOKENS:
+            raise ValueError(f"trace: input_length {longest} is over the load generator's limit of {POOL_TOKENS - 1}")
+    else:
+        longest = max(p.input for p in ShapeSampler(cell.shape, 0).pairs)
+        if longest >= POOL_TOKENS:
+            raise ValueError(f"shape: input {longest} is over the load generator's limit of {POOL_TOKENS - 1}")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A benchmark session: one worker pool and its CPU-latency hold, many cells in a row (a rate sweep
-or a shape sweep); each cell runs on the calling thread (cell_run.py)."""
+or a shape sweep); each cell runs on the calling thread (realtime.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from connector_tax.loadgen.cell_run import CellRun
+from connector_tax.config.cells import Cell
 from connector_tax.loadgen.collect import Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
-from connector_tax.loadgen.options import CellSpec, LoadgenOptions
+from connector_tax.loadgen.options import LoadgenOptions, check_cell
 from connector_tax.loadgen.prompts import BodySettings
+from connector_tax.loadgen.realtime import RealTimeRun, Session
 from connector_tax.loadgen.workers import WorkerPool
 
-__all__ = ["CellSpec", "LoadGenerator", "LoadgenOptions", "Progress"]
+__all__ = ["LoadGenerator", "LoadgenOptions", "Progress"]
 
 
 class LoadGenerator:
@@ -68,7 +69,7 @@ class LoadGenerator:
 
     def run_cell(
         self,
-        cell: CellSpec,
+        cell: Cell,
         out_dir: Path,
         enough: Callable[[], bool] | None = None,
         give_up: Callable[[], bool] | None = None,
@@ -76,7 +77,8 @@ class LoadGenerator:
         """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
         min-completed, up to its max duration, until it says True; `give_up` ends it at once,
         min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""
-        cell.check()
+        check_cell(cell)
         self.stop_event.clear()
         self.progress = Progress()
-        return CellRun(self, cell, Path(out_dir), enough, give_up).run()
+        session = Session(self.options, self.pool, self.progress, self.stop_event, self.cpu_latency)
+        return RealTimeRun(session, cell, Path(out_dir), enough, give_up).run()

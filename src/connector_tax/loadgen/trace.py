@@ -12,18 +12,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from connector_tax.config.cells import TraceRequest
+
 BLOCK_TOKENS = 512
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
 
 
 def _is_int(v: object) -> bool:

@@ -39,7 +39,9 @@ def parse_samples(text: str) -> dict[str, float]:
 
 
 class MetricsSampler:
-    def __init__(self, url: str, path: Path, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, url: str, path: Path, interval_s: float = 1.0, waiting: list[tuple[float, float]] | None = None
+    ) -> None:
         self.url = url.rstrip("/") + "/metrics"
         self.path = path
         self.interval_s = interval_s
@@ -51,9 +53,10 @@ class MetricsSampler:
         self.last_answer: float | None = None
         self.last_work: float | None = None
         self._work: float | None = None
-        # (monotonic time, vllm:num_requests_waiting) of every answered scrape: the overload guard
-        # reads the queue's median once the cell's floor has passed (saturation criterion 2).
-        self.waiting: list[tuple[float, float]] = []
+        # (monotonic time, vllm:num_requests_waiting) of every answered scrape, appended to the
+        # caller's list if given: the overload guard reads the queue's median once the cell's
+        # floor has passed (saturation criterion 2).
+        self.waiting: list[tuple[float, float]] = [] if waiting is None else waiting
 
     def __enter__(self) -> MetricsSampler:
         self._thread.start()

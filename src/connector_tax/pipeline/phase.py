@@ -36,9 +36,10 @@ from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, Phas
 from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
+from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
 from connector_tax.pipeline.prune import knee, overloaded_shape
 from connector_tax.pipeline.resume import decide
+from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
@@ -175,15 +176,17 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     )
     write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
     index.write(folder.index)
+    runner = (
+        VirtualRunner(config, variant) if virtual_clock(config) else ServerRunner(config_path, config, variant, folder)
+    )
     try:
         measure(
-            config_path,
-            config,
-            variant,
+            runner,
             layout,
             index,
             todo,
             lambda: index.write(folder.index),
+            config["saturation"],
             _pruner(layout, study, name, plan, index),
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:

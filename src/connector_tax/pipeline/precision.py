@@ -31,14 +31,15 @@ class OverloadGuard:
     queue's median above saturation criterion 2's threshold since the warm-up) ends at its
     floor instead of running to its cap; it is flagged, and the analysis leaves it out of H5/H6."""
 
-    def __init__(self, sampler: Any, since: float, threshold: float, active: bool) -> None:
-        self.sampler, self.since, self.threshold, self.active = sampler, since, threshold, active
+    def __init__(self, waiting: list[tuple[float, float]], since: float, threshold: float, active: bool) -> None:
+        """waiting: (monotonic s, vllm:num_requests_waiting) scrapes, appended as they come."""
+        self.waiting, self.since, self.threshold, self.active = waiting, since, threshold, active
         self.waiting_p50: float | None = None
 
     def overloaded(self) -> bool:
         if not self.active:
             return False
-        queue = [w for t, w in list(self.sampler.waiting) if t >= self.since]
+        queue = [w for t, w in list(self.waiting) if t >= self.since]
         if len(queue) < 3:
             return False
         self.waiting_p50 = float(np.median(queue))

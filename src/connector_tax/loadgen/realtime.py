@@ -1,9 +1,8 @@
-"""One cell's run on the session thread: walk the arrival schedule, sleep to each request's
-send-ahead time and issue without blocking (the worker fires it on the dot), while the pool's
-receiver thread writes each record as it completes; then drain, and seal the summary. Cell control
-follows the design: warm-up (issued, recorded, excluded), a duration floor, extension until
-enough post-warm-up requests completed (bounded by max_duration_s), an in-flight cap whose
-excess is recorded as dropped, and a drain that waits, then cancels what is left.
+"""One cell's run in real time, on the session thread: walk the arrival schedule, sleep to each
+request's send-ahead time and issue without blocking (the worker fires it on the dot), while the
+pool's receiver thread writes each record as it completes; then drain, and seal the summary.
+When the cell ends, what is warm-up, what is dropped and how long the drain waits are the cell's
+rules (rules.py), which the simulator's virtual-time runner follows too.
 """
 
 from __future__ import annotations
@@ -12,40 +11,54 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from threading import Event
+from typing import Any
 
 from connector_tax.atomic import write_json
+from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.collect import Collector
-from connector_tax.loadgen.options import CellSpec
+from connector_tax.loadgen.collect import Collector, Progress
+from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.stats import CellStats
 from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
-
-if TYPE_CHECKING:
-    from connector_tax.loadgen.session import LoadGenerator
+from connector_tax.loadgen.workers import WorkerPool
 
 START_LEAD_NS = 20_000_000  # let the first wait begin from a settled state
 _RUNS = itertools.count(1)  # cell runs in this process: a cell id is unique even when a label repeats
 
 
-class CellRun:
+@dataclass(frozen=True)
+class Session:
+    """What a cell's run uses of the session that runs many cells (session.LoadGenerator)."""
+
+    options: LoadgenOptions
+    pool: WorkerPool
+    progress: Progress
+    stop_event: Event
+    cpu_latency: CpuLatencyHold
+
+
+class RealTimeRun:
     def __init__(
         self,
-        gen: LoadGenerator,
-        cell: CellSpec,
+        session: Session,
+        cell: Cell,
         out_dir: Path,
         enough: Callable[[], bool] | None,
         give_up: Callable[[], bool] | None,
     ) -> None:
-        self.gen = gen
+        self.gen = session
         self.enough, self.give_up = enough, give_up
-        self.opts = gen.options
+        self.opts = session.options
         self.cell = cell
         self.out_dir = out_dir
         self.name = f"{cell.phase}_{cell.label}"
@@ -53,10 +66,9 @@ class CellRun:
         self.cell_id = f"{self.name}#{next(_RUNS)}"
         self.gate: ConcurrencyGate | None = None
         self.events: list[tuple[int, str]] = []
-        self.progress = gen.progress
+        self.progress = session.progress
         self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
         self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
-        self.longest_output = 0  # output tokens of the longest request issued (sizes the drain)
         self._behind_from: int | None = None
 
     # -- issuing (session thread) -----------------------------------------------------
@@ -72,9 +84,9 @@ class CellRun:
         set_timer_slack()  # this thread's sleeps wake closer to their targets
         cpu0, wall0 = pool.cpu_seconds(), time.monotonic()
         t0 = time.monotonic_ns() + START_LEAD_NS
-        self.t_warm_end = t0 + int(self.cell.warmup_s * 1e9)
+        self.rules = CellRules(self.cell, self.opts, t0, self.enough, self.give_up)
         interrupted = None
-        self.planned_end = self.t_issue_end = t0
+        self.t_issue_end = t0
         try:
             self.events.append((t0, "TEST_STARTED"))
             self._issue_all(t0)
@@ -97,10 +109,10 @@ class CellRun:
         wall = max(time.monotonic() - wall0, 1e-9)
         cpu1 = pool.cpu_seconds()
         cpu_frac = {k: (cpu1[k] - cpu0.get(k, 0.0)) / wall for k in cpu1}
-        overrun_ms = max(0, self.t_issue_end - self.planned_end) / 1e6
+        overrun_ms = max(0, self.t_issue_end - self.rules.planned_end) / 1e6
         summary = self.stats.summary(
             self.cell.describe(),
-            self.t_warm_end,
+            self.rules.warm_end,
             self.t_issue_end,
             cpu_frac,
             self.opts.validity,
@@ -109,9 +121,9 @@ class CellRun:
         )
         summary["cell_id"] = self.cell_id
         summary["wall_s"] = round(wall, 3)
-        summary["drain_budget_s"] = round(self.drain_budget_s(), 3)
+        summary["drain_budget_s"] = round(self.rules.drain_budget_s(), 3)
         summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
-        summary["extended"] = self.t_issue_end > self.t_warm_end + int(self.cell.duration_s * 1e9) + 100_000_000
+        summary["extended"] = self.rules.extended(self.t_issue_end)
         summary["summary_state_bytes"] = self.stats.nbytes()
         if not pool.alive():
             summary["validity"]["valid"] = False
@@ -139,8 +151,7 @@ class CellRun:
         cell = self.cell
         seed = self.opts.seed
         if cell.arrival == "trace":
-            assert cell.trace is not None
-            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
+            trace = self.rules.trace()
             for (i, req), offset in zip(enumerate(trace), trace_arrivals(list(trace), cell.time_scale)):
                 blocks = tuple(prefix_blocks(req))
                 yield t0 + offset, self._spec(i, req.input_length, req.output_length, blocks)
@@ -155,20 +166,12 @@ class CellRun:
             yield (t0 + offset if offset >= 0 else -1), self._spec(i, pair.input, pair.output)
 
     def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
-        self.longest_output = max(self.longest_output, output_len)
+        self.rules.issued(output_len)
         return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id)
 
     def _issue_all(self, t0: int) -> None:
         cell = self.cell
         stop = self.gen.stop_event
-        self.issue_end = self.t_warm_end + int(cell.duration_s * 1e9)
-        self.hard_end = self.t_warm_end + int(cell._max_duration() * 1e9)
-        if cell.arrival == "trace":
-            assert cell.trace is not None
-            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
-            last = max(trace_arrivals(list(trace), cell.time_scale), default=0)
-            self.issue_end = self.hard_end = t0 + last + 1  # a trace ends when it runs out
-        self.planned_end = self.issue_end
         if cell.arrival == "concurrency":
             self.gate = ConcurrencyGate(cell.concurrency or 1, cell.rampup_s)
             self.gate.start(t0)
@@ -199,9 +202,7 @@ class CellRun:
         """Schedule entries from `first` on that were due before the cell's end."""
         cell = self.cell
         if cell.arrival == "trace":
-            assert cell.trace is not None
-            trace = cell.trace[: cell.num_requests] if cell.num_requests else cell.trace
-            offsets: Iterator[int] = trace_arrivals(list(trace), cell.time_scale)
+            offsets: Iterator[int] = trace_arrivals(list(self.rules.trace()), cell.time_scale)
         else:
             offsets = arrivals(cell.arrival, cell.rate, self.opts.seed, cell.gamma_shape, cell.num_requests)
         n = 0
@@ -212,14 +213,7 @@ class CellRun:
         return n
 
     def _done(self, t: int) -> bool:
-        if t < self.issue_end:
-            return False
-        if t >= self.hard_end or (self.give_up is not None and self.give_up()):
-            return True
-        if self.collector.completed_post >= self.cell.min_completed and (self.enough is None or self.enough()):
-            return True
-        self.planned_end = self.hard_end  # extended: its planned end is the hard one
-        return False
+        return self.rules.done(t, self.collector.completed_post)
 
     def _wait(self, target: int) -> None:
         """Sleep to a request's send-ahead time. No spin: the worker fires it on the dot, and
@@ -229,10 +223,10 @@ class CellRun:
             self.gen.stop_event.wait(remaining / 1e9)
 
     def _issue(self, target: int, spec: ipc.RequestSpec) -> None:
-        warmup = target < self.t_warm_end
+        warmup = self.rules.warmup(target)
         pool = self.gen.pool
         worker = spec.index % pool.n_workers
-        in_flight = self.collector.issue(target, spec, worker, warmup, self.opts.inflight_cap)
+        in_flight = self.collector.issue(target, spec, worker, warmup, self.rules.admits)
         self.progress.issued += 1
         if in_flight is None:
             self.progress.dropped += 1
@@ -287,19 +281,11 @@ class CellRun:
             self.collector.on_result(message[1])
 
     # -- drain ------------------------------------------------------------------------
-    def drain_budget_s(self) -> float:
-        """The drain's bound: the base, plus time for the longest stream issued, up to the request timeout."""
-        opts = self.opts
-        return min(
-            max(opts.timeout_s, opts.drain_timeout_s),
-            opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token,
-        )
-
     def _drain(self, short: bool) -> None:
         """Wait for what is in flight, at most drain_timeout_s in all (2 s after a stop):
         cancel what is left a little before that, so the cell ends by then."""
         live = self.gen.pool.live_workers
-        total = 2.0 if short else self.drain_budget_s()
+        total = 2.0 if short else self.rules.drain_budget_s()
         grace = min(3.0, total / 4)
         start = time.monotonic()
         while self.collector.awaiting(live()) and time.monotonic() < start + total - grace:
@@ -333,7 +319,7 @@ class CellRun:
                 events.append((r["t_last_token_ns"], f"COMPLETE {rid} {r['status']}"))
             elif r["status"] != "ok":
                 events.append((r["t_scheduled_ns"], f"COMPLETE {rid} {r['status']}"))
-        events.append((self.t_warm_end, "STOP_WARMUP"))
+        events.append((self.rules.warm_end, "STOP_WARMUP"))
         with open(self.files.events, "w", encoding="utf-8") as f:
             for t_ns, text in sorted(events):
                 name, *rest = text.split(" ", 1)

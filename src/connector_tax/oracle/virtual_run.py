@@ -4,13 +4,13 @@ schedule and cell rules driving the simulated engine, leaving the records a real
 A real simulated cell sleeps through its seconds; this one computes them. Everything that
 decides what a cell measures is the real cell's: the arrival offsets and shapes come from the
 load generator's own generators with the study's seed (loadgen.schedulers, loadgen.shapes); the
-cell ends as loadgen.cell_run ends one (warm-up, duration floor, then min-completed and the
-caller's `enough`, the caller's `give_up`, or max_duration_s), asking `enough` once a virtual
-second as the pipeline's precision watch recomputes once a second; the scrapes land in the
-caller's `waiting` list as a metrics sampler's do (the overload guard reads them); the in-flight
-cap drops, the request timeout and the drain budget cancel as there; the summary is the load generator's own (loadgen.stats.CellStats). The engine is the one
-`ctax sim` serves with (settings.resolve), stepped in virtual time (virtual.py's convention: a
-token is stamped at the end of the step that produced it).
+cell's course is the load generator's own rules (loadgen.rules.CellRules: warm-up, floor,
+min-completed, the caller's `enough` and `give_up`, the cap, the in-flight cap, the drain
+budget), asking `enough` once a virtual second as the pipeline's precision watch recomputes once
+a second; the scrapes land in the caller's `waiting` list as a metrics sampler's do (the overload
+guard reads them); the summary is the load generator's own (loadgen.stats.CellStats). The engine
+is the one `ctax sim` serves with (settings.resolve), stepped in virtual time (sim/virtual.py's
+convention: a token is stamped at the end of the step that produced it).
 
 What it leaves out is what a real run adds: HTTP, the client's and the server's CPU time, send
 lateness (t_send = t_scheduled), scheduling noise. Every record says `clock: virtual`, and the
@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from connector_tax.atomic import write_json
+from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
-from connector_tax.loadgen.options import CellSpec, LoadgenOptions
+from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
+from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.stats import CellStats
@@ -49,14 +51,14 @@ class _InFlight:
     request: SimRequest
 
 
-class VirtualCell:
+class VirtualTimeRun:
     """One cell from `t0_ns` (the base of its clock: give a monotonic reading, so its times
-    sort with real ones); `VirtualCell(...).run()`."""
+    sort with real ones); `VirtualTimeRun(...).run()`."""
 
     def __init__(
         self,
         settings: SimSettings,
-        cell: CellSpec,
+        cell: Cell,
         opts: LoadgenOptions,
         files: CellFiles,
         t0_ns: int,
@@ -67,42 +69,26 @@ class VirtualCell:
     ) -> None:
         files.folder.mkdir(parents=True, exist_ok=True)
         self.cell, self.opts, self.files = cell, opts, files
-        self.enough, self.give_up, self.waiting = enough, give_up, waiting
+        self.waiting = waiting
         self.core = EngineCore(settings.engine, settings.cost_model)
         self.t0 = t0_ns
         self.now = self.t0
-        self.warm_end = self.t0 + int(cell.warmup_s * _NS)
-        self.issue_end = self.warm_end + int(cell.duration_s * _NS)
-        self.hard_end = self.warm_end + int(cell._max_duration() * _NS)
+        self.rules = CellRules(cell, opts, t0_ns, enough, give_up, ask_every_ns=int(CHECK_S * _NS))
         self.name = f"{cell.phase}_{cell.label}"
         self.writer = RecordWriter(files.requests)
         self.stats = CellStats(self.t0, opts.summary_exact_cap)
         self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()  # send order: the oldest times out first
         self.by_request: dict[int, int] = {}  # id(SimRequest) -> index
         self.completed_post = 0
-        self.longest_output = 0
-        self.next_check = self.issue_end
-        self.was_enough = False
         self.interval_ns = int(metrics_interval_s * _NS)
         self.next_sample = self.t0
         self.steps: IO[str] = open(files.engine_step, "w", encoding="utf-8")
         self.metrics: IO[str] = open(files.metrics, "w", encoding="utf-8")
         self.tokens = {"prompt": 0, "generation": 0}
 
-    # -- the cell's rules (loadgen.cell_run._done) --------------------------------------
-    def done(self, t: int) -> bool:
-        if t < self.issue_end:
-            return False
-        if t >= self.hard_end or self.give_up():
-            return True
-        if t >= self.next_check:
-            self.was_enough = self.enough()
-            self.next_check = t + int(CHECK_S * _NS)
-        return self.completed_post >= self.cell.min_completed and self.was_enough
-
     def issue(self, index: int, target: int, input_len: int, output_len: int) -> None:
-        warmup = target < self.warm_end
-        self.longest_output = max(self.longest_output, output_len)
+        warmup = self.rules.warmup(target)
+        self.rules.issued(output_len)
         record = RequestRecord(
             request_id=f"{self.name}-{index}",
             t_scheduled_ns=target,
@@ -120,7 +106,7 @@ class VirtualCell:
             worker=0,
             cell=f"{self.name}#virtual",
         )
-        if len(self.in_flight) >= self.opts.inflight_cap:
+        if not self.rules.admits(len(self.in_flight)):
             record.error = "in-flight cap reached"
             self.finish(record)
             return
@@ -208,13 +194,6 @@ class VirtualCell:
         self.sample_until(t, None)
         self.now = max(self.now, t)
 
-    def drain_budget_s(self) -> float:
-        opts = self.opts
-        return min(
-            max(opts.timeout_s, opts.drain_timeout_s),
-            opts.drain_timeout_s + self.longest_output * opts.drain_s_per_token,
-        )
-
     def close(self) -> None:
         self.writer.close()
         self.steps.close()
@@ -233,27 +212,27 @@ class VirtualCell:
                 while self.now < target and self.step():  # the engine works up to the next arrival
                     pass
                 self.advance_idle(target)
-                if self.done(target):
+                if self.rules.done(target, self.completed_post):
                     t_issue_end = target
                     break
                 pair = shapes.next()
                 self.issue(index, target, pair.input, pair.output)
-            drain_end = t_issue_end + int(self.drain_budget_s() * _NS)
+            drain_end = t_issue_end + int(self.rules.drain_budget_s() * _NS)
             while self.in_flight and self.now < drain_end and self.step():
                 pass
             self.sample_until(self.now, None)
             for index in list(self.in_flight):
-                self.end_request(index, "timeout", f"drain timeout after {self.drain_budget_s():g} s")
+                self.end_request(index, "timeout", f"drain timeout after {self.rules.drain_budget_s():g} s")
         finally:
             self.close()
-        summary = self.stats.summary(cell.describe(), self.warm_end, t_issue_end, {}, opts.validity)
+        summary = self.stats.summary(cell.describe(), self.rules.warm_end, t_issue_end, {}, opts.validity)
         summary.update(
             cell_id=f"{self.name}#virtual",
             clock="virtual",
             wall_s=round((self.now - self.t0) / _NS, 3),
             compute_s=round(time.monotonic() - wall0, 3),
-            drain_budget_s=round(self.drain_budget_s(), 3),
-            extended=t_issue_end > self.issue_end + 100_000_000,
+            drain_budget_s=round(self.rules.drain_budget_s(), 3),
+            extended=self.rules.extended(t_issue_end),
             complete=True,
         )
         write_json(self.files.summary, summary)

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from connector_tax.config import Cell
 from connector_tax.contract.layout import CellFiles
-from connector_tax.loadgen.options import CellSpec, LoadgenOptions
+from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.oracle.cells import Load, run_cell
-from connector_tax.oracle.virtual_cell import VirtualCell
+from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve
 
 CONFIG = {"backend": "sim", "model": {"name": "m"}, "server": {}, "sim": {"hardware_profile": "tiny-fast"}}
@@ -22,18 +23,18 @@ def settings():
     return resolve(CONFIG, {"name": "plain"}, {})
 
 
-def run(tmp_path: Path, cell: CellSpec, enough=lambda: True, give_up=lambda: False, **opts):
+def run(tmp_path: Path, cell: Cell, enough=lambda: True, give_up=lambda: False, **opts):
     files = CellFiles(tmp_path / cell.label, cell.phase, cell.label)
     waiting: list[tuple[float, float]] = []
     options = LoadgenOptions(url="virtual:", model="m", seed=3, **opts)
-    summary = VirtualCell(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0).run()
+    summary = VirtualTimeRun(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0).run()
     records = [json.loads(line) for line in files.requests.read_text().splitlines()]
     return summary, records, files, waiting
 
 
-def spec(**kw) -> CellSpec:
+def spec(**kw) -> Cell:
     base = dict(phase="phase_a", label="r10", rate=10.0, shape={"input": 256, "output": 16}, warmup_s=1.0)
-    return CellSpec(**{**base, **kw})
+    return Cell(**{**base, **kw})
 
 
 def test_a_cell_issues_to_its_floor_flags_its_warmup_and_completes_every_request(tmp_path):

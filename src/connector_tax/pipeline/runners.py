@@ -1,0 +1,191 @@
+"""The two clocks a phase's cells run on, behind one interface the measuring loop (measure.py)
+takes: a server launch driven by the load generator in real time (`ServerRunner`), or the
+simulator computing each cell in virtual time (`VirtualRunner`, `sim.clock: virtual`).
+
+A runner is entered once per phase job (what the job holds while it measures: a GPU lease);
+`launch()` is one server launch (the loop launches again after a failure); a launch's `run()`
+measures one cell into its staging folder and returns its summary and, if the server failed
+during it, why. Both run the cell by the load generator's cell rules (loadgen.rules); the
+overload guard reads the `waiting` scrapes the runner appends to, whichever clock made them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from connector_tax.config.cells import Cell
+from connector_tax.config.vllm_rules import device
+from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
+from connector_tax.contract.index import PhaseIndex
+from connector_tax.contract.layout import CellFiles, PhaseLayout
+from connector_tax.launch.command import launch_spec
+from connector_tax.loadgen.affinity import plan_affinity
+from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.stats import ValidityThresholds
+from connector_tax.metrics.sampler import MetricsSampler
+from connector_tax.oracle.virtual_run import VirtualTimeRun
+from connector_tax.pipeline.precision import PrecisionWatch
+from connector_tax.pipeline.provenance import gpu_description
+from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
+from connector_tax.pipeline.watch import ServerWatch
+from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
+from connector_tax.sim.settings import resolve
+
+# (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
+Waiting = list[tuple[float, float]]
+
+
+class Launched(Protocol):
+    def run(
+        self,
+        cell: Cell,
+        staging: CellFiles,
+        t0_ns: int,
+        precision: PrecisionWatch,
+        give_up: Callable[[], bool],
+        waiting: Waiting,
+    ) -> tuple[dict[str, Any], str | None]: ...
+
+
+class Runner(Protocol):
+    def __enter__(self) -> Runner: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Any: ...
+
+
+def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
+    workload = config["workload"]
+    loadgen = config["loadgen"]
+    return LoadgenOptions(
+        url=url,
+        model=config["model"].get("served_name") or config["model"]["name"],
+        endpoint=workload["endpoint"],
+        prompt=workload["prompt"],
+        temperature=workload["temperature"],
+        ignore_eos=workload["ignore_eos"],
+        inflight_cap=workload["inflight_cap"],
+        timeout_s=workload["request_timeout_s"],
+        seed=config["seed"],
+        workers=loadgen["workers"],
+        affinity=loadgen["affinity"],
+        cpu_latency_us=loadgen["cpu_latency_us"],
+        validity=ValidityThresholds.from_dict(config.get("validity")),
+        api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
+    )
+
+
+class ServerRunner:
+    """Real time: the variant's server (vLLM, `ctax sim`, or an external one), the load
+    generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
+
+    def __init__(self, config_path: str, config: dict[str, Any], variant: dict[str, Any], folder: PhaseLayout) -> None:
+        self.config_path, self.config, self.variant, self.folder = config_path, config, variant, folder
+        self.gpu: str | None = None
+        self._lease: Any = None
+
+    def __enter__(self) -> ServerRunner:
+        drop_raw_logs(self.folder.raw_steps)  # an earlier launch's cells are sealed or will be redone
+        self._lease = gpu_lease(self.config["backend"], device=device(self.config))
+        self.gpu = self._lease.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lease.__exit__(*exc)
+        if exc[0] is None:
+            drop_raw_logs(self.folder.raw_steps)
+
+    @contextmanager
+    def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[_ServerLaunch]:
+        config, variant, backend = self.config, self.variant, self.config["backend"]
+        index.gpu = gpu_description(self.gpu, backend)
+        host = variant.get("server", {}).get("host") or config["server"]["host"]
+        port = free_port(host, block=3 if backend == "vllm" else 1)
+        raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        spec = launch_spec(self.config_path, config, variant, port, str(raw) if backend != "openai" else None)
+        if self.gpu is not None:
+            spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        url = spec.url or f"http://{host}:{port}"
+        index.launch_command = spec.argv
+        options = loadgen_options(config, url)
+        # Off the load generator's worker cores: a server waking there preempts a send spin.
+        cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
+        with ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server:
+            index.server_cpus = list(server.cpus) or None
+            save()
+            server.wait_ready(ready_timeout_s(config, variant))
+            with LoadGenerator(options) as gen:
+                yield _ServerLaunch(index.config, server, gen, StepLogSplitter(raw))
+            available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
+            index.step_timing_available, index.step_timing_reason = available, reason
+
+
+class _ServerLaunch:
+    def __init__(self, name: str, server: ServerProcess, gen: LoadGenerator, splitter: StepLogSplitter) -> None:
+        self.name, self.server, self.gen, self.splitter = name, server, gen, splitter
+
+    def run(
+        self,
+        cell: Cell,
+        staging: CellFiles,
+        t0_ns: int,
+        precision: PrecisionWatch,
+        give_up: Callable[[], bool],
+        waiting: Waiting,
+    ) -> tuple[dict[str, Any], str | None]:
+        with MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler, precision:
+            with ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+                summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
+        self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
+        # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
+        failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
+        return summary, failure
+
+
+class VirtualRunner:
+    """Virtual time: no server; the engine `ctax sim` would serve with computes each cell
+    (oracle.virtual_run). A cell's `wall_s` is its virtual duration (what it would take on the
+    modelled hardware), `compute_s` what computing it took here."""
+
+    def __init__(self, config: dict[str, Any], variant: dict[str, Any]) -> None:
+        self.settings = resolve(config, variant, {})
+        self.options = loadgen_options(config, "virtual:")
+
+    def __enter__(self) -> VirtualRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @contextmanager
+    def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[VirtualRunner]:
+        index.launch_command = None
+        index.step_timing_available, index.step_timing_reason = True, None  # the engine model writes every step
+        yield self
+
+    def run(
+        self,
+        cell: Cell,
+        staging: CellFiles,
+        t0_ns: int,
+        precision: PrecisionWatch,
+        give_up: Callable[[], bool],
+        waiting: Waiting,
+    ) -> tuple[dict[str, Any], str | None]:
+        print(f"  {cell.key}: computing in virtual time", flush=True)
+        summary = VirtualTimeRun(
+            self.settings,
+            cell,
+            self.options,
+            staging,
+            t0_ns,
+            enough=precision.check,  # recomputed once a virtual second (the rules' ask_every_ns)
+            give_up=give_up,
+            waiting=waiting,
+            metrics_interval_s=METRICS_INTERVAL_S,
+        ).run()
+        return summary, None
