@@ -35,16 +35,16 @@ from connector_tax.config import (
     PHASE_A,
     PHASE_B,
     PHASE_B_PRIME,
+    Cell,
     StudyConfig,
     find_variant,
     phase_a_cells,
     phase_b_cells,
     validate_config,
 )
-from connector_tax.config import Cell as PlannedCell
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import cell_settings, code_versions, fingerprint, launch_settings
-from connector_tax.contract.index import CellEntry, PhaseIndex, seal_cell
+from connector_tax.contract.index import IndexEntry, PhaseIndex, seal_cell
 
 CONNECTOR_CONFIGS = [
     "plain",
@@ -376,7 +376,7 @@ def _write_cells(
     layout: StudyLayout,
     config: dict[str, Any],
     index: PhaseIndex,
-    cells: list[PlannedCell],
+    cells: list[Cell],
     factors: Any,
 ) -> None:
     """Generate, seal and index each planned cell; factors(cell) -> (ttft tax, tpot tax, saturate)."""
@@ -389,7 +389,7 @@ def _write_cells(
         settings = cell_settings(config, cell)
         fp = fingerprint(index.launch, settings, index.code)
         seal_cell(staging, folder.cell(cell.label), fp)
-        index.cells.append(CellEntry(cell.phase, cell.label, fp, settings, status="complete"))
+        index.cells.append(IndexEntry(cell.phase, cell.label, fp, settings, status="complete"))
     folder = layout.phase(index.config, index.phase)
     index.write(folder.index)
     write_atomic(folder.env_txt, "synthetic\n")
@@ -440,7 +440,7 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
         return layout.root
     s_in, s_out = min(s[0] for s in spec.shapes), min(s[1] for s in spec.shapes)
 
-    def factors(cell: PlannedCell, c: str) -> tuple[float, float, bool]:
+    def factors(cell: Cell, c: str) -> tuple[float, float, bool]:
         f_in = (cell.shape["input"] / s_in) ** spec.input_exponent
         f_out = (cell.shape["output"] / s_out) ** spec.output_exponent
         boost = 1.5 if cell.phase == PHASE_B_PRIME else 1.0

@@ -24,7 +24,7 @@ from connector_tax.config import (
 )
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
-from connector_tax.contract.index import CellEntry, PhaseIndex, read_index, seal_cell, verify_cell
+from connector_tax.contract.index import IndexEntry, PhaseIndex, read_index, seal_cell, verify_cell
 from connector_tax.loadgen.shapes import ShapeSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_the_index_round_trips_and_rejects_another_schema(tmp_path) -> None:
         backend="sim",
         launch={"a": 1},
         code={"b": 2},
-        cells=[CellEntry(PHASE_A, "r4", "f" * 64, {"rate": 4}, status="complete")],
+        cells=[IndexEntry(PHASE_A, "r4", "f" * 64, {"rate": 4}, status="complete")],
     )
     path = tmp_path / "run.json"
     index.write(path)

@@ -19,7 +19,7 @@ from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.sketch import REL_ERR, Quantiles
-from connector_tax.loadgen.stats import CellStats, ValidityThresholds
+from connector_tax.loadgen.stats import RequestStats, ValidityThresholds
 
 MS = 1_000_000
 
@@ -58,7 +58,7 @@ def test_cell_state_is_flat_in_the_number_of_requests() -> None:
     """The same 60 s of traffic at 100 and at 2,000 req/s: the same state size."""
     sizes = []
     for rate in (100, 2000):
-        stats = CellStats(0, exact_cap=5_000)
+        stats = RequestStats(0, exact_cap=5_000)
         gaps = np.full(63, 1000, dtype=np.uint32).tobytes()
         n = rate * 60
         for i in range(n):
@@ -82,7 +82,7 @@ def _result(cell: str, index: int, rid: str) -> ipc.RequestResult:
 
 def test_results_are_matched_by_cell_and_request_id(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
-    stats = CellStats(0)
+    stats = RequestStats(0)
     col = Collector("s_c#2", RecordWriter(path), stats, Progress())
     spec = ipc.RequestSpec(0, "s_c-0", 8, 2, None, "s_c#2")
     assert col.issue(5, spec, 0, False, lambda n: n < 10) == 0

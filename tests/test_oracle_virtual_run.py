@@ -11,7 +11,7 @@ import pytest
 from connector_tax.config import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.oracle.cells import Load, run_cell
+from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve
 
@@ -92,6 +92,6 @@ def test_unloaded_latency_is_the_engine_models(tmp_path):
     (oracle/cells.py, the truth oracle's cells) for the same load."""
     summary, records, _, _ = run(tmp_path, spec(rate=2.0, duration_s=30.0))
     ttft = np.array([(r["t_first_token_ns"] - r["t_send_ns"]) / 1e6 for r in records if not r["warmup"]])
-    oracle = run_cell(settings(), Load("phase_a", "r2", 2.0, {"input": 256, "output": 16}), 60, seed=1)
+    oracle = run_cell(settings(), Cell("phase_a", "r2", 2.0, {"input": 256, "output": 16}), 60, seed=1)
     assert np.median(ttft) == pytest.approx(np.median(oracle.ttft_ms), rel=0.02)
     assert summary["latency_ms"]["tpot"]["p50"] == pytest.approx(np.nanmedian(oracle.tpot_ms), rel=0.02)

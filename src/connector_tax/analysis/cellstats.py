@@ -18,7 +18,7 @@ import numpy as np
 from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
-from connector_tax.analysis.layout import Cell
+from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
 from connector_tax.config import PHASE_A
 
@@ -129,7 +129,7 @@ def _window(t_sched: np.ndarray, post: np.ndarray) -> tuple[int | None, int | No
     return lo, hi
 
 
-def request_stats(cell: Cell) -> tuple[dict[str, Any], tuple[int | None, int | None], dict[str, Any]]:
+def request_stats(cell: Measurement) -> tuple[dict[str, Any], tuple[int | None, int | None], dict[str, Any]]:
     """(row fields, measurement window, fallback rates)."""
     row: dict[str, Any] = {}
     if not cell.has("requests"):
@@ -175,7 +175,7 @@ def request_stats(cell: Cell) -> tuple[dict[str, Any], tuple[int | None, int | N
     return row, (lo, hi), fallback
 
 
-def metric_stats(cell: Cell, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None]:
+def metric_stats(cell: Measurement, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None]:
     row = {k: None for k in _METRICS}
     row["metrics_n"] = 0
     if not cell.has("metrics"):
@@ -228,7 +228,7 @@ def join_worker_records(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def step_stats(
-    cell: Cell, window: tuple[int | None, int | None]
+    cell: Measurement, window: tuple[int | None, int | None]
 ) -> tuple[dict[str, Any], str | None, list[float] | None]:
     """(row fields, note, step_duration CDF grid)."""
     row: dict[str, Any] = {k: None for k in _STEPS}
@@ -271,7 +271,7 @@ def _f(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def summary_fields(cell: Cell, fallback: dict[str, Any]) -> dict[str, Any]:
+def summary_fields(cell: Measurement, fallback: dict[str, Any]) -> dict[str, Any]:
     s = cell.summary or {}
     rates = s.get("rates") if isinstance(s.get("rates"), dict) else {}
     validity = s.get("validity") if isinstance(s.get("validity"), dict) else {}
@@ -313,7 +313,7 @@ def summary_fields(cell: Cell, fallback: dict[str, Any]) -> dict[str, Any]:
 
 
 def cell_row(
-    cell: Cell,
+    cell: Measurement,
     *,
     backend: str | None,
     simulated: bool,

@@ -35,13 +35,13 @@ from connector_tax.config import (
     PHASE_A,
     PHASE_B,
     PHASES,
+    Cell,
     ConfigError,
     StudyConfig,
     find_variant,
     planned_cells,
     validate_config,
 )
-from connector_tax.config import Cell as PlannedCell
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
 from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
@@ -55,12 +55,14 @@ class StudyRefused(ValueError):
 
 
 @dataclass
-class Cell:
+class Measurement:
+    """A planned cell of the study with its files and sealed summary (only usable ones are made)."""
+
     config: str
     phase: str
     label: str
     files: CellFiles
-    planned: PlannedCell
+    planned: Cell
     summary: dict[str, Any] | None = None
 
     @property
@@ -93,7 +95,7 @@ class PhaseRun:
     phase: str
     folder: Path
     run: dict[str, Any] | None
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[Measurement] = field(default_factory=list)
     # Planned cells that cannot be used: {label: why} (failed, never measured, incomplete).
     problems: dict[str, str] = field(default_factory=dict)
     # Phase A cells not measured on purpose, past the configuration's knee: {label: why}.
@@ -141,7 +143,7 @@ class Study:
     def run_of(self, config: str, phase: str) -> PhaseRun | None:
         return self.runs.get((config, phase))
 
-    def cells(self, phase: str | None = None) -> list[Cell]:
+    def cells(self, phase: str | None = None) -> list[Measurement]:
         return [
             c
             for name in self.configs
@@ -195,7 +197,7 @@ def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None
 
 
 def _usable(
-    config: dict[str, Any], index: PhaseIndex, cell: PlannedCell, files: CellFiles, where: str
+    config: dict[str, Any], index: PhaseIndex, cell: Cell, files: CellFiles, where: str
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(sealed summary, None) for a usable cell, (None, why) for one that is not; raises
     StudyRefused when the cell on record was planned with other settings."""
@@ -283,7 +285,7 @@ def load_study(root: Path) -> Study:
                 if why is not None:
                     (run.pruned if why.startswith(PRUNED) else run.problems)[cell.label] = why
                     continue
-                run.cells.append(Cell(name, cell.phase, cell.label, files, cell, summary))
+                run.cells.append(Measurement(name, cell.phase, cell.label, files, cell, summary))
                 codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))
     if len(codes) > 1:
         (first, a), (second, b) = list(codes.values())[:2]
@@ -306,7 +308,7 @@ def load_study(root: Path) -> Study:
     )
 
 
-def _sort_key(cell: Cell) -> tuple:
+def _sort_key(cell: Measurement) -> tuple:
     if cell.phase == PHASE_A:
         return (0, cell.rate, 0, cell.label)
     if cell.shape is not None:

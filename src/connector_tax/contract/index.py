@@ -33,7 +33,7 @@ LAUNCH_STATES = ("ok", "partial", "failed", "skipped", "interrupted", "running")
 
 
 @dataclass
-class CellEntry:
+class IndexEntry:
     phase: str
     label: str
     fingerprint: str
@@ -56,7 +56,7 @@ class PhaseIndex:
     backend: str
     launch: dict[str, Any]
     code: dict[str, Any]
-    cells: list[CellEntry]
+    cells: list[IndexEntry]
     launch_id: str = ""
     status: str = "running"
     reason: str | None = None
@@ -83,7 +83,7 @@ class PhaseIndex:
     def simulated(self) -> bool:
         return self.backend == "sim"
 
-    def cell(self, phase: str, label: str) -> CellEntry | None:
+    def cell(self, phase: str, label: str) -> IndexEntry | None:
         return next((c for c in self.cells if c.phase == phase and c.label == label), None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,7 +104,7 @@ class PhaseIndex:
             raise ValueError(f"not a {INDEX_SCHEMA} index (schema {doc.get('schema')!r})")
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in doc.items() if k in known}
-        fields["cells"] = [CellEntry(**c) for c in doc.get("cells") or []]
+        fields["cells"] = [IndexEntry(**c) for c in doc.get("cells") or []]
         return cls(**fields)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
-from connector_tax.loadgen.stats import CellStats
+from connector_tax.loadgen.stats import RequestStats
 
 FINISHED_HORIZON_NS = 2_000_000_000  # result times kept for the in-flight correction
 
@@ -55,7 +55,7 @@ class Pending(NamedTuple):
 
 
 class Collector:
-    def __init__(self, cell_id: str, writer: RecordWriter, stats: CellStats, progress: Progress) -> None:
+    def __init__(self, cell_id: str, writer: RecordWriter, stats: RequestStats, progress: Progress) -> None:
         self.cell_id = cell_id
         self.writer = writer
         self.stats = stats

@@ -27,7 +27,7 @@ from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_reco
 from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
-from connector_tax.loadgen.stats import CellStats
+from connector_tax.loadgen.stats import RequestStats
 from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
 from connector_tax.loadgen.workers import WorkerPool
@@ -75,7 +75,7 @@ class RealTimeRun:
     def run(self) -> dict[str, Any]:
         pool = self.gen.pool
         writer = RecordWriter(self.files.requests)
-        self.stats = CellStats(time.monotonic_ns(), self.opts.summary_exact_cap)
+        self.stats = RequestStats(time.monotonic_ns(), self.opts.summary_exact_cap)
         self.collector = Collector(self.cell_id, writer, self.stats, self.progress)
         chunk_paths = [str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)]
         pool.set_cell(chunk_paths)

@@ -5,7 +5,7 @@ asked, when it was asked, with CPU to spare, and did every result come back to i
 A cell that fails a check is marked invalid with the reasons, so the analysis can exclude or
 flag it. Thresholds come from the config's `validity:` section.
 
-The summary streams: `CellStats.add` takes each record as it completes and keeps only bounded
+The summary streams: `RequestStats.add` takes each record as it completes and keeps only bounded
 state (sketch.Quantiles per latency, counters, and 10 ms bins of the scheduled and completion
 times for the window counts), so a cell's memory does not grow with its length; the records
 themselves go to the JSONL file as they complete.
@@ -108,7 +108,7 @@ class _Bins:
         return int(np.frombuffer(self.counts, dtype=np.uint32)[lo : hi + 1].sum())
 
 
-class CellStats:
+class RequestStats:
     """Everything the summary needs, fed one record at a time, in bounded memory."""
 
     def __init__(self, base_ns: int, exact_cap: int = DEFAULT_EXACT_CAP) -> None:
@@ -245,7 +245,7 @@ def summarize(
     thresholds: ValidityThresholds,
 ) -> dict[str, Any]:
     """The summary of records held in a list (tests, re-summaries); the cell streams instead."""
-    stats = CellStats(min((r.t_scheduled_ns for r in records), default=0))
+    stats = RequestStats(min((r.t_scheduled_ns for r in records), default=0))
     for r in records:
         stats.add(r)
     for gaps in itl_us:

@@ -1,7 +1,7 @@
 """Virtual-time cells: one configuration of a study driven at one load, in the simulator's
 virtual time, with the study's arrival process and request shape.
 
-A `Load` is what a study cell asks of the server (rate, arrival process, shape); `run_cell`
+A `Cell` is what a study cell asks of the server (rate, arrival process, shape); `run_cell`
 drives the same engine, cost model and settings that `ctax sim` resolves for a configuration
 (settings.resolve) with a seeded open-loop arrival stream of that load and returns every
 request's TTFT and TPOT in arrival order, as the design defines them (TTFT = first token -
@@ -16,13 +16,14 @@ either p90 alone.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from connector_tax.config.cells import PHASE_A, phase_a_cells, phase_b_cells, rate_label
+from connector_tax.config.cells import Cell, phase_a_cells, phase_b_cells, rate_label
 from connector_tax.config.study import StudyConfig
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
@@ -39,53 +40,25 @@ def prompt_ids(index: int, input_len: int) -> list[int]:
     return [_UNIQUE_BASE + index] + _FILLER[: input_len - 1]
 
 
-@dataclass(frozen=True)
-class Load:
-    """What one cell of a study asks of a server."""
-
-    phase: str
-    label: str
-    rate: float
-    shape: dict[str, Any] = field(hash=False)
-    arrival: str = "poisson"
-    gamma_shape: float = 1.0
-
-    @property
-    def key(self) -> str:
-        return f"{self.phase}/{self.label}"
-
-    @property
-    def pair(self) -> tuple[int, int] | None:
-        """(input, output) of a single-shape load; None for a mix or a pattern."""
-        return (int(self.shape["input"]), int(self.shape["output"])) if "input" in self.shape else None
-
-
-def _load(cell: Any) -> Load:
-    return Load(cell.phase, cell.label, float(cell.rate), cell.shape, cell.arrival, float(cell.gamma_shape))
-
-
-def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) -> list[Load]:
-    """The loads at which the analysis compares configuration `name` with the baseline: its
-    Phase A cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the
-    contract's own cell plan, so the shapes and rates are exactly the study's)."""
+def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) -> list[Cell]:
+    """The cells at which the analysis compares variant `name` with the baseline: its Phase A
+    cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the study
+    config's own cell plan, so the shapes and rates are exactly the study's)."""
     workload = config["workload"]
-    study = StudyConfig.from_mapping(config)  # the contract's cell plan reads the typed view
+    study = StudyConfig.from_mapping(config)
     template = phase_a_cells(study)[0]
-    loads: dict[str, Load] = {}
+    cells: dict[str, Cell] = {}
     for key in ("ref_safe", "ref_load"):
         rate = reference.get(key)
         if rate is not None:
-            load = _load(template)
-            loads[rate_label(rate)] = Load(
-                PHASE_A, rate_label(rate), float(rate), load.shape, load.arrival, load.gamma_shape
-            )
-    out = list(loads.values())
+            cells[rate_label(rate)] = dataclasses.replace(template, label=rate_label(rate), rate=float(rate))
+    out = list(cells.values())
     if workload.get("phase_b"):
-        out += [_load(c) for c in phase_b_cells(study, name, reference)]
+        out += phase_b_cells(study, name, reference)
     return out
 
 
-def seed_for(seed: int, load: Load, replication: int, config: str = "") -> int:
+def seed_for(seed: int, load: Cell, replication: int, config: str = "") -> int:
     """One seed per (study seed, load, replication): the same for every configuration unless
     `config` is given (then each configuration draws its own traffic, as separate cells of a
     real study do)."""
@@ -93,7 +66,7 @@ def seed_for(seed: int, load: Load, replication: int, config: str = "") -> int:
     return int(np.random.SeedSequence(words).generate_state(1)[0])
 
 
-def _arrival_us(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
+def _arrival_us(load: Cell, n: int, rng: np.random.Generator) -> np.ndarray:
     mean_us = 1e6 / load.rate
     if load.arrival == "fixed":
         gaps = np.full(n, mean_us)
@@ -107,7 +80,7 @@ def _arrival_us(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.cumsum(gaps)
 
 
-def _shapes(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
+def _shapes(load: Cell, n: int, rng: np.random.Generator) -> np.ndarray:
     """(n, 2) array of (input, output) per request: one pair, a weighted mix, or a pattern."""
     if load.pair is not None:
         return np.tile(np.array(load.pair), (n, 1))
@@ -120,7 +93,7 @@ def _shapes(load: Load, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @dataclass
-class CellRun:
+class Latencies:
     """Every request of one virtual cell, in arrival order (ms)."""
 
     ttft_ms: np.ndarray
@@ -128,11 +101,11 @@ class CellRun:
     arrival_s: np.ndarray
     steps: int
 
-    def after(self, warmup: int) -> CellRun:
-        return CellRun(self.ttft_ms[warmup:], self.tpot_ms[warmup:], self.arrival_s[warmup:], self.steps)
+    def after(self, warmup: int) -> Latencies:
+        return Latencies(self.ttft_ms[warmup:], self.tpot_ms[warmup:], self.arrival_s[warmup:], self.steps)
 
 
-def run_cell(settings: SimSettings, load: Load, n: int, seed: int, ignore_eos: bool = True) -> CellRun:
+def run_cell(settings: SimSettings, load: Cell, n: int, seed: int, ignore_eos: bool = True) -> Latencies:
     """Drive a fresh engine of `settings` with `n` requests of `load` (seeded) to the end."""
     rng = np.random.default_rng(seed)
     arrival = _arrival_us(load, n, rng)
@@ -171,4 +144,4 @@ def run_cell(settings: SimSettings, load: Load, n: int, seed: int, ignore_eos: b
     ttft = (first - arrival) / 1000.0
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(produced > 1, (last - first) / np.maximum(produced - 1, 1) / 1000.0, np.nan)
-    return CellRun(ttft, tpot, arrival / 1e6, steps)
+    return Latencies(ttft, tpot, arrival / 1e6, steps)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from connector_tax.analysis.batchmeans import percentile_ci
-from connector_tax.config import find_variant
-from connector_tax.oracle.cells import CellRun, Load, run_cell, seed_for, study_loads
+from connector_tax.config import Cell, find_variant
+from connector_tax.oracle.cells import Latencies, run_cell, seed_for, study_loads
 from connector_tax.oracle.truth import hypotheses_of, tax_estimates
 from connector_tax.sim.settings import resolve
 
@@ -35,7 +35,7 @@ class CoverageSettings:
     jobs: int = 1
 
 
-def cell_row(run: CellRun, config: str, load: Load) -> dict[str, Any]:
+def cell_row(run: Latencies, config: str, load: Cell) -> dict[str, Any]:
     """A cell's row as cellstats gives it: p90s with their batch-means 95% intervals."""
     pair = load.pair
     row: dict[str, Any] = {
@@ -60,7 +60,7 @@ def cell_row(run: CellRun, config: str, load: Load) -> dict[str, Any]:
     return row
 
 
-def _cell(job: tuple[dict[str, Any], str, Load, int, CoverageSettings]) -> dict[str, Any]:
+def _cell(job: tuple[dict[str, Any], str, Cell, int, CoverageSettings]) -> dict[str, Any]:
     config, name, load, seed, cs = job
     settings = resolve(config, find_variant(config, name), {})
     warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s

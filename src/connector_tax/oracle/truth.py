@@ -33,8 +33,8 @@ from connector_tax.analysis.batchmeans import t975
 from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
 from connector_tax.analysis.taxes import compute_taxes
-from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, find_variant
-from connector_tax.oracle.cells import Load, run_cell, seed_for, study_loads
+from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, Cell, find_variant
+from connector_tax.oracle.cells import run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
 METRICS = ("ttft_ms", "tpot_ms")
@@ -56,7 +56,7 @@ class Series:
     """One (configuration, load): its replications' p90s and all their requests."""
 
     config: str
-    load: Load
+    load: Cell
     p90s: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {m: [] for m in METRICS})
     samples: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=lambda: {m: [] for m in METRICS})
 
@@ -70,7 +70,7 @@ class Series:
 
 
 def _replicate(
-    job: tuple[dict[str, Any], str, Load, int, TruthSettings],
+    job: tuple[dict[str, Any], str, Cell, int, TruthSettings],
 ) -> tuple[str, str, int, dict[str, np.ndarray]]:
     config, name, load, rep, ts = job
     settings = resolve(config, find_variant(config, name), {})

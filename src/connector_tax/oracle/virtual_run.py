@@ -8,7 +8,7 @@ cell's course is the load generator's own rules (loadgen.rules.CellRules: warm-u
 min-completed, the caller's `enough` and `give_up`, the cap, the in-flight cap, the drain
 budget), asking `enough` once a virtual second as the pipeline's precision watch recomputes once
 a second; the scrapes land in the caller's `waiting` list as a metrics sampler's do (the overload
-guard reads them); the summary is the load generator's own (loadgen.stats.CellStats). The engine
+guard reads them); the summary is the load generator's own (loadgen.stats.RequestStats). The engine
 is the one `ctax sim` serves with (settings.resolve), stepped in virtual time (sim/virtual.py's
 convention: a token is stamped at the end of the step that produced it).
 
@@ -34,7 +34,7 @@ from connector_tax.loadgen.records import RecordWriter, RequestRecord
 from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import arrivals
 from connector_tax.loadgen.shapes import ShapeSampler
-from connector_tax.loadgen.stats import CellStats
+from connector_tax.loadgen.stats import RequestStats
 from connector_tax.oracle.cells import prompt_ids
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
@@ -76,7 +76,7 @@ class VirtualTimeRun:
         self.rules = CellRules(cell, opts, t0_ns, enough, give_up, ask_every_ns=int(CHECK_S * _NS))
         self.name = f"{cell.phase}_{cell.label}"
         self.writer = RecordWriter(files.requests)
-        self.stats = CellStats(self.t0, opts.summary_exact_cap)
+        self.stats = RequestStats(self.t0, opts.summary_exact_cap)
         self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()  # send order: the oldest times out first
         self.by_request: dict[int, int] = {}  # id(SimRequest) -> index
         self.completed_post = 0

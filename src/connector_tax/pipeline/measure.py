@@ -23,7 +23,7 @@ from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
-from connector_tax.pipeline.plan import PlannedCell
+from connector_tax.pipeline.plan import CellPlan
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
 from connector_tax.pipeline.runners import Runner, Waiting
 
@@ -47,10 +47,10 @@ def measure(
     runner: Runner,
     layout: StudyLayout,
     index: PhaseIndex,
-    todo: list[PlannedCell],
+    todo: list[CellPlan],
     save: Callable[[], None],
     saturation: dict[str, float],
-    prune: Callable[[PlannedCell], str | None] = lambda planned: None,
+    prune: Callable[[CellPlan], str | None] = lambda planned: None,
 ) -> None:
     """Measure `todo` in order, launching again after a failure; a cell `prune` gives a reason
     for, when its turn comes, is recorded as pruned, not measured."""
@@ -74,7 +74,7 @@ def measure(
                 raise ServerDied(f"server failed {len(index.restarts)} times; last: {failure}")
 
 
-def prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[PlannedCell], str | None]) -> None:
+def prune_from(index: PhaseIndex, pending: list[CellPlan], prune: Callable[[CellPlan], str | None]) -> None:
     """Record as pruned, not measured, the next pending cells `prune` gives a reason for."""
     while pending and (why := prune(pending[0])) is not None:
         entry = index.cell(pending[0].cell.phase, pending[0].cell.label)
@@ -84,7 +84,7 @@ def prune_from(index: PhaseIndex, pending: list[PlannedCell], prune: Callable[[P
 
 
 def _measure_cell(
-    layout: StudyLayout, index: PhaseIndex, planned: PlannedCell, launched: Any, saturation: dict[str, float]
+    layout: StudyLayout, index: PhaseIndex, planned: CellPlan, launched: Any, saturation: dict[str, float]
 ) -> str | None:
     """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
@@ -105,7 +105,7 @@ def _measure_cell(
 
 def seal_measured(
     index: PhaseIndex,
-    planned: PlannedCell,
+    planned: CellPlan,
     staging: CellFiles,
     final: CellFiles,
     summary: dict[str, Any],

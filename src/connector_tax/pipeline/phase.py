@@ -32,10 +32,10 @@ from connector_tax.config import (
 )
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
-from connector_tax.contract.index import COMPLETE, DONE, FAILED, CellEntry, PhaseIndex, read_index
+from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index
 from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
-from connector_tax.pipeline.plan import LaunchPlan, PlannedCell, launch_plan, read_reference
+from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
 from connector_tax.pipeline.prune import knee, overloaded_shape
 from connector_tax.pipeline.resume import decide
@@ -107,10 +107,10 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     """Why a cell about to be measured is not worth it (prune.py): Phase A past the knee of the
     complete cells below it; Phase B' on a shape saturated in Phase B."""
 
-    def complete(p: PlannedCell) -> bool:
-        return (index.cell(p.cell.phase, p.cell.label) or CellEntry("", "", "", {})).status == COMPLETE
+    def complete(p: CellPlan) -> bool:
+        return (index.cell(p.cell.phase, p.cell.label) or IndexEntry("", "", "", {})).status == COMPLETE
 
-    def check(planned: PlannedCell) -> str | None:
+    def check(planned: CellPlan) -> str | None:
         if planned.cell.phase == PHASE_A:
             return knee(layout, study, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
         if planned.cell.phase == PHASE_B_PRIME:
@@ -151,7 +151,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     )
     skip = _preflight_reason(layout, name)
     if skip:
-        index.cells = [CellEntry(p.cell.phase, p.cell.label, p.fingerprint, p.settings) for p in plan.cells]
+        index.cells = [IndexEntry(p.cell.phase, p.cell.label, p.fingerprint, p.settings) for p in plan.cells]
         index.status, index.reason, index.finished = "skipped", skip, now_iso()
         index.write(folder.index)
         return index

@@ -33,7 +33,7 @@ _PLAN_PORT = 8000
 
 
 @dataclass(frozen=True)
-class PlannedCell:
+class CellPlan:
     cell: Cell
     settings: dict[str, Any]
     fingerprint: str
@@ -45,7 +45,7 @@ class LaunchPlan:
     launch_phase: str
     launch: dict[str, Any]
     code: dict[str, Any]
-    cells: list[PlannedCell]
+    cells: list[CellPlan]
 
     @property
     def digest(self) -> str:
@@ -79,7 +79,7 @@ def launch_plan(
     cells = []
     for cell in planned_cells(study, name, launch_phase, reference):
         settings = cell_settings(config, cell)
-        cells.append(PlannedCell(cell, settings, fingerprint(launch, settings, code)))
+        cells.append(CellPlan(cell, settings, fingerprint(launch, settings, code)))
     return LaunchPlan(name, launch_phase, launch, code, cells)
 
 

@@ -20,17 +20,17 @@ from dataclasses import asdict
 from typing import Any
 
 from connector_tax.analysis.cellstats import cell_row
-from connector_tax.analysis.layout import Cell
+from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import StudyConfig
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_summary
-from connector_tax.pipeline.plan import PlannedCell
+from connector_tax.pipeline.plan import CellPlan
 
 
-def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: Any) -> dict[str, Any]:
+def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan) -> dict[str, Any]:
     files = layout.phase(name, planned.cell.phase).cell(planned.cell.label)
-    cell = Cell(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
+    cell = Measurement(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
     row, _ = cell_row(
         cell,
         backend=study.backend,
@@ -44,7 +44,7 @@ def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: Any) -> di
 
 
 def saturated(
-    layout: StudyLayout, study: StudyConfig, name: str, planned: PlannedCell, lower: PlannedCell | None = None
+    layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, lower: CellPlan | None = None
 ) -> str | None:
     """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
     Phase A only), as a phrase; None when it is not saturated."""
@@ -58,7 +58,7 @@ def saturated(
     )
 
 
-def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[PlannedCell]) -> str | None:
+def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[CellPlan]) -> str | None:
     """Why the highest of `done` (complete Phase A cells, ascending rates) is saturated, or None."""
     if not done or not study.workload.phase_a.prune_after_knee:
         return None
@@ -68,7 +68,7 @@ def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[PlannedC
     return None if fired is None else f"{PRUNED}: saturated at {top.cell.label} ({fired})"
 
 
-def overloaded_shape(layout: StudyLayout, study: StudyConfig, name: str, shape_cell: PlannedCell) -> str | None:
+def overloaded_shape(layout: StudyLayout, study: StudyConfig, name: str, shape_cell: CellPlan) -> str | None:
     """Phase B' runs a shape at ref_load (>= ref_safe): one saturated at ref_safe in Phase B is cut."""
     fired = saturated(layout, study, name, shape_cell)
     return (

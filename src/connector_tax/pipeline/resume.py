@@ -12,7 +12,7 @@ from typing import Any
 
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import short
-from connector_tax.contract.index import CellEntry, move_aside, read_summary, verify_cell
+from connector_tax.contract.index import IndexEntry, move_aside, read_summary, verify_cell
 from connector_tax.pipeline.plan import LaunchPlan
 
 
@@ -40,15 +40,15 @@ def clear_staging(layout: StudyLayout, plan: LaunchPlan) -> list[dict[str, Any]]
     return moved
 
 
-def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[CellEntry], list[dict[str, Any]]]:
+def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[IndexEntry], list[dict[str, Any]]]:
     """(index entries of every planned cell, reused ones marked complete; what was moved aside)."""
-    entries: list[CellEntry] = []
+    entries: list[IndexEntry] = []
     moved = clear_staging(layout, plan)
     for planned in plan.cells:
         cell = planned.cell
         files = layout.phase(plan.name, cell.phase).cell(cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
-        entry = CellEntry(cell.phase, cell.label, planned.fingerprint, planned.settings)
+        entry = IndexEntry(cell.phase, cell.label, planned.fingerprint, planned.settings)
         if ok:
             summary = read_summary(files) or {}
             entry.status, entry.reused = "complete", True
