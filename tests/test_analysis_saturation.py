@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from synthetic_study import SyntheticSpec, expected_reference, write_study
 
 from connector_tax.analysis.saturation import cell_criteria, reference_rates
+from connector_tax.config import default_saturation
+
+SAT = default_saturation()  # the schema's thresholds
 
 SMALL = dict(n_requests=120, n_steps=50, step_logs=False, phase_b=False, phase_b_prime=False, write_reference=False)
 
@@ -110,24 +114,24 @@ def test_requested_basis_and_thresholds():
         "offered_rps": 3.64,
         "requested_rps": 4.0,
     }
-    assert cell_criteria(row, {}, "offered")["saturated"] is False
-    sat = cell_criteria(row, {}, "requested")
+    assert cell_criteria(row, SAT, "offered")["saturated"] is False
+    sat = cell_criteria(row, SAT, "requested")
     assert sat["saturated"] is True and sat["fired"] == ["throughput"]
-    assert cell_criteria(row, {"throughput_ratio_min": 0.85}, "requested")["saturated"] is False
-    assert cell_criteria({"phase": "phase_b"}, {})["saturated"] is None  # nothing to evaluate
+    assert cell_criteria(row, replace(SAT, throughput_ratio_min=0.85), "requested")["saturated"] is False
+    assert cell_criteria({"phase": "phase_b"}, SAT)["saturated"] is None  # nothing to evaluate
 
 
 def test_a_criterion_on_too_few_requests_is_not_judged():
     """One late request of four reads as a throughput ratio of 0.75: that is noise, not a knee."""
     small = {"phase": "phase_a", "rate": 4.0, "throughput_ratio": 0.75, "n_post_warmup": 4, "metrics_n": 2}
-    verdict = cell_criteria({**small, "waiting_p50": 5.0}, {})
+    verdict = cell_criteria({**small, "waiting_p50": 5.0}, SAT)
     assert verdict["saturated"] is None and verdict["fired"] == []
     assert verdict["criteria"]["throughput"]["note"] == "too few to judge: 4 requests post warm-up < 20"
     assert verdict["criteria"]["waiting"]["note"] == "too few to judge: 2 /metrics scrapes < 3"
-    assert cell_criteria({**small, "n_post_warmup": 20}, {})["fired"] == ["throughput"]
+    assert cell_criteria({**small, "n_post_warmup": 20}, SAT)["fired"] == ["throughput"]
     # criterion 3 needs enough TTFTs in both cells
     lower = {"phase": "phase_a", "rate": 2.0, "ttft_ms_p90": 10.0, "ttft_ms_n": 8}
     row = {"phase": "phase_a", "rate": 4.0, "ttft_ms_p90": 30.0, "ttft_ms_n": 200}
-    growth = cell_criteria(row, {}, lower=lower)["criteria"]["ttft_growth"]
+    growth = cell_criteria(row, SAT, lower=lower)["criteria"]["ttft_growth"]
     assert growth["value"] == pytest.approx(3.0) and growth["fired"] is None and "8 TTFT samples" in growth["note"]
-    assert cell_criteria(row, {}, lower={**lower, "ttft_ms_n": 20})["fired"] == ["ttft_growth"]
+    assert cell_criteria(row, SAT, lower={**lower, "ttft_ms_n": 20})["fired"] == ["ttft_growth"]

@@ -147,3 +147,17 @@ def test_no_legend_covers_plotted_data(docs, name):
             assert not covered, (
                 f"{name}: legend {[t.get_text() for t in legend.get_texts()][:2]} covers {len(covered)} plotted items"
             )
+
+
+def test_figure_1_states_the_thresholds_the_study_used(docs):
+    """Its saturation legend is written from the analysis's thresholds, not from the design's
+    defaults: a study with TTFT growth 2.0 must not be labelled x1.5."""
+    agg, hyp = docs
+    agg = copy.deepcopy(agg)
+    agg["saturation"]["thresholds"].update(ttft_p90_ratio_max=2.0, throughput_ratio_min=0.9, waiting_p50_max=3)
+    legends = [
+        t for a in describe(build_figure("fig1_ttft_p90_vs_rate", agg, hyp))["axes"] for t in a.get("legend", [])
+    ]
+    assert "saturated: TTFT p90 x2 vs r/2" in legends
+    assert "saturated: throughput < 0.9 x offered" in legends and "saturated: waiting p50 > 3" in legends
+    assert not any("x1.5" in text for text in legends)

@@ -11,18 +11,6 @@ NIXL_BOTH = "nixl_both"
 LMCACHE_ONLY = "lmcache_only"
 MULTI = "multi_mooncake_lmcache"
 
-# Saturation thresholds (schema defaults = the design's numbers).
-# min_requests / min_scrapes: a criterion judges a cell only on enough of it. A throughput ratio
-# of fewer requests (post warm-up) moves in steps of 1/N (one late request of 4 reads as 0.75),
-# and a p90 of fewer is one or two requests; such a criterion is "too few to judge".
-DEFAULT_SATURATION = {
-    "throughput_ratio_min": 0.95,
-    "waiting_p50_max": 1.0,
-    "ttft_p90_ratio_max": 1.5,
-    "min_requests": 20,
-    "min_scrapes": 3,
-}
-
 # Criterion names as they appear in every output.
 CRIT_THROUGHPUT = "throughput"  # 1: effective / offered rate < throughput_ratio_min
 CRIT_WAITING = "waiting"  # 2: vllm:num_requests_waiting p50 > waiting_p50_max

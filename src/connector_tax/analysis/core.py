@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         if grid is not None:
             step_cdf.setdefault(cell.config, {})[cell.key] = grid
     base, _explicit = _resolve_baseline(study, baseline)
-    thresholds = study.saturation_thresholds
+    thresholds = study.settings.saturation
     completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
     computed = reference_from_rows(
         rows,
@@ -188,7 +189,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             "taxes": TAX_CI_METHOD,
             "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI",
         },
-        "saturation": {"thresholds": thresholds, "throughput_basis": throughput_basis},
+        "saturation": {"thresholds": asdict(thresholds), "throughput_basis": throughput_basis},
         "columns": COLUMNS,
         "rows": rows,
         "reference": reference,

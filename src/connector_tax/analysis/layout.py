@@ -123,7 +123,7 @@ class PhaseRun:
 @dataclass
 class Study:
     root: Path
-    config: dict[str, Any]
+    settings: StudyConfig  # study_config.yaml, typed (its raw mapping only checks fingerprints)
     name: str
     configs: list[str]
     preflight: dict[str, Any]
@@ -134,7 +134,7 @@ class Study:
 
     @property
     def backend(self) -> str:
-        return str(self.config["backend"])
+        return self.settings.backend
 
     @property
     def simulated(self) -> bool:
@@ -154,14 +154,10 @@ class Study:
 
     @property
     def phase_a_rates(self) -> list[float]:
-        return sorted(float(r) for r in self.config["workload"]["phase_a"]["rates"])
-
-    @property
-    def saturation_thresholds(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.config["saturation"].items()}
+        return sorted(float(r) for r in self.settings.workload.phase_a.rates)
 
 
-def _read_config(layout: StudyLayout) -> dict[str, Any]:
+def _read_config(layout: StudyLayout) -> StudyConfig:
     where = layout.study_config
     try:
         raw = yaml.safe_load(where.read_text(encoding="utf-8"))
@@ -173,7 +169,7 @@ def _read_config(layout: StudyLayout) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise StudyRefused(f"{where}: unreadable: {exc}") from None
     try:
-        return validate_config(raw)
+        return StudyConfig.from_mapping(validate_config(raw))
     except ConfigError as exc:
         raise StudyRefused(f"{where}: {exc}") from None
 
@@ -251,9 +247,9 @@ def _ignored(layout: StudyLayout, names: list[str], planned: dict[tuple[str, str
 def load_study(root: Path) -> Study:
     """The study under `root` (= results/<study>), as its config plans it; raises StudyRefused."""
     layout = StudyLayout(Path(root))
-    config = _read_config(layout)
-    study = StudyConfig.from_mapping(config)
-    names = [c["name"] for c in config["configs"]]
+    study = _read_config(layout)
+    config = study.raw  # what the fingerprints were computed from
+    names = study.names
     preflight = read_json(layout.preflight_status) or {}
     reference = read_json(layout.reference_rates)
     runs: dict[tuple[str, str], PhaseRun] = {}
@@ -297,8 +293,8 @@ def load_study(root: Path) -> Study:
         run.cells.sort(key=_sort_key)
     return Study(
         root=layout.root,
-        config=config,
-        name=config["study"],
+        settings=study,
+        name=study.study,
         configs=names,
         preflight=preflight,
         runs=runs,

@@ -32,11 +32,12 @@ When no rate qualifies, the rate is the lowest Phase A rate, `*_flagged` is true
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING, DEFAULT_SATURATION, PLAIN
-from connector_tax.config import PHASE_A
+from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING, PLAIN
+from connector_tax.config import PHASE_A, Saturation
 
 _EPS = 1e-9
 
@@ -46,10 +47,10 @@ def _num(value: Any) -> float | None:
 
 
 def cell_criteria(
-    row: dict[str, Any], thresholds: dict[str, float], basis: str = "offered", lower: dict[str, Any] | None = None
+    row: dict[str, Any], t: Saturation, basis: str = "offered", lower: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The three criteria of one cell. `lower` is the row at r' (criterion 3), or None."""
-    t = {**DEFAULT_SATURATION, **(thresholds or {})}
+    """The three criteria of one cell by the study's thresholds `t`. `lower` is the row at r'
+    (criterion 3), or None."""
     ratio_off, ratio_req = _num(row.get("throughput_ratio")), _num(row.get("throughput_ratio_requested"))
     if basis == "requested":
         value, used = ratio_req, "requested"
@@ -59,28 +60,28 @@ def cell_criteria(
         CRIT_THROUGHPUT: {
             "value": value,
             "basis": used,
-            "threshold": t["throughput_ratio_min"],
+            "threshold": t.throughput_ratio_min,
             "rule": "value < threshold",
             "effective_rps": _num(row.get("effective_rps")),
             "offered_rps": _num(row.get("offered_rps")),
             "requested_rps": _num(row.get("requested_rps")),
             "ratio_offered": ratio_off,
             "ratio_requested": ratio_req,
-            "fired": None if value is None else bool(value < t["throughput_ratio_min"]),
+            "fired": None if value is None else bool(value < t.throughput_ratio_min),
         },
         CRIT_WAITING: {
             "value": _num(row.get("waiting_p50")),
-            "threshold": t["waiting_p50_max"],
+            "threshold": t.waiting_p50_max,
             "rule": "value > threshold",
             "samples": row.get("metrics_n"),
-            "fired": None if _num(row.get("waiting_p50")) is None else bool(row["waiting_p50"] > t["waiting_p50_max"]),
+            "fired": None if _num(row.get("waiting_p50")) is None else bool(row["waiting_p50"] > t.waiting_p50_max),
         },
     }
-    _too_few(crit[CRIT_THROUGHPUT], _num(row.get("n_post_warmup")), t["min_requests"], "requests post warm-up")
-    _too_few(crit[CRIT_WAITING], _num(row.get("metrics_n")), t["min_scrapes"], "/metrics scrapes")
+    _too_few(crit[CRIT_THROUGHPUT], _num(row.get("n_post_warmup")), t.min_requests, "requests post warm-up")
+    _too_few(crit[CRIT_WAITING], _num(row.get("metrics_n")), t.min_scrapes, "/metrics scrapes")
     if row.get("phase") == PHASE_A:
         c3: dict[str, Any] = {
-            "threshold": t["ttft_p90_ratio_max"],
+            "threshold": t.ttft_p90_ratio_max,
             "rule": "value > threshold",
             "value": None,
             "fired": None,
@@ -103,9 +104,9 @@ def cell_criteria(
                 c3["note"] = f"r/2 = {rate / 2:g} not measured; compared with the nearest lower rate {lo_rate:g}"
             if lo_ttft and hi_ttft is not None and lo_ttft > 0:
                 c3["value"] = hi_ttft / lo_ttft
-                c3["fired"] = bool(c3["value"] > t["ttft_p90_ratio_max"])
+                c3["fired"] = bool(c3["value"] > t.ttft_p90_ratio_max)
                 n = min(_num(row.get("ttft_ms_n")) or 0.0, _num(lower.get("ttft_ms_n")) or 0.0)
-                _too_few(c3, n, t["min_requests"], "TTFT samples in one of the two cells")
+                _too_few(c3, n, t.min_requests, "TTFT samples in one of the two cells")
         crit[CRIT_TTFT] = c3
     fired = [name for name, c in crit.items() if c["fired"]]
     evaluable = [name for name, c in crit.items() if c["fired"] is not None]
@@ -126,7 +127,7 @@ def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any]
 
 
 def phase_a_saturation(
-    rows: list[dict[str, Any]], thresholds: dict[str, float], basis: str = "offered"
+    rows: list[dict[str, Any]], thresholds: Saturation, basis: str = "offered"
 ) -> dict[str, dict[float, dict[str, Any]]]:
     """{config: {rate: cell_criteria}} over the Phase A rows."""
     by_config: dict[str, dict[float, dict[str, Any]]] = {}
@@ -272,7 +273,7 @@ def reference_from_rows(
     configs: list[str],
     completed: dict[str, str | None],
     rates: list[float],
-    thresholds: dict[str, float],
+    thresholds: Saturation,
     baseline: str = PLAIN,
     basis: str = "offered",
     simulated: bool = False,
@@ -295,7 +296,7 @@ def reference_from_rows(
     doc.update(
         schema_version=1,
         simulated=simulated,
-        thresholds={**DEFAULT_SATURATION, **thresholds},
+        thresholds=asdict(thresholds),
         throughput_basis=basis,
         ttft_growth_comparison="TTFT p90(r) / TTFT p90(r'), r' = the largest measured Phase A rate <= r/2 "
         "(exact_half says whether r' = r/2)",
@@ -330,7 +331,7 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
         study.configs,
         completed,
         study.phase_a_rates,
-        study.saturation_thresholds,
+        study.settings.saturation,
         baseline=baseline,
         basis=throughput_basis,
         simulated=study.simulated,

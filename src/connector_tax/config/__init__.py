@@ -25,13 +25,14 @@ from connector_tax.config.errors import ConfigError
 from connector_tax.config.load import (
     check_file,
     default_config_path,
+    default_saturation,
     find_variant,
     load_config,
     load_study,
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import StudyConfig, Variant
+from connector_tax.config.study import Saturation, StudyConfig, Variant
 
 __all__ = [
     "LAUNCH_OF",
@@ -42,10 +43,12 @@ __all__ = [
     "PHASE_B_PRIME",
     "Cell",
     "ConfigError",
+    "Saturation",
     "StudyConfig",
     "Variant",
     "check_file",
     "default_config_path",
+    "default_saturation",
     "find_variant",
     "load_config",
     "load_study",

@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator, validators
 
 from connector_tax.config.checks import check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
-from connector_tax.config.study import StudyConfig
+from connector_tax.config.study import Saturation, StudyConfig
 
 _REPO = Path(__file__).resolve().parents[3]
 
@@ -128,6 +128,22 @@ def load_config(path: str | Path) -> dict:
         return validate_config(data)
     except ConfigError as exc:
         raise exc.in_file(label) from None
+
+
+def section_defaults(section: str) -> dict:
+    """A top-level section of the config with only the schema's defaults (e.g. `saturation`)."""
+    with schema_path().open(encoding="utf-8") as fh:
+        schema = yaml.safe_load(fh)
+    filled: dict = {}
+    _DefaultFillingValidator({"type": "object", "properties": {section: schema["properties"][section]}}).validate(
+        filled
+    )
+    return filled[section]
+
+
+def default_saturation() -> Saturation:
+    """The saturation criteria as the schema sets them when a config leaves them out."""
+    return Saturation(**section_defaults("saturation"))
 
 
 def load_study(path: str | Path) -> StudyConfig:

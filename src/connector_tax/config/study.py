@@ -52,13 +52,15 @@ class Workload:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The design's three saturation criteria."""
+    """The design's three saturation criteria, and the smallest sample each judges (below it a
+    criterion is "too few to judge", analysis/saturation.py). Their defaults are the schema's
+    (workflow/schemas/config.schema.yaml), the one place they are written."""
 
     throughput_ratio_min: float
     waiting_p50_max: float
     ttft_p90_ratio_max: float
-    min_requests: int = 20  # too few to judge below these (analysis/saturation.py)
-    min_scrapes: int = 3
+    min_requests: int
+    min_scrapes: int
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ runs it at ref_load, a rate no lower.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from connector_tax.analysis.cellstats import cell_row
@@ -49,7 +48,7 @@ def saturated(
     """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
     Phase A only), as a phrase; None when it is not saturated."""
     lower_row = _row(layout, study, name, lower) if lower else None
-    verdict = cell_criteria(_row(layout, study, name, planned), asdict(study.saturation), "offered", lower_row)
+    verdict = cell_criteria(_row(layout, study, name, planned), study.saturation, "offered", lower_row)
     if not verdict["saturated"]:
         return None
     return ", ".join(

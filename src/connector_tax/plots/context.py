@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from connector_tax.config import Saturation, default_saturation
 from connector_tax.plots.style import Palette
 
-PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
-NOOP, MOONCAKE_BOTH, LMCACHE_ONLY, MULTI = "noop_connector", "mooncake_both", "lmcache_only", "multi_mooncake_lmcache"
-
-CRITERION_MARKERS = {  # design: saturation markers by criterion
-    "throughput": dict(marker="X", s=70, label="saturated: throughput < 0.95 x offered"),
-    "waiting": dict(marker="s", s=140, facecolors="none", linewidths=1.3, label="saturated: waiting p50 > 1"),
-    "ttft_growth": dict(marker="^", s=190, facecolors="none", linewidths=1.3, label="saturated: TTFT p90 x1.5 vs r/2"),
+# Saturation markers by criterion (the design's); their labels state the study's thresholds.
+CRITERION_MARKERS = {
+    "throughput": dict(marker="X", s=70),
+    "waiting": dict(marker="s", s=140, facecolors="none", linewidths=1.3),
+    "ttft_growth": dict(marker="^", s=190, facecolors="none", linewidths=1.3),
 }
+
+
+def criterion_labels(t: Saturation) -> dict[str, str]:
+    """What each marker means, with the thresholds the study's saturation criteria used."""
+    return {
+        "throughput": f"saturated: throughput < {t.throughput_ratio_min:g} x offered",
+        "waiting": f"saturated: waiting p50 > {t.waiting_p50_max:g}",
+        "ttft_growth": f"saturated: TTFT p90 x{t.ttft_p90_ratio_max:g} vs r/2",
+    }
 
 
 class Skip(Exception):
@@ -30,6 +38,9 @@ class Ctx:
         self.ref = agg.get("reference") or {}
         self.taxes = agg.get("taxes")
         self.baseline = agg.get("baseline")
+        # The thresholds the analysis applied (aggregate.json records the study's, typed again here).
+        thresholds = (agg.get("saturation") or {}).get("thresholds")
+        self.saturation = Saturation(**thresholds) if thresholds else default_saturation()
 
     def rows(self, phase: str) -> list[dict[str, Any]]:
         return [r for r in self.agg.get("rows") or [] if r["phase"] == phase]

@@ -8,7 +8,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from connector_tax.plots.context import CRITERION_MARKERS, PHASE_A, Ctx, Skip
+from connector_tax.config import PHASE_A
+from connector_tax.plots.context import CRITERION_MARKERS, Ctx, Skip, criterion_labels
 from connector_tax.plots.style import new_figure, stamp
 
 
@@ -68,7 +69,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                 sel = [i for i, r in enumerate(rows) if crit in (r.get("saturation_criteria") or "").split(";")]
                 if sel:
                     fired_any.add(crit)
-                    style = {k: v for k, v in kw.items() if k != "label"}
+                    style = dict(kw)
                     if style.get("facecolors") == "none":
                         style["edgecolors"] = ctx.palette(c)
                     else:
@@ -84,6 +85,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
     first = ax.legend(title="config", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if markers:
         ax.add_artist(first)
+        labels = criterion_labels(ctx.saturation)
         handles = [
             Line2D(
                 [],
@@ -93,7 +95,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                 markerfacecolor="none" if kw.get("facecolors") == "none" else "0.2",
                 marker=kw["marker"],
                 markersize=8,
-                label=kw["label"],
+                label=labels[crit],
             )
             for crit, kw in CRITERION_MARKERS.items()
         ]

@@ -8,7 +8,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from connector_tax.plots.context import NOOP, PHASE_A, Ctx, Skip
+from connector_tax.analysis.constants import NOOP
+from connector_tax.config import PHASE_A
+from connector_tax.plots.context import Ctx, Skip
 from connector_tax.plots.style import new_figure, stamp
 
 

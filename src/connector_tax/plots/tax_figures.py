@@ -8,7 +8,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from connector_tax.plots.context import LMCACHE_ONLY, MOONCAKE_BOTH, MULTI, PHASE_B, PHASE_B_PRIME, Ctx, Skip
+from connector_tax.analysis.constants import LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
+from connector_tax.config import PHASE_B, PHASE_B_PRIME
+from connector_tax.plots.context import Ctx, Skip
 from connector_tax.plots.style import new_figure, stamp
 
 
