@@ -43,7 +43,7 @@ def main() -> None:
             continue
         short, long = lengths[min(lengths)], lengths[max(lengths)]
         print(
-            f"{cell.config:6} {cell.rate:>5g} {np.percentile(short, 50):10.1f} {np.percentile(short, 99):10.1f} "
+            f"{cell.variant:6} {cell.rate:>5g} {np.percentile(short, 50):10.1f} {np.percentile(short, 99):10.1f} "
             f"{np.percentile(long, 50):9.1f} {np.percentile(long, 99):9.1f}"
         )
 

@@ -43,7 +43,7 @@ def _cells(root: Path) -> list[tuple[CellFiles, CellFiles, str]]:
     study = load_study(root)
     layout = StudyLayout(root)
     return [
-        (c.files, layout.phase(c.config, c.phase).staging(c.label), c.summary["fingerprint"]) for c in study.cells()
+        (c.files, layout.phase(c.variant, c.phase).staging(c.label), c.summary["fingerprint"]) for c in study.cells()
     ]
 
 

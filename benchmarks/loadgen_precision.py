@@ -55,7 +55,7 @@ def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subp
             "sim",
             "--config",
             str(path),
-            "--connector",
+            "--variant",
             "plain",
             "--port",
             "0",

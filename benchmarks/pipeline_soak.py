@@ -36,7 +36,7 @@ def study(minutes: float, rate: float) -> dict:
         "seed": 1,
         "model": {"name": "Qwen/Qwen3-Coder-30B-A3B-Instruct"},
         "sim": {"hardware_profile": "tiny-fast"},
-        "configs": [{"name": "plain"}],
+        "variants": [{"name": "plain"}],
         "workload": {
             "warmup_s": 5,
             "duration_s": minutes * 60,

@@ -1,6 +1,6 @@
 """Time from `ctax sim` process start to its `ready` line and to a first served request.
 
-    python benchmarks/sim_startup.py [--runs 10] [--connector mooncake_both]
+    python benchmarks/sim_startup.py [--runs 10] [--variant mooncake_both]
 
 Prints the median and max over the runs (the machine is shared and noisy: read the median).
 """
@@ -19,7 +19,7 @@ import httpx
 def one_run(connector: str) -> tuple[float, float]:
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connector_tax.cli", "sim", "--connector", connector, "--port", "0"],
+        [sys.executable, "-m", "connector_tax.cli", "sim", "--variant", connector, "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -37,9 +37,9 @@ def one_run(connector: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--connector", default="mooncake_both")
+    parser.add_argument("--variant", default="mooncake_both")
     args = parser.parse_args()
-    ready, served = zip(*(one_run(args.connector) for _ in range(args.runs)))
+    ready, served = zip(*(one_run(args.variant) for _ in range(args.runs)))
     print(
         f"ctax sim start-up over {args.runs} runs: ready median {statistics.median(ready):.3f} s "
         f"(max {max(ready):.3f} s); first response median {statistics.median(served):.3f} s"

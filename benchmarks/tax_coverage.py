@@ -31,7 +31,7 @@ def main() -> int:
     p.add_argument("--config", default="configs/default.yaml")
     p.add_argument("--ref-safe", type=float, default=16.0)
     p.add_argument("--ref-load", type=float, default=None, help="default: ref_safe (Phase A at one rate)")
-    p.add_argument("--configs", help="only these configurations, comma-separated (plain is always added)")
+    p.add_argument("--variants", help="only these configurations, comma-separated (plain is always added)")
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--requests", type=int, default=400, help="measured requests per cell")
     p.add_argument("--arrival", default="poisson", help="poisson | gamma:SHAPE | fixed | config (the study's own)")
@@ -43,7 +43,7 @@ def main() -> int:
     args = p.parse_args()
 
     config = copy.deepcopy(load_config(args.config))
-    if args.arrival != "config":
+    if args.arrival != "variant":
         process, _, shape = args.arrival.partition(":")
         config["workload"]["arrival"] = {"process": process, "gamma_shape": float(shape or 1.0)}
     if not args.phase_b:
@@ -51,7 +51,7 @@ def main() -> int:
         config["workload"]["phase_b_prime"] = None
     reference = {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
     t0 = time.monotonic()
-    names = args.configs.split(",") if args.configs else None
+    names = args.variants.split(",") if args.variants else None
     oracle = truth(
         config,
         reference,

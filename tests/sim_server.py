@@ -41,7 +41,7 @@ def sim_command(
     step_log: Path | None = None,
     port: int = 0,
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "connector_tax.cli", "sim", "--connector", connector, "--port", str(port)]
+    cmd = [sys.executable, "-m", "connector_tax.cli", "sim", "--variant", connector, "--port", str(port)]
     if config is not None:
         cmd += ["--config", str(config)]
     if request_log is not None:

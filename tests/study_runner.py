@@ -30,7 +30,7 @@ TINY: dict[str, Any] = {
     "seed": 7,
     "model": {"name": "Qwen/Qwen3-Coder-30B-A3B-Instruct"},
     "sim": {"hardware_profile": "tiny-fast"},
-    "configs": [{"name": "plain"}, {"name": "noop_connector", "connector": {"type": "noop", "role": "kv_both"}}],
+    "variants": [{"name": "plain"}, {"name": "noop_connector", "connector": {"type": "noop", "role": "kv_both"}}],
     "workload": {
         "warmup_s": 0.1,
         "duration_s": 0.4,
@@ -78,7 +78,7 @@ def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
     layout = StudyLayout(folder / "results" / config["study"])
     reference = json.loads(layout.reference_rates.read_text()) if layout.reference_rates.exists() else None
     out: dict[str, str | None] = {}
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         for launch_phase in LAUNCH_PHASES:
             if launch_phase != LAUNCH_PHASES[0] and reference is None:
                 continue
@@ -106,7 +106,7 @@ def consistent(folder: Path, study: str) -> list[str]:
     for index_path in layout.root.glob("*/*/run.json"):
         index = read_index(index_path)
         for entry in index.cells if index else []:
-            files = layout.phase(index.config, entry.phase).cell(entry.label)
+            files = layout.phase(index.variant, entry.phase).cell(entry.label)
             if entry.status == "complete" and not verify_cell(files, entry.fingerprint)[0]:
                 problems.append(f"{index_path}: {entry.key} indexed complete but is not")
     return problems

@@ -61,11 +61,11 @@ CONNECTOR_CONFIGS = [
 @dataclass
 class SyntheticSpec:
     study: str = "synthetic"
-    configs: list[str] = field(default_factory=lambda: list(CONNECTOR_CONFIGS))
+    variants: list[str] = field(default_factory=lambda: list(CONNECTOR_CONFIGS))
     rates: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0, 16.0])
     phase_a_shape: tuple[int, int] = (4096, 256)
     shapes: list[tuple[int, int]] = field(default_factory=lambda: [(512, 64), (4096, 64), (512, 256), (4096, 256)])
-    prime_configs: list[str] = field(default_factory=lambda: ["plain", "mooncake_both", "nixl_both", "lmcache_only"])
+    prime_variants: list[str] = field(default_factory=lambda: ["plain", "mooncake_both", "nixl_both", "lmcache_only"])
     prime_shapes: list[tuple[int, int]] = field(default_factory=lambda: [(512, 256), (4096, 256)])
     phase_b: bool = True
     phase_b_prime: bool = True
@@ -313,7 +313,7 @@ def _cell(
 
 def study_config(spec: SyntheticSpec) -> dict[str, Any]:
     configs = []
-    for c in spec.configs:
+    for c in spec.variants:
         entry: dict[str, Any] = {"name": c}
         if c not in spec.no_connector:
             entry["connector"] = {"type": "custom" if c not in CONNECTOR_CONFIGS else "mooncake", "role": "kv_both"}
@@ -333,7 +333,7 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
     if spec.phase_b_prime:
         wl["phase_b_prime"] = {
             "rate": "ref_load",
-            "configs": [c for c in spec.prime_configs if c in spec.configs],
+            "variants": [c for c in spec.prime_variants if c in spec.variants],
             "shapes": [{"input": i, "output": o} for i, o in spec.prime_shapes],
         }
     return validate_config(
@@ -342,7 +342,7 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
             "backend": "sim" if spec.simulated else "vllm",
             "seed": spec.seed,
             "model": {"name": "synthetic/model"},
-            "configs": configs,
+            "variants": configs,
             "workload": wl,
             "saturation": {"throughput_ratio_min": 0.95, "waiting_p50_max": 1, "ttft_p90_ratio_max": 1.5},
         }
@@ -354,7 +354,7 @@ def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str) -> P
     steps = _has_steps(spec, c)
     return PhaseIndex(
         study=spec.study,
-        config=c,
+        variant=c,
         phase=phase,
         backend=config["backend"],
         launch=launch,
@@ -381,16 +381,16 @@ def _write_cells(
 ) -> None:
     """Generate, seal and index each planned cell; factors(cell) -> (ttft tax, tpot tax, saturate)."""
     for cell in cells:
-        folder = layout.phase(index.config, cell.phase)
+        folder = layout.phase(index.variant, cell.phase)
         staging = folder.staging(cell.label)
         ttft, tpot, saturate = factors(cell)
         shape = (cell.shape["input"], cell.shape["output"])
-        _cell(spec, rng, staging.folder, index.config, cell.phase, cell.label, cell.rate, shape, ttft, tpot, saturate)
+        _cell(spec, rng, staging.folder, index.variant, cell.phase, cell.label, cell.rate, shape, ttft, tpot, saturate)
         settings = cell_settings(config, cell)
         fp = fingerprint(index.launch, settings, index.code)
         seal_cell(staging, folder.cell(cell.label), fp)
         index.cells.append(IndexEntry(cell.phase, cell.label, fp, settings, status="complete"))
-    folder = layout.phase(index.config, index.phase)
+    folder = layout.phase(index.variant, index.phase)
     index.write(folder.index)
     write_atomic(folder.env_txt, "synthetic\n")
 
@@ -410,10 +410,10 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
             "reason": spec.skipped.get(c),
             "backend": config["backend"],
         }
-        for c in spec.configs
+        for c in spec.variants
     }
     write_json(layout.preflight_status, status)
-    ran = [c for c in spec.configs if c not in spec.skipped]
+    ran = [c for c in spec.variants if c not in spec.skipped]
     for c in spec.skipped:
         for phase in LAUNCH_PHASES:
             index = _index(spec, config, c, phase)
@@ -456,7 +456,7 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
 
 def _expected_refs(spec: SyntheticSpec) -> tuple[float, float]:
     """(ref_safe, ref_load) the spec implies: the largest rate below every knee / plain's knee."""
-    ran = [c for c in spec.configs if c not in spec.skipped]
+    ran = [c for c in spec.variants if c not in spec.skipped]
     knees = [spec.knee.get(c, spec.default_knee) for c in ran]
     knees = [k for k in knees if k is not None]
     safe = [r for r in spec.rates if all(r < k - 1e-9 for k in knees)]

@@ -13,7 +13,7 @@ from connector_tax.analysis import analyze
 from connector_tax.plots import make_figures
 
 EXPECTED_COLUMNS = [
-    "config",
+    "variant",
     "phase",
     "cell",
     "rate",
@@ -114,11 +114,11 @@ AGGREGATE_KEYS = [
     "backend",
     "simulated",
     "served_by",
-    "configs",
+    "variants",
     "baseline",
     "baseline_requested",
     "connector_study",
-    "config_status",
+    "variant_status",
     "ignored",
     "like_for_like",
     "code",
@@ -161,9 +161,9 @@ def test_reference_rates_exact(study):
     _, _, agg, _ = study
     ref = agg["reference"]
     assert (ref["ref_safe"], ref["ref_load"]) == (4.0, 8.0)
-    assert ref["per_config"]["mooncake_both"]["saturation_rate"] == 8.0
-    assert ref["per_config"]["plain"]["saturation_rate"] == 16.0
-    rows = {(r["config"], r["phase"], r["cell"]): r for r in agg["rows"]}
+    assert ref["per_variant"]["mooncake_both"]["saturation_rate"] == 8.0
+    assert ref["per_variant"]["plain"]["saturation_rate"] == 16.0
+    rows = {(r["variant"], r["phase"], r["cell"]): r for r in agg["rows"]}
     assert rows[("mooncake_both", "phase_a", "r8")]["saturated"] is True
     assert rows[("mooncake_both", "phase_a", "r8")]["saturation_criteria"] == "throughput;waiting;ttft_growth"
     assert rows[("mooncake_both", "phase_a", "r4")]["saturated"] is False
@@ -174,7 +174,7 @@ def test_reference_rates_exact(study):
 )
 def test_injected_taxes_recovered(study, config):
     _, _, agg, _ = study
-    t = agg["taxes"]["phase_a"]["ref_safe"]["configs"][config]
+    t = agg["taxes"]["phase_a"]["ref_safe"]["variants"][config]
     assert t["ttft_p90"]["value"] == pytest.approx(SPEC.ttft_tax[config], abs=0.03)
     assert t["tpot_p90"]["value"] == pytest.approx(SPEC.tpot_tax[config], abs=0.03)
     ci = t["ttft_p90"]["ci"]
@@ -190,9 +190,9 @@ def test_shape_taxes_recovered(study):
     _, _, agg, _ = study
     cells = agg["taxes"]["phase_b"]["cells"]
     assert agg["taxes"]["phase_b"]["rates"] == [4.0]
-    mb = cells["4096x64"]["configs"]["mooncake_both"]["ttft_p90"]["value"]
+    mb = cells["4096x64"]["variants"]["mooncake_both"]["ttft_p90"]["value"]
     assert mb == pytest.approx(0.45 * (4096 / 512) ** 0.25, abs=0.04)
-    tp = cells["512x256"]["configs"]["mooncake_both"]["tpot_p90"]["value"]
+    tp = cells["512x256"]["variants"]["mooncake_both"]["tpot_p90"]["value"]
     assert tp == pytest.approx(0.25 * (256 / 64) ** 0.25, abs=0.03)
     prime = agg["taxes"]["phase_b_prime"]
     assert prime["rates"] == [8.0] and set(prime["cells"]) == {"512x256", "4096x256"}
@@ -262,11 +262,11 @@ def test_tidy_tables_hold_what_the_json_holds(study):
     assert cells["ttft_ms_p90"].tolist() == pytest.approx([r["ttft_ms_p90"] for r in agg["rows"]])
     taxes = pd.read_parquet(root / "analysis" / "taxes.parquet")
     safe = agg["taxes"]["phase_a"]["ref_safe"]
-    for name, metrics in safe["configs"].items():
+    for name, metrics in safe["variants"].items():
         row = taxes[
             (taxes.phase == "phase_a")
             & (taxes.point == "ref_safe")
-            & (taxes.config == name)
+            & (taxes.variant == name)
             & (taxes.metric == "ttft_p90")
         ]
         assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(metrics["ttft_p90"]["value"])
@@ -274,13 +274,13 @@ def test_tidy_tables_hold_what_the_json_holds(study):
     shapes = taxes.query("phase == 'phase_b'")
     assert set(shapes["point"]) == set(agg["taxes"]["phase_b"]["cells"])
     assert (shapes["input_len"].notna() & shapes["output_len"].notna()).all()
-    by_config = taxes.query("metric == 'ttft_p90'").groupby("config")["value"].count()
-    assert set(by_config.index) == set(safe["configs"])  # a group-by away from any question
+    by_config = taxes.query("metric == 'ttft_p90'").groupby("variant")["value"].count()
+    assert set(by_config.index) == set(safe["variants"])  # a group-by away from any question
 
 
 def test_per_cell_stats(study):
     _, _, agg, _ = study
-    r = next(x for x in agg["rows"] if x["config"] == "plain" and x["cell"] == "r4")
+    r = next(x for x in agg["rows"] if x["variant"] == "plain" and x["cell"] == "r4")
     assert r["n_ok"] == 1000 and r["n_warmup"] == 100 and r["ttft_ms_n"] == 1000
     assert r["ttft_ms_p90_ci_lo"] < r["ttft_ms_p90"] < r["ttft_ms_p90_ci_hi"]
     assert r["ttft_sched_ms_p50"] > r["ttft_ms_p50"]  # includes the 50 us send lateness

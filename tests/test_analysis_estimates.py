@@ -18,7 +18,7 @@ def _taxes(saturated_at: str | None) -> dict:
             "input": inp,
             "output": 64,
             "missing": {},
-            "configs": {"mooncake_both": {"ttft_p90": _tax(tax), "tpot_p90": _tax(0.1)}},
+            "variants": {"mooncake_both": {"ttft_p90": _tax(tax), "tpot_p90": _tax(0.1)}},
             "saturated": {"plain": "throughput;waiting"} if label == saturated_at else {},
         }
     return {"baseline": "plain", "phase_a": {}, "phase_b": {"cells": cells, "rates": [4.0]}}

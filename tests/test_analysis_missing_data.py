@@ -19,7 +19,7 @@ SMALL = dict(n_requests=250, n_steps=300, shapes=[(512, 64), (4096, 64)], rates=
 def degraded(tmp_path_factory):
     """No step timing, mooncake_consumer skipped at preflight, no Phase B'."""
     spec = SyntheticSpec(
-        configs=["plain", "noop_connector", "mooncake_consumer", "mooncake_both"],
+        variants=["plain", "noop_connector", "mooncake_consumer", "mooncake_both"],
         step_logs=False,
         step_timing_reason="patch did not apply: vLLM 9.9 renamed schedule()",
         skipped={"mooncake_consumer": "kv_consumer would not start with the dummy bootstrap"},
@@ -68,12 +68,12 @@ def test_missing_mooncake_pieces_skip_fig8_and_h4(degraded):
 def test_skipped_config_reported_not_analysed(degraded):
     root, _ = degraded
     agg = json.loads((root / "analysis" / "aggregate.json").read_text())
-    st = agg["config_status"]["mooncake_consumer"]
+    st = agg["variant_status"]["mooncake_consumer"]
     assert st["preflight"] == "skip" and "dummy bootstrap" in st["preflight_reason"]
     assert st["phases"]["phase_a"]["status"] == "skipped"
-    assert not [r for r in agg["rows"] if r["config"] == "mooncake_consumer"]
-    assert "mooncake_consumer" not in agg["taxes"]["phase_a"]["ref_safe"]["configs"]
-    assert "mooncake_consumer" in agg["reference"]["configs_excluded"]
+    assert not [r for r in agg["rows"] if r["variant"] == "mooncake_consumer"]
+    assert "mooncake_consumer" not in agg["taxes"]["phase_a"]["ref_safe"]["variants"]
+    assert "mooncake_consumer" in agg["reference"]["variants_excluded"]
     sc6 = next(
         s
         for s in json.loads((root / "analysis" / "hypotheses.json").read_text())["success_criteria"]
@@ -86,22 +86,22 @@ def test_a_cell_whose_files_changed_after_its_seal_is_reported_not_used(tmp_path
     # The reader tolerates a truncated last line (tests/test_analysis_jsonl.py); a sealed cell
     # whose file grew since its summary vouched for it is another matter: it is incomplete.
     spec = SyntheticSpec(
-        configs=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=200, n_steps=200, seed=3
+        variants=["plain", "mooncake_both"], phase_b=False, phase_b_prime=False, n_requests=200, n_steps=200, seed=3
     )
     root = write_study(tmp_path / "s", spec)
-    before = {(r["config"], r["cell"]) for r in build(root)["aggregate"]["rows"]}
+    before = {(r["variant"], r["cell"]) for r in build(root)["aggregate"]["rows"]}
     assert ("mooncake_both", "r4") in before
     with open(root / "mooncake_both" / "phase_a" / "engine_step_phase_a_r4.jsonl", "a") as fh:
         fh.write('{"t_ns":1,"step_id":9,"step_dur')
     agg = build(root)["aggregate"]
-    assert {(r["config"], r["cell"]) for r in agg["rows"]} == before - {("mooncake_both", "r4")}
-    why = agg["config_status"]["mooncake_both"]["phases"]["phase_a"]["not_analysed"]["r4"]
+    assert {(r["variant"], r["cell"]) for r in agg["rows"]} == before - {("mooncake_both", "r4")}
+    why = agg["variant_status"]["mooncake_both"]["phases"]["phase_a"]["not_analysed"]["r4"]
     assert why.startswith("incomplete: engine_step_phase_a_r4.jsonl has") and "its summary says" in why
 
 
 def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_path):
     spec = SyntheticSpec(
-        configs=["plain", "mooncake_both", "nixl_both"],
+        variants=["plain", "mooncake_both", "nixl_both"],
         ttft_tax={"mooncake_both": 0.10, "nixl_both": 0.05},
         sigma=0.3,
         n_requests=200,
@@ -126,7 +126,7 @@ def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_pat
 
 def test_refuted_when_the_ci_is_clearly_below(tmp_path):
     spec = SyntheticSpec(
-        configs=["plain", "mooncake_both"],
+        variants=["plain", "mooncake_both"],
         ttft_tax={"mooncake_both": 0.01},
         sigma=0.03,
         n_requests=400,
@@ -146,7 +146,7 @@ def test_refuted_when_the_ci_is_clearly_below(tmp_path):
 def test_ab_study_gets_generic_parts_only(tmp_path):
     spec = SyntheticSpec(
         study="admission-ab",
-        configs=["fifo", "pack"],
+        variants=["fifo", "pack"],
         knee={"fifo": 8.0, "pack": 16.0},
         ttft_tax={"pack": -0.2},
         phase_b=False,
@@ -165,13 +165,13 @@ def test_ab_study_gets_generic_parts_only(tmp_path):
     # with an explicit baseline the A/B compares against its first config
     ab = build(root, baseline="first")["aggregate"]
     assert ab["baseline"] == "fifo"
-    assert ab["taxes"]["phase_a"]["ref_safe"]["configs"]["pack"]["ttft_p90"]["value"] == pytest.approx(-0.2, abs=0.05)
+    assert ab["taxes"]["phase_a"]["ref_safe"]["variants"]["pack"]["ttft_p90"]["value"] == pytest.approx(-0.2, abs=0.05)
 
 
 def test_ab_report_says_not_applicable(tmp_path):
     spec = SyntheticSpec(
         study="ab",
-        configs=["fifo", "pack"],
+        variants=["fifo", "pack"],
         knee={},
         phase_b=False,
         phase_b_prime=False,

@@ -24,15 +24,15 @@ def _study(tmp_path, **kw):
 
 def test_knee_and_reference_rates_exact(tmp_path):
     spec, root = _study(
-        tmp_path, configs=["plain", "noop_connector", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 8.0}
+        tmp_path, variants=["plain", "noop_connector", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 8.0}
     )
     ref = reference_rates(root)
     json.dumps(ref)  # JSON-serializable
     assert (ref["ref_safe"], ref["ref_load"]) == expected_reference(spec) == (4.0, 8.0)
     assert not ref["ref_safe_flagged"] and not ref["ref_load_flagged"]
-    assert ref["per_config"]["mooncake_both"]["saturation_rate"] == 8.0
-    assert ref["per_config"]["plain"]["saturation_rate"] == 16.0
-    assert ref["per_config"]["noop_connector"]["saturation_rate"] is None
+    assert ref["per_variant"]["mooncake_both"]["saturation_rate"] == 8.0
+    assert ref["per_variant"]["plain"]["saturation_rate"] == 16.0
+    assert ref["per_variant"]["noop_connector"]["saturation_rate"] is None
     at_knee = ref["cells"]["mooncake_both"]["r8"]
     assert at_knee["saturated"] and set(at_knee["fired"]) == {"throughput", "waiting", "ttft_growth"}
     below = ref["cells"]["mooncake_both"]["r4"]
@@ -48,14 +48,14 @@ def test_knee_and_reference_rates_exact(tmp_path):
 
 
 def test_reads_study_config_yaml_when_no_config_given(tmp_path):
-    _, root = _study(tmp_path, configs=["plain", "mooncake_both"])
+    _, root = _study(tmp_path, variants=["plain", "mooncake_both"])
     assert reference_rates(root)["ref_safe"] == 4.0
 
 
 def test_nearest_lower_rate_when_halves_are_missing(tmp_path):
     spec, root = _study(
         tmp_path,
-        configs=["plain", "mooncake_both"],
+        variants=["plain", "mooncake_both"],
         rates=[1.0, 3.0, 4.0, 7.0],
         knee={"plain": 7.0, "mooncake_both": 7.0},
     )
@@ -70,7 +70,7 @@ def test_nearest_lower_rate_when_halves_are_missing(tmp_path):
 
 
 def test_no_rate_qualifies_is_flagged_with_a_reason(tmp_path):
-    spec, root = _study(tmp_path, configs=["plain", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 1.0})
+    spec, root = _study(tmp_path, variants=["plain", "mooncake_both"], knee={"plain": 16.0, "mooncake_both": 1.0})
     ref = reference_rates(root)
     assert ref["ref_safe"] == 1.0 and ref["ref_safe_flagged"] is True
     assert "mooncake_both" in ref["ref_safe_reason"] and "\n" not in ref["ref_safe_reason"]
@@ -80,13 +80,13 @@ def test_no_rate_qualifies_is_flagged_with_a_reason(tmp_path):
 def test_skipped_config_is_excluded_not_blocking(tmp_path):
     spec, root = _study(
         tmp_path,
-        configs=["plain", "mooncake_consumer", "mooncake_both"],
+        variants=["plain", "mooncake_consumer", "mooncake_both"],
         knee={"plain": 16.0, "mooncake_both": 8.0, "mooncake_consumer": 2.0},
         skipped={"mooncake_consumer": "dummy bootstrap refused"},
     )
     ref = reference_rates(root)
-    assert "mooncake_consumer" in ref["configs_excluded"]
-    assert "dummy bootstrap refused" in ref["configs_excluded"]["mooncake_consumer"]
+    assert "mooncake_consumer" in ref["variants_excluded"]
+    assert "dummy bootstrap refused" in ref["variants_excluded"]["mooncake_consumer"]
     assert ref["ref_safe"] == 4.0
 
 
@@ -94,7 +94,7 @@ def test_study_without_plain_uses_first_config_for_ref_load(tmp_path):
     spec, root = _study(
         tmp_path,
         study="admission-ab",
-        configs=["fifo", "pack"],
+        variants=["fifo", "pack"],
         rates=[4.0, 8.0, 16.0, 32.0],
         knee={"fifo": 16.0, "pack": 32.0},
     )

@@ -48,7 +48,7 @@ def test_paths_point_into_the_repo() -> None:
 def test_shipped_configs_validate(name: str) -> None:
     config = load_config(REPO / name)
     assert config["study"] == Path(name).stem
-    assert config["configs"]
+    assert config["variants"]
 
 
 def test_every_object_level_rejects_unknown_keys() -> None:
@@ -109,11 +109,11 @@ def test_defaults_are_filled() -> None:
 
 def test_no_defaults_inside_variants() -> None:
     config = _raw()
-    config["configs"][0]["server"] = {"max_num_seqs": 8}
-    config["configs"][0]["sim"] = {"admission": {"policy": "pack"}}
+    config["variants"][0]["server"] = {"max_num_seqs": 8}
+    config["variants"][0]["sim"] = {"admission": {"policy": "pack"}}
     filled = validate_config(config)
-    assert filled["configs"][0]["server"] == {"max_num_seqs": 8}
-    assert filled["configs"][0]["sim"] == {"admission": {"policy": "pack"}}
+    assert filled["variants"][0]["server"] == {"max_num_seqs": 8}
+    assert filled["variants"][0]["sim"] == {"admission": {"policy": "pack"}}
 
 
 def test_mix_weight_default_and_pattern_shape() -> None:
@@ -158,7 +158,7 @@ def test_h20_study_is_the_design() -> None:
     assert server["gpu_memory_utilization"] == 0.9
     assert config["sim"]["hardware_profile"] == "h20-qwen3-30b-a3b"
     default = load_config(default_config_path())
-    assert config["configs"] == default["configs"]
+    assert config["variants"] == default["variants"]
     workload = config["workload"]
     assert workload["phase_a"] == {
         "rates": [0.5, 1, 2, 4, 8, 16, 32],
@@ -175,7 +175,7 @@ def test_h20_study_is_the_design() -> None:
         "outputs": [64, 256, 1024],
     }
     prime = workload["phase_b_prime"]
-    assert prime["configs"] == ["plain", "mooncake_both", "nixl_both", "lmcache_only"]
+    assert prime["variants"] == ["plain", "mooncake_both", "nixl_both", "lmcache_only"]
     assert prime["shapes"] == [{"input": n, "output": 256} for n in (512, 4096, 32768)]
     assert prime["rate"] == "ref_load"
     assert config["saturation"] == {
@@ -198,7 +198,7 @@ def test_find_variant() -> None:
     assert find_variant(config, "mooncake_both")["connector"] == {"type": "mooncake", "role": "kv_both"}
     with pytest.raises(ConfigError) as info:
         find_variant(config, "nixl_both")
-    assert str(info.value) == "configs: no config named 'nixl_both' (known: plain, noop_connector, mooncake_both)"
+    assert str(info.value) == "variants: no variant named 'nixl_both' (known: plain, noop_connector, mooncake_both)"
 
 
 # --------------------------------------------------------------------------- bad configs
@@ -245,18 +245,18 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ),
     (
         "unknown key in a configs entry",
-        _set("configs.1.conector", {}),
-        "configs[1]: unknown key 'conector' (did you mean 'connector'?)",
+        _set("variants.1.conector", {}),
+        "variants[1]: unknown key 'conector' (did you mean 'connector'?)",
     ),
     (
         "unknown key in a connector",
-        _set("configs.2.connector.kv_role", "kv_both"),
-        "configs[2].connector: unknown key 'kv_role' (did you mean 'role'?)",
+        _set("variants.2.connector.kv_role", "kv_both"),
+        "variants[2].connector: unknown key 'kv_role' (did you mean 'role'?)",
     ),
     (
         "unknown key in a variant server",
-        _set("configs.0.server", {"max_seqs": 4}),
-        "configs[0].server: unknown key 'max_seqs' (did you mean 'max_num_seqs'?)",
+        _set("variants.0.server", {"max_seqs": 4}),
+        "variants[0].server: unknown key 'max_seqs' (did you mean 'max_num_seqs'?)",
     ),
     (
         "unknown key in a shape",
@@ -295,25 +295,25 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
         "workload.ignore_eos: expected true or false, got a string 'yes'",
     ),
     (
-        "configs a mapping",
-        _set("configs", {"name": "plain"}),
-        "configs: expected a list, got a mapping {'name': 'plain'}",
+        "variants a mapping",
+        _set("variants", {"name": "plain"}),
+        "variants: expected a list, got a mapping {'name': 'plain'}",
     ),
     (
         "shape a string",
         _set("workload.phase_a.shape", "256x16"),
         "workload.phase_a.shape: expected a mapping, got a string '256x16'",
     ),
-    ("connector left empty", _set("configs.1.connector", None), "configs[1].connector: expected a mapping, got null"),
+    ("connector left empty", _set("variants.1.connector", None), "variants[1].connector: expected a mapping, got null"),
     (
         "env value not a string",
-        _set("configs.0.env", {"UCX_TLS": 1}),
-        "configs[0].env.UCX_TLS: expected a string, got an integer 1",
+        _set("variants.0.env", {"UCX_TLS": 1}),
+        "variants[0].env.UCX_TLS: expected a string, got an integer 1",
     ),
     (
         "env key not a variable name",
-        _set("configs.0.env", {"UCX-TLS": "tcp"}),
-        "configs[0].env: key 'UCX-TLS' is not a valid environment variable name",
+        _set("variants.0.env", {"UCX-TLS": "tcp"}),
+        "variants[0].env: key 'UCX-TLS' is not a valid environment variable name",
     ),
     # values out of range
     ("negative rate", _set("workload.phase_a.rates", [4, -1]), "workload.phase_a.rates[1]: -1 must be greater than 0"),
@@ -401,40 +401,40 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ),
     (
         "request beyond a variant's max_model_len",
-        _set("configs.0.server", {"max_model_len": 500}),
-        "workload.phase_b: a request of 512 + 16 tokens exceeds configs[0].server.max_model_len 500",
+        _set("variants.0.server", {"max_model_len": 500}),
+        "workload.phase_b: a request of 512 + 16 tokens exceeds variants[0].server.max_model_len 500",
     ),
     # names
     (
         "duplicate config name",
-        lambda c: c["configs"].append({"name": "plain"}),
-        "configs: duplicate config name 'plain' (configs[0] and configs[3])",
+        lambda c: c["variants"].append({"name": "plain"}),
+        "variants: duplicate variant name 'plain' (variants[0] and variants[3])",
     ),
     (
         "uppercase config name",
-        _set("configs.2.name", "Mooncake_both"),
-        "configs[2].name: 'Mooncake_both' does not match ^[a-z0-9][a-z0-9_-]*$",
+        _set("variants.2.name", "Mooncake_both"),
+        "variants[2].name: 'Mooncake_both' does not match ^[a-z0-9][a-z0-9_-]*$",
     ),
     (
         "config name with a space",
-        _set("configs.2.name", "Mooncake Both"),
-        "configs[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$",
+        _set("variants.2.name", "Mooncake Both"),
+        "variants[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$",
     ),
     (
         "config name with a leading underscore",
-        _set("configs.0.name", "_plain"),
-        "configs[0].name: '_plain' does not match ^[a-z0-9][a-z0-9_-]*$",
+        _set("variants.0.name", "_plain"),
+        "variants[0].name: '_plain' does not match ^[a-z0-9][a-z0-9_-]*$",
     ),
-    ("config without a name", _delete("configs.1.name"), "configs[1]: missing required key 'name'"),
+    ("config without a name", _delete("variants.1.name"), "variants[1]: missing required key 'name'"),
     ("bad study name", _set("study", "My Study"), "study: 'My Study' does not match ^[a-z0-9][a-z0-9_-]*$"),
     (
         "phase B' config not in the study",
-        _set("workload.phase_b_prime.configs", ["plain", "nixl_both"]),
-        "workload.phase_b_prime.configs[1]: 'nixl_both' is not a config of this study",
+        _set("workload.phase_b_prime.variants", ["plain", "nixl_both"]),
+        "workload.phase_b_prime.variants[1]: 'nixl_both' is not a variant of this study",
     ),
     # empty lists and missing sections
     ("empty rate list", _set("workload.phase_a.rates", []), "workload.phase_a.rates: must not be empty"),
-    ("empty configs list", _set("configs", []), "configs: must not be empty"),
+    ("empty variants list", _set("variants", []), "variants: must not be empty"),
     ("empty outputs", _set("workload.phase_b.outputs", []), "workload.phase_b.outputs: must not be empty"),
     ("missing workload", _delete("workload"), "(top level): missing required key 'workload'"),
     ("missing model name", _set("model", {}), "model: missing required key 'name'"),
@@ -467,57 +467,57 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ),
     (
         "invalid connector type",
-        _set("configs.2.connector.type", "mooncakes"),
-        "configs[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, multi, custom",
+        _set("variants.2.connector.type", "mooncakes"),
+        "variants[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, multi, custom",
     ),
     (
         "invalid connector role",
-        _set("configs.2.connector.role", "both"),
-        "configs[2].connector.role: 'both' is not one of kv_producer, kv_consumer, kv_both",
+        _set("variants.2.connector.role", "both"),
+        "variants[2].connector.role: 'both' is not one of kv_producer, kv_consumer, kv_both",
     ),
     (
         "connector without role",
-        _delete("configs.2.connector.role"),
-        "configs[2].connector: missing required key 'role'",
+        _delete("variants.2.connector.role"),
+        "variants[2].connector: missing required key 'role'",
     ),
     # connector structure
     (
         "multi without children",
-        _set("configs.2.connector", {"type": "multi", "role": "kv_both"}),
-        "configs[2].connector: type multi requires children (a list of at least 2 connectors)",
+        _set("variants.2.connector", {"type": "multi", "role": "kv_both"}),
+        "variants[2].connector: type multi requires children (a list of at least 2 connectors)",
     ),
     (
         "multi with one child",
         _set(
-            "configs.2.connector",
+            "variants.2.connector",
             {"type": "multi", "role": "kv_both", "children": [{"type": "nixl", "role": "kv_both"}]},
         ),
-        "configs[2].connector.children: must have at least 2 items (has 1)",
+        "variants[2].connector.children: must have at least 2 items (has 1)",
     ),
     (
         "children on non-multi",
         _set(
-            "configs.2.connector.children",
+            "variants.2.connector.children",
             [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "role": "kv_both"}],
         ),
-        "configs[2].connector.children: only allowed when type is multi (type is mooncake)",
+        "variants[2].connector.children: only allowed when type is multi (type is mooncake)",
     ),
     (
         "nested multi",
         _set(
-            "configs.2.connector",
+            "variants.2.connector",
             {
                 "type": "multi",
                 "role": "kv_both",
                 "children": [{"type": "nixl", "role": "kv_both"}, {"type": "multi", "role": "kv_both", "children": []}],
             },
         ),
-        "configs[2].connector.children[1].children: must have at least 2 items (has 0)",
+        "variants[2].connector.children[1].children: must have at least 2 items (has 0)",
     ),
     (
         "nested multi with children",
         _set(
-            "configs.2.connector",
+            "variants.2.connector",
             {
                 "type": "multi",
                 "role": "kv_both",
@@ -531,34 +531,34 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
                 ],
             },
         ),
-        "configs[2].connector.children[1].type: multi cannot be nested inside multi",
+        "variants[2].connector.children[1].type: multi cannot be nested inside multi",
     ),
     (
         "unknown key in a child connector",
         _set(
-            "configs.2.connector",
+            "variants.2.connector",
             {
                 "type": "multi",
                 "role": "kv_both",
                 "children": [{"type": "nixl", "role": "kv_both"}, {"type": "lmcache", "rol": "kv_both"}],
             },
         ),
-        "configs[2].connector.children[1]: unknown key 'rol' (did you mean 'role'?)",
+        "variants[2].connector.children[1]: unknown key 'rol' (did you mean 'role'?)",
     ),
     (
         "custom without module_path",
-        _set("configs.1.connector", {"type": "custom", "role": "kv_both"}),
-        "configs[1].connector: type custom requires module_path (dotted.module:ClassName)",
+        _set("variants.1.connector", {"type": "custom", "role": "kv_both"}),
+        "variants[1].connector: type custom requires module_path (dotted.module:ClassName)",
     ),
     (
         "custom with a bad module_path",
-        _set("configs.1.connector", {"type": "custom", "role": "kv_both", "module_path": "tools/noop_connector.py"}),
-        "configs[1].connector.module_path: 'tools/noop_connector.py' must look like dotted.module:ClassName",
+        _set("variants.1.connector", {"type": "custom", "role": "kv_both", "module_path": "tools/noop_connector.py"}),
+        "variants[1].connector.module_path: 'tools/noop_connector.py' must look like dotted.module:ClassName",
     ),
     (
         "module_path on non-custom",
-        _set("configs.1.connector.module_path", "tools.noop_connector:NoOpConnector"),
-        "configs[1].connector.module_path: only allowed when type is custom (type is noop)",
+        _set("variants.1.connector.module_path", "tools.noop_connector:NoOpConnector"),
+        "variants[1].connector.module_path: only allowed when type is custom (type is noop)",
     ),
     # backend openai
     ("openai backend without url", _set("backend", "openai"), "openai.url: required when backend is openai"),
@@ -570,8 +570,8 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     # what a vLLM launch would refuse, refused when the config loads
     (
         "extra_args repeats a launch flag",
-        lambda c: (c.update(backend="vllm"), c["configs"][2].update(server={"extra_args": ["--port=9"]})),
-        "configs[2].server.extra_args: --port is set by the launch from the launch's port; set that instead",
+        lambda c: (c.update(backend="vllm"), c["variants"][2].update(server={"extra_args": ["--port=9"]})),
+        "variants[2].server.extra_args: --port is set by the launch from the launch's port; set that instead",
     ),
     (
         "study extra_args repeats a launch flag",
@@ -610,14 +610,14 @@ def test_top_level_not_a_mapping() -> None:
 
 def test_custom_connector_with_module_path_is_valid() -> None:
     config = _raw()
-    config["configs"][1]["connector"] = {
+    config["variants"][1]["connector"] = {
         "type": "custom",
         "role": "kv_both",
         "module_path": "tools.noop_connector:NoOpConnector",
         "extra_config": {"anything": [1, {"goes": True}]},
     }
-    config["configs"][1]["env"] = {"PYTHONPATH": "."}
-    assert validate_config(config)["configs"][1]["connector"]["module_path"].endswith(":NoOpConnector")
+    config["variants"][1]["env"] = {"PYTHONPATH": "."}
+    assert validate_config(config)["variants"][1]["connector"]["module_path"].endswith(":NoOpConnector")
 
 
 def test_openai_backend_with_url_is_valid() -> None:
@@ -636,12 +636,12 @@ def test_every_shipped_config_loads_as_typed_objects(path: Path) -> None:
 
     study = load_study(path)
     raw = study.raw
-    assert study.names == [v["name"] for v in raw["configs"]]
+    assert study.names == [v["name"] for v in raw["variants"]]
     assert study.workload.phase_a.prune_after_knee is raw["workload"]["phase_a"]["prune_after_knee"]
     assert study.workload.arrival.process in ("poisson", "gamma", "fixed")
     assert dataclasses.asdict(study.saturation) == raw["saturation"]
     assert study.loadgen.workers == raw["loadgen"]["workers"] >= 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         study.seed = 1  # type: ignore[misc]
-    with pytest.raises(ConfigError, match="no config named 'nope'"):
+    with pytest.raises(ConfigError, match="no variant named 'nope'"):
         study.variant("nope")

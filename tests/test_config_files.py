@@ -45,9 +45,9 @@ def _load_error(path: Path) -> str:
 
 def test_load_errors_are_prefixed_with_the_file(tmp_path: Path) -> None:
     config = _raw()
-    config["configs"][2]["name"] = "Mooncake Both"
+    config["variants"][2]["name"] = "Mooncake Both"
     path = _write(tmp_path, yaml.safe_dump(config))
-    assert _load_error(path) == f"{path}: configs[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$"
+    assert _load_error(path) == f"{path}: variants[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$"
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
-    path = _write(tmp_path, "study: x\nmodel:\n  name: m\n  served_name: [unclosed\nconfigs: []\n")
+    path = _write(tmp_path, "study: x\nmodel:\n  name: m\n  served_name: [unclosed\nvariants: []\n")
     line = _load_error(path)
     assert line.startswith(f"{path}: line ")
     assert "YAML syntax error" in line
@@ -84,7 +84,7 @@ def test_yaml_merge_key_overrides_are_not_duplicates(tmp_path: Path) -> None:
         "  - name: plain_4\n    server: {<<: *small, max_num_seqs: 4}\n",
     )
     config = load_config(_write(tmp_path, text))
-    assert config["configs"][1]["server"] == {"max_num_seqs": 4, "max_num_batched_tokens": 2048}
+    assert config["variants"][1]["server"] == {"max_num_seqs": 4, "max_num_batched_tokens": 2048}
 
 
 def test_top_level_a_list(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_cli_config_check_subprocess(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout == "ok: configs/default.yaml: study 'default', 8 configs, backend sim\n"
 
-    bad = _write(tmp_path, "study: x\nmodel: {name: m}\nconfigs: [{name: plain}]\nworkload: {}\n")
+    bad = _write(tmp_path, "study: x\nmodel: {name: m}\nvariants: [{name: plain}]\nworkload: {}\n")
     failed = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "config", "check", str(bad)],
         cwd=REPO,

@@ -39,7 +39,7 @@ def _fingerprints(config: dict) -> dict[str, str]:
     """{config/phase/label: fingerprint} of every Phase A and Phase B cell, as the pipeline plans them."""
     out = {}
     reference = {"ref_safe": 4, "ref_load": 8}
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         launch = launch_settings(config, variant, ["argv", variant["name"]], {"server": "x"})
         code = code_versions(config["backend"])
         study = StudyConfig.from_mapping(config)
@@ -68,10 +68,10 @@ def test_mix_and_pattern_labels_agree_with_the_load_generator() -> None:
         (lambda c: c["loadgen"].update(workers=2), "all"),
         (lambda c: c.update(seed=8), "all"),
         (lambda c: c["sim"].update(hardware_profile="h20-qwen3-30b-a3b"), "all"),
-        (lambda c: c["configs"][2].update(sim={"admission": {"policy": "pack"}}), "mooncake_both"),
-        (lambda c: c["configs"][1].update(server={"max_num_seqs": 64}), "noop_connector"),
-        (lambda c: c["configs"][1]["connector"].update(role="kv_producer"), "noop_connector"),
-        (lambda c: c["configs"][0].update(env={"X": "1"}), "plain"),
+        (lambda c: c["variants"][2].update(sim={"admission": {"policy": "pack"}}), "mooncake_both"),
+        (lambda c: c["variants"][1].update(server={"max_num_seqs": 64}), "noop_connector"),
+        (lambda c: c["variants"][1]["connector"].update(role="kv_producer"), "noop_connector"),
+        (lambda c: c["variants"][0].update(env={"X": "1"}), "plain"),
         (lambda c: c["model"].update(name="other/model"), "all"),
         (lambda c: c["workload"]["arrival"].update(process="gamma", gamma_shape=0.5), "all"),
     ],
@@ -85,7 +85,7 @@ def test_a_measurement_setting_changes_exactly_the_cells_it_touches(config, edit
     if changed == "all":
         assert differ == set(before)
     elif "/" in next(iter(changed)):
-        assert differ == {f"{v['name']}/{key}" for v in config["configs"] for key in changed}
+        assert differ == {f"{v['name']}/{key}" for v in config["variants"] for key in changed}
     else:
         assert differ == {k for k in before if k.startswith(f"{changed}/")}
 
@@ -187,7 +187,7 @@ def test_an_unsealed_or_failed_cell_is_not_complete(tmp_path) -> None:
 def test_the_index_round_trips_and_rejects_another_schema(tmp_path) -> None:
     index = PhaseIndex(
         study="s",
-        config="plain",
+        variant="plain",
         phase=PHASE_A,
         backend="sim",
         launch={"a": 1},

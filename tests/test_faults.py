@@ -48,7 +48,7 @@ def _index(folder: Path, name: str, phase: str = "phase_a") -> dict:
 
 
 def _phase_of(folder: Path, name: str) -> list[psutil.Process]:
-    """`ctax pipeline phase ... --name NAME`: the phase job itself."""
+    """`ctax pipeline phase ... --variant NAME`: the phase job itself."""
     return [
         p
         for p in our_processes(folder)
@@ -81,10 +81,10 @@ def faulty_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
     """One study whose configurations each meet one fault, two of them killed from outside."""
     folder = tmp_path_factory.mktemp("faults")
     config = copy.deepcopy(TINY)
-    config["configs"] = [{"name": "plain"}, {"name": "killed_phase"}, {"name": "killed_worker"}] + [
+    config["variants"] = [{"name": "plain"}, {"name": "killed_phase"}, {"name": "killed_worker"}] + [
         {"name": name, "sim": {"faults": faults}} for name, faults in SERVER_FAULTS.items()
     ]
-    next(c for c in config["configs"] if c["name"] == "never_ready")["server"] = {"ready_timeout_s": 3}
+    next(c for c in config["variants"] if c["name"] == "never_ready")["server"] = {"ready_timeout_s": 3}
     config["workload"].update(
         request_timeout_s=3, duration_s=0.6, phase_a={"rates": [4], "shape": {"input": 128, "output": 8}}
     )
@@ -130,7 +130,7 @@ def test_server_faults_end_as_recorded_outcomes(faulty_study) -> None:
         (folder / "results" / "integrity" / "plain" / "phase_a" / "summary_phase_a_r4.json").read_text()
     )
     assert summary["cpu_latency"]["requested_us"] == 25  # the config's loadgen settings reach the cell
-    assert "--connector plain" in (folder / "results" / "integrity" / "plain" / "phase_a" / "launch.sh").read_text()
+    assert "--variant plain" in (folder / "results" / "integrity" / "plain" / "phase_a" / "launch.sh").read_text()
     assert plain["server_cpus"] == list(plan_affinity(1).server_cpus)  # off the load generator's worker cores
     assert consistent(folder, "integrity") == []
 
@@ -146,13 +146,13 @@ def test_killed_phase_and_worker_are_recorded_and_a_rerun_finishes(faulty_study)
     assert len(worker["restarts"]) == 1
     # the re-run (the faulty configurations left out) finishes both; the healthy cell is reused
     kept = sealed_cells(folder, config)["plain/phase_a/r4"]
-    healthy = {**config, "configs": config["configs"][:3]}
+    healthy = {**config, "variants": config["variants"][:3]}
     _finishes_on_rerun(folder, healthy, write_config(folder, healthy, "healthy.yaml"), {"plain/phase_a/r4": kept})
 
 
 def _process_study(folder: Path, rates: list[int] | None = None) -> tuple[dict, Path]:
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config["workload"].update(
         duration_s=0.8, phase_a={"rates": rates or [4, 6, 8], "shape": {"input": 128, "output": 8}}
     )

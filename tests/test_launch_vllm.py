@@ -97,7 +97,7 @@ def test_every_connector_config_of_the_design(h20):
 
 def test_hma_is_disabled_on_every_launch_by_default(h20):
     assert launch.hma_policy(h20) == "disabled"
-    for variant in h20["configs"]:
+    for variant in h20["variants"]:
         assert launch.HMA_FLAG in spec_of(h20, variant["name"]).argv
 
 
@@ -124,7 +124,7 @@ def test_mooncake_protocol_is_selectable(h20):
 
 def test_custom_module_path_is_split_into_module_and_class(h20):
     config = copy.deepcopy(h20)
-    config["configs"].append(
+    config["variants"].append(
         {
             "name": "mine",
             "connector": {"type": "custom", "role": "kv_producer", "module_path": "my.pkg.conn:MyConnector"},
@@ -221,7 +221,7 @@ def test_extra_args_may_not_set_what_the_launch_sets(h20, arg):
         spec_of(config, "plain")
     config = copy.deepcopy(h20)
     find_variant(config, "lmcache_only")["server"] = {"extra_args": [arg]}
-    with pytest.raises(ConfigError, match=r"^configs\[6\]\.server\.extra_args: "):
+    with pytest.raises(ConfigError, match=r"^variants\[6\]\.server\.extra_args: "):
         spec_of(config, "lmcache_only")
 
 
@@ -237,7 +237,7 @@ def test_side_ports():
 
 
 def test_launch_script_round_trips_through_bash_and_shlex(h20, tmp_path):
-    for variant in h20["configs"]:
+    for variant in h20["variants"]:
         spec = spec_of(h20, variant["name"], 8200, str(tmp_path / "s.jsonl"))
         script = tmp_path / f"launch_{variant['name']}.sh"
         script.write_text(spec.script())
@@ -284,18 +284,18 @@ def run_ctax(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ctax_launch_command_prints_the_argv(h20):
-    done = run_ctax("--config", str(H20), "--connector", "noop_connector", "--port", "8400")
+    done = run_ctax("--config", str(H20), "--variant", "noop_connector", "--port", "8400")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == spec_of(h20, "noop_connector", 8400).argv
-    done = run_ctax("--config", str(H20), "--connector", "noop_connector", "--script")
+    done = run_ctax("--config", str(H20), "--variant", "noop_connector", "--script")
     assert done.stdout.startswith("#!/usr/bin/env bash") and "exec vllm serve" in done.stdout
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--connector", "nope"], "no config named 'nope'"),
-        (["--connector", "plain", "--port", "65535"], "--port: 65535 is out of range"),
+        (["--variant", "nope"], "no variant named 'nope'"),
+        (["--variant", "plain", "--port", "65535"], "--port: 65535 is out of range"),
     ],
 )
 def test_ctax_launch_command_bad_input_is_one_line_and_exit_2(args, message):
@@ -330,7 +330,7 @@ def test_preflight_scripts_gate_the_design_configs(h20):
         assert script.is_file() and os.access(script, os.X_OK)
     assert launch.preflight_script(h20, "plain") is None
     assert launch.preflight_script(h20, "mooncake_producer") is None
-    with pytest.raises(ConfigError, match="no config named"):
+    with pytest.raises(ConfigError, match="no variant named"):
         launch.preflight_script(h20, "nope")
 
 
@@ -348,7 +348,7 @@ def test_vllm_cli_names_gated_and_plan():
     assert run_cli("gated", str(H20), "kv_consumer").stdout.split() == ["mooncake_consumer"]
     assert run_cli("gated", str(H20), "multi_connector", "--only", "plain").stdout == ""
     done = run_cli("gated", str(H20), "noop_connector", "--only", "nope")
-    assert done.returncode == 2 and "no config named 'nope'" in done.stderr
+    assert done.returncode == 2 and "no variant named 'nope'" in done.stderr
     plan = json.loads(run_cli("plan", str(H20), "mooncake_consumer", "--port", "8500").stdout)
     assert plan["url"] == "http://127.0.0.1:8500" and plan["check"] == "kv_consumer"
     assert plan["requests"] == 1 and plan["max_tokens"] == 4 and plan["budget_s"] == 30
@@ -372,7 +372,7 @@ def test_smoke_config_is_a_valid_small_study(tmp_path):
     assert config["backend"] == "vllm" and config["model"]["name"] == "facebook/opt-125m"
     assert config["server"]["max_model_len"] == 4096
     assert config["vllm"]["mooncake"]["protocol"] == "tcp"
-    assert [v["name"] for v in config["configs"]] == [v["name"] for v in load_config(H20)["configs"]]
+    assert [v["name"] for v in config["variants"]] == [v["name"] for v in load_config(H20)["variants"]]
     assert "--enforce-eager" in spec_of(config, "plain").argv
     assert yaml.safe_load(out.read_text())["study"] == "h20-qwen3-coder-gpu-smoke"
 

@@ -156,7 +156,7 @@ def test_launch_command_prints_the_cpu_launch(cpu, tmp_path):
             "launch-command",
             "--config",
             str(path),
-            "--connector",
+            "--variant",
             "plain",
             "--script",
         ],
@@ -209,8 +209,8 @@ def test_a_failed_start_reports_the_root_cause_not_the_last_line(log, cause):
 
 def test_the_cpu_config_is_valid_and_names_every_design_configuration():
     config = load_config(CPU)
-    names = [v["name"] for v in config["configs"]]
-    h20 = [v["name"] for v in load_config(REPO / "configs" / "h20-qwen3-coder.yaml")["configs"]]
+    names = [v["name"] for v in config["variants"]]
+    h20 = [v["name"] for v in load_config(REPO / "configs" / "h20-qwen3-coder.yaml")["variants"]]
     assert names == h20
     assert config["backend"] == "vllm" and config["vllm"]["device"] == "cpu"
     assert json.dumps(config)  # plain data

@@ -95,7 +95,7 @@ def test_zero_cost_connectors_have_zero_true_tax(config):
         TruthSettings(requests=400, warmup=50, min_replications=2, max_replications=2),
     )
     assert doc["simulated"] is True
-    taxes = [t for t in doc["taxes"] if t["config"] != K.PLAIN]
+    taxes = [t for t in doc["taxes"] if t["variant"] != K.PLAIN]
     assert len(taxes) == 2 * (len(names) - 1)  # TTFT and TPOT, every connector, at the one load
     # Common random numbers: the same traffic and the same step costs give identical requests.
     assert all(t["value"] == 0.0 for t in taxes), taxes
@@ -109,7 +109,7 @@ def test_costs_give_a_positive_ordered_tax(config):
         [K.NOOP, K.NIXL_BOTH, K.MOONCAKE_BOTH],
         TruthSettings(requests=500, warmup=50, min_replications=2, max_replications=2),
     )
-    tax = {t["config"]: t["value"] for t in doc["taxes"] if t["metric"] == "ttft_p90"}
+    tax = {t["variant"]: t["value"] for t in doc["taxes"] if t["metric"] == "ttft_p90"}
     # noop pays the framework alone, NIXL a fifth of Mooncake's work (configs/default.yaml).
     assert 0 < tax[K.NOOP] < tax[K.NIXL_BOTH] < tax[K.MOONCAKE_BOTH]
 
@@ -126,7 +126,7 @@ def test_true_p90_is_stable_across_oracle_seeds(config):
         for s in (0, 1)
     ]
     for a, b in zip(docs[0]["cells"], docs[1]["cells"]):
-        assert (a["config"], a["cell"]) == (b["config"], b["cell"])
+        assert (a["variant"], a["cell"]) == (b["variant"], b["cell"])
         for m in ("ttft_ms_p90", "tpot_ms_p90"):
             assert abs(a[m] - b[m]) / a[m] < 0.01, (a, b)
 
@@ -146,7 +146,7 @@ def test_cli_prints_truth_and_writes_json(tmp_path):
         "16",
         "--ref-load",
         "32",
-        "--configs",
+        "--variants",
         f"{K.NOOP},{K.MOONCAKE_BOTH},{K.NIXL_BOTH}",
         "--requests",
         "300",
@@ -163,14 +163,14 @@ def test_cli_prints_truth_and_writes_json(tmp_path):
     for h in ("H1", "H2", "H3"):
         assert f"  {h}: " in res.stdout
     doc = json.loads(out.read_text())
-    assert doc["configs"][0] == K.PLAIN and doc["replications"] == 2
+    assert doc["variants"][0] == K.PLAIN and doc["replications"] == 2
     assert doc["hypotheses"]["H4"]["verdict"] == "not_applicable"  # no lmcache_only / multi asked
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--configs", "nope"], "ctax truth: --configs: nope not in the study"),
+        (["--variants", "nope"], "ctax truth: --variants: nope not in the study"),
         (["--ref-safe", "0"], "ctax truth: argument --ref-safe: 0 must be > 0"),
         (["--precision", "x"], "ctax truth: argument --precision: 'x' is not a float"),
     ],

@@ -58,10 +58,10 @@ def test_switching_the_clock_measures_again(tmp_path):
 
 def test_a_config_cannot_set_the_clock_of_its_own(tmp_path):
     config = virtual("own-clock")
-    config["configs"][1]["sim"] = {"clock": "real"}
+    config["variants"][1]["sim"] = {"clock": "real"}
     result = snakemake(tmp_path, write_config(tmp_path, config), "all")
     assert result.returncode != 0
-    assert "configs[1].sim.clock" in result.stderr and "top-level" in result.stderr
+    assert "variants[1].sim.clock" in result.stderr and "top-level" in result.stderr
 
 
 def _ctax(*args: str, cwd) -> subprocess.CompletedProcess[str]:
@@ -72,7 +72,7 @@ def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
     """`ctax plan --predict` computes Phase A and the baseline's Phase B in virtual time before
     anything runs; its estimate of the whole study is held against the study's own cells."""
     config = virtual("predicted")
-    config["configs"].append({"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}})
+    config["variants"].append({"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}})
     config["workload"]["phase_b"] = {"inputs": [128, 1024], "outputs": [8, 64]}
     path = write_config(tmp_path, config)
     out = tmp_path / "plan.json"
@@ -84,7 +84,7 @@ def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
     assert snakemake(tmp_path, path, "all").returncode == 0
     layout = StudyLayout(tmp_path / "results" / "predicted")
     cells = [json.loads(p.read_text()) for p in layout.root.glob("*/*/summary_*.json")]
-    actual_h = (sum(s["wall_s"] + 1.5 for s in cells) + 2.0 * len(config["configs"])) / 3600
+    actual_h = (sum(s["wall_s"] + 1.5 for s in cells) + 2.0 * len(config["variants"])) / 3600
     assert abs(estimate_h / actual_h - 1) < 0.25, (estimate_h, actual_h)
 
 

@@ -18,7 +18,7 @@ def _parse(argv):
 
 def test_cli_writes_outputs(tmp_path, capsys):
     spec = SyntheticSpec(
-        configs=["plain", "mooncake_both"],
+        variants=["plain", "mooncake_both"],
         phase_b=False,
         phase_b_prime=False,
         n_requests=120,
@@ -62,7 +62,7 @@ def test_cli_missing_dir(tmp_path, capsys):
 
 def test_cli_figures_only_redraws_from_existing_analysis(tmp_path, capsys):
     spec = SyntheticSpec(
-        configs=["plain", "mooncake_both"],
+        variants=["plain", "mooncake_both"],
         phase_b=False,
         phase_b_prime=False,
         n_requests=100,

@@ -22,7 +22,7 @@ CONFIGS = ["plain", "noop_connector", "mooncake_both", "nixl_both", "lmcache_onl
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     spec = SyntheticSpec(
-        configs=CONFIGS, n_requests=200, n_steps=300, shapes=[(512, 64), (4096, 64), (512, 256)], seed=21
+        variants=CONFIGS, n_requests=200, n_steps=300, shapes=[(512, 64), (4096, 64), (512, 256)], seed=21
     )
     built = build(write_study(tmp_path_factory.mktemp("plots") / "s", spec))
     return built["aggregate"], built["hypotheses"]
@@ -52,7 +52,7 @@ def test_every_figure_is_titled_and_labelled(docs, name):
 
 def test_one_colour_per_config_across_figures(docs):
     agg, hyp = docs
-    palette = Palette(agg["configs"])
+    palette = Palette(agg["variants"])
     fig1 = build_figure("fig1_ttft_p90_vs_rate", agg, hyp)
     line_colours = {c.get_label(): to_rgba(c.lines[0].get_color()) for c in fig1.axes[0].containers}
     assert set(line_colours) == set(CONFIGS)
@@ -76,7 +76,7 @@ def test_not_simulated_says_what_served_it(docs):
 
 def test_missing_data_raises_skip_not_an_empty_figure(docs):
     agg, hyp = copy.deepcopy(docs)
-    agg["step_cdf"]["configs"] = {}
+    agg["step_cdf"]["variants"] = {}
     with pytest.raises(Skip, match="step"):
         build_figure("fig6_step_latency_cdf", agg, hyp)
     agg["rows"] = []
@@ -91,7 +91,7 @@ def test_make_figures_writes_png_and_pdf_and_records_skips(docs, tmp_path):
     agg, hyp = copy.deepcopy(docs)
     agg["rows"] = [r for r in agg["rows"] if r["phase"] == "phase_a"]
     agg["taxes"] = None
-    agg["step_cdf"]["configs"] = {}
+    agg["step_cdf"]["variants"] = {}
     out = make_figures(agg, hyp, tmp_path)
     assert set(out["made"]) == {"fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig3_throughput_vs_requested"}
     for paths in out["made"].values():

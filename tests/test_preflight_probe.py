@@ -105,7 +105,7 @@ def preflight(tmp_path: Path, name: str, pythonpath: str | None = None) -> dict:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     argv = [sys.executable, "-m", "connector_tax.cli", "pipeline", "preflight", "check", "--config", "study.yaml"]
-    argv += ["--name", name, "--out", str(out / f"ready_{name}.json"), "--log-dir", str(out / name)]
+    argv += ["--variant", name, "--out", str(out / f"ready_{name}.json"), "--log-dir", str(out / name)]
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((out / f"ready_{name}.json").read_text())

@@ -72,12 +72,12 @@ ALL_CELLS = {
         ),
         pytest.param(_set("workload.warmup_s", 0.15), ALL_CELLS, id="warm-up"),
         pytest.param(
-            _set("configs.1.sim", {"connector_costs": {"framework": {"build_meta": {"fixed_us": 500}}}}),
+            _set("variants.1.sim", {"connector_costs": {"framework": {"build_meta": {"fixed_us": 500}}}}),
             {c for c in ALL_CELLS if c.startswith("noop_connector/")},
             id="sim-parameter",
         ),
         pytest.param(
-            _set("configs.0.server", {"max_num_seqs": 64}),
+            _set("variants.0.server", {"max_num_seqs": 64}),
             {c for c in ALL_CELLS if c.startswith("plain/")},
             id="server-flag",
         ),
@@ -109,7 +109,7 @@ def test_a_changed_setting_remeasures_exactly_its_cells(measured, tmp_path, edit
     # The analysis stands on exactly the current cells, each with the fingerprint it was sealed with.
     layout = StudyLayout(folder / "results" / config["study"])
     agg = json.loads((layout.analysis_dir / "aggregate.json").read_text())
-    rows = {f"{r['config']}/{r['phase']}/{r['cell']}": r["fingerprint"] for r in agg["rows"]}
+    rows = {f"{r['variant']}/{r['phase']}/{r['cell']}": r["fingerprint"] for r in agg["rows"]}
     assert set(rows) == set(after)
     for key, fp in rows.items():
         name, phase, label = key.split("/")
@@ -161,7 +161,7 @@ def test_a_forced_rerun_that_reuses_every_cell_keeps_the_launch_facts(measured, 
 def test_a_rerun_whose_only_cell_left_is_pruned_keeps_the_launch_facts(tmp_path) -> None:
     """The knee prunes r400 again without a launch: the launch that measured r4 and r200 stands."""
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config.pop("saturation")
     config["workload"]["phase_a"] = {"rates": [4, 200, 400], "shape": {"input": 512, "output": 16}}
     path = write_config(tmp_path, config)
@@ -210,7 +210,7 @@ def test_analysis_refuses_cells_of_other_settings(measured, tmp_path) -> None:
 
 def test_kill_9_at_any_moment_never_leaves_a_false_complete(tmp_path) -> None:
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config["workload"].update(duration_s=0.8, phase_a={"rates": [4, 6, 8, 10], "shape": {"input": 128, "output": 8}})
     path = write_config(tmp_path, config)
     rng = random.Random(1)
@@ -243,7 +243,7 @@ def test_kill_9_at_any_moment_never_leaves_a_false_complete(tmp_path) -> None:
 
 def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> None:
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config["workload"].update(duration_s=3.0, phase_a={"rates": [4, 8], "shape": {"input": 128, "output": 8}})
     path = write_config(tmp_path, config)
     proc = start_snakemake(tmp_path, path, "all")
@@ -289,7 +289,7 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
 
 def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config.pop("saturation")  # the design's thresholds
     config["workload"]["phase_a"] = {"rates": [400, 4, 200], "shape": {"input": 512, "output": 16}}
     path = write_config(tmp_path, config)
@@ -307,7 +307,7 @@ def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
 
 def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
     config = copy.deepcopy(TINY)
-    config["configs"] = config["configs"][:1]
+    config["variants"] = config["variants"][:1]
     config["workload"].update(
         duration_s=0.3,
         min_completed=3,

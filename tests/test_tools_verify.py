@@ -83,7 +83,7 @@ def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
 
 def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     def mutate(config):
-        config["configs"][1]["sim"] = {"faults": {"fail_start": "NoOpConnector import failed"}}
+        config["variants"][1]["sim"] = {"faults": {"fail_start": "NoOpConnector import failed"}}
 
     path = write_config(tmp_path, mutate)
     out = tmp_path / "preflight"
@@ -122,8 +122,8 @@ def test_verify_scripts_share_one_status_file(tmp_path):
 
 def test_verify_with_no_gated_config_says_so(tmp_path):
     def mutate(config):
-        config["configs"] = [c for c in config["configs"] if c["name"] != "noop_connector"]
-        config["workload"]["phase_b_prime"]["configs"] = ["plain"]
+        config["variants"] = [c for c in config["variants"] if c["name"] != "noop_connector"]
+        config["workload"]["phase_b_prime"]["variants"] = ["plain"]
 
     path = write_config(tmp_path, mutate)
     done = run_script("verify_noop_connector.sh", path, tmp_path / "o")
@@ -138,7 +138,7 @@ def test_verify_with_no_gated_config_says_so(tmp_path):
         (["nope.yaml", "o"], "CONFIG: nope.yaml: no such file"),
         (["{config}", "o", "--port", "x1"], "--port: 'x1' is not a port number"),
         (["{config}", "o", "--bogus"], "unknown argument: --bogus"),
-        (["{config}", "o", "--only", "nope"], "no config named 'nope'"),
+        (["{config}", "o", "--only", "nope"], "no variant named 'nope'"),
     ],
 )
 def test_verify_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
@@ -260,8 +260,8 @@ def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
     env["PATH"] = f"{exe.parent}{os.pathsep}{env['PATH']}"
     keep = ["plain", "noop_connector", "mooncake_producer", "mooncake_both", "nixl_both", "multi_mooncake_lmcache"]
     base = yaml.safe_load((REPO / "configs" / "h20-qwen3-coder.yaml").read_text())
-    base["configs"] = [c for c in base["configs"] if c["name"] in keep]
-    base["workload"]["phase_b_prime"]["configs"] = ["plain"]
+    base["variants"] = [c for c in base["variants"] if c["name"] in keep]
+    base["workload"]["phase_b_prime"]["variants"] = ["plain"]
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
     out = tmp_path / "smoke"
     done = run_script(

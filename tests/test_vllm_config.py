@@ -95,7 +95,7 @@ def test_bad_vllm_settings_are_one_line(mutate, expected) -> None:
 
 def test_multi_connectors_list_is_built_from_children() -> None:
     def mutate(config: dict) -> None:
-        config["configs"].append(
+        config["variants"].append(
             {
                 "name": "multi",
                 "connector": {
@@ -107,4 +107,4 @@ def test_multi_connectors_list_is_built_from_children() -> None:
             }
         )
 
-    assert _error(mutate) == "configs[3].connector.extra_config.connectors: is built from children; remove it"
+    assert _error(mutate) == "variants[3].connector.extra_config.connectors: is built from children; remove it"

@@ -57,7 +57,7 @@ def study(tmp_path_factory) -> dict:
     config["study"] = "vllm-cpu-test"
     config["model"]["name"] = str(model)
     config["vllm"]["executable"] = str(python.parent / "vllm")
-    config["configs"] = [c for c in config["configs"] if c["name"] in (*MEASURED, *SKIPPED)]
+    config["variants"] = [c for c in config["variants"] if c["name"] in (*MEASURED, *SKIPPED)]
     config["workload"].update(warmup_s=1, duration_s=4, min_completed=4)
     config["workload"]["phase_a"]["rates"] = [2]
     config["workload"]["phase_b"].update(inputs=[64], outputs=[16])
@@ -70,7 +70,7 @@ def study(tmp_path_factory) -> dict:
         text=True,
         timeout=2400,
     )
-    return {"done": done, "results": work / "results" / config["study"], "config": config}
+    return {"done": done, "results": work / "results" / config["study"], "variant": config}
 
 
 def test_the_study_finishes(study):
@@ -143,7 +143,7 @@ def test_report_manifest_and_figures_say_what_served_them(study):
     assert "Mooncake transport: mooncake_both: tcp" in manifest
     aggregate = json.loads((results / "analysis" / "aggregate.json").read_text())
     assert aggregate["served_by"] == SERVED_BY and aggregate["simulated"] is False
-    rows = [r for r in aggregate["rows"] if r["config"] == "noop_connector"]
+    rows = [r for r in aggregate["rows"] if r["variant"] == "noop_connector"]
     # the design's callback time, with the worker process's hooks joined in
     assert rows and all(r["connector_total_us_p50"] > r["build_meta_us_p50"] > 0 for r in rows)
     assert (results / "analysis" / "figures" / "fig6_step_latency_cdf.png").is_file()

@@ -66,7 +66,7 @@ def _launch_argvs() -> dict[str, list[str]]:
     out = {}
     for path in (REPO / "configs" / "h20-qwen3-coder.yaml", REPO / "configs" / "default.yaml"):
         config = load_config(path)
-        for variant in config["configs"]:
+        for variant in config["variants"]:
             out[f"{path.stem}:{variant['name']}"] = vllm_argv(config, variant, 8000)
     return out
 

@@ -345,7 +345,7 @@ def all_variants() -> list:
     out = []
     for path in CONFIGS:
         config = load_config(path)
-        for variant in config["configs"]:
+        for variant in config["variants"]:
             out.append(pytest.param(config, variant["name"], id=f"{path.stem}:{variant['name']}"))
     return out
 
@@ -461,7 +461,7 @@ def test_smoke_config_flags_exist(vllm_src):
 
     flags, _ = serve_flags(vllm_src)
     config = smoke_config(load_config(CONFIGS[0]))
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         argv = launch.vllm_argv(config, variant, 8000)
         assert all(a in flags for a in argv[3:] if a.startswith("--") and not a.startswith("--no-"))
 

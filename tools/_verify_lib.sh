@@ -106,7 +106,7 @@ verify_one() {
     record skip "cannot plan the check: $(tail -n 1 "$log")"
     return 0
   fi
-  if ! "$PY" -m connector_tax.cli launch-command --config "$config" --connector "$name" \
+  if ! "$PY" -m connector_tax.cli launch-command --config "$config" --variant "$name" \
     --port "$port" --step-log "$step_log" --script >"$script" 2>>"$log"; then
     record skip "no launch command: $(tail -n 1 "$log")"
     return 0

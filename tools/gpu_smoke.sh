@@ -82,7 +82,7 @@ while IFS= read -r name; do
   mkdir -p "$dir"
   plan="$dir/plan.json"
   "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" --check smoke >"$plan"
-  "$PY" -m connector_tax.cli launch-command --config "$config" --connector "$name" --port "$port" \
+  "$PY" -m connector_tax.cli launch-command --config "$config" --variant "$name" --port "$port" \
     --step-log "$dir/engine_step.jsonl" --script >"$dir/launch.sh"
   set -m
   bash "$dir/launch.sh" >"$dir/server.log" 2>&1 </dev/null &

@@ -5,7 +5,7 @@
 
 from connector_tax.contract.layout import FIGURES
 
-PHASE_INDEXES = [index_of(name, phase) for name in CONFIGS for phase in LAUNCH_PHASES]
+PHASE_INDEXES = [index_of(name, phase) for name in VARIANTS for phase in LAUNCH_PHASES]
 ANALYSIS = LAYOUT.analysis
 
 

@@ -32,11 +32,11 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_A]):
         conda:
             ENV
         shell:
-            "{params.ctax} pipeline phase --config {input.config:q} --name {params.name:q}"
+            "{params.ctax} pipeline phase --config {input.config:q} --variant {params.name:q}"
             " --phase phase_a"
             " --cpus {params.cpus} 2>&1 | tee {log:q}"
 
 
 rule phase_a:
     input:
-        [index_of(name, PHASE_A) for name in CONFIGS],
+        [index_of(name, PHASE_A) for name in VARIANTS],

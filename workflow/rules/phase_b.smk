@@ -31,11 +31,11 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
         conda:
             ENV
         shell:
-            "{params.ctax} pipeline phase --config {input.config:q} --name {params.name:q}"
+            "{params.ctax} pipeline phase --config {input.config:q} --variant {params.name:q}"
             " --phase phase_b"
             " --cpus {params.cpus} 2>&1 | tee {log:q}"
 
 
 rule phase_b:
     input:
-        [index_of(name, PHASE_B) for name in CONFIGS],
+        [index_of(name, PHASE_B) for name in VARIANTS],

@@ -21,13 +21,13 @@ rule preflight_config:
     conda:
         ENV
     shell:
-        "{params.ctax} pipeline preflight check --config {input:q} --name {wildcards.name:q}"
+        "{params.ctax} pipeline preflight check --config {input:q} --variant {wildcards.name:q}"
         " --out {output:q} --log-dir {params.log_dir:q} 2>&1 | tee {log:q}"
 
 
 rule preflight:
     input:
-        expand(str(LAYOUT.preflight_ready("{name}")), name=CONFIGS),
+        expand(str(LAYOUT.preflight_ready("{name}")), name=VARIANTS),
     output:
         PREFLIGHT_STATUS,
     log:

@@ -15,7 +15,7 @@ def check_artifacts(study: Any) -> dict[str, Any]:
     every cell not analysed has a reason."""
     missing: list[str] = []
     checked = 0
-    for name in study.configs:
+    for name in study.variants:
         pf = study.preflight.get(name)
         if pf is None and study.preflight:
             missing.append(f"{name}: not in preflight_status.json")

@@ -61,7 +61,7 @@ WORKER_CALLBACKS = ("get_finished_us", "start_load_kv_us")
 LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
 
 _ID = [
-    "config",
+    "variant",
     "phase",
     "cell",
     "rate",
@@ -326,7 +326,7 @@ def cell_row(
     row: dict[str, Any] = {k: None for k in COLUMNS}
     shape = cell.shape
     row.update(
-        config=cell.config,
+        variant=cell.variant,
         phase=cell.phase,
         cell=cell.label,
         rate=cell.rate,

@@ -40,7 +40,7 @@ from connector_tax.contract.layout import FIGURES, AnalysisFiles
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: `variant` for what was `config`
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -72,10 +72,10 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 def _resolve_baseline(study: Study, baseline: str | None) -> tuple[str | None, bool]:
     """(baseline config or None, whether it was asked for explicitly)."""
     if baseline in (None, "", PLAIN):
-        return (PLAIN if PLAIN in study.configs else None), False
+        return (PLAIN if PLAIN in study.variants else None), False
     if baseline == "first":
-        return (study.configs[0] if study.configs else None), True
-    return (baseline if baseline in study.configs else None), True
+        return (study.variants[0] if study.variants else None), True
+    return (baseline if baseline in study.variants else None), True
 
 
 def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
     for cell in study.cells():
-        run = study.run_of(cell.config, cell.phase)
+        run = study.run_of(cell.variant, cell.phase)
         row, grid = cell_row(
             cell,
             backend=study.backend,
@@ -123,13 +123,13 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         )
         rows.append(row)
         if grid is not None:
-            step_cdf.setdefault(cell.config, {})[cell.key] = grid
+            step_cdf.setdefault(cell.variant, {})[cell.key] = grid
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.settings.saturation
-    completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
+    completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.variants}
     computed = reference_from_rows(
         rows,
-        study.configs,
+        study.variants,
         completed,
         study.phase_a_rates,
         thresholds,
@@ -140,17 +140,17 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     reference = _reference(study, computed)
     for row in rows:
         if row["phase"] == PHASE_A and row.get("rate") is not None:
-            sat = computed["cells"].get(row["config"], {}).get(rate_label(float(row["rate"])))
+            sat = computed["cells"].get(row["variant"], {}).get(rate_label(float(row["rate"])))
             if sat:
                 apply_to_row(row, sat)
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
-    taxes = compute_taxes(rows, study.configs, base, reference) if base else None
+    taxes = compute_taxes(rows, study.variants, base, reference) if base else None
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
-    hypotheses = evaluate(taxes or {}, reference, study.configs, base, artifacts, runtime, study.simulated)
+    hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated)
     config_status = {}
-    for name in study.configs:
+    for name in study.variants:
         pf = study.preflight.get(name) or {}
         config_status[name] = {
             "preflight": pf.get("status"),
@@ -176,11 +176,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "backend": study.backend,
         "simulated": study.simulated,
         "served_by": served_by(study),
-        "configs": study.configs,
+        "variants": study.variants,
         "baseline": base,
         "baseline_requested": baseline,
         "connector_study": base == PLAIN,
-        "config_status": config_status,
+        "variant_status": config_status,
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         "code": study.code,
@@ -194,7 +194,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "rows": rows,
         "reference": reference,
         "taxes": taxes,
-        "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "configs": step_cdf},
+        "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "variants": step_cdf},
         "artifacts": artifacts,
         "runtime": runtime,
         "analysis_seconds": None,

@@ -47,7 +47,7 @@ class Taxes:
         self.safe = (self.doc.get("phase_a") or {}).get("ref_safe") or {}
 
     def at_safe(self, config: str, metric: str = "ttft_p90") -> dict[str, Any] | None:
-        est = ((self.safe.get("configs") or {}).get(config) or {}).get(metric)
+        est = ((self.safe.get("variants") or {}).get(config) or {}).get(metric)
         return est if est and est.get("value") is not None else None
 
     def missing_reason(self, config: str) -> str:
@@ -134,7 +134,7 @@ def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
     excluded = []
     baseline = t.doc.get("baseline")
     for label, cell in t.phase_b_cells().items():
-        est = ((cell.get("configs") or {}).get(config) or {}).get(metric)
+        est = ((cell.get("variants") or {}).get(config) or {}).get(metric)
         if cell.get(along) is None or cell.get(across) is None or not est or est.get("value") is None:
             continue
         hit = {n: why for n, why in (cell.get("saturated") or {}).items() if n in (config, baseline)}
@@ -163,7 +163,7 @@ def trend(t: Taxes, config: str, metric: str, along: str) -> dict[str, Any]:
                 "sign": sign,
             }
         )
-    return {"config": config, "metric": metric, "along": along, "series": series, "excluded": excluded}
+    return {"variant": config, "metric": metric, "along": along, "series": series, "excluded": excluded}
 
 
 def monotone_steps(t: Taxes, metric: str, along: str) -> dict[str, Any] | None:

@@ -215,7 +215,7 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
 def evaluate(
     taxes: dict[str, Any] | None,
     reference: dict[str, Any],
-    configs: list[str],
+    variants: list[str],
     baseline: str | None,
     artifacts: dict[str, Any],
     runtime: dict[str, Any],
@@ -227,7 +227,7 @@ def evaluate(
         if (reference or {}).get("ref_safe_flagged")
         else []
     )
-    hyps = {rule.id: judge(rule, t, configs, baseline) for rule in RULES}
+    hyps = {rule.id: judge(rule, t, variants, baseline) for rule in RULES}
     for h in hyps.values():
         h["caveats"] = []
         if h["verdict"] == "not_applicable":

@@ -32,7 +32,7 @@ def _async_scheduling(argv: list[str]) -> str:
 def like_for_like(study: Any) -> dict[str, dict[str, Any]]:
     """{config: the settings its Phase A launch recorded} (configurations that launched)."""
     out: dict[str, dict[str, Any]] = {}
-    for name in study.configs:
+    for name in study.variants:
         run = study.run_of(name, PHASE_A)
         launch = ((run.run or {}).get("launch") if run else None) or {}
         if not launch:

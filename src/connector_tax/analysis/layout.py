@@ -58,7 +58,7 @@ class StudyRefused(ValueError):
 class Measurement:
     """A planned cell of the study with its files and sealed summary (only usable ones are made)."""
 
-    config: str
+    variant: str
     phase: str
     label: str
     files: CellFiles
@@ -91,7 +91,7 @@ class Measurement:
 
 @dataclass
 class PhaseRun:
-    config: str
+    variant: str
     phase: str
     folder: Path
     run: dict[str, Any] | None
@@ -125,7 +125,7 @@ class Study:
     root: Path
     settings: StudyConfig  # study_config.yaml, typed (its raw mapping only checks fingerprints)
     name: str
-    configs: list[str]
+    variants: list[str]
     preflight: dict[str, Any]
     runs: dict[tuple[str, str], PhaseRun]
     reference_file: dict[str, Any] | None
@@ -146,7 +146,7 @@ class Study:
     def cells(self, phase: str | None = None) -> list[Measurement]:
         return [
             c
-            for name in self.configs
+            for name in self.variants
             for ph in PHASES
             if phase in (None, ph)
             for c in (self.runs[(name, ph)].cells if (name, ph) in self.runs else [])
@@ -182,7 +182,7 @@ def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None
             f"{where}: measured on backend {index.backend}, the study is backend "
             f"{config['backend']}: results of two backends are never mixed"
         )
-    expected = launch_settings(config, find_variant(config, index.config), [], {})
+    expected = launch_settings(config, find_variant(config, index.variant), [], {})
     recorded = {k: v for k, v in index.launch.items() if k in _CONFIG_LAUNCH_KEYS}
     wanted = {k: v for k, v in expected.items() if k in _CONFIG_LAUNCH_KEYS}
     if canonical(recorded) != canonical(wanted):
@@ -295,7 +295,7 @@ def load_study(root: Path) -> Study:
         root=layout.root,
         settings=study,
         name=study.study,
-        configs=names,
+        variants=names,
         preflight=preflight,
         runs=runs,
         reference_file=reference,

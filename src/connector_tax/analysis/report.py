@@ -92,7 +92,7 @@ def render_report(
     L += [
         f"- Served by: {served}",
         f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
-        + ", ".join(f"`{c}`" for c in agg["configs"]),
+        + ", ".join(f"`{c}`" for c in agg["variants"]),
         f"- Baseline for taxes: `{agg.get('baseline')}`"
         if agg.get("baseline")
         else f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
@@ -118,8 +118,8 @@ def render_report(
     # configs
     L += ["## Configurations", ""]
     rows = []
-    for name in agg["configs"]:
-        st = agg["config_status"].get(name) or {}
+    for name in agg["variants"]:
+        st = agg["variant_status"].get(name) or {}
         cells = []
         for ph in PHASES:
             p = (st.get("phases") or {}).get(ph)
@@ -144,13 +144,13 @@ def render_report(
                 str(step),
             ]
         )
-    L += _table(["config", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
+    L += _table(["variant", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
 
     settings = agg.get("like_for_like") or {}
     if settings:
         keys = sorted({k for row in settings.values() for k in row})
         L += ["## Server settings, as each launch recorded them (like for like)", ""]
-        L += _table(["config"] + keys, [[f"`{n}`"] + [_f(row.get(k)) for k in keys] for n, row in settings.items()])
+        L += _table(["variant"] + keys, [[f"`{n}`"] + [_f(row.get(k)) for k in keys] for n, row in settings.items()])
 
     # verdicts
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
@@ -190,7 +190,7 @@ def render_report(
         ]
         L += _table(
             [
-                "config",
+                "variant",
                 "rate (req/s)",
                 "n ok",
                 "TTFT p90",
@@ -205,7 +205,7 @@ def render_report(
             ],
             [
                 [
-                    f"`{r['config']}`",
+                    f"`{r['variant']}`",
                     _f(r["rate"], "g"),
                     _f(r["n_ok"], "d"),
                     _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
@@ -221,10 +221,10 @@ def render_report(
                 for r in pa
             ],
         )
-    sat_rates = ref.get("per_config") or {}
+    sat_rates = ref.get("per_variant") or {}
     if sat_rates:
         L += _table(
-            ["config", "saturation rate (req/s)", "criteria fired there"],
+            ["variant", "saturation rate (req/s)", "criteria fired there"],
             [
                 [f"`{n}`", _f(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
                 for n, v in sat_rates.items()
@@ -242,7 +242,7 @@ def render_report(
         ]
         for ref_name in ("ref_safe", "ref_load"):
             e = taxes["phase_a"].get(ref_name) or {}
-            if not e.get("configs"):
+            if not e.get("variants"):
                 L += [
                     f"No tax at {ref_name}: "
                     + (
@@ -255,7 +255,7 @@ def render_report(
             L += [f"### Phase A at {ref_name} = {_f(e.get('rate'), 'g')} req/s (cell {e.get('cell')})", ""]
             L += _table(
                 [
-                    "config",
+                    "variant",
                     "tax TTFT p90",
                     "tax TPOT p90",
                     "tax step p50 (µs)",
@@ -271,7 +271,7 @@ def render_report(
                         _us(t.get("callback_p50_us")),
                         _us(t.get("unattributed_p50_us")),
                     ]
-                    for n, t in e["configs"].items()
+                    for n, t in e["variants"].items()
                 ],
             )
         amp = {
@@ -282,7 +282,7 @@ def render_report(
         if amp:
             L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
             L += _table(
-                ["config", "TTFT p90 tax", "TPOT p90 tax"],
+                ["variant", "TTFT p90 tax", "TPOT p90 tax"],
                 [[f"`{n}`", _ratio(a.get("ttft_p90")), _ratio(a.get("tpot_p90"))] for n, a in amp.items()],
             )
         for phase, title in (
@@ -292,15 +292,15 @@ def render_report(
             cells = (taxes.get(phase) or {}).get("cells") or {}
             if not cells:
                 continue
-            names = sorted({n for c in cells.values() for n in c["configs"]}, key=agg["configs"].index)
+            names = sorted({n for c in cells.values() for n in c["variants"]}, key=agg["variants"].index)
             L += [f"### {title}: tax TTFT p90 / tax TPOT p90", ""]
             L += _table(
                 ["shape"] + [f"`{n}`" for n in names],
                 [
                     [label]
                     + [
-                        f"{_pct((c['configs'].get(n) or {}).get('ttft_p90'))} / "
-                        f"{_pct((c['configs'].get(n) or {}).get('tpot_p90'))}"
+                        f"{_pct((c['variants'].get(n) or {}).get('ttft_p90'))} / "
+                        f"{_pct((c['variants'].get(n) or {}).get('tpot_p90'))}"
                         for n in names
                     ]
                     for label, c in cells.items()
@@ -318,9 +318,11 @@ def render_report(
         L += ["", "Skipped figures (data missing; never drawn empty):", ""]
         L += [f"- **{name}**: {reason}" for name, reason in sorted(skipped.items())]
     L.append("")
-    notes = [f"{r['config']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")]
+    notes = [
+        f"{r['variant']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")
+    ]
     invalid = [
-        f"{r['config']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}"
+        f"{r['variant']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}"
         for r in agg["rows"]
         if r.get("valid") is False
     ]
@@ -330,7 +332,7 @@ def render_report(
         L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
     not_analysed = [
         f"`{name}/{ph}/{label}`: {why}"
-        for name, st in agg["config_status"].items()
+        for name, st in agg["variant_status"].items()
         for ph, p in (st.get("phases") or {}).items()
         for label, why in (p.get("not_analysed") or {}).items()
     ]
@@ -339,7 +341,7 @@ def render_report(
         L += [f"- {x}" for x in not_analysed] + [""]
     pruned = [
         f"`{name}/{ph}/{label}`: {why}"
-        for name, st in agg["config_status"].items()
+        for name, st in agg["variant_status"].items()
         for ph, p in (st.get("phases") or {}).items()
         for label, why in (p.get("pruned") or {}).items()
     ]

@@ -133,7 +133,7 @@ def phase_a_saturation(
     by_config: dict[str, dict[float, dict[str, Any]]] = {}
     for row in rows:
         if row.get("phase") == PHASE_A and _num(row.get("rate")) is not None:
-            by_config.setdefault(row["config"], {})[float(row["rate"])] = row
+            by_config.setdefault(row["variant"], {})[float(row["rate"])] = row
     out: dict[str, dict[float, dict[str, Any]]] = {}
     for config, cells in by_config.items():
         out[config] = {
@@ -208,9 +208,9 @@ def select_reference(
     out: dict[str, Any] = {
         "rates": rates,
         "baseline": baseline,
-        "configs_considered": considered,
-        "configs_excluded": excluded,
-        "per_config": per_config,
+        "variants_considered": considered,
+        "variants_excluded": excluded,
+        "per_variant": per_config,
         "notes": notes,
     }
 
@@ -249,7 +249,7 @@ def select_reference(
             out.update(ref_load=lowest, ref_load_flagged=True, ref_load_reason=why)
         out["ref_load_basis"] = {
             "rule": f"max rate r such that {baseline} is unsaturated at r and r < its saturation rate",
-            "config": baseline,
+            "variant": baseline,
             "candidates": load,
         }
     else:
@@ -258,7 +258,7 @@ def select_reference(
             ref_load_flagged=True,
             ref_load_reason=f"baseline {baseline!r} did not complete Phase A; ref_load = lowest rate",
         )
-        out["ref_load_basis"] = {"rule": "baseline missing", "config": baseline, "candidates": []}
+        out["ref_load_basis"] = {"rule": "baseline missing", "variant": baseline, "candidates": []}
     return out
 
 
@@ -270,7 +270,7 @@ def _jsonable_cells(saturation: dict[str, dict[float, dict[str, Any]]]) -> dict[
 
 def reference_from_rows(
     rows: list[dict[str, Any]],
-    configs: list[str],
+    variants: list[str],
     completed: dict[str, str | None],
     rates: list[float],
     thresholds: Saturation,
@@ -282,10 +282,10 @@ def reference_from_rows(
 
     completed: {config: None if it completed Phase A else the reason it did not}."""
     saturation = phase_a_saturation(rows, thresholds, basis)
-    considered = [c for c in configs if completed.get(c, "absent") is None]
-    excluded = {c: (completed.get(c) or "no Phase A results") for c in configs if c not in considered}
-    if baseline not in configs and configs:
-        chosen = considered[0] if considered else configs[0]
+    considered = [c for c in variants if completed.get(c, "absent") is None]
+    excluded = {c: (completed.get(c) or "no Phase A results") for c in variants if c not in considered}
+    if baseline not in variants and variants:
+        chosen = considered[0] if considered else variants[0]
         note = f"no config named {baseline!r}: ref_load uses the study's first config, {chosen!r}"
         baseline = chosen
     else:
@@ -315,7 +315,7 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
     study = load_study(Path(results_dir))
     rows = []
     for cell in study.cells(PHASE_A):
-        run = study.run_of(cell.config, PHASE_A)
+        run = study.run_of(cell.variant, PHASE_A)
         row, _ = cell_row(
             cell,
             backend=study.backend,
@@ -325,10 +325,10 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
             steps=False,
         )
         rows.append(row)
-    completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.configs}
+    completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.variants}
     return reference_from_rows(
         rows,
-        study.configs,
+        study.variants,
         completed,
         study.phase_a_rates,
         study.settings.saturation,

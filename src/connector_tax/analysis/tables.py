@@ -7,7 +7,7 @@ Parquet (typed, for pandas/polars/DuckDB).
                               the baseline with its interval, and the two p90s (or p50s) it came from
 
 A researcher's own question is a group-by away, e.g.
-`pd.read_parquet("taxes.parquet").query("metric == 'ttft_p90'").pivot(index="config", columns="point", values="value")`.
+`pd.read_parquet("taxes.parquet").query("metric == 'ttft_p90'").pivot(index="variant", columns="point", values="value")`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TAX_COLUMNS = [
     "rate",
     "input_len",
     "output_len",
-    "config",
+    "variant",
     "baseline",
     "metric",
     "value",
@@ -47,7 +47,7 @@ def cells_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shape: tuple[Any, Any]) -> list[dict]:
     out = []
-    for config, metrics in (entry.get("configs") or {}).items():
+    for config, metrics in (entry.get("variants") or {}).items():
         for metric, est in metrics.items():
             ci = est.get("ci") or (None, None)
             x = est.get("x_p90", est.get("x_p50"))
@@ -59,7 +59,7 @@ def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shap
                     "rate": entry.get("rate"),
                     "input_len": shape[0],
                     "output_len": shape[1],
-                    "config": config,
+                    "variant": config,
                     "baseline": baseline,
                     "metric": metric,
                     "value": est.get("value"),

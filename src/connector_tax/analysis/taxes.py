@@ -95,7 +95,7 @@ def amplification(safe: dict[str, Any] | None, load: dict[str, Any] | None) -> d
 def compute_taxes(
     rows: list[dict[str, Any]], configs: list[str], baseline: str, reference: dict[str, Any]
 ) -> dict[str, Any]:
-    index = {(r["config"], r["phase"], r["cell"]): r for r in rows}
+    index = {(r["variant"], r["phase"], r["cell"]): r for r in rows}
     others = [c for c in configs if c != baseline]
     out: dict[str, Any] = {
         "baseline": baseline,
@@ -106,7 +106,7 @@ def compute_taxes(
     }
     for ref in ("ref_safe", "ref_load"):
         rate = reference.get(ref)
-        entry: dict[str, Any] = {"rate": rate, "cell": None, "configs": {}, "missing": {}}
+        entry: dict[str, Any] = {"rate": rate, "cell": None, "variants": {}, "missing": {}}
         if rate is not None:
             label = next(
                 (
@@ -127,9 +127,9 @@ def compute_taxes(
                         baseline if b is None else name
                     )
                     continue
-                entry["configs"][name] = pair_taxes(x, b)
+                entry["variants"][name] = pair_taxes(x, b)
         out["phase_a"][ref] = entry
-    safe, load = out["phase_a"]["ref_safe"]["configs"], out["phase_a"]["ref_load"]["configs"]
+    safe, load = out["phase_a"]["ref_safe"]["variants"], out["phase_a"]["ref_load"]["variants"]
     out["amplification"] = {
         name: {
             m: amplification((safe.get(name) or {}).get(m), (load.get(name) or {}).get(m))
@@ -151,14 +151,14 @@ def compute_taxes(
             # Which configurations the server could not take at this shape (the design's criteria):
             # their taxes stand, but a trend across shapes (H5, H6) must not rest on them.
             saturated = {
-                r["config"]: r.get("saturation_criteria") or "saturated"
+                r["variant"]: r.get("saturation_criteria") or "saturated"
                 for r in rows
                 if r["phase"] == phase and r["cell"] == label and r.get("saturated")
             }
             cell: dict[str, Any] = {
                 "input": any_row.get("input_len"),
                 "output": any_row.get("output_len"),
-                "configs": {},
+                "variants": {},
                 "missing": {},
                 "saturated": saturated,
             }
@@ -169,7 +169,7 @@ def compute_taxes(
                 if b is None:
                     cell["missing"][name] = f"no {phase} cell {label} for {baseline}"
                     continue
-                cell["configs"][name] = pair_taxes(x, b)
+                cell["variants"][name] = pair_taxes(x, b)
             cells[label] = cell
         out[phase] = {"rates": sorted(float(r) for r in rates), "cells": cells}
     return out

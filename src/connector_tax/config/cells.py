@@ -163,7 +163,7 @@ def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
 
 def runs_phase_b_prime(study: StudyConfig, name: str, reference: dict[str, Any]) -> bool:
     prime = study.workload.phase_b_prime
-    return bool(prime) and name in prime["configs"] and reference.get("ref_load") != reference.get("ref_safe")
+    return bool(prime) and name in prime["variants"] and reference.get("ref_load") != reference.get("ref_safe")
 
 
 def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any]) -> list[Cell]:

@@ -52,10 +52,10 @@ def _check_lengths(config: dict) -> None:
     """Every request must fit the context window of every config that serves it; otherwise
     vLLM answers 400 to each one and a whole cell is silently empty."""
     limits = [("server.max_model_len", config["server"]["max_model_len"])]
-    for i, variant in enumerate(config["configs"]):
+    for i, variant in enumerate(config["variants"]):
         if "max_model_len" in variant.get("server", {}):
             limit = variant["server"]["max_model_len"]
-            limits.append((f"configs[{i}].server.max_model_len", limit))
+            limits.append((f"variants[{i}].server.max_model_len", limit))
 
     workload = config["workload"]
     shapes = [("workload.phase_a.shape", workload["phase_a"]["shape"])]
@@ -77,23 +77,23 @@ def _check_lengths(config: dict) -> None:
 
 def check_semantics(config: dict) -> None:
     first_index: dict[str, int] = {}
-    for i, variant in enumerate(config["configs"]):
+    for i, variant in enumerate(config["variants"]):
         name = variant["name"]
         if name in first_index:
             raise ConfigError(
-                "configs",
-                f"duplicate config name {name!r} (configs[{first_index[name]}] and configs[{i}])",
+                "variants",
+                f"duplicate variant name {name!r} (variants[{first_index[name]}] and variants[{i}])",
             )
         first_index[name] = i
         if "connector" in variant:
-            _check_connector(variant["connector"], f"configs[{i}].connector")
+            _check_connector(variant["connector"], f"variants[{i}].connector")
         if "clock" in (variant.get("sim") or {}):
-            raise ConfigError(f"configs[{i}].sim.clock", "is the study's (top-level sim.clock), not a config's")
+            raise ConfigError(f"variants[{i}].sim.clock", "is the study's (top-level sim.clock), not a variant's")
 
     workload = config["workload"]
-    for j, name in enumerate(workload.get("phase_b_prime", {}).get("configs", [])):
+    for j, name in enumerate(workload.get("phase_b_prime", {}).get("variants", [])):
         if name not in first_index:
-            raise ConfigError(f"workload.phase_b_prime.configs[{j}]", f"{name!r} is not a config of this study")
+            raise ConfigError(f"workload.phase_b_prime.variants[{j}]", f"{name!r} is not a variant of this study")
 
     phase_b = workload["phase_b"]
     if ("inputs" in phase_b) != ("outputs" in phase_b):

@@ -1,7 +1,7 @@
 """How a config error reads: one line naming the key path, in words a config author uses.
 
 `ConfigError` is what every layer raises; `describe_schema_error` turns a jsonschema error into
-(key path, problem), e.g. `configs[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$`,
+(key path, problem), e.g. `variants[2].name: 'Mooncake Both' does not match ^[a-z0-9][a-z0-9_-]*$`,
 because a config error is fixed by editing one key and a jsonschema dump buries that key.
 """
 

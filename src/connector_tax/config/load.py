@@ -58,10 +58,19 @@ def _validator() -> Any:
     return _DefaultFillingValidator(schema)
 
 
+def _renamed(config: dict) -> None:
+    """Keys an earlier version of this tool read, named for what replaced them."""
+    prime = (config.get("workload") or {}).get("phase_b_prime")
+    for where, section in (("configs", config), ("workload.phase_b_prime.configs", prime)):
+        if isinstance(section, dict) and "configs" in section and "variants" not in section:
+            raise ConfigError(where, "is now called variants (each a server variant: a connector plus its overrides)")
+
+
 def validate_config(config: dict) -> dict:
     """A validated copy of `config` with the schema's defaults filled in; raises ConfigError."""
     if not isinstance(config, dict):
         raise ConfigError("(top level)", f"expected a mapping of study settings, got {type_word(config)}")
+    _renamed(config)
     filled = copy.deepcopy(config)
     errors = list(_validator().iter_errors(filled))
     if errors:
@@ -153,11 +162,11 @@ def load_study(path: str | Path) -> StudyConfig:
 
 def find_variant(config: dict, name: str) -> dict:
     """The `configs` entry called `name`."""
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         if variant["name"] == name:
             return variant
-    known = ", ".join(v["name"] for v in config["configs"])
-    raise ConfigError("configs", f"no config named {name!r} (known: {known})")
+    known = ", ".join(v["name"] for v in config["variants"])
+    raise ConfigError("variants", f"no variant named {name!r} (known: {known})")
 
 
 def check_file(path: str | Path) -> int:
@@ -167,5 +176,5 @@ def check_file(path: str | Path) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"ok: {path}: study '{config['study']}', {len(config['configs'])} configs, backend {config['backend']}")
+    print(f"ok: {path}: study '{config['study']}', {len(config['variants'])} configs, backend {config['backend']}")
     return 0

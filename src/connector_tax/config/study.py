@@ -99,7 +99,7 @@ class StudyConfig:
             study=config["study"],
             backend=config["backend"],
             seed=config["seed"],
-            variants=tuple(Variant(v["name"], v.get("connector"), v) for v in config["configs"]),
+            variants=tuple(Variant(v["name"], v.get("connector"), v) for v in config["variants"]),
             workload=Workload(
                 warmup_s=workload["warmup_s"],
                 duration_s=workload["duration_s"],
@@ -124,4 +124,4 @@ class StudyConfig:
         for variant in self.variants:
             if variant.name == name:
                 return variant
-        raise ConfigError("configs", f"no config named {name!r} (known: {', '.join(self.names)})")
+        raise ConfigError("variants", f"no variant named {name!r} (known: {', '.join(self.names)})")

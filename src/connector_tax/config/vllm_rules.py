@@ -66,10 +66,12 @@ def check_settings(config: dict[str, Any]) -> None:
     """What a launch would refuse, checked when the config loads (ConfigError, one line):
     extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
     check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
-    for i, variant in enumerate(config["configs"]):
-        check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"configs[{i}].server.extra_args")
+    for i, variant in enumerate(config["variants"]):
+        check_extra_args(
+            list((variant.get("server") or {}).get("extra_args") or []), f"variants[{i}].server.extra_args"
+        )
         if device(config) == "cpu":
             check_server(
                 merged_server(config, variant),
-                "server" if "block_size" not in (variant.get("server") or {}) else f"configs[{i}].server",
+                "server" if "block_size" not in (variant.get("server") or {}) else f"variants[{i}].server",
             )

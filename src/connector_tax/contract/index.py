@@ -20,7 +20,7 @@ from typing import Any
 from connector_tax.atomic import write_json
 from connector_tax.contract.layout import CELL_RECORDS, CellFiles, now_iso
 
-INDEX_SCHEMA = "connector-tax/run-index/2"
+INDEX_SCHEMA = "connector-tax/run-index/3"  # 3: `variant` (was `config`)
 SUMMARY_SCHEMA = "connector-tax/cell-summary/2"
 
 # Cell states in the index. A pruned cell was not measured on purpose (Phase A, past the
@@ -51,7 +51,7 @@ class IndexEntry:
 @dataclass
 class PhaseIndex:
     study: str
-    config: str
+    variant: str
     phase: str
     backend: str
     launch: dict[str, Any]

@@ -33,7 +33,7 @@ def launch_spec(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="study config YAML")
-    parser.add_argument("--connector", required=True, metavar="NAME", help="config (variant) name")
+    parser.add_argument("--variant", required=True, metavar="NAME", help="the variant (a configuration of the study)")
     parser.add_argument("--port", type=int, default=8000, help="port the server would bind (default 8000)")
     parser.add_argument("--step-log", metavar="PATH", help="step log path the server would write")
     parser.add_argument("--script", action="store_true", help="print launch.sh instead of the argv JSON")
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
-        spec = launch_spec(args.config, config, find_variant(config, args.connector), args.port, args.step_log)
+        spec = launch_spec(args.config, config, find_variant(config, args.variant), args.port, args.step_log)
     except (ConfigError, ValueError) as exc:
         print(f"ctax launch-command: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ def preflight_script(config: dict[str, Any], name: str) -> Path | None:
 def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
     """{config name: verify script} for every gated config of the study."""
     plan = {}
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         script = preflight_script(config, variant["name"])
         if script is not None:
             plan[variant["name"]] = script

@@ -25,7 +25,7 @@ def sim_command(
         "sim",
         "--config",
         str(config_path),
-        "--connector",
+        "--variant",
         variant["name"],
         "--host",
         host,

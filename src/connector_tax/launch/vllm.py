@@ -99,10 +99,10 @@ def step_timing_enabled(config: dict[str, Any]) -> bool:
 
 
 def _variant_where(config: dict[str, Any], variant: dict[str, Any]) -> str:
-    for i, v in enumerate(config.get("configs", [])):
+    for i, v in enumerate(config.get("variants", [])):
         if v is variant or v.get("name") == variant.get("name"):
-            return f"configs[{i}]"
-    return f"configs[{variant.get('name')!r}]"
+            return f"variants[{i}]"
+    return f"variants[{variant.get('name')!r}]"
 
 
 def _check_port(port: Any) -> int:

@@ -93,7 +93,7 @@ def smoke_config(
     )
     if enforce_eager:
         server["enforce_eager"] = True
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         variant.pop("sim", None)
         if "max_model_len" in (variant.get("server") or {}):
             variant["server"]["max_model_len"] = max_model_len
@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     prog = "vllm_cli"
     try:
         if args.command == "names":
-            for variant in load_config(args.config)["configs"]:
+            for variant in load_config(args.config)["variants"]:
                 print(variant["name"])
         elif args.command == "gated":
             config = load_config(args.config)
-            names = [v["name"] for v in config["configs"] if preflight_check(v) == args.check]
+            names = [v["name"] for v in config["variants"] if preflight_check(v) == args.check]
             if args.only:
                 find_variant(config, args.only)
                 names = [n for n in names if n == args.only]

@@ -39,7 +39,7 @@ def cell_row(run: Latencies, config: str, load: Cell) -> dict[str, Any]:
     """A cell's row as cellstats gives it: p90s with their batch-means 95% intervals."""
     pair = load.pair
     row: dict[str, Any] = {
-        "config": config,
+        "variant": config,
         "phase": load.phase,
         "cell": load.label,
         "rate": load.rate,
@@ -82,9 +82,9 @@ def _covers(ci: list[float] | None, value: float) -> bool | None:
 def score(rows: list[dict[str, Any]], truth: dict[str, Any]) -> dict[str, Any]:
     """One seed's study against the truth: per tax and per hypothesis, the estimate, its
     interval, whether the interval covers the true value and whether the call agrees."""
-    names, reference = truth["configs"], truth["reference"]
+    names, reference = truth["variants"], truth["reference"]
     taxes, hyps = hypotheses_of(rows, names, reference)
-    true_tax = {(t["config"], t["cell"], t["metric"]): t["value"] for t in truth["taxes"]}
+    true_tax = {(t["variant"], t["cell"], t["metric"]): t["value"] for t in truth["taxes"]}
     out: dict[str, Any] = {"taxes": {}, "hypotheses": {}}
     for key, est in tax_estimates(taxes).items():
         if key in true_tax and est.get("value") is not None:
@@ -112,7 +112,7 @@ def run_coverage(
     config: dict[str, Any], truth: dict[str, Any], cs: CoverageSettings, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """`cs.seeds` short studies at the truth's reference rates, each scored against it."""
-    names, reference = truth["configs"], truth["reference"]
+    names, reference = truth["variants"], truth["reference"]
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
     jobs = [
         (config, name, load, seed, cs)

@@ -55,7 +55,7 @@ class TruthSettings:
 class Series:
     """One (configuration, load): its replications' p90s and all their requests."""
 
-    config: str
+    variant: str
     load: Cell
     p90s: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {m: [] for m in METRICS})
     samples: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=lambda: {m: [] for m in METRICS})
@@ -87,17 +87,19 @@ def _replicate(
 def simulate(
     config: dict[str, Any],
     reference: dict[str, float],
-    configs: list[str],
+    variants: list[str],
     ts: TruthSettings,
     progress: Callable[[str], None] | None = None,
 ) -> dict[tuple[str, str], Series]:
     """Replicate every (configuration, load) of the study until the precision is reached."""
-    series = {(name, load.key): Series(name, load) for name in configs for load in study_loads(config, name, reference)}
+    series = {
+        (name, load.key): Series(name, load) for name in variants for load in study_loads(config, name, reference)
+    }
     done, target = 0, min(ts.min_replications, ts.max_replications)
     pool = ProcessPoolExecutor(ts.jobs) if ts.jobs > 1 else None
     try:
         while True:
-            jobs = [(config, s.config, s.load, r, ts) for s in series.values() for r in range(done, target)]
+            jobs = [(config, s.variant, s.load, r, ts) for s in series.values() for r in range(done, target)]
             results = pool.map(_replicate, jobs) if pool else map(_replicate, jobs)
             for name, key, _rep, arrays in sorted(results, key=lambda x: x[2]):
                 s = series[(name, key)]
@@ -119,7 +121,7 @@ def simulate(
 def _row(s: Series, p90: dict[str, float], n: int) -> dict[str, Any]:
     pair = s.load.pair
     row: dict[str, Any] = {
-        "config": s.config,
+        "variant": s.variant,
         "phase": s.load.phase,
         "cell": s.load.label,
         "rate": s.load.rate,
@@ -134,15 +136,15 @@ def _row(s: Series, p90: dict[str, float], n: int) -> dict[str, Any]:
 
 def hypotheses_of(
     rows: list[dict[str, Any]],
-    configs: list[str],
+    variants: list[str],
     reference: dict[str, float],
     cis: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The analysis's taxes and H1–H6 judgements of cell rows (cellstats' columns); `cis`, when
     given, replace the estimates' intervals (the oracle's come from its replications)."""
-    taxes = compute_taxes(rows, configs, K.PLAIN, reference)
+    taxes = compute_taxes(rows, variants, K.PLAIN, reference)
     rules = RULES if cis is None else [_with_ci(rule, cis.get(rule.id)) for rule in RULES]
-    return taxes, {rule.id: judge(rule, Taxes(taxes), configs, K.PLAIN) for rule in rules}
+    return taxes, {rule.id: judge(rule, Taxes(taxes), variants, K.PLAIN) for rule in rules}
 
 
 def _with_ci(rule: Rule, ci: list[float] | None) -> Rule:
@@ -171,7 +173,7 @@ def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str,
         for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items()
     ]
     for where, entry in cells:
-        for name, t in (entry.get("configs") or {}).items():
+        for name, t in (entry.get("variants") or {}).items():
             for m in ("ttft_p90", "tpot_p90"):
                 out[(name, where, m)] = t[m]
     return out
@@ -184,13 +186,13 @@ def _tax_values(taxes: dict[str, Any]) -> dict[tuple[str, str, str], float | Non
 def truth(
     config: dict[str, Any],
     reference: dict[str, float],
-    configs: list[str] | None = None,
+    variants: list[str] | None = None,
     ts: TruthSettings = TruthSettings(),
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The oracle's document: per configuration and load the true p90s, the true taxes and
     the true H1–H6, each with its 95% interval and the margin to the design's threshold."""
-    names = configs or [c["name"] for c in config["configs"]]
+    names = variants or [c["name"] for c in config["variants"]]
     if K.PLAIN not in names:
         names = [K.PLAIN, *names]
     series = simulate(config, reference, names, ts, progress)
@@ -213,7 +215,7 @@ def truth(
         if value is not None:
             tax_rows.append(
                 {
-                    "config": key[0],
+                    "variant": key[0],
                     "cell": key[1],
                     "metric": key[2],
                     "value": value,
@@ -222,7 +224,7 @@ def truth(
             )
     cells = [
         {
-            "config": s.config,
+            "variant": s.variant,
             "cell": s.load.key,
             "rate": s.load.rate,
             "shape": s.load.shape,
@@ -237,7 +239,7 @@ def truth(
         "simulated": True,
         "study": config["study"],
         "reference": reference,
-        "configs": names,
+        "variants": names,
         "method": __doc__.split("\n\n")[2].replace("\n", " "),
         "settings": dataclasses.asdict(ts),
         "replications": reps,

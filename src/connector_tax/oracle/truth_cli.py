@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RATE",
         help="ref_load in req/s (default: the same file, else ref_safe)",
     )
-    parser.add_argument("--configs", metavar="A,B", help="only these configurations (plain is always added)")
+    parser.add_argument("--variants", metavar="A,B", help="only these configurations (plain is always added)")
     parser.add_argument(
         "--precision",
         type=_positive(float),
@@ -111,11 +111,11 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"{'config':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
     ]
-    tax = {(t["config"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
+    tax = {(t["variant"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
     for c in doc["cells"]:
-        key = (c["config"], c["cell"])
+        key = (c["variant"], c["cell"])
         lines.append(
-            f"{c['config']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
+            f"{c['variant']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
             f"{c['tpot_ms_p90']:9.3f} ±{c['tpot_ms_p90_half_width']:5.3f} "
             f"{_pct(tax.get((*key, 'ttft_p90'))):>9} {_pct(tax.get((*key, 'tpot_p90'))):>9}"
         )
@@ -135,11 +135,11 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         if config["backend"] != "sim":
             raise ValueError(f"backend: {config['backend']!r} — only the simulator (backend sim) has a known truth")
-        names = [c["name"] for c in config["configs"]]
-        chosen = args.configs.split(",") if args.configs else None
+        names = [c["name"] for c in config["variants"]]
+        chosen = args.variants.split(",") if args.variants else None
         unknown = [n for n in chosen or [] if n not in names]
         if unknown:
-            raise ValueError(f"--configs: {', '.join(unknown)} not in the study (it has {', '.join(names)})")
+            raise ValueError(f"--variants: {', '.join(unknown)} not in the study (it has {', '.join(names)})")
         reference = reference_of(args, config)
     except (ConfigError, ValueError) as exc:
         print(f"ctax truth: {exc}", file=sys.stderr)

@@ -23,7 +23,7 @@ from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake
 COLUMNS = [
     "date",
     "study",
-    "config",
+    "variant",
     "phase",
     "status",
     "reason",
@@ -92,7 +92,7 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
     }
     preflight = _read(layout.preflight_status) or {}
     rows = []
-    for variant in config["configs"]:
+    for variant in config["variants"]:
         name = variant["name"]
         for phase in LAUNCH_PHASES:
             index = read_index(layout.index(name, phase))
@@ -100,7 +100,7 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
             row = {
                 **common,
                 **versions,
-                "config": name,
+                "variant": name,
                 "phase": phase,
                 "result_dir": str(layout.phase(name, phase).folder),
                 # what the launch recorded; what it would be now for a launch never made
@@ -156,7 +156,7 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
         ]
     else:
         lines += [f"**Served by {' and '.join(served) or config['backend']}.**", ""]
-    transports = sorted({f"{r['config']}: {r['mooncake_transport']}" for r in rows if r.get("mooncake_transport")})
+    transports = sorted({f"{r['variant']}: {r['mooncake_transport']}" for r in rows if r.get("mooncake_transport")})
     lines += [
         f"- served by: {'; '.join(served) or '—'}",
         f"- Mooncake transport: {'; '.join(transports) or '— (no Mooncake configuration)'}",
@@ -179,14 +179,14 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
             else (f"no ({r['step_timing_reason']})" if r.get("step_timing_reason") else "no")
         )
         lines.append(
-            f"| {r.get('date', '')} | {r['config']} | {r['phase']} | {r.get('run_position', '')} | "
+            f"| {r.get('date', '')} | {r['variant']} | {r['phase']} | {r.get('run_position', '')} | "
             f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |"
         )
     failed = [(r, c) for r in rows for c in (r.get("cells_failed") or "").split("; ") if c]
     lines += ["", "## Cells not complete", ""]
-    lines += [f"- {r['config']}/{c}" for r, c in failed] or ["- none"]
+    lines += [f"- {r['variant']}/{c}" for r, c in failed] or ["- none"]
     lines += ["", "## Launch commands", ""]
-    lines += [f"- {r['config']} / {r['phase']}: `{r['launch_command']}`" for r in rows if r.get("launch_command")]
+    lines += [f"- {r['variant']} / {r['phase']}: `{r['launch_command']}`" for r in rows if r.get("launch_command")]
     lines += ["", "## Skipped figures", ""]
     lines += [f"- {fig}: {why}" for fig, why in skipped_figures.items()] or ["- none"]
     return "\n".join(lines) + "\n"

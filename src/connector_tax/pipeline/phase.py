@@ -9,7 +9,7 @@ end, whatever happened. Recorded outcomes (a preflight SKIP, a server that would
 died, a cell with no successful request) exit 0 so the study goes on with the other
 configurations; they are listed in the manifest and the report, and redone on the next run.
 
-    ctax pipeline phase --config results/STUDY/study_config.yaml --name NAME --phase phase_a
+    ctax pipeline phase --config results/STUDY/study_config.yaml --variant NAME --phase phase_a
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
     previous = read_index(folder.index)
     index = PhaseIndex(
         study=config["study"],
-        config=name,
+        variant=name,
         phase=launch_phase,
         backend=config["backend"],
         launch=plan.launch,
@@ -213,31 +213,31 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctax pipeline phase")
     parser.add_argument("--config", required=True)
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--variant", required=True, metavar="NAME")
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     args = parser.parse_args(argv)
     stop_on_signals()
     study = load_study(args.config).study
-    lock_path = StudyLayout.of(study).phase(args.name, args.phase).lock
+    lock_path = StudyLayout.of(study).phase(args.variant, args.phase).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
-        _say(f"{args.name} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        _say(f"{args.variant} {args.phase}: already being measured by {lock_holder(lock_path)}")
         return 1
     try:
         with AncestorWatch():
-            index = run_phase(args.config, args.name, args.phase, args.cpus or None)
+            index = run_phase(args.config, args.variant, args.phase, args.cpus or None)
     except KeyboardInterrupt as exc:
-        _say(f"{args.name} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        _say(f"{args.variant} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
         return 130
     except OSError as exc:
-        _say(f"{args.name} {args.phase}: stopped: {exc}; the next run resumes it")
+        _say(f"{args.variant} {args.phase}: stopped: {exc}; the next run resumes it")
         return 1
     finally:
         os.close(lock)
     reused = sum(c.reused for c in index.cells)
     _say(
-        f"{args.name} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+        f"{args.variant} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
         + (f" ({index.reason})" if index.reason else "")
     )
     return 0

@@ -79,7 +79,7 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
         verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
     return {
-        "config": name,
+        "variant": name,
         "status": verdict.get("status", "skip"),
         "reason": verdict.get("reason"),
         "backend": "vllm",
@@ -93,7 +93,7 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
         return _readiness(config_path, config, name, log_dir)
     except Exception as exc:  # noqa: BLE001 - every launch error is this configuration's SKIP
         return {
-            "config": name,
+            "variant": name,
             "status": "skip",
             "reason": f"{type(exc).__name__}: {exc}",
             "backend": config["backend"],
@@ -145,7 +145,7 @@ def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
     by = missing["raised_by"]  # "vllm....MooncakeConnectorWorker" or "import lmcache.x (vllm....)"
     by = "its " + by.split(" (")[0] if by.startswith("import ") else by.rsplit(".", 1)[-1]
     reason = f"{missing['error']} (vLLM's own error, from {by} in vLLM's Python, without a launch: no {packages} there)"
-    return {"config": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
+    return {"variant": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
 
 
 def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
@@ -176,8 +176,8 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
                 ready_s = time.monotonic() - started
                 _one_streamed_request(server.url, model)
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
-        return {"config": name, "status": "skip", "reason": str(exc), "backend": backend}
-    return {"config": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
+        return {"variant": name, "status": "skip", "reason": str(exc), "backend": backend}
+    return {"variant": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -190,7 +190,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def merge_status(parts: list[Path]) -> dict[str, Any]:
     statuses = [json.loads(p.read_text(encoding="utf-8")) for p in parts]
-    return {s["config"]: {k: v for k, v in s.items() if k != "config"} for s in statuses}
+    return {s["variant"]: {k: v for k, v in s.items() if k != "variant"} for s in statuses}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="readiness of one configuration")
     check.add_argument("--config", required=True)
-    check.add_argument("--name", required=True)
+    check.add_argument("--variant", required=True, metavar="NAME")
     check.add_argument("--out", required=True)
     check.add_argument("--log-dir", required=True)
     merge = sub.add_parser("merge", help="merge per-configuration results")
@@ -210,15 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         study = load_study(args.config)
         config = study.raw
         out = Path(args.out)
-        digest = launch_digest(study, args.config, args.name)
+        digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)
         if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
-            print(f"{args.name}: ok (reused: this launch passed preflight with the same settings)")
+            print(f"{args.variant}: ok (reused: this launch passed preflight with the same settings)")
             return 0
         with AncestorWatch():
-            result = check_readiness(args.config, config, args.name, Path(args.log_dir))
+            result = check_readiness(args.config, config, args.variant, Path(args.log_dir))
         write_json(out, {**result, "launch": digest})
-        print(f"{args.name}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
+        print(f"{args.variant}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
     else:
         write_json(Path(args.out), merge_status([Path(p) for p in args.parts]))
     return 0

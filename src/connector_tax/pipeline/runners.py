@@ -119,7 +119,7 @@ class ServerRunner:
             save()
             server.wait_ready(ready_timeout_s(config, variant))
             with LoadGenerator(options) as gen:
-                yield _ServerLaunch(index.config, server, gen, StepLogSplitter(raw))
+                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw))
             available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
             index.step_timing_available, index.step_timing_reason = available, reason
 

@@ -31,8 +31,8 @@ class Skip(Exception):
 class Ctx:
     def __init__(self, agg: dict[str, Any], hyp: dict[str, Any] | None) -> None:
         self.agg, self.hyp = agg, hyp or {}
-        self.configs: list[str] = list(agg.get("configs") or [])
-        self.palette = Palette(self.configs)
+        self.variants: list[str] = list(agg.get("variants") or [])
+        self.palette = Palette(self.variants)
         self.simulated = bool(agg.get("simulated"))
         self.served_by = agg.get("served_by")
         self.ref = agg.get("reference") or {}
@@ -48,10 +48,10 @@ class Ctx:
     def by_config(self, phase: str) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         for r in self.rows(phase):
-            out.setdefault(r["config"], []).append(r)
+            out.setdefault(r["variant"], []).append(r)
         for v in out.values():
             v.sort(key=lambda r: r.get("rate") or 0)
-        return {c: out[c] for c in self.configs if c in out} | {c: v for c, v in out.items() if c not in self.configs}
+        return {c: out[c] for c in self.variants if c in out} | {c: v for c, v in out.items() if c not in self.variants}
 
     def title(self, text: str) -> str:
         return text + (" — SIMULATED" if self.simulated else "")

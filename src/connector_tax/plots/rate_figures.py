@@ -82,7 +82,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
     ax.set_ylabel(f"{label} p90 (ms, log scale) with 95% CI")
     ax.set_title(ctx.title(title))
     ax.grid(True, which="major", alpha=0.3)
-    first = ax.legend(title="config", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    first = ax.legend(title="variant", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     if markers:
         ax.add_artist(first)
         labels = criterion_labels(ctx.saturation)
@@ -131,7 +131,7 @@ def fig3(ctx: Ctx) -> Figure:
     fig = new_figure(8.0, 5.6)
     ax = fig.add_subplot()
     all_x: list[float] = []
-    per_config = ctx.ref.get("per_config") or {}
+    per_config = ctx.ref.get("per_variant") or {}
     for i, (c, rows) in enumerate(data.items()):
         x = [r["rate"] for r in rows]
         y = [r["effective_rps"] for r in rows]
@@ -161,6 +161,6 @@ def fig3(ctx: Ctx) -> Figure:
     ax.set_ylabel("achieved (effective) throughput (req/s, log scale)")
     ax.set_title(ctx.title("Fig. 3: achieved vs requested throughput (Phase A), saturation knees"))
     ax.grid(True, alpha=0.3)
-    ax.legend(title="config", fontsize=8, loc="upper left")
+    ax.legend(title="variant", fontsize=8, loc="upper left")
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig

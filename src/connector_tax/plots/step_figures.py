@@ -21,13 +21,13 @@ def fig6(ctx: Ctx) -> Figure:
     cdf = ctx.agg.get("step_cdf") or {}
     pcts = np.array(cdf.get("percentiles") or [], float) / 100.0
     key = f"{PHASE_A}/r{float(rate):g}" if rate is not None else None
-    lines = {c: (cdf.get("configs") or {}).get(c, {}).get(key) for c in ctx.configs}
+    lines = {c: (cdf.get("variants") or {}).get(c, {}).get(key) for c in ctx.variants}
     lines = {c: v for c, v in lines.items() if v}
     if not lines:
         reasons = sorted(
             {
                 p.get("step_timing_reason") or "no engine_step file"
-                for st in (ctx.agg.get("config_status") or {}).values()
+                for st in (ctx.agg.get("variant_status") or {}).values()
                 for ph, p in (st.get("phases") or {}).items()
                 if ph == PHASE_A and not p.get("step_timing_available")
             }
@@ -47,26 +47,26 @@ def fig6(ctx: Ctx) -> Figure:
     ax.set_ylabel("CDF (fraction of steps)")
     ax.set_title(ctx.title(f"Fig. 6: per-step latency CDF at ref_safe = {float(rate):g} req/s (Phase A)"))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(title="config", fontsize=8, loc="lower right")
+    ax.legend(title="variant", fontsize=8, loc="lower right")
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
 
 def _step_value(entry: dict[str, Any], c: str, key: str) -> dict[str, Any] | None:
-    est = ((entry.get("configs") or {}).get(c) or {}).get(key)
+    est = ((entry.get("variants") or {}).get(c) or {}).get(key)
     return est if est and est.get("value") is not None else None
 
 
 def fig7(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 7")
     safe = taxes["phase_a"].get("ref_safe") or {}
-    with_steps = [c for c in ctx.configs if _step_value(safe, c, "step_p50_us")]
+    with_steps = [c for c in ctx.variants if _step_value(safe, c, "step_p50_us")]
     if not with_steps:
         raise Skip(
             f"no step-time tax at ref_safe={safe.get('rate')} (step timing unavailable for the baseline or "
             "every connector config: figs 6-7 need the engine step log)"
         )
-    if NOOP not in ctx.configs or NOOP not in with_steps:
+    if NOOP not in ctx.variants or NOOP not in with_steps:
         raise Skip(
             f"{NOOP} did not run (or has no step log at ref_safe): framework cost cannot be separated; "
             "the tax is reported as one number per config"

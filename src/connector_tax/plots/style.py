@@ -33,20 +33,20 @@ class Palette:
     gets colour i, in every figure of the study (tab10 up to 10 configs, tab20 up to 20)."""
 
     def __init__(self, configs: list[str]) -> None:
-        self.configs = list(configs)
-        if len(self.configs) <= 9:  # tab10 without its grey (grey marks neutral things: y = x, framework)
+        self.variants = list(configs)
+        if len(self.variants) <= 9:  # tab10 without its grey (grey marks neutral things: y = x, framework)
             cmap = colormaps["tab10"]
             colors = [cmap(i) for i in range(10) if i != 7]
         else:
             cmap = colormaps["tab20"]
             colors = [cmap(i) for i in range(20)]
-        self._colors = {name: colors[i % len(colors)] for i, name in enumerate(self.configs)}
+        self._colors = {name: colors[i % len(colors)] for i, name in enumerate(self.variants)}
 
     def __call__(self, name: str) -> Any:
         if name not in self._colors:  # a config found only in the files: next free colour
-            self.configs.append(name)
+            self.variants.append(name)
             cmap = colormaps["tab20"]
-            self._colors[name] = cmap(len(self.configs) % cmap.N)
+            self._colors[name] = cmap(len(self.variants) % cmap.N)
         return self._colors[name]
 
 

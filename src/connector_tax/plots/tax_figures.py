@@ -28,8 +28,8 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
     taxes = ctx.need_taxes("fig 4")
     safe = taxes["phase_a"].get("ref_safe") or {}
     load = taxes["phase_a"].get("ref_load") or {}
-    names = [c for c in ctx.configs if c in (safe.get("configs") or {}) or c in (load.get("configs") or {})]
-    if not safe.get("configs"):
+    names = [c for c in ctx.variants if c in (safe.get("variants") or {}) or c in (load.get("variants") or {})]
+    if not safe.get("variants"):
         raise Skip(
             "no tax at ref_safe: "
             + (
@@ -37,7 +37,7 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
                 or f"no Phase A cell at ref_safe={safe.get('rate')}"
             )
         )
-    has_load = bool(load.get("configs"))
+    has_load = bool(load.get("variants"))
     if not has_load:
         skipped["fig4_ref_load_bars"] = "no tax at ref_load: " + (
             "; ".join(f"{k}: {v}" for k, v in (load.get("missing") or {}).items())
@@ -55,7 +55,7 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
                 continue
             vals, errs = [], []
             for c in names:
-                v, e = _bar_err(((entry.get("configs") or {}).get(c) or {}).get(metric))
+                v, e = _bar_err(((entry.get("variants") or {}).get(c) or {}).get(metric))
                 vals.append(v)
                 errs.append(e)
             off = (j - 0.5) * width if has_load else 0.0
@@ -101,19 +101,19 @@ def fig4b(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 4b")
     prime = (taxes.get(PHASE_B_PRIME) or {}).get("cells") or {}
     base = (taxes.get(PHASE_B) or {}).get("cells") or {}
-    shared = [s for s in prime if s in base and prime[s]["configs"]]
+    shared = [s for s in prime if s in base and prime[s]["variants"]]
     if not shared:
         raise Skip(
             "no Phase B' taxes (Phase B' did not run: ref_load == ref_safe, or no phase_b_prime cells "
             "for the baseline and another config)"
         )
-    names = [c for c in ctx.configs if any(c in prime[s]["configs"] for s in shared)]
+    names = [c for c in ctx.variants if any(c in prime[s]["variants"] for s in shared)]
     fig = new_figure(4.0 + 2.6 * len(shared), 4.6)
     axes = np.atleast_1d(fig.subplots(1, len(shared), sharey=True))
     x = np.arange(len(names))
     for ax, s in zip(axes, shared):
         for j, (cells, hatch, alpha) in enumerate(((base, None, 0.95), (prime, "//", 0.55))):
-            vals, errs = zip(*[_bar_err(((cells[s]["configs"].get(c)) or {}).get("ttft_p90")) for c in names])
+            vals, errs = zip(*[_bar_err(((cells[s]["variants"].get(c)) or {}).get("ttft_p90")) for c in names])
             ax.bar(
                 x + (j - 0.5) * 0.38,
                 vals,
@@ -158,9 +158,9 @@ def fig5(ctx: Ctx) -> Figure:
     shaped = {k: v for k, v in cells.items() if v.get("input") is not None and v.get("output") is not None}
     names = [
         c
-        for c in ctx.configs
+        for c in ctx.variants
         if c != ctx.baseline
-        and any(((v["configs"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())
+        and any(((v["variants"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())
     ]
     if not names:
         raise Skip(
@@ -173,7 +173,7 @@ def fig5(ctx: Ctx) -> Figure:
     for c in names:
         g = np.full((len(inputs), len(outputs)), np.nan)
         for v in shaped.values():
-            est = (v["configs"].get(c) or {}).get("ttft_p90") or {}
+            est = (v["variants"].get(c) or {}).get("ttft_p90") or {}
             if est.get("value") is not None:
                 g[inputs.index(v["input"]), outputs.index(v["output"])] = est["value"] * 100
         grids[c] = g
@@ -212,7 +212,7 @@ def fig8(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 8")
     safe = taxes["phase_a"].get("ref_safe") or {}
     need = [MOONCAKE_BOTH, LMCACHE_ONLY, MULTI]
-    missing = [c for c in need if c not in (safe.get("configs") or {})]
+    missing = [c for c in need if c not in (safe.get("variants") or {})]
     if missing:
         why = "; ".join(f"{c}: {(safe.get('missing') or {}).get(c) or 'not in the study or skipped'}" for c in missing)
         raise Skip(f"H4 needs {', '.join(need)} at ref_safe; missing {why}")
@@ -220,9 +220,9 @@ def fig8(ctx: Ctx) -> Figure:
     fig = new_figure(9.0, 4.8)
     axes = fig.subplots(1, 2)
     for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
-        mb = safe["configs"][MOONCAKE_BOTH][metric]
-        lm = safe["configs"][LMCACHE_ONLY][metric]
-        mu = safe["configs"][MULTI][metric]
+        mb = safe["variants"][MOONCAKE_BOTH][metric]
+        lm = safe["variants"][LMCACHE_ONLY][metric]
+        mu = safe["variants"][MULTI][metric]
         (v1, e1), (v2, e2), (v3, e3) = _bar_err(mb), _bar_err(lm), _bar_err(mu)
         ax.bar(0, v1, 0.6, yerr=np.array([e1]).T, capsize=3, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2")
         ax.bar(1, v2, 0.6, yerr=np.array([e2]).T, capsize=3, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2")

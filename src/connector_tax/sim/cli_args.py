@@ -38,10 +38,10 @@ FAULT_FLAGS: dict[str, tuple[object, str]] = {
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--connector",
+        "--variant",
         required=True,
         metavar="NAME",
-        help="the config (server variant) of the study to serve, e.g. mooncake_both",
+        help="the variant of the study to serve (a connector plus its overrides), e.g. mooncake_both",
     )
     parser.add_argument("--config", metavar="FILE", help="study config (default: configs/default.yaml)")
     parser.add_argument("--host", help="address to bind (default: the config's server.host, 127.0.0.1)")

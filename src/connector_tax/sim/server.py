@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     cli_faults = {name: getattr(args, name) for name in FAULT_FLAGS if getattr(args, name) is not None}
     try:
         config = load_config(config_path)
-        settings = resolve(config, find_variant(config, args.connector), cli_faults)
+        settings = resolve(config, find_variant(config, args.variant), cli_faults)
     except (ConfigError, ValueError) as exc:
         return _error(str(exc))
     if settings.faults.fail_start:

@@ -1,0 +1,1 @@
+"""The simulated vLLM server: a leaf (engine, API, KV cache, costs, faults, runner); see README.md."""
