@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from connector_tax import resources
 from connector_tax.config import find_variant, load_study, planned_cells
 from connector_tax.contract.fingerprint import cell_settings, launch_settings, sha
-from connector_tax.launch import vllm as launch_vllm
 from connector_tax.pipeline.plan import launch_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def _with_model_root(root: Path) -> None:
 
 def test_every_cells_settings_are_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _with_model_root(tmp_path)
-    monkeypatch.setattr(launch_vllm, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(resources, "workdir", lambda: tmp_path)
     now, then = settings_snapshot(tmp_path), json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     assert sorted(now) == sorted(then), "configs or variants were added or removed: regenerate on purpose"
     changed = [
@@ -73,6 +73,6 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as scratch:
         _with_model_root(Path(scratch))
-        launch_vllm.repo_root = lambda: Path(scratch)  # type: ignore[assignment]
+        resources.workdir = lambda: Path(scratch)  # type: ignore[assignment]
         json.dump(settings_snapshot(Path(scratch)), sys.stdout, indent=1, sort_keys=True)
         print()
