@@ -31,8 +31,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment holding the project's wheel; its dependencies come from the test
     environment's site-packages (a plain path: the checkout's editable hook there is not run)."""
     tmp = tmp_path_factory.mktemp("install")
+    # Built from a copy of what git tracks: a build in the checkout would leave build/ behind.
+    source = tmp / "source"
+    tracked = _run(["git", "ls-files", "-z"], REPO).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file() and not (REPO / name).is_symlink():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     wheels = tmp / "wheels"
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], tmp, 600)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], tmp, 600)
     assert built.returncode == 0, built.stderr[-3000:]
     venv = tmp / "venv"
     assert _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp).returncode == 0
@@ -40,7 +47,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     wheel = next(wheels.glob("connector_tax-*.whl"))
     done = _run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", "-q", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "-q",
+            str(wheel),
+        ],
         tmp,
     )
     assert done.returncode == 0, done.stderr[-3000:]
