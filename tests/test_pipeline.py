@@ -27,6 +27,32 @@ def test_dry_run_builds_the_dag_without_a_gpu(config, tmp_path):
     assert "preflight_config" in result.stdout
 
 
+def test_the_top_level_snakefile_is_the_study_with_its_default_profile(tmp_path):
+    """`snakemake --cores 1 all` in a checkout finds ./Snakefile (which includes workflow/Snakefile)
+    and the default profile (its rerun-incomplete is what lets a killed study resume)."""
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--cores",
+            "1",
+            "all",
+            "--configfile",
+            str(REPO / "configs" / "default.yaml"),
+        ]
+        + ["--directory", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "workflow specific profile profiles/default" in dry.stdout + dry.stderr
+    assert "preflight_config" in dry.stdout and "phase_a_plain" in dry.stdout
+
+
 def test_lint_is_clean():
     result = snakemake("--lint")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -55,7 +55,6 @@ PIPELINE_STEPS = {
         "one configuration's phase: reuse what provably belongs, measure the rest",
     ),
     "reference": ("connector_tax.pipeline.reference", "saturation of Phase A cells, then ref_safe and ref_load"),
-    "analyze": ("connector_tax.pipeline.analyze", "statistics, taxes and verdicts of a study (ctax analyze)"),
     "manifest": ("connector_tax.pipeline.manifest", "MANIFEST.md and MANIFEST.tsv"),
 }
 
@@ -121,12 +120,6 @@ def _pipeline(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(PIPELINE_STEPS[args.step][0])
-    if args.step == "analyze":
-        from connector_tax.pipeline.analyze import add_arguments
-
-        parser = argparse.ArgumentParser(prog="ctax pipeline analyze")
-        add_arguments(parser)
-        return int(module.main(parser.parse_args(args.args)) or 0)
     return int(module.main(args.args) or 0)
 
 
@@ -204,10 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # A rule's `ctax pipeline STEP ...` goes straight to its step: the full parser imports every
-    # subcommand (the analysis pulls in pandas), about a second per job on a loaded machine.
+    # A rule's `ctax pipeline STEP ...` or `ctax analyze ...` goes straight to its step: the full
+    # parser imports every subcommand, about a second per job on a loaded machine.
     if len(argv) >= 2 and argv[0] == "pipeline" and argv[1] in PIPELINE_STEPS:
         return _pipeline(argparse.Namespace(step=argv[1], args=argv[2:]))
+    if argv[:1] == ["analyze"]:
+        from connector_tax.pipeline.analyze import add_arguments
+        from connector_tax.pipeline.analyze import main as analyze
+
+        parser = argparse.ArgumentParser(prog="ctax analyze")
+        add_arguments(parser)
+        return analyze(parser.parse_args(argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -30,7 +30,7 @@ rule analyze:
     conda:
         ENV
     shell:
-        "{params.ctax} pipeline analyze {params.results:q} > {log:q} 2>&1"
+        "{params.ctax} analyze {params.results:q} > {log:q} 2>&1"
         " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
@@ -50,7 +50,7 @@ rule figures:
     conda:
         ENV
     shell:
-        "{params.ctax} pipeline analyze {params.results:q} --figures-only > {log:q} 2>&1"
+        "{params.ctax} analyze {params.results:q} --figures-only > {log:q} 2>&1"
         " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 
@@ -68,7 +68,7 @@ rule report:
     conda:
         ENV
     shell:
-        "{params.ctax} pipeline analyze {params.results:q} --report-only > {log:q} 2>&1"
+        "{params.ctax} analyze {params.results:q} --report-only > {log:q} 2>&1"
         " || {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
 

@@ -66,13 +66,8 @@ def _ci_text(lo: Any, hi: Any) -> str:
     return f" [{_f(lo)}, {_f(hi)}]" if lo is not None and hi is not None else ""
 
 
-def render_report(
-    agg: dict[str, Any],
-    hyp: dict[str, Any],
-    figures: dict[str, list[str]],
-    skipped: dict[str, str],
-    figures_made: bool = True,
-) -> str:
+def _header(agg: dict[str, Any]) -> list[str]:
+    """What served the study, its settings, reference rates and how its numbers were made."""
     L: list[str] = [f"# connector-tax analysis: {agg['study']}", ""]
     served = agg.get("served_by") or f"backend {agg.get('backend')}"
     if agg.get("simulated"):
@@ -115,7 +110,12 @@ def render_report(
         L.append(f"- Note: {note}")
     L += ["", STEP_DEFINITIONS, ""]
 
-    # configs
+    return L
+
+
+def _variants(agg: dict[str, Any]) -> list[str]:
+    """Each variant's preflight, phases and step timing."""
+    L: list[str] = []
     L += ["## Configurations", ""]
     rows = []
     for name in agg["variants"]:
@@ -146,13 +146,24 @@ def render_report(
         )
     L += _table(["variant", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
 
+    return L
+
+
+def _settings(agg: dict[str, Any]) -> list[str]:
+    """The server settings each launch recorded, side by side."""
+    L: list[str] = []
     settings = agg.get("like_for_like") or {}
     if settings:
         keys = sorted({k for row in settings.values() for k in row})
         L += ["## Server settings, as each launch recorded them (like for like)", ""]
         L += _table(["variant"] + keys, [[f"`{n}`"] + [_f(row.get(k)) for k in keys] for n, row in settings.items()])
 
-    # verdicts
+    return L
+
+
+def _verdicts(hyp: dict[str, Any]) -> list[str]:
+    """H1-H6 and the success criteria, with their intervals and caveats."""
+    L: list[str] = []
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
     L += _table(
         ["id", "verdict (design's call)", "95% interval", "why"],
@@ -179,7 +190,13 @@ def render_report(
             L.append(f"- {h['id']} caveat: {c}")
     L.append("")
 
-    # Phase A
+    return L
+
+
+def _phase_a(agg: dict[str, Any]) -> list[str]:
+    """The rate sweep's cells and each variant's saturation rate."""
+    L: list[str] = []
+    ref = agg.get("reference") or {}
     pa = [r for r in agg["rows"] if r["phase"] == PHASE_A]
     if pa:
         L += [
@@ -231,6 +248,12 @@ def render_report(
             ],
         )
 
+    return L
+
+
+def _taxes(agg: dict[str, Any]) -> list[str]:
+    """The taxes at the reference rates, their queueing amplification, and Phase B / B'."""
+    L: list[str] = []
     taxes = agg.get("taxes")
     if taxes:
         L += [
@@ -307,6 +330,12 @@ def render_report(
                 ],
             )
 
+    return L
+
+
+def _figures(figures: dict[str, list[str]], skipped: dict[str, str], figures_made: bool) -> list[str]:
+    """Links to the figures drawn, and why the others were not."""
+    L: list[str] = []
     L += ["## Figures", ""]
     if not figures_made:
         L += ["Figures were not requested in this run (`--figures` not given).", ""]
@@ -318,6 +347,12 @@ def render_report(
         L += ["", "Skipped figures (data missing; never drawn empty):", ""]
         L += [f"- **{name}**: {reason}" for name, reason in sorted(skipped.items())]
     L.append("")
+    return L
+
+
+def _flags(agg: dict[str, Any]) -> list[str]:
+    """Cells flagged, not analysed, pruned or ignored, and missing artifacts."""
+    L: list[str] = []
     notes = [
         f"{r['variant']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")
     ]
@@ -357,4 +392,25 @@ def render_report(
     art = agg.get("artifacts") or {}
     if art.get("missing"):
         L += ["## Missing artifacts", ""] + [f"- {x}" for x in art["missing"]] + [""]
-    return "\n".join(L)
+    return L
+
+
+def render_report(
+    agg: dict[str, Any],
+    hyp: dict[str, Any],
+    figures: dict[str, list[str]],
+    skipped: dict[str, str],
+    figures_made: bool = True,
+) -> str:
+    """report.md, section by section."""
+    sections = (
+        _header(agg),
+        _variants(agg),
+        _settings(agg),
+        _verdicts(hyp),
+        _phase_a(agg),
+        _taxes(agg),
+        _figures(figures, skipped, figures_made),
+        _flags(agg),
+    )
+    return "\n".join(line for section in sections for line in section)

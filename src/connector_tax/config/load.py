@@ -17,19 +17,18 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from connector_tax import resources
 from connector_tax.config.checks import check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
 from connector_tax.config.study import Saturation, StudyConfig
 
-_REPO = Path(__file__).resolve().parents[3]
-
 
 def schema_path() -> Path:
-    return _REPO / "workflow" / "schemas" / "config.schema.yaml"
+    return resources.path("workflow/schemas/config.schema.yaml")
 
 
 def default_config_path() -> Path:
-    return _REPO / "configs" / "default.yaml"
+    return resources.path("configs/default.yaml")
 
 
 def _extend_with_default(cls: type) -> type:

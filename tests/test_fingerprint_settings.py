@@ -1,0 +1,78 @@
+"""Every cell of every shipped config keeps the settings behind its fingerprint across a refactor.
+
+tests/data/fingerprint_settings.json holds, per config and variant, the hash of the launch
+settings (without the argv and the server's versions, facts of the host), the launch argv with
+host paths replaced, and the hash of each planned cell's settings (Phase B at fixed reference
+rates). A change of what a cell measures must show here, and be made on purpose: regenerate with
+`python tests/test_fingerprint_settings.py > tests/data/fingerprint_settings.json` and say why in
+the commit. History: the simulator's argv changed once, `--connector` -> `--variant` (the
+vocabulary of issue 24); nothing else did.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector_tax import resources
+from connector_tax.config import find_variant, load_study, planned_cells
+from connector_tax.contract.fingerprint import cell_settings, launch_settings, sha
+from connector_tax.pipeline.plan import launch_argv
+
+REPO = Path(__file__).resolve().parents[1]
+SNAPSHOT = REPO / "tests" / "data" / "fingerprint_settings.json"
+
+
+def settings_snapshot(root: Path) -> dict[str, Any]:
+    """`root` stands for the repository in paths (a local model folder lives under it)."""
+    out: dict[str, Any] = {}
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        study = load_study(path)
+        config = study.raw
+        rates = sorted(study.workload.phase_a.rates)
+        reference = {"ref_safe": rates[len(rates) // 2], "ref_load": rates[-1]}
+        for name in study.names:
+            variant = find_variant(config, name)
+            argv = [a.replace(str(root), "<repo>") for a in launch_argv(str(path), config, variant, 8000)]
+            if argv and argv[0].endswith("/vllm"):
+                argv[0] = "<vllm>"  # where vLLM is installed is the host's
+            entry: dict[str, Any] = {"launch": sha(launch_settings(config, variant, [], {})), "argv": argv}
+            for phase in ("phase_a", "phase_b"):
+                for cell in planned_cells(study, name, phase, reference):
+                    entry[cell.key] = sha(cell_settings(config, cell))
+            out[f"{path.name}:{name}"] = entry
+    return out
+
+
+def _with_model_root(root: Path) -> None:
+    """Local models (configs/vllm-cpu-tiny.yaml) must exist to be planned: a stand-in folder."""
+    (root / "results" / "models" / "tiny-llama").mkdir(parents=True, exist_ok=True)
+    (root / "results" / "models" / "tiny-llama" / "config.json").write_text("{}")
+
+
+def test_every_cells_settings_are_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_model_root(tmp_path)
+    monkeypatch.setattr(resources, "workdir", lambda: tmp_path)
+    now, then = settings_snapshot(tmp_path), json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    assert sorted(now) == sorted(then), "configs or variants were added or removed: regenerate on purpose"
+    changed = [
+        f"{key}: {field}"
+        for key in then
+        for field in set(then[key]) | set(now[key])
+        if then[key].get(field) != now[key].get(field)
+    ]
+    assert not changed, f"{len(changed)} settings behind fingerprints changed, e.g. {changed[:5]}"
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        _with_model_root(Path(scratch))
+        resources.workdir = lambda: Path(scratch)  # type: ignore[assignment]
+        json.dump(settings_snapshot(Path(scratch)), sys.stdout, indent=1, sort_keys=True)
+        print()
