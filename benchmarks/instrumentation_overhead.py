@@ -11,7 +11,7 @@ and save_kv_layer on 2 layers, wait_for_save, get_transfer_results, clear), writ
 records to a temporary file. The difference per step is the instrumentation's cost, for several
 batch sizes (the split loops over the batch).
 
-Real (--real, benchmarks/overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
+Real (--real, benchmarks/_overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
 model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), three servers side by
 side, one instrumented and two not, each seeded prompt sent to all three back to back in a
 rotating order: the A/B difference and the A/A one (two identical launches) in one sitting.
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,64,256", help="running requests per step")
     parser.add_argument("--step-ms", type=float, default=20.0, help="a typical real step, for the %% column")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
+    parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/_overhead_real.py)")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
     args = parser.parse_args(argv)
     if args.real:
-        from overhead_real import run_real
+        from _overhead_real import run_real
 
         return run_real(args)
     batches = [int(b) for b in args.batches.split(",")]

@@ -4,7 +4,7 @@
         [--competitor-venv /tmp/bench-venv]   # a venv with `pip install 'guidellm[perf]'`
 
 The issue's capacity bar: the highest streaming request rate each client sustains against
-benchmarks/sse_null_server.py on loopback (64-token streams, answered at once in one write),
+benchmarks/_sse_null_server.py on loopback (64-token streams, answered at once in one write),
 and the SSE events per second at that rate; ours should reach >= 3x the best competitor.
 
 Each repeat steps the requested rate upward for every client in turn (ours with 1 worker, ours
@@ -50,20 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _bench_guidellm import PROMPT_TOKENS, find_competitor, run_guidellm
+from _bench_procs import MODEL, CpuMonitor, NullServer, kill_all, kill_tree, on_signal, spawn
+from _capacity import Ctx, cell_line, saturated, source_state, summarize
 
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_procs import MODEL, _on_signal  # noqa: E402
-
 OURS_RATES = "100,200,400,600,800,1000,1200,1600,2000,2400,3200,4000"
 COMPETITOR_RATES = "50,100,150,200,250,300,400,600,800,1200,1600"
-
-# The peers and soak benchmarks use these as cap.*.
-from bench_guidellm import PROMPT_TOKENS, TOKENIZER_SCRIPT, _pct, find_competitor, run_guidellm  # noqa: E402,F401
-from bench_procs import CpuMonitor, NullServer, kill_all, kill_tree, spawn  # noqa: E402,F401
-from capacity_report import _cell_line, _saturated, source_state, summarize  # noqa: E402,F401
 
 
 # -- one cell of ours -------------------------------------------------------------------------
@@ -167,17 +161,6 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
 
 
 # -- sweeps ---------------------------------------------------------------------------------
-class Ctx:
-    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
-        self.args = args
-        self.tmp = tmp
-        self.events_per_stream = args.tokens + 2  # token chunks + usage chunk + [DONE]
-        self.server: NullServer
-        self.competitor_bin: Path | None = None
-        self.repeat = 0
-        self.deadline = time.monotonic() + args.budget_min * 60
-
-
 def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     fails = 0
@@ -188,13 +171,13 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
             print(f"  {name}: {note}", flush=True)
             break
         cell = run(rate)
-        print("  " + _cell_line(cell), flush=True)
+        print("  " + cell_line(cell), flush=True)
         tries = [cell]
         # The machine is shared: one retry, so that a burst of someone else's load does not end
         # a sweep. Both clients get it alike; every try is kept in the JSON.
         while not cell["passed"] and len(tries) <= ctx.args.retries and time.monotonic() < ctx.deadline:
             cell = run(rate)
-            print("  " + _cell_line(cell) + "  (retry)", flush=True)
+            print("  " + cell_line(cell) + "  (retry)", flush=True)
             tries.append(cell)
         if len(tries) > 1:
             cell = dict(
@@ -217,7 +200,7 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
         "first_failure": {"rate": first_fail["rate"], "reason": first_fail["reason"], "cpu": first_fail["cpu"]}
         if first_fail
         else None,
-        "saturated_at_first_failure": _saturated(first_fail) if first_fail else None,
+        "saturated_at_first_failure": saturated(first_fail) if first_fail else None,
         "note": note,
         "cells": cells,
     }
@@ -265,8 +248,8 @@ def main() -> int:
     p.add_argument("--budget-min", type=float, default=40.0, help="overall time budget")
     args = p.parse_args()
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
     atexit.register(kill_all)
 
     ours_rates = [float(x) for x in args.rates.split(",") if x.strip()]

@@ -5,7 +5,7 @@ max throughput; and a memory soak.
         [--seconds 30] [--only capacity,lateness,ttft,max] [--out /tmp/loadgen_peers.json]
 (the 10-minute memory soak at 1,000 req/s is benchmarks/loadgen_soak.py, on the same server)
 
-The server is benchmarks/sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
+The server is benchmarks/_sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
 token per chunk every 1 ms, its own write-time log), pinned to CPU 0 — where ctax's plan puts a
 server on this 2-core machine. Clients: ctax (`ctax bench`, defaults), `vllm bench serve` from
 the vLLM CPU build's venv (run through its Python module: the `vllm` script needs the
@@ -41,17 +41,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
-from peer_clients import (  # noqa: E402
-    TOKENS,
-    BenchServer,
-    find_peers,
-    run_ctax,
-    run_guidellm,
-    run_vllm,
-)
+from _bench_guidellm import pct
+from _bench_procs import CpuMonitor, kill_all, on_signal
+from _peer_clients import TOKENS, BenchServer, find_peers, run_ctax, run_guidellm, run_vllm
 
 HERE = Path(__file__).resolve().parent
 
@@ -143,7 +135,7 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         res[n] = {"capacity_rps": 0.0, "cells": []}
     for rate in a.rates:
         for name in [n for n in clients if n in alive]:
-            mon = cap.CpuMonitor({"server": ctx.server.proc.pid}).start()
+            mon = CpuMonitor({"server": ctx.server.proc.pid}).start()
             passed, why = clients[name](rate)
             cpu = mon.stop()
             why += (
@@ -188,7 +180,7 @@ def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
         late = g.get("lateness_us") or []
         res[str(rate)] = {
             "ctax": {k: lat.get(k) for k in ("p50", "p99", "max")} if lat else r.get("error"),
-            "guidellm": {"p50": cap._pct(late, 50), "p99": cap._pct(late, 99), "max": late[-1] if late else None}
+            "guidellm": {"p50": pct(late, 50), "p99": pct(late, 99), "max": late[-1] if late else None}
             if late
             else g.get("error", "none"),
             "vllm bench serve": "not recorded (no scheduled times)",
@@ -226,7 +218,7 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
             excess.append((rec["t_first_token_ns"] - e["t_first_write_ns"]) / 1e3)
     excess.sort()
     res: dict[str, Any] = {
-        "ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99), "paired": True}
+        "ctax": {"n": len(excess), "median_us": pct(excess, 50), "p99_us": pct(excess, 99), "paired": True}
     }
     done = set(served)
 
@@ -362,8 +354,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
     a = p.parse_args()
     a.rates = [float(x) for x in a.rates.split(",")]
-    signal.signal(signal.SIGTERM, cap._on_signal)
-    atexit.register(cap.kill_all)
+    signal.signal(signal.SIGTERM, on_signal)
+    atexit.register(kill_all)
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
@@ -371,7 +363,7 @@ def main() -> int:
         print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
         print(
-            f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
+            f"server: {ctx.server.url} (benchmarks/_sse_bench_server.py, CPU {a.server_cpu or [0]}); "
             f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}",
             flush=True,
         )
@@ -383,7 +375,7 @@ def main() -> int:
                     report[part] = fn(ctx)
         finally:
             ctx.server.close()
-            cap.kill_all()
+            kill_all()
     report["load_average_end"] = os.getloadavg()
     a.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(table(report))

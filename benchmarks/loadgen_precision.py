@@ -4,7 +4,7 @@
 
 * Send precision: |t_send - t_scheduled| p50/p99/max at 100 and 1,000 req/s Poisson while
   streaming 64-token responses (bars: p99 <= 100 us and <= 1 ms), against the near-zero-cost
-  SSE server (benchmarks/sse_null_server.py), so the server's CPU does not compete.
+  SSE server (benchmarks/_sse_null_server.py), so the server's CPU does not compete.
 * Fidelity: measured TTFT minus the server's own (the simulator's --request-log first-token
   time, joined by request id) at 32 req/s with 256-token streams (bars: median <= 200 us,
   p99 <= 1 ms).
@@ -74,7 +74,7 @@ def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subp
 def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     pin = [arg for cpu in cpus for arg in ("--cpu", str(cpu))]
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0", *pin],
+        [sys.executable, str(REPO / "benchmarks" / "_sse_null_server.py"), "--port", "0", *pin],
         stdout=subprocess.PIPE,
         text=True,
     )

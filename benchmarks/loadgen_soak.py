@@ -21,10 +21,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_capacity as cap  # noqa: E402
-from loadgen_peers import MODEL, TOKENS, BenchServer  # noqa: E402
+from _bench_procs import kill_all, spawn
+from _peer_clients import MODEL, TOKENS, BenchServer
 
 
 def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
@@ -54,7 +52,7 @@ def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
         "--out",
         str(out),
     ]
-    proc = cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
     while proc.poll() is None:
@@ -99,7 +97,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_soak.json"))
     a = p.parse_args()
-    atexit.register(cap.kill_all)
+    atexit.register(kill_all)
     with tempfile.TemporaryDirectory(prefix="loadgen-soak-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp))
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", [0])

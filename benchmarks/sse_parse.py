@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sse_null_server import Responses  # noqa: E402
+from _sse_null_server import Responses  # noqa: E402
 
 from connector_tax.loadgen.http import HttpConnection, Response  # noqa: E402
 from connector_tax.loadgen.sse import SSEReader  # noqa: E402
