@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _bench_procs import MODEL, CpuMonitor, kill_tree, spawn
+from _common import pct
 
 if TYPE_CHECKING:
     from _capacity import Ctx
@@ -120,12 +120,6 @@ def run_guidellm(ctx: Ctx, rate: float, procs: int | None) -> dict[str, Any]:
         requests_made=sm["requests_made"],
     )
     return cell
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return round(xs[min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1)], 1)
 
 
 # -- competitor setup -----------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server,
-RSS of the load generator's processes sampled every 5 s, growth after the first minute printed.
+"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server.
 
-    python benchmarks/loadgen_soak.py [--seconds 600] [--out /tmp/loadgen_soak.json]
+The RSS of the load generator's processes is sampled every 5 s; its growth after the first
+minute is printed.
+
+    ctax benchmark loadgen_soak [--seconds 600] [--json /tmp/loadgen_soak.json]
 
 The bar (issue 13): RSS growth <= 10 % over the soak. The cell's own summary says how big its
 bounded summary state ended (`summary_state_bytes`) and whether it kept up (`counts`, validity).
@@ -9,7 +11,6 @@ bounded summary state ended (`summary_state_bytes`) and whether it kept up (`cou
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 import psutil
 from _bench_procs import kill_all, spawn
+from _common import parser, write_json
 from _peer_clients import MODEL, TOKENS, BenchServer
 
 
@@ -92,11 +94,11 @@ def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
     return res
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=600.0)
-    p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_soak.json"))
-    a = p.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(
+        __file__, __doc__, json_default="/tmp/loadgen_soak.json", seconds=600.0, seconds_help="the soak's length"
+    )
+    a = p.parse_args(argv)
     atexit.register(kill_all)
     with tempfile.TemporaryDirectory(prefix="loadgen-soak-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp))
@@ -105,7 +107,7 @@ def main() -> int:
             report = soak(ctx, a.seconds)
         finally:
             ctx.server.close()
-    a.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(a.json, report)
     return 0
 
 
