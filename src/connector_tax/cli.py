@@ -130,6 +130,12 @@ def _pipeline(args: argparse.Namespace) -> int:
     return int(module.main(args.args) or 0)
 
 
+def _benchmark(args: argparse.Namespace) -> int:
+    from connector_tax.benchmark import main
+
+    return main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -199,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("step", choices=list(PIPELINE_STEPS), metavar="STEP")
     pipeline.add_argument("args", nargs=argparse.REMAINDER, help="the step's own arguments (ctax pipeline STEP --help)")
     pipeline.set_defaults(func=_pipeline)
+
+    # Listed here for `ctax --help`; main() hands `ctax benchmark ...` over whole (--list, a
+    # benchmark's own --help), which argparse's REMAINDER does not when an option comes first.
+    benchmark = sub.add_parser("benchmark", help="run one of the project's benchmarks (ctax benchmark --list)")
+    benchmark.add_argument("args", nargs=argparse.REMAINDER, help="NAME and its arguments, or --list")
+    benchmark.set_defaults(func=_benchmark)
     return parser
 
 
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     # subcommand (the analysis pulls in pandas), about a second per job on a loaded machine.
     if len(argv) >= 2 and argv[0] == "pipeline" and argv[1] in PIPELINE_STEPS:
         return _pipeline(argparse.Namespace(step=argv[1], args=argv[2:]))
+    if argv[:1] == ["benchmark"]:
+        return _benchmark(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
