@@ -5,16 +5,15 @@ preflight, run.json, summaries, metrics; then large request and step logs writte
 pandas and sealed as the pipeline seals a cell), runs `analyze(results_dir, make_figures)` in a child process, and prints the
 child's wall time and peak RSS (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss).
 
-    python benchmarks/analysis_scale.py                 # temp dir, removed afterwards
-    python benchmarks/analysis_scale.py --dir /tmp/big  # keep the data (re-used when present)
-    python benchmarks/analysis_scale.py --requests 100000 --steps 1000000   # smaller
+    ctax benchmark analysis_scale                 # temp dir, removed afterwards
+    ctax benchmark analysis_scale --dir /tmp/big  # keep the data (re-used when present)
+    ctax benchmark analysis_scale --requests 100000 --steps 1000000   # smaller
 
 Exit status 1 when a budget is exceeded.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -26,12 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _common import REPO, parser, positive_int, write_json
 
 from connector_tax.analysis.layout import load_study
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import seal_cell
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test-data generator lives with the tests
+sys.path.insert(0, str(REPO / "tests"))  # the test-data generator lives with the tests
 from synthetic_study import SyntheticSpec, write_study  # noqa: E402
 
 BUDGET_S = 60.0
@@ -154,10 +154,14 @@ def run_child(root: Path, figures: bool) -> tuple[float, float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__file__, __doc__)
     p.add_argument("--dir", type=Path, help="study folder to generate into / re-use (default: a temp dir, removed)")
-    p.add_argument("--requests", type=int, default=1_000_000)
-    p.add_argument("--steps", type=int, default=10_000_000)
+    p.add_argument(
+        "--requests", type=positive_int, default=1_000_000, metavar="N", help="request records (default 1,000,000)"
+    )
+    p.add_argument(
+        "--steps", type=positive_int, default=10_000_000, metavar="N", help="engine-step records (default 10,000,000)"
+    )
     p.add_argument("--no-figures", action="store_true", help="analysis only, no figures")
     args = p.parse_args(argv)
     tmp = None
@@ -192,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         ok = wall <= BUDGET_S and rss_gib <= BUDGET_RSS_GIB
         print("PASS" if ok else "FAIL")
+        write_json(
+            args.json,
+            {
+                "records": sizes,
+                "raw_jsonl_gib": round(size_gib, 3),
+                "figures": not args.no_figures,
+                "wall_s": round(wall, 2),
+                "peak_rss_gib": round(rss_gib, 3),
+                "budget": {"wall_s": BUDGET_S, "peak_rss_gib": BUDGET_RSS_GIB},
+                "passed": ok,
+                "analysis_child": json.loads(child),
+            },
+        )
         return 0 if ok else 1
     finally:
         if tmp is not None:

@@ -1,6 +1,6 @@
 """What a halted CPU costs a write that wakes a process on it, with and without the hold.
 
-    python benchmarks/cpu_wakeup.py [--rounds 3000] [--repeats 2]
+    ctax benchmark cpu_wakeup [--rounds 3000] [--repeats 2] [--json FILE]
 
 Two processes pinned to different CPUs play ping-pong over pipes; before every round the
 sender sleeps 2 ms so that the other CPU goes idle, as it does between a load generator's
@@ -11,11 +11,12 @@ generator does (connector_tax.loadgen.cpu_latency); the variants alternate, repe
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import time
 
 import numpy as np
+from _common import parser, positive_int, write_json
 
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 
@@ -50,27 +51,46 @@ def ping_pong(rounds: int, cpus: tuple[int, int]) -> tuple[np.ndarray, np.ndarra
     return write_us, round_us
 
 
-def line(values: np.ndarray) -> str:
+def quantiles(values: np.ndarray) -> dict[str, float]:
     p50, p99 = np.percentile(values, [50, 99])
-    return f"p50 {p50:.1f} p99 {p99:.1f} max {values.max():.0f} us"
+    return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(values.max()), 1)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+def line(q: dict[str, float]) -> str:
+    return f"p50 {q['p50']:.1f} p99 {q['p99']:.1f} max {q['max']:.0f} us"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__, repeats=2, repeats_help="rounds of both variants, alternating which goes first")
+    p.add_argument(
+        "--rounds", type=positive_int, default=3000, metavar="N", help="ping-pongs per variant (default 3000)"
+    )
+    args = p.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
-        raise SystemExit("needs two CPUs")
+        print(f"{p.prog}: needs two CPUs, this process may use {len(allowed)}", file=sys.stderr)
+        return 2
     cpus = (allowed[0], allowed[1])
+    rows = []
     for rep in range(args.repeats):
         for max_us in (None, 0) if rep % 2 == 0 else (0, None):
             with CpuLatencyHold(max_us) as state:
                 write_us, round_us = ping_pong(args.rounds, cpus)
             name = "not held" if max_us is None else "held" if state.held else state.detail
-            print(f"repeat {rep} [{name}]: write {line(write_us)} | round trip {line(round_us)}", flush=True)
+            row = {
+                "repeat": rep,
+                "variant": name,
+                "write_us": quantiles(write_us),
+                "round_trip_us": quantiles(round_us),
+            }
+            rows.append(row)
+            print(
+                f"repeat {rep} [{name}]: write {line(row['write_us'])} | round trip {line(row['round_trip_us'])}",
+                flush=True,
+            )
+    write_json(args.json, {"cpus": list(cpus), "rounds": args.rounds, "runs": rows})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """The step-timing instrumentation's own cost per engine step (patches/).
 
-    python benchmarks/instrumentation_overhead.py [--steps 20000] [--repeat 7] [--json]
-    python benchmarks/instrumentation_overhead.py --real [--rounds 8] [--requests 12] [--no-freeze] [--control] [--json]
+    ctax benchmark instrumentation_overhead [--steps 20000] [--repeats 7] [--json FILE]
+    ctax benchmark instrumentation_overhead --real [--rounds 8] [--requests 12] [--no-freeze] [--control] [--json FILE]
 
 Fakes (default): an engine step of fakes that do no work of their own is timed twice: plain,
 and with exactly the wrappers vLLM's processes get (EngineCore.step_fn, Scheduler.schedule with
@@ -11,7 +11,7 @@ and save_kv_layer on 2 layers, wait_for_save, get_transfer_results, clear), writ
 records to a temporary file. The difference per step is the instrumentation's cost, for several
 batch sizes (the split loops over the batch).
 
-Real (--real, benchmarks/overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
+Real (--real, benchmarks/_overhead_real.py): vLLM's CPU build serving the tiny dummy-weight
 model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), three servers side by
 side, one instrumented and two not, each seeded prompt sent to all three back to back in a
 rotating order: the A/B difference and the A/A one (two identical launches) in one sitting.
@@ -20,7 +20,6 @@ The design's budget is 1% of a step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import REPO, comma_list, parser, positive_float, positive_int, write_json
 
+sys.path.insert(0, str(REPO))  # patches/ is imported by dotted path from the repository root
 from patches import step_timing  # noqa: E402
 
 
@@ -160,52 +160,53 @@ def measure(batch: int, steps: int, repeat: int, folder: Path) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20000, help="steps per timing run")
-    parser.add_argument("--repeat", type=int, default=7, help="timing runs per variant")
-    parser.add_argument("--batches", default="1,64,256", help="running requests per step")
-    parser.add_argument("--step-ms", type=float, default=20.0, help="a typical real step, for the %% column")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/overhead_real.py)")
-    parser.add_argument(
+    p = parser(__file__, __doc__, repeats=7, repeats_help="timing runs per variant, interleaved")
+    p.add_argument("--steps", type=positive_int, default=20000, metavar="N", help="steps per timing run")
+    p.add_argument(
+        "--batches",
+        type=comma_list(positive_int, "whole numbers of 1 or more"),
+        default="1,64,256",
+        help="running requests per step",
+    )
+    p.add_argument(
+        "--step-ms", type=positive_float, default=20.0, metavar="MS", help="a typical real step, for the %% column"
+    )
+    p.add_argument("--real", action="store_true", help="on vLLM's CPU build (benchmarks/_overhead_real.py)")
+    p.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=8,
         help="--real: rounds of --requests prompts (each prompt: one request per server)",
     )
-    parser.add_argument("--requests", type=int, default=12, help="--real: requests per round")
-    parser.add_argument("--output-len", type=int, default=64, help="--real: tokens per request")
-    parser.add_argument(
+    p.add_argument("--requests", type=positive_int, default=12, help="--real: requests per round")
+    p.add_argument("--output-len", type=positive_int, default=64, help="--real: tokens per request")
+    p.add_argument(
         "--control",
         action="store_true",
         help="--real: no server instrumented (every difference is the set-up's own)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--no-freeze",
         dest="freeze",
         action="store_false",
         help="--real: leave idle servers running while another serves (they then compete for its core)",
     )
-    parser.add_argument(
+    p.add_argument(
         "--launch-rotation",
         type=int,
         default=0,
         help="--real: launch order plain, plain2, instrumented rotated by this many places",
     )
-    parser.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
-    args = parser.parse_args(argv)
+    p.add_argument("--model-dir", default="results/models/tiny-llama", help="--real: tools/tiny_model.py folder")
+    args = p.parse_args(argv)
     if args.real:
-        from overhead_real import run_real
+        from _overhead_real import run_real
 
         return run_real(args)
-    batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        results = [measure(b, args.steps, args.repeat, Path(tmp)) for b in batches]
+        results = [measure(b, args.steps, args.repeats, Path(tmp)) for b in args.batches]
     for r in results:
         r["percent_of_typical_step"] = round(100 * r["overhead_us_per_step"] / (args.step_ms * 1000), 4)
-    if args.json:
-        print(json.dumps({"step_ms": args.step_ms, "results": results}, indent=2))
-        return 0
     print(
         f"{'batch':>6} {'plain us':>10} {'instrumented us':>16} {'overhead us':>12} "
         f"{'% of ' + format(args.step_ms, 'g') + ' ms step':>16}"
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['batch']:>6} {r['plain_us_per_step']:>10.2f} {r['instrumented_us_per_step']:>16.2f} "
             f"{r['overhead_us_per_step']:>12.2f} {r['percent_of_typical_step']:>16.4f}"
         )
+    write_json(args.json, {"step_ms": args.step_ms, "steps": args.steps, "repeats": args.repeats, "batches": results})
     return 0
 
 

@@ -1,10 +1,10 @@
 """Capacity of the load generator against a near-zero-cost SSE server, side by side with guidellm.
 
-    python benchmarks/loadgen_capacity.py [--repeats 3] [--seconds 5] [--out /tmp/loadgen_capacity.json]
+    ctax benchmark loadgen_capacity [--repeats 3] [--seconds 5] [--json /tmp/loadgen_capacity.json]
         [--competitor-venv /tmp/bench-venv]   # a venv with `pip install 'guidellm[perf]'`
 
 The issue's capacity bar: the highest streaming request rate each client sustains against
-benchmarks/sse_null_server.py on loopback (64-token streams, answered at once in one write),
+benchmarks/_sse_null_server.py on loopback (64-token streams, answered at once in one write),
 and the SSE events per second at that rate; ours should reach >= 3x the best competitor.
 
 Each repeat steps the requested rate upward for every client in turn (ours with 1 worker, ours
@@ -37,7 +37,6 @@ on any exit.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import signal
@@ -50,20 +49,17 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _bench_guidellm import PROMPT_TOKENS, find_competitor, run_guidellm
+from _bench_procs import MODEL, CpuMonitor, NullServer, kill_all, kill_tree, on_signal, spawn
+from _capacity import Ctx, cell_line, saturated, source_state, summarize
+from _common import comma_list, parser, positive_float, positive_int, write_json
 
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_procs import MODEL, _on_signal  # noqa: E402
-
+RATES = comma_list(positive_float, "rates above 0")
+COUNTS = comma_list(positive_int, "whole numbers of 1 or more")
 OURS_RATES = "100,200,400,600,800,1000,1200,1600,2000,2400,3200,4000"
 COMPETITOR_RATES = "50,100,150,200,250,300,400,600,800,1200,1600"
-
-# The peers and soak benchmarks use these as cap.*.
-from bench_guidellm import PROMPT_TOKENS, TOKENIZER_SCRIPT, _pct, find_competitor, run_guidellm  # noqa: E402,F401
-from bench_procs import CpuMonitor, NullServer, kill_all, kill_tree, spawn  # noqa: E402,F401
-from capacity_report import _cell_line, _saturated, source_state, summarize  # noqa: E402,F401
 
 
 # -- one cell of ours -------------------------------------------------------------------------
@@ -167,17 +163,6 @@ def run_ours(ctx: Ctx, rate: float, workers: int) -> dict[str, Any]:
 
 
 # -- sweeps ---------------------------------------------------------------------------------
-class Ctx:
-    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
-        self.args = args
-        self.tmp = tmp
-        self.events_per_stream = args.tokens + 2  # token chunks + usage chunk + [DONE]
-        self.server: NullServer
-        self.competitor_bin: Path | None = None
-        self.repeat = 0
-        self.deadline = time.monotonic() + args.budget_min * 60
-
-
 def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     fails = 0
@@ -188,13 +173,13 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
             print(f"  {name}: {note}", flush=True)
             break
         cell = run(rate)
-        print("  " + _cell_line(cell), flush=True)
+        print("  " + cell_line(cell), flush=True)
         tries = [cell]
         # The machine is shared: one retry, so that a burst of someone else's load does not end
         # a sweep. Both clients get it alike; every try is kept in the JSON.
         while not cell["passed"] and len(tries) <= ctx.args.retries and time.monotonic() < ctx.deadline:
             cell = run(rate)
-            print("  " + _cell_line(cell) + "  (retry)", flush=True)
+            print("  " + cell_line(cell) + "  (retry)", flush=True)
             tries.append(cell)
         if len(tries) > 1:
             cell = dict(
@@ -217,27 +202,24 @@ def sweep(ctx: Ctx, name: str, rates: list[float], run: Callable[[float], dict[s
         "first_failure": {"rate": first_fail["rate"], "reason": first_fail["reason"], "cpu": first_fail["cpu"]}
         if first_fail
         else None,
-        "saturated_at_first_failure": _saturated(first_fail) if first_fail else None,
+        "saturated_at_first_failure": saturated(first_fail) if first_fail else None,
         "note": note,
         "cells": cells,
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_capacity.json"))
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__, json_default="/tmp/loadgen_capacity.json", repeats=3, seconds=5.0)
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell (excluded)")
-    p.add_argument("--tokens", type=int, default=64, help="tokens (SSE chunks) per stream")
+    p.add_argument("--tokens", type=positive_int, default=64, help="tokens (SSE chunks) per stream")
     p.add_argument(
         "--arrival",
         choices=["fixed", "poisson"],
         default="fixed",
         help="fixed (ours) / constant (guidellm), or poisson for both",
     )
-    p.add_argument("--rates", default=OURS_RATES, help="our rate steps (req/s)")
-    p.add_argument("--workers", default="1,2", help="our worker counts to measure")
+    p.add_argument("--rates", type=RATES, default=OURS_RATES, help="our rate steps (req/s)")
+    p.add_argument("--workers", type=COUNTS, default="1,2", help="our worker counts to measure")
     p.add_argument("--no-affinity", action="store_true", help="run ours without CPU pinning")
     p.add_argument("--lateness-p99-us", type=float, default=1000.0)
     p.add_argument(
@@ -248,9 +230,10 @@ def main() -> int:
         "holds it by default), or leave it alone",
     )
     p.add_argument("--competitor-venv", default="/tmp/bench-venv")
-    p.add_argument("--competitor-rates", default=COMPETITOR_RATES)
+    p.add_argument("--competitor-rates", type=RATES, default=COMPETITOR_RATES)
     p.add_argument(
         "--competitor-procs",
+        type=comma_list(int, "whole numbers"),
         default="0",
         help="guidellm worker-process counts to try (0 = its default); best one counts",
     )
@@ -263,16 +246,14 @@ def main() -> int:
     p.add_argument("--stop-after-failures", type=int, default=2, help="rates in a row that fail end a sweep")
     p.add_argument("--retries", type=int, default=1, help="re-runs of a failing cell before it counts as failed")
     p.add_argument("--budget-min", type=float, default=40.0, help="overall time budget")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
     atexit.register(kill_all)
 
-    ours_rates = [float(x) for x in args.rates.split(",") if x.strip()]
-    comp_rates = [float(x) for x in args.competitor_rates.split(",") if x.strip()]
-    worker_counts = [int(x) for x in args.workers.split(",") if x.strip()]
-    comp_procs = [int(x) for x in args.competitor_procs.split(",") if x.strip()]
+    ours_rates, comp_rates = args.rates, args.competitor_rates
+    worker_counts, comp_procs = args.workers, args.competitor_procs
 
     with tempfile.TemporaryDirectory(prefix="loadgen-capacity-") as tmp_name:
         ctx = Ctx(args, Path(tmp_name))
@@ -326,9 +307,8 @@ def main() -> int:
     report["loadgen_source"] = {"before": src_before, "after": src_after}
     if src_after["loadgen_sha256"] != src_before["loadgen_sha256"]:
         print("WARNING: the load generator's sources changed during the run; repeats may differ")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    print()
+    write_json(args.json, report)
     return 0 if repeats else 1
 
 

@@ -1,11 +1,10 @@
-"""ctax against its peers on an ordinary SSE server, in one run: capacity, lateness, TTFT fidelity,
-max throughput; and a memory soak.
+"""ctax against its peers on an ordinary SSE server, in one run: capacity, lateness, TTFT, max throughput.
 
-    python benchmarks/loadgen_peers.py [--vllm-venv /work/venvs/vllm-bench] [--guidellm-venv /work/venvs/guidellm]
-        [--seconds 30] [--only capacity,lateness,ttft,max] [--out /tmp/loadgen_peers.json]
-(the 10-minute memory soak at 1,000 req/s is benchmarks/loadgen_soak.py, on the same server)
+    ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-bench] [--guidellm-venv /work/venvs/guidellm]
+        [--seconds 30] [--only capacity,lateness,ttft,max] [--json /tmp/loadgen_peers.json]
+(the 10-minute memory soak at 1,000 req/s is `ctax benchmark loadgen_soak`, on the same server)
 
-The server is benchmarks/sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
+The server is benchmarks/_sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
 token per chunk every 1 ms, its own write-time log), pinned to CPU 0 — where ctax's plan puts a
 server on this 2-core machine. Clients: ctax (`ctax bench`, defaults), `vllm bench serve` from
 the vLLM CPU build's venv (run through its Python module: the `vllm` script needs the
@@ -27,7 +26,6 @@ and the report says so. Both peers run offline with a small word-level tokenizer
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import os
@@ -41,17 +39,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
-from peer_clients import (  # noqa: E402
-    TOKENS,
-    BenchServer,
-    find_peers,
-    run_ctax,
-    run_guidellm,
-    run_vllm,
-)
+from _bench_procs import CpuMonitor, kill_all, on_signal
+from _common import comma_list, parser, pct, positive_float, write_json
+from _peer_clients import TOKENS, BenchServer, find_peers, run_ctax, run_guidellm, run_vllm
 
 HERE = Path(__file__).resolve().parent
 
@@ -143,7 +133,7 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         res[n] = {"capacity_rps": 0.0, "cells": []}
     for rate in a.rates:
         for name in [n for n in clients if n in alive]:
-            mon = cap.CpuMonitor({"server": ctx.server.proc.pid}).start()
+            mon = CpuMonitor({"server": ctx.server.proc.pid}).start()
             passed, why = clients[name](rate)
             cpu = mon.stop()
             why += (
@@ -188,7 +178,7 @@ def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
         late = g.get("lateness_us") or []
         res[str(rate)] = {
             "ctax": {k: lat.get(k) for k in ("p50", "p99", "max")} if lat else r.get("error"),
-            "guidellm": {"p50": cap._pct(late, 50), "p99": cap._pct(late, 99), "max": late[-1] if late else None}
+            "guidellm": {"p50": pct(late, 50), "p99": pct(late, 99), "max": late[-1] if late else None}
             if late
             else g.get("error", "none"),
             "vllm bench serve": "not recorded (no scheduled times)",
@@ -226,7 +216,7 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
             excess.append((rec["t_first_token_ns"] - e["t_first_write_ns"]) / 1e3)
     excess.sort()
     res: dict[str, Any] = {
-        "ctax": {"n": len(excess), "median_us": cap._pct(excess, 50), "p99_us": cap._pct(excess, 99), "paired": True}
+        "ctax": {"n": len(excess), "median_us": pct(excess, 50), "p99_us": pct(excess, 99), "paired": True}
     }
     done = set(served)
 
@@ -346,24 +336,36 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+PARTS = ("capacity", "lateness", "ttft", "max")
+
+
+def measure_name(text: str) -> str:
+    if text not in PARTS:
+        raise ValueError(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__, json_default="/tmp/loadgen_peers.json", seconds=30.0)
     p.add_argument("--vllm-venv", default="/work/venvs/vllm-bench")
     p.add_argument("--guidellm-venv", default="/work/venvs/guidellm")
     p.add_argument("--tokenizer-dir", default="/tmp/loadgen-peers-tok")
-    p.add_argument("--seconds", type=float, default=30.0, help="measured seconds per cell")
-    p.add_argument("--only", default="capacity,lateness,ttft,max")
+    p.add_argument(
+        "--only",
+        type=comma_list(measure_name, " or ".join(PARTS)),
+        help="which measures (default all)",
+        default=",".join(PARTS),
+    )
     p.add_argument(
         "--rates",
+        type=comma_list(positive_float, "rates above 0"),
         default="200,300,400,500,600,800,1000,1200,1600,2000,2400,3200",
         help="capacity steps, every client in turn at each",
     )
     p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
-    p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_peers.json"))
-    a = p.parse_args()
-    a.rates = [float(x) for x in a.rates.split(",")]
-    signal.signal(signal.SIGTERM, cap._on_signal)
-    atexit.register(cap.kill_all)
+    a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, on_signal)
+    atexit.register(kill_all)
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
@@ -371,23 +373,22 @@ def main() -> int:
         print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
         print(
-            f"server: {ctx.server.url} (benchmarks/sse_bench_server.py, CPU {a.server_cpu or [0]}); "
+            f"server: {ctx.server.url} (benchmarks/_sse_bench_server.py, CPU {a.server_cpu or [0]}); "
             f"{psutil.cpu_count()} CPUs; load average {os.getloadavg()}",
             flush=True,
         )
         report: dict[str, Any] = {"notes": ctx.notes, "seconds": a.seconds, "started": time.time()}
         try:
             for part, fn in (("capacity", capacity), ("lateness", lateness), ("ttft", ttft), ("max", max_throughput)):
-                if part in a.only.split(","):
+                if part in a.only:
                     print(f"{part}:", flush=True)
                     report[part] = fn(ctx)
         finally:
             ctx.server.close()
-            cap.kill_all()
+            kill_all()
     report["load_average_end"] = os.getloadavg()
-    a.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(table(report))
-    print(f"wrote {a.out}")
+    write_json(a.json, report)
     return 0
 
 

@@ -1,10 +1,10 @@
 """Send precision and TTFT fidelity of the load generator, on loopback.
 
-    python benchmarks/loadgen_precision.py [--repeats 5] [--seconds 10] [--cpu-latency held|off|both]
+    ctax benchmark loadgen_precision [--repeats 5] [--seconds 10] [--cpu-latency held|off|both] [--json FILE]
 
 * Send precision: |t_send - t_scheduled| p50/p99/max at 100 and 1,000 req/s Poisson while
   streaming 64-token responses (bars: p99 <= 100 us and <= 1 ms), against the near-zero-cost
-  SSE server (benchmarks/sse_null_server.py), so the server's CPU does not compete.
+  SSE server (benchmarks/_sse_null_server.py), so the server's CPU does not compete.
 * Fidelity: measured TTFT minus the server's own (the simulator's --request-log first-token
   time, joined by request id) at 32 req/s with 256-token streams (bars: median <= 200 us,
   p99 <= 1 ms).
@@ -19,7 +19,6 @@ CPU wake-up latency limit at 0 µs as it does by default (`--cpu-latency off` le
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -30,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 import yaml
+from _common import REPO, parser, write_json
 
 from connector_tax.config import Cell
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
 
@@ -74,7 +73,7 @@ def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subp
 def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     pin = [arg for cpu in cpus for arg in ("--cpu", str(cpu))]
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "sse_null_server.py"), "--port", "0", *pin],
+        [sys.executable, str(REPO / "benchmarks" / "_sse_null_server.py"), "--port", "0", *pin],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -153,6 +152,19 @@ def measure(tag: str, cpus: tuple[int, ...], seconds: float, cpu_latency_us: int
     return row
 
 
+def medians(rows: list[dict[str, tuple]]) -> dict[str, dict[str, float]]:
+    """Per measurement, the median across repeats of each of its numbers."""
+    names = {
+        "100": ("p50_us", "p99_us", "max_us"),
+        "1000": ("p50_us", "p99_us", "max_us"),
+        "fidelity": ("median_us", "p99_us"),
+    }
+    return {
+        key: {n: round(statistics.median(r[key][i] for r in rows), 1) for i, n in enumerate(fields)}
+        for key, fields in names.items()
+    }
+
+
 def report(name: str, rows: list[dict[str, tuple]]) -> None:
     med = lambda key, i: statistics.median(r[key][i] for r in rows)  # noqa: E731
     each = ", ".join(f"{r['100'][1]:.0f}" for r in rows)
@@ -172,19 +184,22 @@ def report(name: str, rows: list[dict[str, tuple]]) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--server-cpus", choices=("plan", "any"), default="plan")
-    parser.add_argument(
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__, repeats=5, seconds=10.0, seconds_help="measured seconds per cell")
+    p.add_argument(
+        "--server-cpus",
+        choices=("plan", "any"),
+        default="plan",
+        help="the servers on the load generator's plan's server CPUs, or unpinned (default plan)",
+    )
+    p.add_argument(
         "--cpu-latency",
         choices=("held", "off", "both"),
         default="held",
         help="hold /dev/cpu_dma_latency at 0 us (the load generator's default), leave it alone, "
         "or alternate the two in every repeat",
     )
-    args = parser.parse_args()
+    args = p.parse_args(argv)
     cpus = plan_affinity(1).server_cpus if args.server_cpus == "plan" else ()
     print(f"servers on CPUs {list(cpus) or 'any'}; load generator plan: {plan_affinity(1)}", flush=True)
     variants = {"held": 0, "off": None}
@@ -201,7 +216,20 @@ def main() -> None:
             )
     for name in names:
         report(f"cpu latency {name}", rows[name])
+    write_json(
+        args.json,
+        {
+            "server_cpus": list(cpus),
+            "seconds": args.seconds,
+            "medians": {f"cpu latency {name}": medians(rows[name]) for name in names},
+            "repeats": {
+                f"cpu latency {name}": [{k: [round(v, 1) for v in row] for k, row in r.items()} for r in rows[name]]
+                for name in names
+            },
+        },
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,9 @@
-"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server,
-RSS of the load generator's processes sampled every 5 s, growth after the first minute printed.
+"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server.
 
-    python benchmarks/loadgen_soak.py [--seconds 600] [--out /tmp/loadgen_soak.json]
+The RSS of the load generator's processes is sampled every 5 s; its growth after the first
+minute is printed.
+
+    ctax benchmark loadgen_soak [--seconds 600] [--json /tmp/loadgen_soak.json]
 
 The bar (issue 13): RSS growth <= 10 % over the soak. The cell's own summary says how big its
 bounded summary state ended (`summary_state_bytes`) and whether it kept up (`counts`, validity).
@@ -9,7 +11,6 @@ bounded summary state ended (`summary_state_bytes`) and whether it kept up (`cou
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import subprocess
@@ -21,10 +22,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_capacity as cap  # noqa: E402
-from loadgen_peers import MODEL, TOKENS, BenchServer  # noqa: E402
+from _bench_procs import kill_all, spawn
+from _common import parser, write_json
+from _peer_clients import MODEL, TOKENS, BenchServer
 
 
 def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
         "--out",
         str(out),
     ]
-    proc = cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
     while proc.poll() is None:
@@ -94,12 +94,12 @@ def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
     return res
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=600.0)
-    p.add_argument("--out", type=Path, default=Path("/tmp/loadgen_soak.json"))
-    a = p.parse_args()
-    atexit.register(cap.kill_all)
+def main(argv: list[str] | None = None) -> int:
+    p = parser(
+        __file__, __doc__, json_default="/tmp/loadgen_soak.json", seconds=600.0, seconds_help="the soak's length"
+    )
+    a = p.parse_args(argv)
+    atexit.register(kill_all)
     with tempfile.TemporaryDirectory(prefix="loadgen-soak-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp))
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", [0])
@@ -107,7 +107,7 @@ def main() -> int:
             report = soak(ctx, a.seconds)
         finally:
             ctx.server.close()
-    a.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(a.json, report)
     return 0
 
 

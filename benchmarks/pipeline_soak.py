@@ -1,9 +1,9 @@
 """Soak: the simulator at a high sustained rate for 10 minutes, through the pipeline.
 
-    python benchmarks/pipeline_soak.py [--minutes 10] [--rate 100] [--interval 15] [--keep DIR]
+    ctax benchmark pipeline_soak [--seconds 600] [--rate 100] [--interval 15] [--keep DIR] [--json FILE]
 
 Runs `snakemake phase_a` on a one-configuration study whose single Phase A cell lasts
---minutes at --rate req/s (16-token prompts, 16-token outputs, the tiny-fast profile), and
+--seconds at --rate req/s (16-token prompts, 16-token outputs, the tiny-fast profile), and
 samples every --interval seconds the RSS and open file descriptors of every process of the run
 (snakemake, the phase job, the simulated server, the load generator's workers, the watchdog),
 found by walking the process table for the run's folder. It prints one line per sample and, at
@@ -14,7 +14,6 @@ when it is missed, or when the run's processes could not be sampled.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -24,12 +23,12 @@ from pathlib import Path
 
 import psutil
 import yaml
+from _common import REPO, parser, positive_float, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 BAR_RSS_GROWTH = 0.10
 
 
-def study(minutes: float, rate: float) -> dict:
+def study(seconds: float, rate: float) -> dict:
     return {
         "study": "soak",
         "backend": "sim",
@@ -39,7 +38,7 @@ def study(minutes: float, rate: float) -> dict:
         "variants": [{"name": "plain"}],
         "workload": {
             "warmup_s": 5,
-            "duration_s": minutes * 60,
+            "duration_s": seconds,
             "min_completed": 1,
             "request_timeout_s": 30,
             "phase_a": {"rates": [rate], "shape": {"input": 16, "output": 16}},
@@ -89,16 +88,15 @@ def sample(folder: Path) -> dict[str, tuple[float, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--rate", type=float, default=100.0)
-    p.add_argument("--interval", type=float, default=15.0)
+    p = parser(__file__, __doc__, seconds=600.0, seconds_help="the Phase A cell's length")
+    p.add_argument("--rate", type=positive_float, default=100.0, help="req/s (default 100)")
+    p.add_argument("--interval", type=positive_float, default=15.0, help="seconds between samples (default 15)")
     p.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temp dir)")
     args = p.parse_args(argv)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="ctax-soak-"))
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "soak.yaml"
-    config.write_text(yaml.safe_dump(study(args.minutes, args.rate)))
+    config.write_text(yaml.safe_dump(study(args.seconds, args.rate)))
     argv_ = [
         sys.executable,
         "-m",
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "--directory",
         str(folder),
     ]
-    print(f"soak: {args.rate:g} req/s for {args.minutes:g} min through `snakemake phase_a` in {folder}")
+    print(f"soak: {args.rate:g} req/s for {args.seconds:g} s through `snakemake phase_a` in {folder}")
     run = subprocess.Popen(
         argv_, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -145,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "FAIL: the run's processes were not sampled long enough to judge (shorter than 4 intervals past the first minute)"
         )
+        write_json(args.json, {"snakemake_exit": run.returncode, "passed": False, "processes": {}})
         return 1
     print("process                     RSS first -> last (growth)     fds floor 1st half -> 2nd half")
+    rows = {}
     for key in sorted(watched):
         values = watched[key]
         r0, r1 = values[0][0], values[-1][0]
@@ -155,10 +155,22 @@ def main(argv: list[str] | None = None) -> int:
         growth = (r1 - r0) / r0 if r0 else 0.0
         passed = growth <= BAR_RSS_GROWTH and f1 <= f0
         ok &= passed
+        rows[key] = {"rss_mib": [round(r0, 1), round(r1, 1)], "rss_growth": round(growth, 4), "fds_floor": [f0, f1]}
         print(
             f"{key:26}  {r0:7.1f} -> {r1:7.1f} MiB ({growth:+.1%})   {f0:4d} -> {f1:4d}   {'ok' if passed else 'FAIL'}"
         )
     print("PASS" if ok else "FAIL")
+    write_json(
+        args.json,
+        {
+            "rate": args.rate,
+            "seconds": args.seconds,
+            "snakemake_exit": run.returncode,
+            "bar_rss_growth": BAR_RSS_GROWTH,
+            "passed": ok,
+            "processes": rows,
+        },
+    )
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """The design's fixed plan against the adaptive one, both run on the simulator in virtual time.
 
-    python benchmarks/plan_side_by_side.py [--config configs/h20-qwen3-coder.yaml] [--out DIR]
+    ctax benchmark plan_side_by_side [--config configs/h20-qwen3-coder.yaml] [--out DIR] [--json FILE]
 
 The fixed plan is the design's (seed 002): every cell warm-up 10 s, then max(60 s, the time to
 200 completed requests), up to its cap; every Phase A rate measured; every Phase B shape run
@@ -16,12 +16,11 @@ written (knee pruning, the Phase B overload guard, its precision target and floo
    measured anything, as GPU-hours on one GPU; its reference rates and H1-H6 calls.
 
 Prints the two side by side (Markdown), with the plan's estimate against each run's cost, and
-writes it to DIR/side_by_side.md and .json. The simulator is a model: these are simulated hours.
+writes it to DIR/side_by_side.md, its numbers to DIR/side_by_side.json (or --json FILE). The simulator is a model: these are simulated hours.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import subprocess
@@ -31,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _common import REPO, parser, positive_float, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
 DESIGN_FIXED = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # seed 002's cell rule
 CELL_FIXED_S = 1.5  # as pipeline/estimate.py counts per cell
@@ -124,12 +123,22 @@ def verdicts(root: Path) -> dict[str, str]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "h20-qwen3-coder.yaml"))
-    parser.add_argument("--out", default="/tmp/ctax-plan-side-by-side")
-    parser.add_argument("--launch-s", type=float, default=150.0, help="one vLLM start-up, seconds (the plan's)")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument(
+        "--config",
+        default=str(REPO / "configs" / "h20-qwen3-coder.yaml"),
+        help="the study config (default the checkout's configs/h20-qwen3-coder.yaml)",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", default="/tmp/ctax-plan-side-by-side", help="the two plans' studies and the table"
+    )
+    p.add_argument(
+        "--launch-s", type=positive_float, default=150.0, help="one vLLM start-up, seconds (the plan's; default 150)"
+    )
+    args = p.parse_args(argv)
+    if not Path(args.config).is_file():
+        p.error(f"argument --config: {args.config}: no such file")
     base = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
     out = Path(args.out)
     rows: dict[str, dict[str, Any]] = {}
@@ -158,7 +167,9 @@ def main() -> int:
     text = render(rows, args.launch_s)
     print(text)
     (out / "side_by_side.md").write_text(text, encoding="utf-8")
-    (out / "side_by_side.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    write_json(
+        args.json or out / "side_by_side.json", {"config": args.config, "launch_s": args.launch_s, "plans": rows}
+    )
     return 0
 
 

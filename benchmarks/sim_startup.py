@@ -1,19 +1,19 @@
 """Time from `ctax sim` process start to its `ready` line and to a first served request.
 
-    python benchmarks/sim_startup.py [--runs 10] [--variant mooncake_both]
+    ctax benchmark sim_startup [--repeats 10] [--variant mooncake_both] [--json FILE]
 
-Prints the median and max over the runs (the machine is shared and noisy: read the median).
+Prints the median and max over the repeats (the machine is shared and noisy: read the median).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
 import time
 
 import httpx
+from _common import parser, write_json
 
 
 def one_run(connector: str) -> tuple[float, float]:
@@ -34,17 +34,25 @@ def one_run(connector: str) -> tuple[float, float]:
         proc.wait(10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--variant", default="mooncake_both")
-    args = parser.parse_args()
-    ready, served = zip(*(one_run(args.variant) for _ in range(args.runs)))
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__, repeats=10, repeats_help="start-ups, one after another")
+    p.add_argument("--variant", default="mooncake_both", help="the simulated server's variant (default mooncake_both)")
+    args = p.parse_args(argv)
+    ready, served = zip(*(one_run(args.variant) for _ in range(args.repeats)))
     print(
-        f"ctax sim start-up over {args.runs} runs: ready median {statistics.median(ready):.3f} s "
+        f"ctax sim start-up over {args.repeats} repeats: ready median {statistics.median(ready):.3f} s "
         f"(max {max(ready):.3f} s); first response median {statistics.median(served):.3f} s"
     )
+    write_json(
+        args.json,
+        {
+            "variant": args.variant,
+            "ready_s": {"median": statistics.median(ready), "max": max(ready), "each": list(ready)},
+            "first_response_s": {"median": statistics.median(served), "max": max(served), "each": list(served)},
+        },
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Worker-loop cost of parsing a 64-token stream that arrives in one socket read.
 
-    python benchmarks/sse_parse.py [--tokens 64] [--runs 3000]
+    ctax benchmark sse_parse [--tokens 64] [--runs 3000] [--json FILE]
 
 The null server's response (vLLM's chunk format, usage chunk, [DONE]) goes through the
 worker's HttpConnection and SSEReader three ways, side by side: as one read (one body entry,
@@ -10,16 +10,14 @@ per token). Best of 5 timings; the loop cannot fire a due request while this run
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sse_null_server import Responses  # noqa: E402
+from _common import parser, positive_int, write_json
+from _sse_null_server import Responses
 
-from connector_tax.loadgen.http import HttpConnection, Response  # noqa: E402
-from connector_tax.loadgen.sse import SSEReader  # noqa: E402
+from connector_tax.loadgen.http import HttpConnection, Response
+from connector_tax.loadgen.sse import SSEReader
 
 
 def best_us(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
@@ -32,11 +30,17 @@ def best_us(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
     return best * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=3000)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument("--tokens", type=positive_int, default=64, metavar="N", help="tokens per stream (default 64)")
+    p.add_argument(
+        "--runs",
+        type=positive_int,
+        default=3000,
+        metavar="N",
+        help="parses per timing; best of 5 timings (default 3000)",
+    )
+    args = p.parse_args(argv)
     wire, _ = Responses("m").completion(
         False, {"max_tokens": args.tokens, "stream": True, "stream_options": {"include_usage": True}}
     )
@@ -62,11 +66,23 @@ def main() -> None:
         reader.finish()
 
     print(f"{len(events)} SSE events, {len(body)} bytes")
-    print(f"HTTP parse of the read (httptools, joined body): {best_us(http_read, args.runs):.1f} us")
+    http = best_us(http_read, args.runs)
+    print(f"HTTP parse of the read (httptools, joined body): {http:.1f} us")
     bulk, each = best_us(one_read, args.runs), best_us(per_event, args.runs)
     print(f"SSE, one read:            {bulk:.1f} us")
     print(f"SSE, one read per event:  {each:.1f} us  ({each / bulk:.1f}x)")
+    write_json(
+        args.json,
+        {
+            "events": len(events),
+            "bytes": len(body),
+            "runs_per_timing": args.runs,
+            "best_of": 5,
+            "us": {"http_parse": http, "sse_one_read": bulk, "sse_one_read_per_event": each},
+        },
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

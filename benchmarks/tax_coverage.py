@@ -8,44 +8,65 @@ scored: per tax and per hypothesis, how often the interval covers the true value
 half-width, and how often the call agrees with the true verdict. Virtual time: no server, no
 HTTP; the statistics, not the instruments.
 
-    python benchmarks/tax_coverage.py --seeds 200 --jobs 2
-    python benchmarks/tax_coverage.py --seeds 200 --configs noop_connector,mooncake_both,nixl_both  # H1-H3
-    python benchmarks/tax_coverage.py --seeds 200 --arrival gamma:4   # the default study's process
+    ctax benchmark tax_coverage --seeds 200 --jobs 2
+    ctax benchmark tax_coverage --seeds 200 --variants noop_connector,mooncake_both,nixl_both  # H1-H3
+    ctax benchmark tax_coverage --seeds 200 --arrival gamma:4   # the default study's process
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
+from pathlib import Path
+
+from _common import REPO, parser, positive_float, positive_int, write_json
 
 from connector_tax.config import load_config
 from connector_tax.oracle.coverage import CoverageSettings, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/default.yaml")
-    p.add_argument("--ref-safe", type=float, default=16.0)
-    p.add_argument("--ref-load", type=float, default=None, help="default: ref_safe (Phase A at one rate)")
+def arrival_process(text: str) -> dict[str, object] | None:
+    """--arrival: the arrival process to impose, None for the study's own."""
+    process, _, shape = text.partition(":")
+    try:
+        gamma_shape = positive_float(shape or "1")
+    except argparse.ArgumentTypeError:
+        process = ""
+    if process not in ("poisson", "gamma", "fixed", "config") or (shape and process != "gamma"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not poisson, gamma:SHAPE, fixed or config")
+    return None if process == "config" else {"process": process, "gamma_shape": gamma_shape}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument(
+        "--config", default=str(REPO / "configs" / "default.yaml"), help="default: the checkout's default study"
+    )
+    p.add_argument("--ref-safe", type=positive_float, default=16.0)
+    p.add_argument("--ref-load", type=positive_float, default=None, help="default: ref_safe (Phase A at one rate)")
     p.add_argument("--variants", help="only these configurations, comma-separated (plain is always added)")
-    p.add_argument("--seeds", type=int, default=200)
-    p.add_argument("--requests", type=int, default=400, help="measured requests per cell")
-    p.add_argument("--arrival", default="poisson", help="poisson | gamma:SHAPE | fixed | config (the study's own)")
+    p.add_argument("--seeds", type=positive_int, default=200)
+    p.add_argument("--requests", type=positive_int, default=400, help="measured requests per cell")
+    p.add_argument(
+        "--arrival",
+        type=arrival_process,
+        default="poisson",
+        help="poisson | gamma:SHAPE | fixed | config (the study's own)",
+    )
     p.add_argument("--phase-b", action="store_true", help="also the study's Phase B/B' cells (H5, H6)")
-    p.add_argument("--truth-requests", type=int, default=2000)
-    p.add_argument("--truth-replications", type=int, default=4)
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--json", help="write the whole result here")
-    args = p.parse_args()
+    p.add_argument("--truth-requests", type=positive_int, default=2000)
+    p.add_argument("--truth-replications", type=positive_int, default=4)
+    p.add_argument("--jobs", type=positive_int, default=2)
+    args = p.parse_args(argv)
+    if not Path(args.config).is_file():
+        p.error(f"argument --config: {args.config}: no such file")
 
     config = copy.deepcopy(load_config(args.config))
-    if args.arrival != "variant":
-        process, _, shape = args.arrival.partition(":")
-        config["workload"]["arrival"] = {"process": process, "gamma_shape": float(shape or 1.0)}
+    if args.arrival is not None:
+        config["workload"]["arrival"] = args.arrival
     if not args.phase_b:
         config["workload"]["phase_b"] = None
         config["workload"]["phase_b_prime"] = None
@@ -92,9 +113,7 @@ def main() -> int:
             f"{hid:10} {oracle['hypotheses'][hid]['verdict']:>10} {h['covered']:>4}/{h['with_ci']:<4} {cover:>9} "
             f"{h['agrees']:>5}/{h['n']:<6} {h['confident']:>6}/{h['n']}"
         )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"truth": oracle, "coverage": cov}, f, indent=1, default=str)
+    write_json(args.json, {"config": args.config, "truth": oracle, "coverage": cov})
     return 0
 
 

@@ -19,7 +19,7 @@ from connector_tax.cli import main as ctax_main
 from connector_tax.loadgen.urls import parse_url
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER = REPO / "benchmarks" / "sse_bench_server.py"
+SERVER = REPO / "benchmarks" / "_sse_bench_server.py"
 
 
 @pytest.mark.parametrize(

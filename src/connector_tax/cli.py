@@ -123,6 +123,12 @@ def _pipeline(args: argparse.Namespace) -> int:
     return int(module.main(args.args) or 0)
 
 
+def _benchmark(args: argparse.Namespace) -> int:
+    from connector_tax.benchmark import main
+
+    return main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -192,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("step", choices=list(PIPELINE_STEPS), metavar="STEP")
     pipeline.add_argument("args", nargs=argparse.REMAINDER, help="the step's own arguments (ctax pipeline STEP --help)")
     pipeline.set_defaults(func=_pipeline)
+
+    # Listed here for `ctax --help`; main() hands `ctax benchmark ...` over whole (--list, a
+    # benchmark's own --help), which argparse's REMAINDER does not when an option comes first.
+    benchmark = sub.add_parser("benchmark", help="run one of the project's benchmarks (ctax benchmark --list)")
+    benchmark.add_argument("args", nargs=argparse.REMAINDER, help="NAME and its arguments, or --list")
+    benchmark.set_defaults(func=_benchmark)
     return parser
 
 
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="ctax analyze")
         add_arguments(parser)
         return analyze(parser.parse_args(argv[1:]))
+    if argv[:1] == ["benchmark"]:
+        return _benchmark(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

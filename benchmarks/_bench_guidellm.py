@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_procs import MODEL, CpuMonitor, kill_tree, spawn
+from _bench_procs import MODEL, CpuMonitor, kill_tree, spawn
+from _common import pct
 
 if TYPE_CHECKING:
-    from loadgen_capacity import Ctx
+    from _capacity import Ctx
 
 PROMPT_TOKENS = 64
 
@@ -116,16 +116,10 @@ def run_guidellm(ctx: Ctx, rate: float, procs: int | None) -> dict[str, Any]:
         window_s=round(window, 3),
         completed_rps=round(completed_rps, 2),
         events_per_s=round(ok * ctx.events_per_stream / window, 1) if window else 0.0,
-        lateness_us={"p50": _pct(late, 50), "p99": _pct(late, 99), "max": round(late[-1], 1) if late else None},
+        lateness_us={"p50": pct(late, 50), "p99": pct(late, 99), "max": round(late[-1], 1) if late else None},
         requests_made=sm["requests_made"],
     )
     return cell
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return round(xs[min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1)], 1)
 
 
 # -- competitor setup -----------------------------------------------------------------------

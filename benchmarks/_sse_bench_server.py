@@ -1,6 +1,6 @@
 """An ordinary OpenAI-compatible SSE server for benchmarking load generators (not the null server).
 
-    python benchmarks/sse_bench_server.py --port 0 [--token-interval-ms 1] [--log FILE]
+    python benchmarks/_sse_bench_server.py --port 0 [--token-interval-ms 1] [--log FILE]
         [--cpu N ...] [--tls-cert PEM --tls-key PEM] [--api-key KEY]
 
 Plain asyncio on uvloop with httptools for request parsing; every chunk is written with

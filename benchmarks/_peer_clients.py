@@ -1,4 +1,4 @@
-"""The peers benchmark's server and clients: the ordinary SSE server (sse_bench_server.py) and one
+"""The peers benchmark's server and clients: the ordinary SSE server (_sse_bench_server.py) and one
 run each of ctax, `vllm bench serve` and guidellm, each in its own venv and process group."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen_capacity as cap  # noqa: E402  (process handling, CPU sampling, guidellm driver)
+from _bench_guidellm import TOKENIZER_SCRIPT
+from _bench_procs import kill_tree, spawn
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
@@ -30,14 +30,14 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 class BenchServer:
     def __init__(self, log: Path, cpus: list[int]) -> None:
-        cmd = [sys.executable, str(HERE / "sse_bench_server.py"), "--port", "0", "--log", str(log)]
+        cmd = [sys.executable, str(HERE / "_sse_bench_server.py"), "--port", "0", "--log", str(log)]
         for c in cpus:
             cmd += ["--cpu", str(c)]
         self.log = log
-        self.proc = cap.spawn(cmd, stdout=subprocess.PIPE, text=True)
+        self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("ready "):
-            cap.kill_tree(self.proc)
+            kill_tree(self.proc)
             raise RuntimeError(f"benchmark server did not start: {line!r}")
         self.url = line.split()[1]
 
@@ -57,7 +57,7 @@ class BenchServer:
         return out
 
     def close(self) -> None:
-        cap.kill_tree(self.proc)
+        kill_tree(self.proc)
 
 
 # -- the three clients ----------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def _finish(proc: subprocess.Popen, limit_s: float) -> str:
     except subprocess.TimeoutExpired:
         output = "timed out"
     finally:
-        cap.kill_tree(proc)
+        kill_tree(proc)
     return output or ""
 
 
@@ -90,7 +90,7 @@ def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) ->
         "30",
         *argv,
     ]
-    output = _finish(cap.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
+    output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
     summaries = sorted(out.glob("summary_*.json"))
     if not summaries:
         return {"error": output.strip()[-300:]}
@@ -138,7 +138,7 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str,
         *argv,
     ]
     output = _finish(
-        cap.spawn(
+        spawn(
             cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ),
         limit_s,
@@ -174,7 +174,7 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
     ]
     env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
     output = _finish(
-        cap.spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), seconds + 240
+        spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), seconds + 240
     )
     if not out.exists():
         return {"error": output.strip()[-300:]}
@@ -227,7 +227,7 @@ def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | No
     notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
     if guidellm and not (tok / "tokenizer.json").exists():
         subprocess.run(
-            [str(Path(a.guidellm_venv) / "bin" / "python"), "-c", cap.TOKENIZER_SCRIPT, str(tok)],
+            [str(Path(a.guidellm_venv) / "bin" / "python"), "-c", TOKENIZER_SCRIPT, str(tok)],
             check=True,
             capture_output=True,
             timeout=300,

@@ -1,6 +1,6 @@
 """The instrumentation's overhead on a real engine: vLLM's CPU build, with and without patches/.
 
-Run through `python benchmarks/instrumentation_overhead.py --real` (needs tools/vllm_cpu_env.sh
+Run through `ctax benchmark instrumentation_overhead --real` (needs tools/vllm_cpu_env.sh
 and tools/tiny_model.py). Three `vllm serve` launches of configs/vllm-cpu-tiny.yaml's
 noop_connector (the configuration with the most hooks wrapped) run side by side, made by the
 project's launcher: `plain` and `plain2` without a step log (sitecustomize then loads nothing)
@@ -45,8 +45,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+from _common import REPO, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # vllm_cpu_env: where the CPU environment is
 
 from connector_tax.config import find_variant, load_config  # noqa: E402
@@ -192,13 +192,16 @@ def run_real(args: Any) -> int:
 
     python = vllm_cpu_python()
     if python is None:
-        print("instrumentation_overhead --real: no vLLM CPU environment (run tools/vllm_cpu_env.sh)", file=sys.stderr)
+        print(
+            "ctax benchmark instrumentation_overhead: --real: no vLLM CPU environment (run tools/vllm_cpu_env.sh)",
+            file=sys.stderr,
+        )
         return 2
     model = Path(args.model_dir)
     model = model if model.is_absolute() else REPO / model
     if not (model / "config.json").is_file():
         print(
-            f"instrumentation_overhead --real: --model-dir: {model}: run tools/tiny_model.py {args.model_dir}",
+            f"ctax benchmark instrumentation_overhead: --model-dir: {model}: run tools/tiny_model.py {args.model_dir}",
             file=sys.stderr,
         )
         return 2
@@ -235,10 +238,8 @@ def run_real(args: Any) -> int:
             "worker_steps": len(steptiming.read_step_records(log, "worker")),
         },
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
     _print(report)
+    write_json(args.json, report)
     return 0
 
 

@@ -1,5 +1,5 @@
 """Child processes of the load-generator benchmarks: spawn in their own group, kill on any
-exit, sample every process's CPU, and the null SSE server (sse_null_server.py) as a fixture."""
+exit, sample every process's CPU, and the null SSE server (_sse_null_server.py) as a fixture."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def kill_all() -> None:
         kill_tree(proc, grace_s=1.0)
 
 
-def _on_signal(signum: int, _frame: Any) -> None:
+def on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -158,7 +158,7 @@ def _short_name(p: psutil.Process) -> str:
 # -- the server -----------------------------------------------------------------------------
 class NullServer:
     def __init__(self, cpus: list[int] | None) -> None:
-        cmd = [sys.executable, str(HERE / "sse_null_server.py"), "--port", "0", "--model", MODEL]
+        cmd = [sys.executable, str(HERE / "_sse_null_server.py"), "--port", "0", "--model", MODEL]
         for c in cpus or []:
             cmd += ["--cpu", str(c)]
         self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)

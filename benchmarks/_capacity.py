@@ -1,20 +1,38 @@
-"""What the capacity benchmark prints and saves: one line per cell (with what saturated the machine
-when a cell failed), the state of the load generator's source, and the summary over repeats."""
+"""The capacity benchmark's parts that its clients' cells share: the sweep's context, one line
+per cell (with what saturated the machine when a cell failed), the state of the load
+generator's source, and the summary over repeats."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
 import subprocess
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from _bench_procs import NullServer
 
 HERE = Path(__file__).resolve().parent
 
 
-def _saturated(cell: dict[str, Any]) -> str:
+class Ctx:
+    """One capacity run: its settings, scratch folder, server, the competitor found, the repeat."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.events_per_stream = args.tokens + 2  # token chunks + usage chunk + [DONE]
+        self.server: NullServer
+        self.competitor_bin: Path | None = None
+        self.repeat = 0
+        self.deadline = time.monotonic() + args.budget_min * 60
+
+
+def saturated(cell: dict[str, Any]) -> str:
     cpu = cell["cpu"]
     parts = []
     for label, v in cpu["by_process"].items():
@@ -28,7 +46,7 @@ def _saturated(cell: dict[str, Any]) -> str:
     return "; ".join(parts) or "no process at >= 0.85 core"
 
 
-def _cell_line(c: dict[str, Any]) -> str:
+def cell_line(c: dict[str, Any]) -> str:
     cpu = c["cpu"]["by_process"]
     cl, sv = cpu.get("client", {}), cpu.get("server", {})
     lat = c.get("lateness_us") or {}

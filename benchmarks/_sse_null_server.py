@@ -1,6 +1,6 @@
 """A near-zero-cost OpenAI-compatible streaming server, for measuring load generators.
 
-    python benchmarks/sse_null_server.py [--host 127.0.0.1] [--port 0] [--cpu N] [--model NAME]
+    python benchmarks/_sse_null_server.py [--host 127.0.0.1] [--port 0] [--cpu N] [--model NAME]
 
 It answers every POST /v1/completions and /v1/chat/completions at once with the whole
 stream in one socket write: N `data: {...}` chunks in vLLM's chunk format (one token each,

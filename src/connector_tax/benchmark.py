@@ -1,0 +1,92 @@
+"""`ctax benchmark NAME [ARGS...]`: the project's benchmarks of itself, run by name.
+
+They are the modules of a checkout's benchmarks/ folder, outside the package (a built wheel has
+none): benchmarks/NAME.py with `main(argv) -> int`, described by its docstring's first line. A
+module whose name begins with an underscore is a helper of theirs (their parser, servers,
+clients), not a benchmark. The checkout is the one the package's other files come from
+(connector_tax.resources, $CONNECTOR_TAX_ROOT).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+from connector_tax import resources
+
+USAGE = "usage: ctax benchmark NAME [ARGS...] | ctax benchmark --list  (ctax benchmark NAME --help: its options)"
+
+
+class BenchmarkError(Exception):
+    """A one-line reason why no benchmark can run."""
+
+
+def folder() -> Path:
+    """The checkout's benchmarks/ folder."""
+    try:
+        root = resources.root()
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+    found = root / "benchmarks"
+    if not found.is_dir():
+        raise BenchmarkError(
+            f"the benchmarks live in a connector-tax checkout's benchmarks/ folder and {root} has none "
+            "(an installed package carries none): set CONNECTOR_TAX_ROOT to a checkout"
+        )
+    return found
+
+
+def runnable(where: Path) -> dict[str, str]:
+    """Every benchmark in `where` by name, with its docstring's first line (read, not imported:
+    importing them all would load pandas and the rest just to list them)."""
+    found = {}
+    for path in sorted(where.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))) or ""
+        found[path.stem] = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+    return found
+
+
+def listing(where: Path) -> str:
+    names = runnable(where)
+    width = max(map(len, names), default=0)
+    lines = [f"benchmarks in {where} (ctax benchmark NAME --help for a benchmark's options):"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in names.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(where: Path, name: str, argv: list[str]) -> int:
+    """benchmarks/NAME.py's main(argv), in this process, with its helpers importable as they are
+    when it runs as a script (its folder first on sys.path)."""
+    if str(where) not in sys.path:
+        sys.path.insert(0, str(where))
+    spec = importlib.util.spec_from_file_location(name, where / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses and worker processes look it up by name
+    spec.loader.exec_module(module)
+    return int(module.main(argv) or 0)
+
+
+def main(argv: list[str]) -> int:
+    first, rest = (argv[0], argv[1:]) if argv else ("--list", [])
+    if first in ("-h", "--help"):
+        print(USAGE)
+    try:
+        where = folder()
+        if first in ("--list", "-h", "--help"):
+            if rest:
+                raise BenchmarkError(f"{first} takes no arguments, got {' '.join(rest)}")
+            print(listing(where), end="")
+            return 0
+        if first.startswith("-"):
+            raise BenchmarkError(f"unknown option {first}; {USAGE.removeprefix('usage: ')}")
+        if first not in runnable(where):
+            raise BenchmarkError(f"no benchmark named {first!r} in {where} (ctax benchmark --list shows them)")
+    except BenchmarkError as exc:
+        print(f"ctax benchmark: {exc}", file=sys.stderr)
+        return 2
+    return run(where, first, rest)
