@@ -107,7 +107,7 @@ def test_directory(tmp_path: Path) -> None:
 def test_check_file_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert check_file("configs/test-tiny.yaml") == 0
     out, err = capsys.readouterr()
-    assert out == "ok: configs/test-tiny.yaml: study 'test-tiny', 3 configs, backend sim\n"
+    assert out == "ok: configs/test-tiny.yaml: study 'test-tiny', 3 variants, backend sim\n"
     assert err == ""
 
 
@@ -115,7 +115,7 @@ def test_cli_config_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(REPO / "configs/h20-qwen3-coder.yaml")
     assert cli.main(["config", "check", path]) == 0
     out, err = capsys.readouterr()
-    assert out == f"ok: {path}: study 'h20-qwen3-coder', 8 configs, backend vllm\n"
+    assert out == f"ok: {path}: study 'h20-qwen3-coder', 8 variants, backend vllm\n"
     assert err == ""
 
 
@@ -138,7 +138,7 @@ def test_cli_config_check_subprocess(tmp_path: Path) -> None:
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout == "ok: configs/default.yaml: study 'default', 8 configs, backend sim\n"
+    assert ok.stdout == "ok: configs/default.yaml: study 'default', 8 variants, backend sim\n"
 
     bad = _write(tmp_path, "study: x\nmodel: {name: m}\nvariants: [{name: plain}]\nworkload: {}\n")
     failed = subprocess.run(

@@ -2,7 +2,7 @@
 
 For each fault: the study completes (the fault recorded with its reason) or stops with a clear
 line; no process of ours is left (the process table is walked for the test's folder, not for
-names); no completed record is lost; a re-run finishes the study. README "Faults" has the table.
+names); no completed record is lost; a re-run finishes the study. docs/faults.md has the table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A cell in the simulator's virtual time (oracle/virtual_cell.py) follows the real cell's rules."""
+"""A cell in the simulator's virtual time (oracle/virtual_run.py) follows the real cell's rules."""
 
 from __future__ import annotations
 

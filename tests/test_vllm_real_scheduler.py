@@ -2,8 +2,8 @@
 
 Runs only with a Python that can import vLLM 0.33 (skipped otherwise, so the default CI, which
 installs only `.[test]`, adds nothing): $CONNECTOR_TAX_VLLM_PYTHON, or this interpreter if it
-has vllm. Such a Python can be made without a GPU (see tools/README.md, "Checking against real
-vLLM on a CPU"):
+has vllm. Such a Python can be made without a GPU (see tools/README.md, "Real vLLM on this host's
+CPU"):
 
     python3.11 -m venv /tmp/vllm-cpu && /tmp/vllm-cpu/bin/pip install torch==2.13.0 \
         && /tmp/vllm-cpu/bin/pip install --no-deps vllm==0.33.0 && <vLLM's light deps>

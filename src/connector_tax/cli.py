@@ -49,10 +49,10 @@ PIPELINE_STEPS = {
         "connector_tax.pipeline.studyfolder",
         "write the validated study config and the study folder's stamp",
     ),
-    "preflight": ("connector_tax.pipeline.preflight", "one configuration's readiness (check), or merge the results"),
+    "preflight": ("connector_tax.pipeline.preflight", "one variant's readiness (check), or merge the results"),
     "phase": (
         "connector_tax.pipeline.phase",
-        "one configuration's phase: reuse what provably belongs, measure the rest",
+        "one variant's phase: reuse what provably belongs, measure the rest",
     ),
     "reference": ("connector_tax.pipeline.reference", "saturation of Phase A cells, then ref_safe and ref_load"),
     "manifest": ("connector_tax.pipeline.manifest", "MANIFEST.md and MANIFEST.tsv"),

@@ -175,5 +175,5 @@ def check_file(path: str | Path) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"ok: {path}: study '{config['study']}', {len(config['variants'])} configs, backend {config['backend']}")
+    print(f"ok: {path}: study '{config['study']}', {len(config['variants'])} variants, backend {config['backend']}")
     return 0

@@ -1,5 +1,5 @@
 """The rules that decide a cell's course, one copy for both clocks: the load generator's run in
-real time (realtime.py) and the simulator's run in virtual time (oracle/virtual_cell.py).
+real time (realtime.py) and the simulator's run in virtual time (oracle/virtual_run.py).
 
 A cell issues from t0: requests due before the warm-up's end are issued, recorded and flagged
 warm-up; issuing goes on to the duration floor, then for as long as min-completed post-warm-up

@@ -112,7 +112,7 @@ def server_versions(config: dict[str, Any]) -> dict[str, Any]:
 
 def virtual_clock(config: dict[str, Any]) -> bool:
     """A simulated study run in the simulator's virtual time (sim.clock: virtual): no server is
-    launched, each cell is computed (oracle/virtual_cell.py)."""
+    launched, each cell is computed (oracle/virtual_run.py)."""
     return config["backend"] == "sim" and (config.get("sim") or {}).get("clock") == "virtual"
 
 
