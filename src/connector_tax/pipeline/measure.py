@@ -16,6 +16,7 @@ records for a person to read and are redone on the next run.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import CellSpec, LoadGenerator, LoadgenOptions, Progress
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
+from connector_tax.metrics.threads import ThreadSampler, record_idle
 from connector_tax.pipeline.plan import PlannedCell
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description, virtual_clock
@@ -42,6 +44,7 @@ from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 
 MAX_RESTARTS = 2  # server launches after the first, per phase job
+IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before the first cell
 STALL_S = 30.0  # no answer and no engine work for this long, requests in flight: the server is stuck
 
 
@@ -241,6 +244,11 @@ def _launch(
         spec.env["CUDA_VISIBLE_DEVICES"] = gpu
     url = spec.url or f"http://{host}:{port}"
     index.launch_command = spec.argv
+    index.server_env = dict(spec.env)
+    if backend == "vllm":
+        from connector_tax.launch.vllm import workarounds
+
+        index.workarounds = workarounds(config, variant)
     options = loadgen_options(config, url)
     # Off the load generator's worker cores: a server waking there preempts a send spin.
     cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
@@ -248,10 +256,21 @@ def _launch(
         index.server_cpus = list(server.cpus) or None
         save()
         server.wait_ready(ready_timeout_s(config, variant))
+        labels = _thread_labels(raw, backend)
+        if backend == "vllm" and server.proc is not None:  # -- per-thread CPU, idle (issue 22)
+            samples = record_idle(server.proc.pid, phase_dir.idle_threads, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
+            index.idle_threads = {
+                "file": phase_dir.idle_threads.name,
+                "launch": f"{index.launch_id}.{len(index.restarts)}",
+                "seconds": IDLE_THREADS_S,
+                "samples": samples,
+            }
         splitter = StepLogSplitter(raw)
         with LoadGenerator(options) as gen:
             while pending:
-                failure = _measure_cell(layout, index, pending.pop(0), gen, server, splitter, config["saturation"])
+                failure = _measure_cell(
+                    layout, index, pending.pop(0), gen, server, splitter, config["saturation"], labels
+                )
                 prune_from(index, pending, prune)
                 save()
                 if failure:
@@ -278,6 +297,7 @@ def _measure_cell(
     server: ServerProcess,
     splitter: StepLogSplitter,
     saturation: dict[str, float],
+    labels: Callable[[], dict[str, str]] = dict,
 ) -> str | None:
     """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
@@ -286,7 +306,8 @@ def _measure_cell(
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
     precision = PrecisionWatch(staging.requests, cell.precision_target)
-    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision:
+    threads = _cell_threads(server, staging.threads, labels)
+    with MetricsSampler(server.url, staging.metrics, METRICS_INTERVAL_S) as sampler, precision, threads:
         guard = overload_guard(sampler, time.monotonic() + cell.warmup_s, saturation, cell)
         with ServerWatch(server, gen, sampler, f"{index.config}/{cell.key}") as watch:
             summary = gen.run_cell(cell_spec(planned), staging.folder, precision.enough, guard.overloaded)
@@ -295,6 +316,25 @@ def _measure_cell(
     failure = watch.failure or (None if gen.pool.alive() else "a load generator worker died during the cell")
     seal_measured(index, planned, staging, final, summary, failure, precision.describe(summary, guard))
     return failure
+
+
+# -- per-thread CPU time of the server's processes (issue 22): sampled with the metrics, sliced per cell
+
+
+def _thread_labels(raw: Any, backend: str) -> Callable[[], dict[str, str]]:
+    """{tid: connector} of threads a connector's constructor started (vLLM's step-timing reports)."""
+    if backend != "vllm":
+        return dict
+    from connector_tax.launch.steptiming import thread_labels
+
+    return lambda: thread_labels(raw)
+
+
+def _cell_threads(server: ServerProcess, path: Any, labels: Callable[[], dict[str, str]]) -> Any:
+    """A ThreadSampler for a launched server; nothing for an external one (backend openai)."""
+    if server.proc is None:
+        return contextlib.nullcontext()
+    return ThreadSampler(server.proc.pid, path, METRICS_INTERVAL_S, labels)
 
 
 def overload_guard(sampler: Any, since: float, saturation: dict[str, float], cell: Cell) -> OverloadGuard:
