@@ -29,6 +29,7 @@ from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
 from connector_tax.contract import StudyLayout, rate_label
 from connector_tax.contract.layout import AnalysisFiles
@@ -99,6 +100,25 @@ def served_by(study: Study) -> str:
     if found:
         return " and ".join(found)
     return "simulated vLLM (ctax sim)" if study.simulated else f"backend {study.backend}"
+
+
+def launch_facts(study: Study) -> dict[str, Any]:
+    """What the launches recorded beside their cells, for every output: the connector packages of
+    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    from connector_tax.contract.records import connector_packages
+
+    packages = sorted(
+        {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
+    )
+    workarounds: dict[str, list[str]] = {}
+    for (name, _phase), r in study.runs.items():
+        for w in (r.run or {}).get("workarounds") or []:
+            if w not in workarounds.setdefault(name, []):
+                workarounds[name].append(w)
+    return {
+        "connector_packages": "; ".join(packages) or None,
+        "workarounds": {k: v for k, v in workarounds.items() if v},
+    }
 
 
 def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
@@ -178,6 +198,8 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "config_status": config_status,
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
+        **launch_facts(study),
+        "threads": thread_tables(study, reference),
         "code": study.code,
         "ci_method": {
             "percentiles": BATCH_METHOD,

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.constants import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
+from connector_tax.analysis.streams import render as render_streams
+from connector_tax.analysis.threads import render as render_threads
 
 # Which step each number is (the design's "Step-timing instrumentation" and issue 15).
 STEP_DEFINITIONS = (
@@ -113,6 +115,11 @@ def render_report(
     ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
+    # -- connector packages and workarounds, from the launches (issue 22)
+    if agg.get("connector_packages"):
+        L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
+    for name, items in (agg.get("workarounds") or {}).items():
+        L += [f"- Workaround, `{name}`: {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     # configs
@@ -306,6 +313,10 @@ def render_report(
                     for label, c in cells.items()
                 ],
             )
+
+    # -- where the server's CPU goes, and client-side TPOT/ITL trust (analysis/threads.py, streams.py)
+    L += render_threads(agg.get("threads") or {}, agg["configs"])
+    L += render_streams(agg["rows"])
 
     L += ["## Figures", ""]
     if not figures_made:
