@@ -144,8 +144,9 @@ def test_each_server_instrumented_its_connector(which, request):
         worker = steptiming.read_step_records(log, "worker")
         assert worker and all(r["get_finished_us"] > 0 and r["start_load_kv_us"] >= 0 for r in worker)
         labels = steptiming.thread_labels(log)
-        expected = "NixlConnector worker" if which == "nixl" else "MooncakeConnector worker"
-        assert expected in set(labels.values()), labels
+        # vLLM 0.32's NixlConnector is NixlPullConnector: the instance's class names its threads
+        prefix = "Nixl" if which == "nixl" else "MooncakeConnector"
+        assert any(v.startswith(prefix) and v.endswith(" worker") for v in labels.values()), labels
 
 
 def test_the_mooncake_guard_acted_and_left_its_record(mooncake):
