@@ -44,7 +44,7 @@ from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 
 MAX_RESTARTS = 2  # server launches after the first, per phase job
-IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before the first cell
+IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
 STALL_S = 30.0  # no answer and no engine work for this long, requests in flight: the server is stuck
 
 
@@ -257,7 +257,8 @@ def _launch(
         save()
         server.wait_ready(ready_timeout_s(config, variant))
         labels = _thread_labels(raw, backend)
-        if backend == "vllm" and server.proc is not None:  # -- per-thread CPU, idle (issue 22)
+        # -- per-thread CPU of the idle server (issue 22): once per configuration, in its Phase A launch
+        if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
             samples = record_idle(server.proc.pid, phase_dir.idle_threads, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
             index.idle_threads = {
                 "file": phase_dir.idle_threads.name,
