@@ -244,7 +244,9 @@ def render_report(
             "## Substrate tax",
             "",
             f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
-            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback.",
+            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback; "
+            "engine step: relative p50 tax of the whole engine step (schedule, model, update) [95% CI]. "
+            "A TTFT/TPOT tax without an interval comes from a cell with too few requests for batch means.",
             "",
         ]
         for ref_name in ("ref_safe", "ref_load"):
@@ -268,6 +270,7 @@ def render_report(
                     "tax step p50 (µs)",
                     "callback p50 (µs)",
                     "unattributed (µs)",
+                    "tax engine step p50",
                 ],
                 [
                     [
@@ -277,6 +280,7 @@ def render_report(
                         _us(t.get("step_p50_us")),
                         _us(t.get("callback_p50_us")),
                         _us(t.get("unattributed_p50_us")),
+                        _pct(t.get("engine_step_p50")),
                     ]
                     for n, t in e["configs"].items()
                 ],

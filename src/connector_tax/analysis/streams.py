@@ -29,7 +29,7 @@ from connector_tax.analysis.jsonl import NULL_INT, read_columns
 COLUMNS = ["chunks_per_token_p50", "coalesced_share", "burst_share", "client_tpot_trusted", "stream_note"]
 
 BURST_FRACTION = 0.25  # client-side time per token below this share of the median engine step
-UNTRUSTED_SHARE = 0.05  # more than this share of a cell's requests coalesced or bursty
+UNTRUSTED_SHARE = 0.10  # more than this share of a cell's requests coalesced or bursty
 
 _FIELDS = {
     "status": "str",
