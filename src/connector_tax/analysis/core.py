@@ -161,6 +161,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
     taxes = compute_taxes(rows, study.configs, base, reference) if base else None
+    for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
+        for name in entry.get("missing") or {}:
+            pf = study.preflight.get(name) or {}
+            if pf.get("status") == "skip":
+                entry["missing"][name] = f"SKIP at preflight: {pf.get('reason')}"
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
     hypotheses = evaluate(taxes or {}, reference, study.configs, base, artifacts, runtime, study.simulated)
@@ -199,7 +204,8 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         **launch_facts(study),
-        "threads": thread_tables(study, reference),
+        # where a real server's CPU goes (the simulator's threads say nothing about vLLM's)
+        "threads": thread_tables(study, reference) if study.backend == "vllm" else None,
         "code": study.code,
         "ci_method": {
             "percentiles": BATCH_METHOD,
