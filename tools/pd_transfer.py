@@ -140,7 +140,8 @@ def transfer(args: argparse.Namespace) -> dict[str, Any]:
     out["transferred_tokens"] = after.get("external_kv_transfer", 0.0) - before.get("external_kv_transfer", 0.0)
     out["computed_tokens"] = after.get("local_compute", 0.0) - before.get("local_compute", 0.0)
     if args.connector == "nixl":
-        out["nixl_bytes_transferred"] = sum(v for k, v in after_counters.items() if "nixl_bytes_transferred" in k)
+        # a histogram: its _sum series is the bytes (the _bucket series are cumulative counts)
+        out["nixl_bytes_transferred"] = after_counters.get("vllm:nixl_bytes_transferred_sum", 0.0)
     out["ok"] = bool(out["same_weights"] and out["matches_single"] and out["transferred_tokens"] > 0)
     return out
 
