@@ -45,9 +45,16 @@ def server(tmp_path):
     script.write_text(SERVER)
     proc = subprocess.Popen([sys.executable, str(script), "parent"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.5)  # the child and its threads start
-    yield proc
     import psutil
+
+    deadline = time.monotonic() + 30  # the child and its threads start (slowly on a loaded host)
+    while time.monotonic() < deadline:
+        children = psutil.Process(proc.pid).children()
+        if children and len(children[0].threads()) >= 3:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)  # the thread names are set right after the threads start
+    yield proc
 
     for child in psutil.Process(proc.pid).children(recursive=True):
         child.kill()
