@@ -179,6 +179,8 @@ AccountingStoragePort=$dbd_port
 # For slurmdbd this names the munge socket of the accounting connections (they ignore AuthInfo).
 AccountingStoragePass=$state/munge/munge.socket
 AccountingStorageTRES=gres/gpu
+# sacct shows each job's --comment: the executor plugin puts the rule and wildcards there.
+AccountingStoreFlags=job_comment
 # A job past its time limit gets SIGTERM, then SIGKILL KillWait seconds later.
 KillWait=15
 OverTimeLimit=0
@@ -350,7 +352,7 @@ do_start() {
   changed="$(write_configs)"
   link_conf
   if [ "$changed" = 1 ] && { running slurmctld "$state/run/slurmctld.pid" || running slurmd "$state/run/slurmd.pid"; }; then
-    say "configuration changed (GPUs: $gpus): restarting slurmctld and slurmd"
+    say "configuration changed ($gpus GPUs): restarting slurmctld and slurmd"
     cancel_jobs
     stop_daemon slurmd "$state/run/slurmd.pid"
     stop_daemon slurmctld "$state/run/slurmctld.pid"

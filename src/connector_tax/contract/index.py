@@ -67,6 +67,9 @@ class PhaseIndex:
     server_cpus: list[int] | None = None
     cpus_leased: list[int] | None = None
     gpu: str | None = None
+    # Where the job ran: {"scheduler": "host", ...} or SLURM's job, node, GPUs and CPUs
+    # (serving.slurm). A fact of the run, never part of a fingerprint.
+    placement: dict[str, Any] | None = None
     server_versions: dict[str, Any] = field(default_factory=dict)
     # What served the launch in words ("vLLM 0.32.0 on CPU, dummy weights", "simulated vLLM
     # (ctax sim)"), and how its Mooncake connector moves KV ("tcp", "rdma (mlx5_0)"; None
