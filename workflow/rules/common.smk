@@ -7,9 +7,11 @@ from pathlib import Path
 
 from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import LAUNCH_PHASES, PHASE_A, PHASE_B, StudyLayout, run_order
+from connector_tax.contract.index import read_index
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
 from connector_tax.pipeline.resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
+from connector_tax.serving.slurm import cancel_orphans
 
 # gpus_per_job (--config gpus_per_job=1) is how jobs are placed, not a study setting: taken out
 # before the study config is validated, staged and fingerprinted. With the simulator it makes each

@@ -108,7 +108,7 @@ def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
     """{SLURM job id: what it measures} for phase indexes still `running` under a SLURM job that
     SLURM still lists: jobs of a run whose snakemake is gone (the caller holds the study lock)."""
     jobs = {}
-    for index in indexes:
+    for index in filter(None, indexes):
         placement = getattr(index, "placement", None) or {}
         if index.status == "running" and placement.get("scheduler") == "slurm" and placement.get("job_id"):
             jobs[str(placement["job_id"])] = f"{index.config}/{index.phase}"
