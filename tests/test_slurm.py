@@ -61,11 +61,31 @@ def run(env: dict[str, str], folder: Path, config: Path, *args: str, timeout: fl
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_snakemake_left():
+    """A test that fails midway leaves no snakemake of its own running (nor, through it, jobs)."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the plugin cancels its jobs on the way out
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def start(env: dict[str, str], folder: Path, config: Path, *args: str) -> subprocess.Popen[str]:
     """In its own session, so that a signal reaches snakemake alone, as from a user's kill."""
     argv = [*SNAKEMAKE, "--profile", str(PROFILE), *args, "--configfile", str(config), "--directory", str(folder)]
-    log = open(folder / "snakemake.out", "w")  # noqa: SIM115 (closed with the process, by the OS)
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(folder / "snakemake.out", "w") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _started.append(proc)
+    return proc
 
 
 def sacct(env: dict[str, str], folder: Path) -> list[dict[str, str]]:
