@@ -62,11 +62,13 @@ def run(env: dict[str, str], folder: Path, config: Path, *args: str, timeout: fl
 
 
 _started: list[subprocess.Popen[str]] = []
+_since: list[datetime] = []
 
 
 @pytest.fixture(autouse=True)
 def _no_snakemake_left():
     """A test that fails midway leaves no snakemake of its own running (nor, through it, jobs)."""
+    _since[:] = [datetime.now()]  # sacct: this test's jobs, not those of an earlier run in a reused folder
     yield
     while _started:
         proc = _started.pop()
@@ -92,7 +94,7 @@ def sacct(env: dict[str, str], folder: Path) -> list[dict[str, str]]:
     """This test's SLURM jobs (those submitted from its folder), as sacct records them."""
     fields = ["JobID", "Comment", "State", "Start", "End", "Timelimit", "AllocTRES", "WorkDir"]
     out = subprocess.run(
-        ["sacct", "-X", "-P", "-n", "-S", "now-1days", "-o", ",".join(fields)],
+        ["sacct", "-X", "-P", "-n", "-S", f"{_since[0]:%Y-%m-%dT%H:%M:%S}", "-o", ",".join(fields)],
         capture_output=True,
         text=True,
         env=env,
