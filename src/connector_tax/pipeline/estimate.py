@@ -25,6 +25,7 @@ from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, phase_a_ce
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.provenance import virtual_clock
+from connector_tax.sim.profiles import hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
 # graphs; measured values from a previous run replace these).
@@ -35,7 +36,7 @@ CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
 @dataclass
 class Estimate:
     stage: str
-    config: str
+    variant: str
     cells: int
     seconds: float
     measured: int = 0  # cells whose time comes from a previous run
@@ -43,8 +44,6 @@ class Estimate:
 
 def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
-    from connector_tax.sim.profiles import hardware_profile
-
     sim = study.raw["sim"]
     hw = hardware_profile(sim["hardware_profile"], sim.get("hardware"))
     entries = shape.get("mix") or shape.get("pattern") or [shape]
@@ -148,7 +147,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
     lines.append(f"{'stage':10} {'config':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
-        lines.append(f"{e.stage:10} {e.config:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
+        lines.append(f"{e.stage:10} {e.variant:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
     by_stage: dict[str, float] = {}
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
