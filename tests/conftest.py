@@ -1,7 +1,7 @@
 """The suite's tiers and how two processes share them (docs/testing.md).
 
-`pytest` runs the fast tier: pyproject's addopts deselect the end-to-end tier (marker `e2e`) and
-the real-vLLM tests (`vllm_cpu`); the summary says how to run what it left out. `pytest -n 2`
+`pytest` runs the fast tier: pyproject's addopts deselect the end-to-end tier (marker `e2e`),
+the real-vLLM tests (`vllm_cpu`) and the SLURM tests (`slurm`); the summary says how to run what it left out. `pytest -n 2`
 (pytest-xdist, `--dist loadgroup` from addopts) spreads the tests over two processes:
 
 - a module whose tests share a module-scoped fixture (a whole study, a server) is one unit, so
@@ -20,6 +20,7 @@ import pytest
 TIERS = {
     "e2e": "the end-to-end tier: pytest -m e2e (with -n 2 in two processes)",
     "vllm_cpu": "real vLLM on this host's CPU: CONNECTOR_TAX_VLLM_PYTHON=... pytest -m vllm_cpu",
+    "slurm": "the study on a local SLURM: bash tools/slurm_local.sh start --gpus 2, then pytest -m slurm",
 }
 
 
