@@ -12,6 +12,8 @@ from synthetic_study import SyntheticSpec, write_study
 from connector_tax.analysis import analyze
 from connector_tax.plots import make_figures
 
+pytestmark = pytest.mark.e2e  # a whole (synthetic) study analysed, figures and report: a minute of CPU
+
 EXPECTED_COLUMNS = [
     "variant",
     "phase",

@@ -132,7 +132,9 @@ def test_a_rate_the_generator_cannot_issue_ends_on_the_wall_clock(tmp_path: Path
             tmp_path,
         )
         took = time.monotonic() - t
-    assert took < 0.3 + 1.0 + 0.5, took  # planned end + drain timeout (+ set-up)
+    # planned end + drain timeout, + 5 s for a loaded host's set-up and scheduling: issuing all
+    # 600,000 requests instead would take tens of seconds
+    assert took < 0.3 + 1.0 + 5.0, took
     assert summary["counts"]["unissued"] > 0
     reasons = summary["validity"]["reasons"]
     assert any(r.startswith("unissued ") for r in reasons), reasons
