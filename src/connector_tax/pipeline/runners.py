@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from connector_tax.config import Validity
 from connector_tax.config.cells import Cell
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
@@ -24,7 +25,6 @@ from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.launch.command import launch_spec
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.pipeline.precision import PrecisionWatch
@@ -73,7 +73,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         workers=loadgen["workers"],
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
-        validity=ValidityThresholds.from_dict(config.get("validity")),
+        validity=Validity.from_mapping(config["validity"]),
         api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
 
