@@ -105,6 +105,13 @@ EXPECTED_COLUMNS = [
     "crit_ttft_growth",
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
+    "host_measured",
+    "host_busy",
+    "host_others_cpu_frac",
+    "host_others_cores_max",
+    "host_steal_frac",
+    "host_run_queue_mean",
+    "attempts",
     "window_note",
 ]
 AGGREGATE_KEYS = [
@@ -131,6 +138,7 @@ AGGREGATE_KEYS = [
     "step_cdf",
     "artifacts",
     "runtime",
+    "contention",
     "analysis_seconds",
 ]
 FIGURES = [
@@ -237,6 +245,7 @@ def test_csv_and_json_schemas_stable(study):
         "ci_method",
         "verdict_rule",
         "hypotheses",
+        "perturbed_calls",
         "success_criteria",
     ]
     assert [h["id"] for h in hyp["hypotheses"]] == ["H1", "H2", "H3", "H4", "H5", "H6"]

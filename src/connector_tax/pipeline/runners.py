@@ -11,10 +11,12 @@ overload guard reads the `waiting` scrapes the runner appends to, whichever cloc
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from connector_tax.config import Validity
 from connector_tax.config.cells import Cell
@@ -25,6 +27,8 @@ from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.launch.command import launch_spec
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
+from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
+from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.pipeline.precision import PrecisionWatch
@@ -37,6 +41,7 @@ from connector_tax.sim.settings import resolve
 
 # (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
 Waiting = list[tuple[float, float]]
+VIRTUAL_HOST = "virtual time: the cell was computed, not run on this host, so no contention could touch it"
 
 
 class Launched(Protocol):
@@ -124,9 +129,22 @@ class ServerRunner:
             index.step_timing_available, index.step_timing_reason = available, reason
 
 
+def _local_listener(url: str) -> int | None:
+    target = urlsplit(url if "://" in url else f"http://{url}")
+    if target.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return None
+    return listener_pid(target.port or (443 if target.scheme == "https" else 80))
+
+
 class _ServerLaunch:
     def __init__(self, name: str, server: ServerProcess, gen: LoadGenerator, splitter: StepLogSplitter) -> None:
         self.name, self.server, self.gen, self.splitter = name, server, gen, splitter
+        # The study's own processes on this host: this job (the load generator's main process) with
+        # its descendants and ancestors, and the server's process group (it runs in its own session).
+        # An external server (backend openai) on this host is found by its port: its CPU is the
+        # server's, not contention.
+        external = None if server.proc else _local_listener(server.url)
+        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external)
 
     def run(
         self,
@@ -137,9 +155,11 @@ class _ServerLaunch:
         give_up: Callable[[], bool],
         waiting: Waiting,
     ) -> tuple[dict[str, Any], str | None]:
+        host = HostSampler(staging.host, self.study, METRICS_INTERVAL_S, self.gen.options.validity)
         with MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler, precision:
-            with ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+            with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
+        summary["host"] = host.report()
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
         failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
@@ -188,4 +208,5 @@ class VirtualRunner:
             waiting=waiting,
             metrics_interval_s=METRICS_INTERVAL_S,
         ).run()
+        summary["host"] = not_measured(VIRTUAL_HOST)
         return summary, None
