@@ -61,6 +61,53 @@ def on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+# -- a client's own CPU -----------------------------------------------------------------------
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphans of our children (a client's workers outliving it) are reparented to this process,
+    so that reaping them adds their CPU time to ours: a client's cost is all of its processes'."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans() -> None:
+    """Wait for every child that has exited and that nobody waited for (their CPU time is added
+    to RUSAGE_CHILDREN only once they are reaped)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of every child this process has reaped, and of theirs."""
+    import resource
+
+    reap_orphans()
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class Hog:
+    """A busy process (`while True: pass`) on `cpus` (default: every CPU this process may use),
+    named ctax-hog; stopped on close and on any exit."""
+
+    CODE = "import ctypes\nctypes.CDLL(None).prctl(15, b'ctax-hog', 0, 0, 0)\nwhile True:\n    pass\n"
+
+    def __init__(self, cpus: set[int] | None = None) -> None:
+        self.proc = spawn([sys.executable, "-c", self.CODE])
+        os.sched_setaffinity(self.proc.pid, cpus or os.sched_getaffinity(0))
+
+    def close(self) -> None:
+        kill_tree(self.proc, grace_s=0.5)
+
+
 # -- CPU sampling ---------------------------------------------------------------------------
 class CpuMonitor:
     """CPU seconds of labelled process trees, and of the whole machine, sampled over time so that

@@ -22,8 +22,11 @@ def _proc(ppid: int, own: float, children: float = 0.0, pgrp: int | None = None,
     )
 
 
-def _snap(t_s: float, procs: dict[int, Proc], busy: float = 0.0, steal: float = 0.0, running: int = 1) -> Snapshot:
-    return Snapshot(int(t_s * 1e9), procs, busy, steal, 2, running, None)
+def _snap(
+    t_s: float, procs: dict[int, Proc], busy: float | None = None, steal: float = 0.0, running: int = 1
+) -> Snapshot:
+    """Both CPUs busy all along unless `busy` says otherwise (it caps what counts as others')."""
+    return Snapshot(int(t_s * 1e9), procs, 2.0 * t_s if busy is None else busy, steal, 2, running, None)
 
 
 # init(1) -> shell(10) -> snakemake(20) -> job(100) -> worker(101); job -> server(200, own group) -> engine(201)
@@ -81,6 +84,15 @@ def test_a_grandchild_reaped_through_a_parent_that_exited_too() -> None:
     b = _snap(1, _with(TREE, p300=_proc(10, 1.0, children=1.5 + 4.25)))
     step = interval(a, b, Study(JOB, SERVER))
     assert step["cpu_s"]["others"] == pytest.approx(0.75)
+
+
+def test_others_never_counted_past_what_the_host_was_busy() -> None:
+    # An orphan's time credited to init while its old grandparent is charged for it: the sum of
+    # deltas would exceed the host's busy time; what counts is capped by /proc/stat's.
+    a = _snap(0, _with(TREE, p300=_proc(10, 0.0, name="x")), busy=0.0)
+    b = _snap(1, _with(TREE, p300=_proc(10, 3.0, name="x")), busy=1.2)
+    step = interval(a, b, Study(JOB, SERVER))
+    assert step["cpu_s"]["others"] == pytest.approx(1.2) and step["capped"]
 
 
 def test_a_process_started_between_snapshots_counts_all_its_time_and_a_reused_pid_is_new() -> None:

@@ -13,6 +13,8 @@ says how busy the host was and whether that was too busy (`busy`, with the numbe
   lands in its parent's children's time (cutime), minus what was already counted for it;
 - from /proc/stat: steal time, the CPU time nobody's process was charged with (interrupts, the
   exits nobody waited for: `unattributed`), and the run queue (`procs_running`) at each snapshot;
+  the host's busy time less the study's own also caps what is counted as others' (a process
+  reaped by another ancestor than its parent could otherwise be counted twice);
 - from /proc/pressure/cpu where the kernel has it: the share of time some task waited for a CPU
   (the study's own threads included, so it is context, not a bound).
 
@@ -222,13 +224,22 @@ def interval(a: Snapshot, b: Snapshot, study: Study) -> dict[str, Any]:
         if c == "others":
             per_other[(pid, q.name)] = per_other.get((pid, q.name), 0.0) + used
     wall = max((b.t_ns - a.t_ns) / 1e9, 1e-9)
+    busy = max(0.0, b.busy_s - a.busy_s)
+    # Per process is who; /proc/stat is how much. A process whose parent exited before it did is
+    # reaped by another ancestor than the one its time is taken off, which can count its earlier
+    # time twice: never more than the host's busy time less the study's own is counted as others'.
+    ceiling = max(0.0, busy - sum(v for c, v in per_class.items() if c != "others"))
+    capped = per_class["others"] > ceiling + 0.02 * wall
+    if capped:
+        per_class["others"] = ceiling
     pressure = None if a.pressure_us is None or b.pressure_us is None else (b.pressure_us - a.pressure_us) / 1e6
     return {
         "wall_s": wall,
         "cpus": b.cpus,
         "cpu_s": per_class,
         "others": per_other,
-        "busy_s": max(0.0, b.busy_s - a.busy_s),
+        "busy_s": busy,
+        "capped": capped,
         "steal_s": max(0.0, b.steal_s - a.steal_s),
         "running": b.running,
         "pressure_s": pressure,
