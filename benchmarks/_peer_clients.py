@@ -251,13 +251,15 @@ def run_aiperf(
         f"{rate:g}",
         "--request-count",
         str(count),
-        "--synthetic-input-tokens-mean",
+        "--arrival-pattern",
+        "poisson",
+        "--isl",
         str(prompt_tokens),
-        "--synthetic-input-tokens-stddev",
+        "--isl-stddev",
         "0",
-        "--output-tokens-mean",
+        "--osl",
         str(tokens),
-        "--output-tokens-stddev",
+        "--osl-stddev",
         "0",
         "--extra-inputs",
         "ignore_eos:true",
@@ -302,13 +304,12 @@ def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | No
     gbin = Path(a.guidellm_venv) / "bin" / "guidellm"
     guidellm = gbin if gbin.exists() else None
     notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
-    if guidellm and not (tok / "tokenizer.json").exists():
-        subprocess.run(
-            [str(Path(a.guidellm_venv) / "bin" / "python"), "-c", TOKENIZER_SCRIPT, str(tok)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+    # The offline tokenizer every peer is given, built with whichever peer's venv has
+    # transformers (guidellm's, else AIPerf's; `builtin` in AIPerf downloads an encoding).
+    builders = [Path(v) / "bin" / "python" for v in (a.guidellm_venv, a.aiperf_venv)]
+    builder = next((py for py in builders if py.exists()), None)
+    if builder is not None and not (tok / "tokenizer.json").exists():
+        subprocess.run([str(builder), "-c", TOKENIZER_SCRIPT, str(tok)], check=True, capture_output=True, timeout=300)
     if vllm and not (tok / "tokenizer.json").exists():
-        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm venv)"
+        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm or AIPerf venv)"
     return vllm, guidellm, notes

@@ -575,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
         ctx.vllm, ctx.guidellm, ctx.notes = find_peers(a, tok)
         ctx.aiperf, ctx.notes["aiperf"] = find_aiperf(a)
+        if ctx.aiperf is not None and not (tok / "tokenizer.json").exists():
+            ctx.aiperf, ctx.notes["aiperf"] = None, "skipped: no offline tokenizer"
         print("\n".join(f"{name}: {note}" for name, note in ctx.notes.items()), flush=True)
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", a.server_cpu or [0])
         print(

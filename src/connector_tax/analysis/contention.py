@@ -133,8 +133,8 @@ def header_lines(contention: dict[str, Any], calls_perturbed: list[str]) -> list
             f"> **Measured under contention.** {c['invalid']} of {c['cells']} cells stand perturbed (the validity "
             f"gate: a busy host or a late load generator) after every attempt; the calls on "
             f"{', '.join(calls_perturbed)} rest on them and are marked `{PERTURBED}`, not confident. "
-            "Measure again on a quiet host (`snakemake --cores 1 all` re-measures only the cells that need it "
-            "when the attempts are raised, or after deleting them).",
+            "Run the study again on a quiet host: `snakemake --cores 1 all` measures again exactly the cells "
+            "that stand perturbed (`snakemake -n` lists them).",
             "",
         ]
     if c["host_measured"] == 0 and c["virtual_time"]:
