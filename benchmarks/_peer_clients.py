@@ -270,7 +270,9 @@ def run_aiperf(
         "--ui-type",
         "none",
     ]
-    env = dict(os.environ, **OFFLINE)
+    # Not HF_HUB_OFFLINE: AIPerf 0.13 then reads any tokenizer name, a local folder too, as a hub
+    # repo id and fails; the local folder loads without the network anyway.
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
     output = _finish(
         spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s
     )
