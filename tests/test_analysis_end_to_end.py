@@ -113,6 +113,12 @@ EXPECTED_COLUMNS = [
     "host_run_queue_mean",
     "attempts",
     "window_note",
+    # stream coalescing: can the cell's client-side TPOT/ITL be trusted (analysis/streams.py)
+    "chunks_per_token_p50",
+    "coalesced_share",
+    "burst_share",
+    "client_tpot_trusted",
+    "stream_note",
 ]
 AGGREGATE_KEYS = [
     "schema_version",
@@ -128,6 +134,9 @@ AGGREGATE_KEYS = [
     "variant_status",
     "ignored",
     "like_for_like",
+    "connector_packages",
+    "workarounds",
+    "threads",
     "code",
     "ci_method",
     "saturation",

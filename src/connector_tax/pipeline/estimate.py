@@ -25,6 +25,7 @@ from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, phase_a_ce
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.provenance import virtual_clock
+from connector_tax.sim.profiles import hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
 # graphs; measured values from a previous run replace these).
@@ -43,8 +44,6 @@ class Estimate:
 
 def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
-    from connector_tax.sim.profiles import hardware_profile
-
     sim = study.raw["sim"]
     hw = hardware_profile(sim["hardware_profile"], sim.get("hardware"))
     entries = shape.get("mix") or shape.get("pattern") or [shape]
