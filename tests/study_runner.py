@@ -22,6 +22,21 @@ from connector_tax.contract.index import read_index, read_summary, verify_cell
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
 
+# Every bound a busy host can break (pipeline/gate.py PERTURBATIONS) out of its reach; the
+# server's own errors are still judged.
+LENIENT_VALIDITY: dict[str, Any] = {
+    "attempts": 1,
+    "max_lateness_gap_frac": 1e6,
+    "max_lateness_ttft_frac": 1e6,
+    "max_lateness_max_us": 1e12,
+    "max_rate_error": 1e6,
+    "max_cpu_frac": 1e6,
+    "max_unissued": 10**9,
+    "max_overrun_ms": 1e12,
+    "max_others_cpu_frac": 1.0,
+    "max_steal_frac": 1.0,
+}
+
 # Two configurations, two rates, one Phase B shape, seconds per cell. Saturation thresholds
 # that never fire keep the reference rates (and so the Phase B cells) fixed whatever the noise.
 TINY: dict[str, Any] = {
@@ -51,6 +66,10 @@ TINY: dict[str, Any] = {
     # but several at once on a loaded 2-core host have taken over 20 s, past the default 30 s
     # bail-out's comfort.
     "server": {"ready_timeout_s": 120},
+    # The validity gate is not what these tests test, and the host they run on is shared: one
+    # attempt per cell, and bounds no busy host reaches, so a cell's reuse does not depend on
+    # the neighbours (tests/test_contention.py tests the gate).
+    "validity": LENIENT_VALIDITY,
 }
 
 

@@ -15,8 +15,8 @@ import pytest
 from loadgen_common import assert_one_record_each, by_index, options, run
 from sim_server import poll
 
+from connector_tax.config import default_validity
 from connector_tax.loadgen.session import LoadGenerator
-from connector_tax.loadgen.stats import ValidityThresholds
 
 
 # -- drops, timeouts, drain, errors -------------------------------------------------------
@@ -113,7 +113,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
-    with LoadGenerator(options(sims["plain"].url, validity=ValidityThresholds(max_lateness_p99_us=0))) as g:
+    with LoadGenerator(options(sims["plain"].url, validity=default_validity().replace(max_lateness_p99_us=0))) as g:
         pids = g.pool.pids()
         assert len(pids) == 1 and not _gone(pids)
         summary, records = run(g, out, "validity", arrival="fixed", rate=20.0, duration_s=0.3)
