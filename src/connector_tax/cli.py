@@ -37,6 +37,12 @@ def _bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from connector_tax.calibrate.cli import main
+
+    return main(args)
+
+
 def _analyze(args: argparse.Namespace) -> int:
     from connector_tax.pipeline.analyze import main
 
@@ -172,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="statistics, taxes, verdicts and figures from results/<study>")
     add_analyze_arguments(analyze)
     analyze.set_defaults(func=_analyze)
+
+    from connector_tax.calibrate.cli import add_arguments as add_calibrate_arguments
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's engine profile from a real study (-o PROFILE), or check one (--check --profile)",
+    )
+    add_calibrate_arguments(calibrate)
+    calibrate.error = lambda message: calibrate.exit(2, f"ctax calibrate: {message}\n")  # type: ignore[method-assign]
+    calibrate.set_defaults(func=_calibrate)
 
     plan = sub.add_parser("plan", help="a study's cells, estimated wall time per stage, GPU-hours, nothing run")
     plan.add_argument(
