@@ -83,6 +83,13 @@ def render_fit(profile: EngineProfile) -> str:
             "(not modelled)"
         )
     lines.append(f"KV cache: {hw['kv_cache_blocks']} blocks of {hw['block_size']} tokens")
+    scatter = fit.get("scatter") or {}
+    if scatter.get("ratio_p10_p50_p90_p99"):
+        p = scatter["ratio_p10_p50_p90_p99"]
+        lines.append(
+            f"steps around the fit (measured / fitted, mean 1; not simulated): p10 {p[0]:.2f}, p50 {p[1]:.2f}, "
+            f"p90 {p[2]:.2f}, p99 {p[3]:.2f}; consecutive steps' correlation {scatter['phi']} (n={scatter['n']})"
+        )
     lines.append("API server beyond the engine (p50 / p90, µs; n):")
     for name, api in (fit.get("api") or {}).items():
         ing, eg = api["ingress"], api["egress"]
