@@ -114,6 +114,10 @@ def _plan(args: argparse.Namespace) -> int:
         resolved = resolution(layout.root)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
+    if profile is not None:
+        unfitted = [v.name for v in study.variants if v.connector and profile.variant_for(v.name, v.connector) is None]
+        if unfitted:
+            notes.append(f"not in the profile, so on the hand-set connector model: {', '.join(unfitted)}")
     notes.append(
         "predicted: Phase A and the baseline's Phase B computed in the simulator's virtual time "
         f"(profile {used}); other configurations' Phase B cells at the baseline's lengths"

@@ -19,8 +19,10 @@ the profile was not fitted on (the split: which cells the profile's provenance l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +187,8 @@ def replay(cell: Measurement, config: dict[str, Any], folder: Path, runner: Virt
         config["saturation"]["waiting_p50_max"],
         planned.phase != PHASE_A and planned.overload_guard,
     )
-    summary, _ = runner.run(planned, files, _T0_NS, precision, guard.overloaded, waiting)
+    with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines are not the check's output
+        summary, _ = runner.run(planned, files, _T0_NS, precision, guard.overloaded, waiting)
     return Measurement(cell.variant, cell.phase, cell.label, files, planned, summary)
 
 

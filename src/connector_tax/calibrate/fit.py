@@ -202,6 +202,11 @@ def _scale_fit(target: str, y: np.ndarray, base: np.ndarray, cells: np.ndarray, 
     return fit
 
 
+def _sig(x: float) -> float:
+    """Four significant digits: what the fit can tell, and a file a person can read."""
+    return float(f"{x:.4g}")
+
+
 def _not_faster(fit: Fit, base_mean: float) -> None:
     """A connector cannot make the engine faster than the baseline: where the fitted difference
     comes out faster on the variant's own steps, it is the launches' host load that differed,
@@ -233,7 +238,7 @@ def fit_variant(steps: pd.DataFrame, forward: Fit, schedule: Fit) -> tuple[Varia
             quality["hooks"][hook] = {"n": 0, "note": "never recorded for this variant"}
             continue
         fit = fit_hook(sched, hook)
-        hooks[hook] = {"fixed_us": fit.value("fixed_us"), **{name: fit.value(name) for name in HOOK_TERMS.values()}}
+        hooks[hook] = {name: _sig(fit.value(name)) for name in ("fixed_us", *HOOK_TERMS.values())}
         quality["hooks"][hook] = fit.as_dict()
         hook_total += sched[f"{hook}_us"].fillna(0).to_numpy()
     base = predict_forward(forward, sched)

@@ -9,6 +9,10 @@ estimate, and their launches' start-up is measured too. Phase B's rate and Phase
 only known after Phase A: without a previous run, Phase B is estimated at the middle Phase A
 rate and no rate is assumed pruned (an upper bound), and the output says so.
 
+With a calibrated profile (`ctax plan --profile FILE`, or the config's `sim.profile`) a vLLM
+study's launches take the times that profile's own study measured on its host (Timing: a
+preflight, a phase job besides its cells, the rest of `snakemake all`), not LAUNCH_S.
+
 GPU-hours are the sum of the phase jobs' (and gated preflights') times, each job holding one
 GPU; the wall time on N GPUs is the makespan of the phase jobs placed longest first.
 """
