@@ -117,6 +117,17 @@ def test_the_check_of_a_study_against_the_profile_that_made_it_finds_no_error(kn
     assert result["summary"]["goals_met"] == {"ttft_p90": True, "tpot_p90": True, "taxes": True}
 
 
+def test_the_launch_speed_diagnostic_finds_the_records_at_the_profiles_own_speed(known):
+    """Records the profile made run at its speed: every launch's measured / predicted step is 1
+    (within what the reconstructed context tokens and KV blocks miss), and the replay at that
+    speed stays within a few percent of the records."""
+    results, profile = known
+    result = check(results, profile, simulated_ok=True, launch_speed=True).as_dict()
+    assert set(result["launch_speeds"]) == {f"{v}/{p}" for v in ("plain", "nixl_both") for p in ("phase_a", "phase_b")}
+    assert all(abs(s - 1) < 0.02 for s in result["launch_speeds"].values()), result["launch_speeds"]
+    assert result["summary"]["median_abs_error"]["engine_step_p50_us"] < 0.03
+
+
 def test_a_profile_for_another_model_is_refused_by_the_check(known, tmp_path):
     results, _ = known
     other = copy.deepcopy(KNOWN)

@@ -35,8 +35,9 @@ from connector_tax.analysis.cellstats import cell_row
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.taxes import compute_taxes
-from connector_tax.calibrate.records import CalibrationError, open_study
-from connector_tax.config import PHASE_A, ConfigError, find_variant
+from connector_tax.calibrate.records import CalibrationError, open_study, read_study
+from connector_tax.calibrate.speed import at_speed, launch_speeds
+from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, find_variant
 from connector_tax.config.profile import EngineProfile, check_model, read_profile
 from connector_tax.contract.layout import CellFiles
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
@@ -92,12 +93,14 @@ class CheckResult:
     cells: list[dict[str, Any]] = field(default_factory=list)
     taxes: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    launch_speeds: dict[str, float] | None = None  # --launch-speed: measured / predicted per launch
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "study": self.study,
             "profile": self.profile,
             "split": self.split,
+            "launch_speeds": self.launch_speeds,
             "goals": GOALS,
             "cells": self.cells,
             "taxes": self.taxes,
@@ -193,10 +196,15 @@ def replay(cell: Measurement, config: dict[str, Any], folder: Path, runner: Virt
 
 
 def check(
-    results_dir: Path, profile_file: str | Path, workdir: Path | None = None, simulated_ok: bool = False
+    results_dir: Path,
+    profile_file: str | Path,
+    workdir: Path | None = None,
+    simulated_ok: bool = False,
+    launch_speed: bool = False,
 ) -> CheckResult:
     """Replay the real study under `results_dir` with the profile; CalibrationError (one line).
-    `simulated_ok`: check against the simulator's own records (tests: a known answer)."""
+    `simulated_ok`: check against the simulator's own records (tests: a known answer);
+    `launch_speed`: the diagnostic of speed.py (each launch at its own measured speed)."""
     study = open_study(Path(results_dir), "the check", simulated_ok)
     try:
         profile = read_profile(profile_file)
@@ -241,12 +249,25 @@ def check(
             "held_out": not overlap,
         },
     )
+    speeds: dict[tuple[str, str], float] = {}
+    if launch_speed:
+        speeds = launch_speeds(profile, read_study(Path(results_dir), "the check", simulated_ok))
+        result.launch_speeds = {f"{v}/{ph}": round(x, 4) for (v, ph), x in speeds.items()}
     predicted_rows = []
     with tempfile.TemporaryDirectory(prefix="ctax-check-") as scratch:
         root = Path(workdir) if workdir else Path(scratch)
+        runners: dict[tuple[str, str], VirtualRunner] = {}
         for variant in variants:
-            runner = VirtualRunner(config, find_variant(config, variant))
             for cell in [c for c in measured_cells if c.variant == variant]:
+                launch = (variant, LAUNCH_OF[cell.phase])
+                if launch not in runners:
+                    launch_config = config
+                    if launch in speeds:
+                        connector = find_variant(config, variant).get("connector")
+                        path = at_speed(profile, variant, connector, speeds[launch], root / "profiles")
+                        launch_config = _virtual_config(study.settings.raw, read_profile(path))
+                    runners[launch] = VirtualRunner(launch_config, find_variant(launch_config, variant))
+                runner = runners[launch]
                 virtual = replay(cell, config, root / variant / cell.phase, runner)
                 row, _ = cell_row(virtual, backend="sim", simulated=True, run_status="ok", step_timing_available=True)
                 predicted_rows.append(row)
