@@ -106,6 +106,12 @@ EXPECTED_COLUMNS = [
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
     "window_note",
+    # stream coalescing: can the cell's client-side TPOT/ITL be trusted (analysis/streams.py)
+    "chunks_per_token_p50",
+    "coalesced_share",
+    "burst_share",
+    "client_tpot_trusted",
+    "stream_note",
 ]
 AGGREGATE_KEYS = [
     "schema_version",
@@ -121,6 +127,9 @@ AGGREGATE_KEYS = [
     "variant_status",
     "ignored",
     "like_for_like",
+    "connector_packages",
+    "workarounds",
+    "threads",
     "code",
     "ci_method",
     "saturation",

@@ -26,7 +26,7 @@ def _truth(args: argparse.Namespace) -> int:
 
 
 def _launch_command(args: argparse.Namespace) -> int:
-    from connector_tax.launch.command import main
+    from connector_tax.launch.cli import main
 
     return main(args)
 
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     truth.error = lambda message: truth.exit(2, f"ctax truth: {message}\n")  # type: ignore[method-assign]
     truth.set_defaults(func=_truth)
 
-    from connector_tax.launch.command import add_arguments as add_launch_arguments
+    from connector_tax.launch.cli import add_arguments as add_launch_arguments
 
     launch = sub.add_parser("launch-command", help="print the exact server launch of a config, launch nothing")
     add_launch_arguments(launch)

@@ -20,6 +20,8 @@ from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
+from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
+from connector_tax.analysis.streams import stream_stats
 from connector_tax.config import PHASE_A
 
 REQUEST_FIELDS = {
@@ -100,7 +102,7 @@ _SAT = [
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
 ]
-COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"]
+COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"] + STREAM_COLUMNS
 
 
 def time_series_stats(
@@ -349,6 +351,7 @@ def cell_row(
         note_s, grid = None, None
         row["steps_n"] = 0
     row["step_timing_available"] = bool(step_timing_available and row["steps_n"])
+    row.update(stream_stats(cell, row))  # client-side TPOT/ITL trust (analysis/streams.py)
     row["window_note"] = "; ".join(n for n in (note_m, note_s) if n) or None
     if cell.phase != PHASE_A:
         row["crit_ttft_growth"] = None

@@ -33,6 +33,7 @@ from connector_tax.analysis.report import render_report
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A, rate_label
 from connector_tax.contract import StudyLayout
@@ -106,6 +107,25 @@ def served_by(study: Study) -> str:
     return "simulated vLLM (ctax sim)" if study.simulated else f"backend {study.backend}"
 
 
+def launch_facts(study: Study) -> dict[str, Any]:
+    """What the launches recorded beside their cells, for every output: the connector packages of
+    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    from connector_tax.contract.records import connector_packages
+
+    packages = sorted(
+        {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
+    )
+    workarounds: dict[str, list[str]] = {}
+    for (name, _phase), r in study.runs.items():
+        for w in (r.run or {}).get("workarounds") or []:
+            if w not in workarounds.setdefault(name, []):
+                workarounds[name].append(w)
+    return {
+        "connector_packages": "; ".join(packages) or None,
+        "workarounds": {k: v for k, v in workarounds.items() if v},
+    }
+
+
 def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
     """Everything the outputs are made of, in memory (no file written)."""
     t0 = time.perf_counter()
@@ -146,6 +166,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
     taxes = compute_taxes(rows, study.variants, base, reference) if base else None
+    for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
+        for name in entry.get("missing") or {}:
+            pf = study.preflight.get(name) or {}
+            if pf.get("status") == "skip":
+                entry["missing"][name] = f"SKIP at preflight: {pf.get('reason')}"
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
     hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated)
@@ -183,6 +208,9 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "variant_status": config_status,
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
+        **launch_facts(study),
+        # where a real server's CPU goes (the simulator's threads say nothing about vLLM's)
+        "threads": thread_tables(study, reference) if study.backend == "vllm" else None,
         "code": study.code,
         "ci_method": {
             "percentiles": BATCH_METHOD,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from connector_tax.analysis.streams import render as render_streams
+from connector_tax.analysis.threads import render as render_threads
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
 
 # Which step each number is (the design's "Step-timing instrumentation" and issue 15).
@@ -86,7 +88,7 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ref = agg.get("reference") or {}
     L += [
         f"- Served by: {served}",
-        f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
+        f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; variants: "
         + ", ".join(f"`{c}`" for c in agg["variants"]),
         f"- Baseline for taxes: `{agg.get('baseline')}`"
         if agg.get("baseline")
@@ -108,6 +110,11 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
+    # -- connector packages and workarounds, from the launches (issue 22)
+    if agg.get("connector_packages"):
+        L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
+    for name, items in (agg.get("workarounds") or {}).items():
+        L += [f"- Workaround, `{name}`: {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     return L
@@ -260,7 +267,9 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
             "## Substrate tax",
             "",
             f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
-            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback.",
+            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback; "
+            "engine step: relative p50 tax of the whole engine step (schedule, model, update) [95% CI]. "
+            "A TTFT/TPOT tax without an interval comes from a cell with too few requests for batch means.",
             "",
         ]
         for ref_name in ("ref_safe", "ref_load"):
@@ -284,6 +293,7 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                     "tax step p50 (µs)",
                     "callback p50 (µs)",
                     "unattributed (µs)",
+                    "tax engine step p50",
                 ],
                 [
                     [
@@ -293,6 +303,7 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                         _us(t.get("step_p50_us")),
                         _us(t.get("callback_p50_us")),
                         _us(t.get("unattributed_p50_us")),
+                        _pct(t.get("engine_step_p50")),
                     ]
                     for n, t in e["variants"].items()
                 ],
@@ -331,6 +342,12 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
             )
 
     return L
+
+
+def _server_cpu(agg: dict[str, Any]) -> list[str]:
+    """Where the server's CPU goes, and where client-side TPOT/ITL cannot be trusted
+    (analysis/threads.py, analysis/streams.py)."""
+    return render_threads(agg.get("threads") or {}, agg["variants"]) + render_streams(agg["rows"])
 
 
 def _figures(figures: dict[str, list[str]], skipped: dict[str, str], figures_made: bool) -> list[str]:
@@ -410,6 +427,7 @@ def render_report(
         _verdicts(hyp),
         _phase_a(agg),
         _taxes(agg),
+        _server_cpu(agg),
         _figures(figures, skipped, figures_made),
         _flags(agg),
     )

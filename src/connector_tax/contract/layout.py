@@ -15,8 +15,16 @@ from connector_tax.config.cells import LAUNCH_OF, PHASES
 
 # The per-cell record files a complete cell vouches for, in the order they are sealed (the
 # summary comes last and carries the size and record count of each).
-CELL_RECORDS = ("requests", "metrics", "engine_step")
-_SUFFIX = {"requests": ".jsonl", "metrics": ".jsonl", "engine_step": ".jsonl", "summary": ".json", "events": ".jsonl"}
+# threads: the server processes' per-thread CPU time at the metrics cadence (metrics/threads.py).
+CELL_RECORDS = ("requests", "metrics", "engine_step", "threads")
+_SUFFIX = {
+    "requests": ".jsonl",
+    "metrics": ".jsonl",
+    "engine_step": ".jsonl",
+    "threads": ".jsonl",
+    "summary": ".json",
+    "events": ".jsonl",
+}
 
 STAGING = ".staging"
 SUPERSEDED = "superseded"
@@ -79,6 +87,10 @@ class CellFiles:
     @property
     def engine_step(self) -> Path:
         return self.path("engine_step")
+
+    @property
+    def threads(self) -> Path:
+        return self.path("threads")
 
     @property
     def events(self) -> Path:
@@ -233,6 +245,12 @@ class PhaseLayout:
 
     def raw_step_log(self, launch_id: str) -> Path:
         return self.raw_steps / f"engine_step_raw.{launch_id}.jsonl"
+
+    @property
+    def idle_threads(self) -> Path:
+        """threads_idle.jsonl: the server's per-thread CPU time, idle, right after the last launch
+        here was ready and before its first request (run.json `idle_threads` says which launch)."""
+        return self.folder / "threads_idle.jsonl"
 
 
 @dataclass(frozen=True)

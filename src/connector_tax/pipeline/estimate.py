@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, phase_a_cells, phase_b_cells
+from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.provenance import virtual_clock
+from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
 # graphs; measured values from a previous run replace these).
@@ -78,9 +80,6 @@ class Estimate:
 
 def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
-    from connector_tax.config.profile import read_profile
-    from connector_tax.sim.profiles import HardwareProfile, hardware_profile
-
     sim = study.raw["sim"]
     if sim.get("profile"):
         hw = HardwareProfile(**{**read_profile(sim["profile"]).hardware, **(sim.get("hardware") or {})})

@@ -18,7 +18,14 @@ from connector_tax.atomic import write_atomic
 from connector_tax.config import LAUNCH_PHASES, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
-from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake_transport, served_by, server_versions
+from connector_tax.contract.records import connector_packages
+from connector_tax.pipeline.provenance import (
+    git_sha,
+    gpu_description,
+    mooncake_transport,
+    served_by,
+    server_versions,
+)
 
 COLUMNS = [
     "date",
@@ -36,6 +43,8 @@ COLUMNS = [
     "lmcache_version",
     "torch_version",
     "server_versions",
+    "connector_packages",
+    "workarounds",
     "connector_tax_sha",
     "loadgen_code",
     "gpu",
@@ -74,11 +83,14 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
         vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
     return {
         "vllm_version": vllm or "",
-        "mooncake_version": found.get("mooncake-transfer-engine") or "",
+        "mooncake_version": found.get("mooncake-transfer-engine")
+        or found.get("mooncake-transfer-engine-non-cuda")
+        or "",
         "nixl_version": found.get("nixl") or "",
         "lmcache_version": found.get("lmcache") or "",
         "torch_version": found.get("torch") or "",
         "server_versions": json.dumps(found, sort_keys=True),
+        "connector_packages": connector_packages(found),
     }
 
 
@@ -130,6 +142,7 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
                 cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
                 cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
                 launch_command=shlex.join(index.launch_command) if index.launch_command else "",
+                workarounds="; ".join(index.workarounds),
             )
             rows.append(row)
     return rows
@@ -168,6 +181,11 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
         f"- hybrid KV cache manager: {first.get('hma', '')}",
         f"- Mooncake {first.get('mooncake_version') or '—'}, NIXL {first.get('nixl_version') or '—'}, "
         f"LMCache {first.get('lmcache_version') or '—'}",
+        f"- connector packages (the server's Python): {first.get('connector_packages') or '—'}",
+    ]
+    workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
+    lines += [f"- workaround, {name}: {w}" for name, w in workarounds]
+    lines += [
         "",
         "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -48,7 +48,16 @@ from connector_tax.serving.process import ServerStartError
 # only cells left pruned) carries them over from the last launch, which measured the cells it
 # reuses. They are kept in launch.json: Snakemake deletes a job's output, run.json, before it
 # re-runs the job (--forcerun, a touched input), so run.json alone would lose them.
-_CARRIED = ("launch_command", "server_cpus", "gpu", "step_timing_available", "step_timing_reason")
+_CARRIED = (
+    "launch_command",
+    "server_cpus",
+    "gpu",
+    "step_timing_available",
+    "step_timing_reason",
+    "workarounds",
+    "server_env",
+    "idle_threads",
+)
 
 
 def _settings_of(index: PhaseIndex) -> str:

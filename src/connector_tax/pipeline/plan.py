@@ -6,6 +6,7 @@ changed) and by the phase job (to decide which cells to reuse), so both always a
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -60,8 +61,6 @@ def launch_argv(config_path: str | Path, config: dict[str, Any], variant: dict[s
 
 
 def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
-    import json
-
     try:
         return json.loads(layout.reference_rates.read_text(encoding="utf-8"))
     except (OSError, ValueError):

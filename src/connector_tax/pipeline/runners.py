@@ -11,21 +11,25 @@ overload guard reads the `waiting` scrapes the runner appends to, whichever cloc
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from connector_tax.config.cells import Cell
+from connector_tax.config.cells import PHASE_A, Cell
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.launch.command import launch_spec
+from connector_tax.launch.steptiming import thread_labels
+from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.metrics.sampler import MetricsSampler
+from connector_tax.metrics.threads import ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
@@ -34,6 +38,8 @@ from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.sim.settings import resolve
+
+IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
 
 # (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
 Waiting = list[tuple[float, float]]
@@ -111,6 +117,9 @@ class ServerRunner:
             spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
         url = spec.url or f"http://{host}:{port}"
         index.launch_command = spec.argv
+        index.server_env = dict(spec.env)
+        if backend == "vllm":
+            index.workarounds = workarounds(config, variant)
         options = loadgen_options(config, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
@@ -118,15 +127,33 @@ class ServerRunner:
             index.server_cpus = list(server.cpus) or None
             save()
             server.wait_ready(ready_timeout_s(config, variant))
+            labels = _thread_labels(raw, backend)
+            # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
+            if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
+                idle = self.folder.idle_threads
+                samples = record_idle(server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
+                index.idle_threads = {
+                    "file": idle.name,
+                    "launch": f"{index.launch_id}.{len(index.restarts)}",
+                    "seconds": IDLE_THREADS_S,
+                    "samples": samples,
+                }
             with LoadGenerator(options) as gen:
-                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw))
+                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
             available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
             index.step_timing_available, index.step_timing_reason = available, reason
 
 
 class _ServerLaunch:
-    def __init__(self, name: str, server: ServerProcess, gen: LoadGenerator, splitter: StepLogSplitter) -> None:
-        self.name, self.server, self.gen, self.splitter = name, server, gen, splitter
+    def __init__(
+        self,
+        name: str,
+        server: ServerProcess,
+        gen: LoadGenerator,
+        splitter: StepLogSplitter,
+        labels: Callable[[], dict[str, str]],
+    ) -> None:
+        self.name, self.server, self.gen, self.splitter, self.labels = name, server, gen, splitter, labels
 
     def run(
         self,
@@ -137,13 +164,32 @@ class _ServerLaunch:
         give_up: Callable[[], bool],
         waiting: Waiting,
     ) -> tuple[dict[str, Any], str | None]:
-        with MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler, precision:
+        threads = self._threads(staging)
+        with (
+            MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler,
+            precision,
+            threads,
+        ):
             with ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
         failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
         return summary, failure
+
+    def _threads(self, staging: CellFiles) -> Any:
+        """Per-thread CPU time of the server's processes, sampled with the metrics, sliced per
+        cell; nothing for an external server (backend openai)."""
+        if self.server.proc is None:
+            return contextlib.nullcontext()
+        return ThreadSampler(self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels)
+
+
+def _thread_labels(raw: Any, backend: str) -> Callable[[], dict[str, str]]:
+    """{tid: connector} of threads a connector's constructor started (vLLM's step-timing reports)."""
+    if backend != "vllm":
+        return dict
+    return lambda: thread_labels(raw)
 
 
 class VirtualRunner:

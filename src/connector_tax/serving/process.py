@@ -47,9 +47,22 @@ MISSING_CONNECTOR = re.compile(
 )
 ROOT_CAUSES = (
     MISSING_CONNECTOR,
+    # vLLM's engine core quoting its worker's exception: the worker's root cause, verbatim
+    re.compile(r"Worker failed with error '(.+)', please check the stack trace above"),
     re.compile(r"(No module named '?[\w.]+'?)"),
     re.compile(r"\b(\w+(?:Error|Exception): .+)$"),
 )
+# Lines that are never a root cause: a log line at WARNING level (vLLM's ulimit warning quotes an
+# OSError), and Python's "Exception ignored in: ... __del__" report of an error raised while an
+# object that failed to construct is collected (Mooncake's worker: no attribute 'async_zmq_ctx'),
+# which comes after the real failure and must not stand for it.
+_WARNING = re.compile(r"\bWARNING\b")
+_IGNORED = "Exception ignored in"
+
+# A connector that started but says it cannot do its work: it serves, so /health is 200, yet
+# measuring it would measure a broken connector (LMCache 0.5.6 on CPU: every new request waits out
+# its lookup timeout). wait_ready fails such a start; the preflight's probe usually finds it first.
+DEGRADED = re.compile(r"System will operate in degraded mode \(recompute\)")
 
 
 # vLLM's line when its engine core dies during start-up. Usually the server exits a moment later;
@@ -66,10 +79,44 @@ def missing_connector(log: str) -> str | None:
     return found.group(1) if found else None
 
 
+def _candidate_lines(log_tail: str) -> list[str]:
+    """The log's lines without warnings and without "Exception ignored in" reports (each runs to
+    the exception line that ends it)."""
+    out, ignoring = [], False
+    for raw in log_tail.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith(_IGNORED):
+            ignoring = True
+            continue
+        if ignoring:
+            if re.match(r"^\w+(?:Error|Exception)\b", line):
+                ignoring = False
+            continue
+        if not _WARNING.search(line):
+            out.append(line)
+    return out
+
+
+def degraded(log: str) -> str | None:
+    """A connector's own "degraded mode" report with its cause, e.g. "No supported cpu connector
+    found. (LMCache: System will operate in degraded mode (recompute))"; None if there is none."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if DEGRADED.search(line):
+            before = [m.group(1) for m in (re.search(r"\b\w+(?:Error|Exception): (.+)$", x) for x in lines[:i]) if m]
+            cause = before[-1].strip() if before else line.strip()
+            who = "LMCache" if "LMCache" in "".join(lines[max(0, i - 40) : i + 1]) else "the connector"
+            return f"{cause} ({who}: System will operate in degraded mode (recompute))"
+    return None
+
+
 def root_cause(log_tail: str) -> str:
     """The most telling line of a failed server's log: the first match of ROOT_CAUSES (in order
-    of the patterns), else the last non-empty line."""
-    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    of the patterns), else the last non-empty line; warnings and errors reported from a __del__
+    ("Exception ignored in") never count."""
+    lines = _candidate_lines(log_tail) or [line.strip() for line in log_tail.splitlines() if line.strip()]
     for pattern in ROOT_CAUSES:
         for line in lines:
             found = pattern.search(line)
@@ -201,6 +248,10 @@ class ServerProcess:
                     if time.monotonic() > deadline:
                         raise self._failure(f"not ready after {timeout_s:.0f} s ({path})")
                     time.sleep(0.05)
+        if self.proc is not None:
+            why = degraded(tail(self.stdout_path, 4000) + "\n" + tail(self.stderr_path, 4000))
+            if why is not None:
+                raise ServerStartError(f"a connector came up degraded: {why}")
 
     def _failure(self, what: str) -> ServerStartError:
         return ServerStartError(what, tail(self.stderr_path, 200) or tail(self.stdout_path, 200))
