@@ -23,17 +23,20 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
             ctax=CTAX,
             name=_name,
             cpus=lease_cpus,
+            placement=PLACEMENT,
             plan=phase_b_plan(_name),
         threads: PHASE_THREADS
         priority: len(RUN_ORDER[PHASE_B]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
+            mem_mb=JOB_MEM_MB,
+            runtime=phase_runtime(_name, PHASE_B),
         conda:
             ENV
         shell:
             "{params.ctax} pipeline phase --config {input.config:q} --variant {params.name:q}"
             " --phase phase_b"
-            " --cpus {params.cpus} 2>&1 | tee {log:q}"
+            " --cpus {params.cpus} --placement {params.placement} 2>&1 | tee {log:q}"
 
 
 rule phase_b:

@@ -72,7 +72,7 @@ class Timing:
 @dataclass
 class Estimate:
     stage: str
-    config: str
+    variant: str
     cells: int
     seconds: float
     measured: int = 0  # cells whose time comes from a previous run
@@ -207,7 +207,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
     lines.append(f"{'stage':10} {'config':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
-        lines.append(f"{e.stage:10} {e.config:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
+        lines.append(f"{e.stage:10} {e.variant:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
     by_stage: dict[str, float] = {}
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds

@@ -43,6 +43,7 @@ from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
+from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
 
 # Facts of a server launch (not settings). A run that launches nothing (every cell reused, or the
 # only cells left pruned) carries them over from the last launch, which measured the cells it
@@ -155,6 +156,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         run_order=run_order(study, launch_phase),
         server_versions=plan.launch["server_versions"],
         cpus_leased=leased,
+        placement=placement_record(),
         served_by=served_by(config, plan.launch["server_versions"]),
         mooncake_transport=mooncake_transport(config, variant),
     )
@@ -225,8 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", required=True, metavar="NAME")
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
+    parser.add_argument(
+        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
+    )
     args = parser.parse_args(argv)
     stop_on_signals()
+    try:
+        adopt(args.placement)
+    except RuntimeError as exc:
+        _say(f"{args.variant} {args.phase}: {exc}")
+        return 2
     study = load_study(args.config).study
     lock_path = StudyLayout.of(study).phase(args.variant, args.phase).lock
     lock = exclusive_lock(lock_path)

@@ -28,6 +28,7 @@ from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.slurm import PLACEMENTS, adopt
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -234,12 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--variant", required=True, metavar="NAME")
     check.add_argument("--out", required=True)
     check.add_argument("--log-dir", required=True)
+    check.add_argument(
+        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPU, no lease"
+    )
     merge = sub.add_parser("merge", help="merge per-configuration results")
     merge.add_argument("--out", required=True)
     merge.add_argument("parts", nargs="+")
     args = parser.parse_args(argv)
     stop_on_signals()
     if args.action == "check":
+        try:
+            adopt(args.placement)
+        except RuntimeError as exc:
+            print(f"{args.variant}: {exc}", file=sys.stderr)
+            return 2
         study = load_study(args.config)
         config = study.raw
         out = Path(args.out)
