@@ -95,4 +95,7 @@ def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
 def test_ctax_plan_predict_needs_a_profile_of_the_server(tmp_path):
     result = _ctax("plan", "--config", str(REPO / "configs" / "vllm-cpu-tiny.yaml"), "--predict", cwd=REPO)
     assert result.returncode == 2
-    assert result.stderr.strip() == "ctax plan: --predict: the config names no sim.hardware_profile for its server"
+    assert result.stderr.strip() == (
+        "ctax plan: --predict: the config names no sim.hardware_profile or sim.profile for its server "
+        "(or give --profile FILE)"
+    )
