@@ -20,6 +20,7 @@ import pytest
 TIERS = {
     "e2e": "the end-to-end tier: pytest -m e2e (with -n 2 in two processes)",
     "vllm_cpu": "real vLLM on this host's CPU: CONNECTOR_TAX_VLLM_PYTHON=... pytest -m vllm_cpu",
+    "contention": "the default study beside a CPU hog: pytest -m contention",
     "slurm": "the study on a local SLURM: bash tools/slurm_local.sh start --gpus 2, then pytest -m slurm",
 }
 
