@@ -174,7 +174,8 @@ class TestNixl:
     """Two nixl_both servers; stopped when this class's tests are done (before Mooncake's start)."""
 
     @pytest.fixture(scope="class")
-    def servers(self, cpu_config, tmp_path_factory) -> Iterator[dict]:
+    @classmethod
+    def servers(cls, cpu_config, tmp_path_factory) -> Iterator[dict]:
         _needs(Path(cpu_config["python"]), "nixl._api")
         config = copy.deepcopy(cpu_config)
         find_variant(config, "nixl_both")["connector"]["extra_config"] = {"kv_lease_duration": NIXL_LEASE_S}
@@ -191,7 +192,8 @@ class TestMooncake:
     """mooncake_producer and mooncake_consumer over TCP, with the CPU guard."""
 
     @pytest.fixture(scope="class")
-    def servers(self, cpu_config, tmp_path_factory) -> Iterator[dict]:
+    @classmethod
+    def servers(cls, cpu_config, tmp_path_factory) -> Iterator[dict]:
         _needs(Path(cpu_config["python"]), "mooncake.engine")
         tmp = tmp_path_factory.mktemp("mooncake")
         yield from _servers(cpu_config, tmp, "mooncake", "mooncake_producer", "mooncake_consumer")
