@@ -8,6 +8,10 @@ library). Each pair is two launches of configs/vllm-cpu-tiny.yaml's configuratio
 side-channel / bootstrap port. Also checked on the same servers: the connector's instrumentation
 records (every worker hook wrapped, worker records written), the Mooncake CPU guard's record, the
 threads a connector's constructor started, and that two launches got the same dummy weights.
+
+Each server of a pair runs on a core of its own (_pair_cores): while a transfer is pending both engines
+step without pause and spin on sched_yield, and two servers pinned to one core starved each
+other there (docs/connectors-cpu.md, "One core per server of a pair").
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -69,20 +74,42 @@ def cpu_config(tmp_path_factory) -> dict:
     return config
 
 
-def _start(config: dict, name: str, out: Path) -> tuple[ServerProcess, int]:
+# The study binds every launch's worker to core 1 (configs/vllm-cpu-tiny.yaml: one server at a
+# time, like for like). A pair is two servers at once, and while a transfer is pending both engines
+# step without pause (the producer holds the finished prefill's blocks, the consumer waits for
+# them) and spin on sched_yield between steps. Both pinned to core 1, one server's threads got no
+# CPU at all for 80-150 s on this host's kernel (Linux 6.18, EEVDF, one autogroup per server's
+# session): the producer's Mooncake bootstrap server did not answer the consumer's three 30 s
+# queries and the consumer failed the request (HTTP 500); docs/connectors-cpu.md has the
+# scheduler's own numbers. So each server of a pair gets a core of its own, as a disaggregated
+# deployment gives prefill and decode their own devices: the whole server pinned there (its API
+# server, engine core and worker) and its worker's OpenMP threads bound to it.
+def _pair_cores() -> tuple[int, int]:
+    """The first two cores this process may use: the producer's and the consumer's."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"a producer/consumer pair needs two cores, one each; this process may use only {allowed}")
+    return allowed[0], allowed[1]
+
+
+def _start(config: dict, name: str, out: Path, core: int) -> tuple[ServerProcess, int]:
+    config = copy.deepcopy(config)
+    config["vllm"].setdefault("cpu", {})["omp_threads_bind"] = str(core)
     port = free_port("127.0.0.1", block=3)
     spec = launch_spec(str(CONFIG), config, find_variant(config, name), port, str(out / "steps" / "engine_step.jsonl"))
-    server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0)
+    server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0, cpus=(core,))
     server.start()
+    assert server.cpus == (core,), f"{name}: could not pin the server to core {core}"
     return server, port
 
 
 @contextlib.contextmanager
 def _pair(config: dict, tmp: Path, producer: str, consumer: str) -> Iterator[dict]:
-    """Two servers started side by side, stopped however the block ends."""
-    p, p_port = _start(config, producer, tmp / "prefill")
+    """Two servers started side by side, each on its own core, stopped however the block ends."""
+    p_core, d_core = _pair_cores()
+    p, p_port = _start(config, producer, tmp / "prefill", p_core)
     try:
-        d, d_port = _start(config, consumer, tmp / "decode")
+        d, d_port = _start(config, consumer, tmp / "decode", d_core)
         try:
             p.wait_ready(START_S)
             d.wait_ready(START_S)
