@@ -167,13 +167,24 @@ def _host_limit(servers: dict) -> str | None:
     return None
 
 
+def _server_errors(servers: dict, lines: int = 6) -> str:
+    """The last ERROR and WARNING lines of both servers' logs: why a transfer failed (a 500 says
+    nothing; the CI failure this file once had was "Bootstrap query ... ReadTimeout" there)."""
+    out = []
+    for side in ("prefill", "decode"):
+        log = (servers["tmp"] / side / "server_stdout.log").read_text(errors="replace").splitlines()
+        hits = [x for x in log if " ERROR " in x or (" WARNING " in x and "_connector.py" in x)]
+        out += [f"{side}: {x[:300]}" for x in hits[-lines:]]
+    return "\n".join(out)
+
+
 def _check_transfer(servers: dict, which: str) -> None:
     result = servers["result"]
     if "error" in result and which == "nixl":
         limit = _host_limit(servers)
         if limit is not None:
             pytest.skip(f"NIXL's handshake did not finish in time on this loaded 2-core host ({limit}): {result}")
-    assert "error" not in result, result
+    assert "error" not in result, f"{result}\n{_server_errors(servers)}"
     assert result["same_weights"], result["weights_probe"]  # two launches, the same dummy weights
     # the consumer took the prompt's KV from the producer instead of computing it...
     assert result["transferred_tokens"] >= result["prompt_tokens"] - 32, result["decode_prompt_tokens_by_source"]
