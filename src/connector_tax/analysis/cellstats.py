@@ -102,7 +102,21 @@ _SAT = [
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
 ]
-COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"] + STREAM_COLUMNS
+# The host around the cell (metrics/host.py via the summary): measured at all (not in virtual
+# time), busy by the validity bounds, outside processes' CPU share (mean over the cell) and the
+# busiest second in cores, steal, run queue; and how many attempts the gate took.
+_HOST = [
+    "host_measured",
+    "host_busy",
+    "host_others_cpu_frac",
+    "host_others_cores_max",
+    "host_steal_frac",
+    "host_run_queue_mean",
+    "attempts",
+]
+COLUMNS: list[str] = (
+    _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + _HOST + ["window_note"] + STREAM_COLUMNS
+)
 
 
 def time_series_stats(
@@ -303,6 +317,17 @@ def summary_fields(cell: Measurement, fallback: dict[str, Any]) -> dict[str, Any
         )
         if row["offered_rps"]:
             row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
+    host = s.get("host") if isinstance(s.get("host"), dict) else {}
+    attempts = s.get("attempts") if isinstance(s.get("attempts"), list) else []
+    row.update(
+        host_measured=host.get("measured") if host else None,
+        host_busy=host.get("busy") if host.get("measured") else None,
+        host_others_cpu_frac=_f(host.get("others_cpu_frac")),
+        host_others_cores_max=_f(host.get("others_cores_max")),
+        host_steal_frac=_f(host.get("steal_frac")),
+        host_run_queue_mean=_f(host.get("run_queue_mean")),
+        attempts=len(attempts) or (1 if s else None),
+    )
     if row["effective_rps"] is None:
         row["rates_source"] = None
     if row["throughput_ratio"] is None and row["effective_rps"] is not None and row["offered_rps"]:

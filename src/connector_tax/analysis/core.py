@@ -25,6 +25,7 @@ from connector_tax.analysis.artifacts import check_artifacts, runtime_of
 from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
+from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
@@ -85,6 +86,9 @@ def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
     filed = study.reference_file if isinstance(study.reference_file, dict) else None
     if filed:
         ref["source"] = "reference_rates.json"
+        for key in ("ref_safe_perturbed", "ref_load_perturbed"):
+            if key in filed:
+                ref[key] = filed[key]
         for key in ("ref_safe", "ref_load"):
             if key in filed and filed[key] != computed.get(key):
                 ref["notes"] = list(ref.get("notes") or []) + [
@@ -173,7 +177,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
                 entry["missing"][name] = f"SKIP at preflight: {pf.get('reason')}"
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
-    hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated)
+    hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated, rows)
     config_status = {}
     for name in study.variants:
         pf = study.preflight.get(name) or {}
@@ -225,6 +229,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "variants": step_cdf},
         "artifacts": artifacts,
         "runtime": runtime,
+        "contention": study_contention(rows),
         "analysis_seconds": None,
     }
     aggregate["analysis_seconds"] = round(time.perf_counter() - t0, 3)

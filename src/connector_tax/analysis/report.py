@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from connector_tax.analysis.contention import header_lines
 from connector_tax.analysis.streams import render as render_streams
 from connector_tax.analysis.threads import render as render_threads
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
@@ -118,6 +119,17 @@ def _header(agg: dict[str, Any]) -> list[str]:
     L += ["", STEP_DEFINITIONS, ""]
 
     return L
+
+
+def _contention(agg: dict[str, Any], hyp: dict[str, Any]) -> list[str]:
+    """How much of the study was measured under contention and how busy the host was; a banner
+    when calls rest on perturbed cells."""
+    lines = header_lines(agg.get("contention") or {}, list(hyp.get("perturbed_calls") or []))
+    ref = agg.get("reference") or {}
+    for name in ("ref_safe", "ref_load"):
+        if ref.get(f"{name}_perturbed"):
+            lines.append(f"- {name} was chosen with perturbed Phase A cells: " + ", ".join(ref[f"{name}_perturbed"]))
+    return lines + ([""] if lines else [])
 
 
 def _variants(agg: dict[str, Any]) -> list[str]:
@@ -240,7 +252,7 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
                     _f(r["step_duration_us_p50"]),
                     _f(r["engine_step_us_p50"]),
                     (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
-                    _f(r["valid"]),
+                    _f(r["valid"]) + (" (host busy)" if r.get("host_busy") else ""),
                 ]
                 for r in pa
             ],
@@ -374,12 +386,22 @@ def _flags(agg: dict[str, Any]) -> list[str]:
         f"{r['variant']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")
     ]
     invalid = [
-        f"{r['variant']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}"
+        f"{r['variant']}/{r['phase']}/{r['cell']}"
+        + (f" ({r['attempts']} attempts)" if (r.get("attempts") or 1) > 1 else "")
+        + f": {r['validity_reasons']}"
         for r in agg["rows"]
         if r.get("valid") is False
     ]
     if invalid:
-        L += ["## Cells the load generator marked invalid (kept, flagged)", ""] + [f"- {x}" for x in invalid] + [""]
+        L += (
+            [
+                "## Cells that stand invalid (the validity gate; the least perturbed attempt stands, the others are "
+                "under `superseded/`; never a knee, a reference rate or a confident call)",
+                "",
+            ]
+            + [f"- {x}" for x in invalid]
+            + [""]
+        )
     if notes:
         L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
     not_analysed = [
@@ -422,6 +444,7 @@ def render_report(
     """report.md, section by section."""
     sections = (
         _header(agg),
+        _contention(agg, hyp),
         _variants(agg),
         _settings(agg),
         _verdicts(hyp),

@@ -24,9 +24,11 @@ _SUFFIX = {
     "threads": ".jsonl",
     "summary": ".json",
     "events": ".jsonl",
+    "host": ".jsonl",  # the host's snapshots (metrics/host.py): real-time cells only, a side file
 }
 
 STAGING = ".staging"
+ATTEMPT_SEP = "~"  # .staging/<phase>_<label>~2: the second attempt at a cell
 SUPERSEDED = "superseded"
 RAW_STEPS = "raw_steps"
 # Names inside results/<study>/ that are not configurations.
@@ -95,6 +97,10 @@ class CellFiles:
     @property
     def events(self) -> Path:
         return self.path("events")
+
+    @property
+    def host(self) -> Path:
+        return self.path("host")
 
     def chunks(self, worker: int) -> Path:
         return self.folder / f"chunks_{self.stem}_w{worker}.jsonl"
@@ -203,8 +209,11 @@ class PhaseLayout:
     def cell(self, label: str) -> CellFiles:
         return CellFiles(self.folder, self.phase, label)
 
-    def staging(self, label: str) -> CellFiles:
-        return CellFiles(self.folder / STAGING / f"{self.phase}_{label}", self.phase, label)
+    def staging(self, label: str, attempt: int = 1) -> CellFiles:
+        """Where a cell is measured before its seal; a cell measured again (the validity gate)
+        gets a folder per attempt: <phase>_<label>~<attempt>."""
+        suffix = f"{ATTEMPT_SEP}{attempt}" if attempt > 1 else ""
+        return CellFiles(self.folder / STAGING / f"{self.phase}_{label}{suffix}", self.phase, label)
 
     @property
     def staging_root(self) -> Path:

@@ -33,11 +33,11 @@ from connector_tax.config import (
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index
-from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
+from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
-from connector_tax.pipeline.prune import knee, overloaded_shape
+from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.cpus import cpu_lease
@@ -133,6 +133,24 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     return check
 
 
+def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
+    """Why a valid Phase A attempt must be measured once more (prune.ttft_growth_only)."""
+
+    def check(planned: CellPlan, files: CellFiles) -> str | None:
+        if planned.cell.phase != PHASE_A:
+            return None
+        done = [
+            p
+            for p in plan.cells
+            if p.cell.phase == PHASE_A
+            and p.cell.rate < planned.cell.rate
+            and (index.cell(p.cell.phase, p.cell.label) or IndexEntry("", "", "", {})).status == COMPLETE
+        ]
+        return ttft_growth_only(layout, study, name, planned, files, done)
+
+    return check
+
+
 def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
     study = load_study(config_path)
     config = study.raw
@@ -198,7 +216,9 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
             todo,
             lambda: index.write(folder.index),
             config["saturation"],
+            study.validity,
             _pruner(layout, study, name, plan, index),
+            _suspect(layout, study, name, plan, index),
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)

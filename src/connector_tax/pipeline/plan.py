@@ -27,6 +27,7 @@ from connector_tax.contract.fingerprint import (
 )
 from connector_tax.contract.index import COMPLETE, DONE, PRUNED, PhaseIndex, read_index, verify_cell
 from connector_tax.launch.command import launch_spec
+from connector_tax.pipeline.gate import stands_perturbed
 from connector_tax.pipeline.provenance import server_versions
 
 # Any valid port: the launch argv is planned with it and it is normalized away.
@@ -89,6 +90,8 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
     for planned in plan.cells:
         files = layout.phase(plan.name, planned.cell.phase).cell(planned.cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
+        if ok and (perturbed := stands_perturbed(files)):
+            ok, why = False, perturbed
         if ok:
             continue
         old = index.cell(planned.cell.phase, planned.cell.label) if index else None
@@ -103,13 +106,21 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
 
 
 def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
-    """Non-empty while the last launch left cells failed or unfinished: it names that launch,
-    so each new attempt is a change Snakemake re-runs the job for."""
+    """Non-empty while the last launch left cells failed, unfinished or standing perturbed (the
+    validity gate): it names that launch, so each new attempt is a change Snakemake re-runs the
+    job for."""
     index: PhaseIndex | None = read_index(layout.index(name, launch_phase))
     if index is None or index.status == "skipped":
         return ""
     if index.status == "running" or any(c.status not in DONE for c in index.cells):
         return f"retry after launch {index.launch_id} ({index.status})"
+    perturbed = [
+        c.key
+        for c in index.cells
+        if c.status == COMPLETE and stands_perturbed(layout.phase(name, c.phase).cell(c.label))
+    ]
+    if perturbed:
+        return f"measure again after launch {index.launch_id}: {len(perturbed)} cells stand perturbed"
     return ""
 
 

@@ -12,11 +12,14 @@ overload guard reads the `waiting` scrapes the runner appends to, whichever cloc
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
+from connector_tax.config import Validity
 from connector_tax.config.cells import PHASE_A, Cell
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
@@ -27,7 +30,8 @@ from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.stats import ValidityThresholds
+from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
+from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.metrics.threads import ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
@@ -43,6 +47,7 @@ IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before it
 
 # (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
 Waiting = list[tuple[float, float]]
+VIRTUAL_HOST = "virtual time: the cell was computed, not run on this host, so no contention could touch it"
 
 
 class Launched(Protocol):
@@ -79,7 +84,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         workers=loadgen["workers"],
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
-        validity=ValidityThresholds.from_dict(config.get("validity")),
+        validity=Validity.from_mapping(config["validity"]),
         api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
 
@@ -144,6 +149,13 @@ class ServerRunner:
             index.step_timing_available, index.step_timing_reason = available, reason
 
 
+def _local_listener(url: str) -> int | None:
+    target = urlsplit(url if "://" in url else f"http://{url}")
+    if target.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return None
+    return listener_pid(target.port or (443 if target.scheme == "https" else 80))
+
+
 class _ServerLaunch:
     def __init__(
         self,
@@ -154,6 +166,12 @@ class _ServerLaunch:
         labels: Callable[[], dict[str, str]],
     ) -> None:
         self.name, self.server, self.gen, self.splitter, self.labels = name, server, gen, splitter, labels
+        # The study's own processes on this host: this job (the load generator's main process) with
+        # its descendants and ancestors, and the server's process group (it runs in its own session).
+        # An external server (backend openai) on this host is found by its port: its CPU is the
+        # server's, not contention.
+        external = None if server.proc else _local_listener(server.url)
+        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external)
 
     def run(
         self,
@@ -165,13 +183,15 @@ class _ServerLaunch:
         waiting: Waiting,
     ) -> tuple[dict[str, Any], str | None]:
         threads = self._threads(staging)
+        host = HostSampler(staging.host, self.study, METRICS_INTERVAL_S, self.gen.options.validity)
         with (
             MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler,
             precision,
             threads,
         ):
-            with ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+            with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
+        summary["host"] = host.report()
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
         failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
@@ -234,4 +254,5 @@ class VirtualRunner:
             waiting=waiting,
             metrics_interval_s=METRICS_INTERVAL_S,
         ).run()
+        summary["host"] = not_measured(VIRTUAL_HOST)
         return summary, None
