@@ -8,6 +8,10 @@ library). Each pair is two launches of configs/vllm-cpu-tiny.yaml's configuratio
 side-channel / bootstrap port. Also checked on the same servers: the connector's instrumentation
 records (every worker hook wrapped, worker records written), the Mooncake CPU guard's record, the
 threads a connector's constructor started, and that two launches got the same dummy weights.
+
+Each server of a pair runs on a core of its own (_pair_cores): while a transfer is pending both engines
+step without pause and spin on sched_yield, and two servers pinned to one core starved each
+other there (docs/connectors-cpu.md, "One core per server of a pair").
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -69,20 +74,42 @@ def cpu_config(tmp_path_factory) -> dict:
     return config
 
 
-def _start(config: dict, name: str, out: Path) -> tuple[ServerProcess, int]:
+# The study binds every launch's worker to core 1 (configs/vllm-cpu-tiny.yaml: one server at a
+# time, like for like). A pair is two servers at once, and while a transfer is pending both engines
+# step without pause (the producer holds the finished prefill's blocks, the consumer waits for
+# them) and spin on sched_yield between steps. Both pinned to core 1, one server's threads got no
+# CPU at all for 80-150 s on this host's kernel (Linux 6.18, EEVDF, one autogroup per server's
+# session): the producer's Mooncake bootstrap server did not answer the consumer's three 30 s
+# queries and the consumer failed the request (HTTP 500); docs/connectors-cpu.md has the
+# scheduler's own numbers. So each server of a pair gets a core of its own, as a disaggregated
+# deployment gives prefill and decode their own devices: the whole server pinned there (its API
+# server, engine core and worker) and its worker's OpenMP threads bound to it.
+def _pair_cores() -> tuple[int, int]:
+    """The first two cores this process may use: the producer's and the consumer's."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"a producer/consumer pair needs two cores, one each; this process may use only {allowed}")
+    return allowed[0], allowed[1]
+
+
+def _start(config: dict, name: str, out: Path, core: int) -> tuple[ServerProcess, int]:
+    config = copy.deepcopy(config)
+    config["vllm"].setdefault("cpu", {})["omp_threads_bind"] = str(core)
     port = free_port("127.0.0.1", block=3)
     spec = launch_spec(str(CONFIG), config, find_variant(config, name), port, str(out / "steps" / "engine_step.jsonl"))
-    server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0)
+    server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0, cpus=(core,))
     server.start()
+    assert server.cpus == (core,), f"{name}: could not pin the server to core {core}"
     return server, port
 
 
 @contextlib.contextmanager
 def _pair(config: dict, tmp: Path, producer: str, consumer: str) -> Iterator[dict]:
-    """Two servers started side by side, stopped however the block ends."""
-    p, p_port = _start(config, producer, tmp / "prefill")
+    """Two servers started side by side, each on its own core, stopped however the block ends."""
+    p_core, d_core = _pair_cores()
+    p, p_port = _start(config, producer, tmp / "prefill", p_core)
     try:
-        d, d_port = _start(config, consumer, tmp / "decode")
+        d, d_port = _start(config, consumer, tmp / "decode", d_core)
         try:
             p.wait_ready(START_S)
             d.wait_ready(START_S)
@@ -120,10 +147,12 @@ def _servers(config: dict, tmp: Path, connector: str, producer: str, consumer: s
 
 # vLLM 0.32's NIXL handshake waits 5 s (hard-coded ZMQ receive timeout in
 # NixlConnectorWorker._nixl_handshake) for the producer's EngineCore to answer, and two NIXL
-# servers on two cores each run a spinning progress thread; on this host under other load
-# (1-minute load 12-21) the answer came late: "handshake_failed ... zmq.error.Again", or after the
-# producer's lease. Those, and only those, are this host's limit, not a broken transfer: skipped
-# with the evidence (docs/connectors-cpu.md has the runs). Anything else fails.
+# servers each run a spinning progress thread; on this host under other load (1-minute load
+# 12-21) the answer came late: "handshake_failed ... zmq.error.Again", or after the producer's
+# lease. Those runs had both servers' workers on core 1, where one server can starve the other
+# (see _pair_cores); with a core each NIXL has moved KV since. Those two failures, and only
+# those, are still taken for this host's limit, not a broken transfer: skipped with the evidence
+# (docs/connectors-cpu.md has the runs). Anything else fails.
 HOST_LIMITS = {
     "decode": ("NIXL transfer failure: handshake_setup_failed", "zmq.error.Again: Resource temporarily unavailable"),
     "prefill": ("retrieved by 0 remote worker(s) before lease expired",),
@@ -140,13 +169,24 @@ def _host_limit(servers: dict) -> str | None:
     return None
 
 
+def _server_errors(servers: dict, lines: int = 6) -> str:
+    """The last ERROR and WARNING lines of both servers' logs: why a transfer failed (a 500 says
+    nothing; the CI failure this file once had was "Bootstrap query ... ReadTimeout" there)."""
+    out = []
+    for side in ("prefill", "decode"):
+        log = (servers["tmp"] / side / "server_stdout.log").read_text(errors="replace").splitlines()
+        hits = [x for x in log if " ERROR " in x or (" WARNING " in x and "_connector.py" in x)]
+        out += [f"{side}: {x[:300]}" for x in hits[-lines:]]
+    return "\n".join(out)
+
+
 def _check_transfer(servers: dict, which: str) -> None:
     result = servers["result"]
     if "error" in result and which == "nixl":
         limit = _host_limit(servers)
         if limit is not None:
             pytest.skip(f"NIXL's handshake did not finish in time on this loaded 2-core host ({limit}): {result}")
-    assert "error" not in result, result
+    assert "error" not in result, f"{result}\n{_server_errors(servers)}"
     assert result["same_weights"], result["weights_probe"]  # two launches, the same dummy weights
     # the consumer took the prompt's KV from the producer instead of computing it...
     assert result["transferred_tokens"] >= result["prompt_tokens"] - 32, result["decode_prompt_tokens_by_source"]
@@ -174,7 +214,8 @@ class TestNixl:
     """Two nixl_both servers; stopped when this class's tests are done (before Mooncake's start)."""
 
     @pytest.fixture(scope="class")
-    def servers(self, cpu_config, tmp_path_factory) -> Iterator[dict]:
+    @classmethod
+    def servers(cls, cpu_config, tmp_path_factory) -> Iterator[dict]:
         _needs(Path(cpu_config["python"]), "nixl._api")
         config = copy.deepcopy(cpu_config)
         find_variant(config, "nixl_both")["connector"]["extra_config"] = {"kv_lease_duration": NIXL_LEASE_S}
@@ -191,7 +232,8 @@ class TestMooncake:
     """mooncake_producer and mooncake_consumer over TCP, with the CPU guard."""
 
     @pytest.fixture(scope="class")
-    def servers(self, cpu_config, tmp_path_factory) -> Iterator[dict]:
+    @classmethod
+    def servers(cls, cpu_config, tmp_path_factory) -> Iterator[dict]:
         _needs(Path(cpu_config["python"]), "mooncake.engine")
         tmp = tmp_path_factory.mktemp("mooncake")
         yield from _servers(cpu_config, tmp, "mooncake", "mooncake_producer", "mooncake_consumer")
