@@ -16,13 +16,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector_tax.config.study import StudyConfig, Workload
+from connector_tax.config.study import StudyConfig
 
 PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
 PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
 # The phases that own a server launch (and its run.json index); Phase B' runs in Phase B's.
 LAUNCH_PHASES = (PHASE_A, PHASE_B)
 LAUNCH_OF = {PHASE_A: PHASE_A, PHASE_B: PHASE_B, PHASE_B_PRIME: PHASE_B}
+
+
+def traffic_seed(study_seed: int, phase: str, label: str, replicate: int = 1) -> int:
+    """The one seed of a cell's traffic: its arrival schedule, its shapes and its prompts' token
+    ids. Derived from (study seed, phase, label, replicate) and nothing else, so every variant
+    gets the same traffic in the same cell and replicate (common random numbers: a tax compares
+    two servers on identical requests), while two cells, or two replicates of one cell, draw
+    independent traffic. Both clocks use it (loadgen.realtime, oracle.virtual_run)."""
+    return _derived("traffic", study_seed, phase, label, replicate)
+
+
+def launch_seed(study_seed: int, variant: str, launch_phase: str, replicate: int = 1) -> int:
+    """The seed of one server launch's own draws (the simulator's per-launch speed factor,
+    sim.launch_bias_sd): one per (variant, launch phase, replicate), so two launches differ and a
+    re-run of the same launch draws the same."""
+    return _derived("launch", study_seed, variant, launch_phase, replicate)
+
+
+def _derived(*words: Any) -> int:
+    """A 63-bit seed from words (a hash: stable across Python versions and processes)."""
+    digest = hashlib.blake2b("/".join(str(w) for w in words).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def rate_label(rate: float) -> str:
@@ -82,6 +104,10 @@ class Cell:
     num_requests: int | None = None  # max-throughput count, or a cap on a trace
     trace: tuple[TraceRequest, ...] | None = None
     time_scale: float = 1.0
+    # A study cell's traffic seed (traffic_seed: the same for every variant) and which of the
+    # workload.replicates launches it belongs to; None: the load generator's own seed (ctax bench).
+    seed: int | None = None
+    replicate: int = 1
 
     @property
     def key(self) -> str:
@@ -112,6 +138,8 @@ class Cell:
             # Only when off, so that the settings (and fingerprints) of cells measured before the
             # switch existed, all guarded, stay the same.
             **({} if self.overload_guard else {"overload_guard": False}),
+            **({} if self.seed is None else {"traffic_seed": self.seed}),
+            **({} if self.replicate == 1 else {"replicate": self.replicate}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -129,10 +157,15 @@ class Cell:
             "duration_s": self.duration_s,
             "min_completed": self.min_completed,
             "max_duration_s": self.max_duration(),
+            "traffic_seed": self.seed,
+            "replicate": self.replicate,
         }
 
 
-def _cell(workload: Workload, phase: str, label: str, rate: float, shape: Mapping[str, Any]) -> Cell:
+def _cell(
+    study: StudyConfig, phase: str, label: str, rate: float, shape: Mapping[str, Any], replicate: int = 1
+) -> Cell:
+    workload = study.workload
     return Cell(
         phase=phase,
         label=label,
@@ -145,13 +178,15 @@ def _cell(workload: Workload, phase: str, label: str, rate: float, shape: Mappin
         gamma_shape=workload.arrival.gamma_shape,
         precision_target=workload.precision.target,
         max_duration_s=workload.precision.max_duration_s,
+        seed=traffic_seed(study.seed, phase, label, replicate),
+        replicate=replicate,
     )
 
 
-def phase_a_cells(study: StudyConfig) -> list[Cell]:
+def phase_a_cells(study: StudyConfig, replicate: int = 1) -> list[Cell]:
     """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
     phase_a = study.workload.phase_a
-    return [_cell(study.workload, PHASE_A, rate_label(r), r, phase_a.shape) for r in sorted(phase_a.rates)]
+    return [_cell(study, PHASE_A, rate_label(r), r, phase_a.shape, replicate) for r in sorted(phase_a.rates)]
 
 
 def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
@@ -166,25 +201,29 @@ def runs_phase_b_prime(study: StudyConfig, name: str, reference: dict[str, Any])
     return bool(prime) and name in prime["variants"] and reference.get("ref_load") != reference.get("ref_safe")
 
 
-def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any]) -> list[Cell]:
+def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any], replicate: int = 1) -> list[Cell]:
     """Phase B at its reference rate, then Phase B' (same launch) where the study asks for it."""
     workload = study.workload
     rate = reference[workload.phase_b["rate"]]
-    cells = [_cell(workload, PHASE_B, shape_label(s), rate, s) for s in phase_b_shapes(study)]
+    cells = [_cell(study, PHASE_B, shape_label(s), rate, s, replicate) for s in phase_b_shapes(study)]
     if runs_phase_b_prime(study, name, reference):
         prime = workload.phase_b_prime or {}
-        cells += [_cell(workload, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s) for s in prime["shapes"]]
+        cells += [
+            _cell(study, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s, replicate) for s in prime["shapes"]
+        ]
     guard = bool(workload.phase_b.get("overload_guard", True))
     return [dataclasses.replace(c, overload_guard=guard) for c in cells]
 
 
-def planned_cells(study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:
+def planned_cells(
+    study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None, replicate: int = 1
+) -> list[Cell]:
     """The cells of one launch (Phase A, or Phase B with its B'); Phase B needs the reference rates."""
     if launch_phase == PHASE_A:
-        return phase_a_cells(study)
+        return phase_a_cells(study, replicate)
     if reference is None:
         raise ValueError("Phase B cells need the reference rates (reference_rates.json)")
-    return phase_b_cells(study, name, reference)
+    return phase_b_cells(study, name, reference, replicate)
 
 
 def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
