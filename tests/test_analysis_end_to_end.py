@@ -16,6 +16,7 @@ EXPECTED_COLUMNS = [
     "variant",
     "phase",
     "cell",
+    "replicate",
     "rate",
     "input_len",
     "output_len",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
-from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, run_order
+from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 
@@ -29,7 +29,9 @@ VARIANTS = SETTINGS.names
 STUDY_CONFIG = str(LAYOUT.study_config)
 PREFLIGHT_STATUS = str(LAYOUT.preflight_status)
 REFERENCE_RATES = str(LAYOUT.reference_rates)
-RUN_ORDER = {phase: run_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
+# Every (variant, replicate) launch of a phase in its seeded, interleaved order (config.cells).
+LAUNCH_ORDER = {phase: launch_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
+REPLICATES = range(1, SETTINGS.workload.replicates + 1)
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
 GPUS_PER_JOB = 1 if SETTINGS.backend == "vllm" else 0
 # The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
@@ -46,8 +48,18 @@ def log_of(name):
     return str(LAYOUT.log(name))
 
 
-def index_of(name, phase):
-    return str(LAYOUT.index(name, phase))
+def index_of(name, phase, replicate=1):
+    return str(LAYOUT.index(name, phase, replicate))
+
+
+def job_of(phase, name, replicate=1):
+    """A phase job's name: phase_a_<variant>, and phase_a_<variant>_rep<k> for replicate k > 1."""
+    return f"{phase}_{name}" if replicate == 1 else f"{phase}_{name}_rep{replicate}"
+
+
+def indexes_of(phase):
+    """Every launch's run.json of a phase (all variants, all replicates)."""
+    return [index_of(name, phase, r) for name in VARIANTS for r in REPLICATES]
 
 
 # What the existing results lack, before anything runs (a dry run shows it too); once, in the
@@ -62,9 +74,9 @@ def reference_rates_checkpoint(wildcards):
     return checkpoints.reference.get().output[0]
 
 
-def phase_b_plan(name):
+def phase_b_plan(name, replicate):
     """A Phase B job's params, computed once the reference rates exist."""
-    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B)
+    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B, replicate)
 
 
 def lease_cpus(wildcards, threads):

@@ -30,13 +30,18 @@ from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.report import render_report
-from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
+from connector_tax.analysis.saturation import (
+    apply_to_row,
+    cell_criteria,
+    phase_a_saturation_by_launch,
+    reference_from_rows,
+)
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.atomic import write_atomic
-from connector_tax.config import PHASE_A, rate_label
+from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
-from connector_tax.contract.layout import FIGURES, AnalysisFiles
+from connector_tax.contract.layout import FIGURES, AnalysisFiles, phase_folder
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
     for cell in study.cells():
-        run = study.run_of(cell.variant, cell.phase)
+        run = study.run_of(cell.variant, cell.phase, cell.replicate)
         row, grid = cell_row(
             cell,
             backend=study.backend,
@@ -138,9 +143,10 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         simulated=study.simulated,
     )
     reference = _reference(study, computed)
+    per_launch = phase_a_saturation_by_launch(rows, thresholds, throughput_basis)
     for row in rows:
         if row["phase"] == PHASE_A and row.get("rate") is not None:
-            sat = computed["cells"].get(row["variant"], {}).get(rate_label(float(row["rate"])))
+            sat = per_launch.get((row["variant"], int(row.get("replicate") or 1)), {}).get(float(row["rate"]))
             if sat:
                 apply_to_row(row, sat)
         else:
@@ -156,7 +162,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             "preflight": pf.get("status"),
             "preflight_reason": pf.get("reason"),
             "phases": {
-                ph: {
+                phase_folder(ph, rep): {
                     "status": r.status,
                     "reason": r.reason,
                     "step_timing_available": r.step_timing_available,
@@ -165,7 +171,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
                     "not_analysed": r.problems,
                     "pruned": r.pruned,
                 }
-                for (n, ph), r in study.runs.items()
+                for (n, ph, rep), r in study.runs.items()
                 if n == name and (r.run is not None or r.problems)
             },
         }

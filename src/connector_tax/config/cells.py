@@ -34,11 +34,11 @@ def traffic_seed(study_seed: int, phase: str, label: str, replicate: int = 1) ->
     return _derived("traffic", study_seed, phase, label, replicate)
 
 
-def launch_seed(study_seed: int, variant: str, launch_phase: str, replicate: int = 1) -> int:
+def launch_seed(study_seed: int, variant: str, launch_phase: str, replicate: int = 1, restart: int = 0) -> int:
     """The seed of one server launch's own draws (the simulator's per-launch speed factor,
-    sim.launch_bias_sd): one per (variant, launch phase, replicate), so two launches differ and a
-    re-run of the same launch draws the same."""
-    return _derived("launch", study_seed, variant, launch_phase, replicate)
+    sim.launch_bias_sd): one per (variant, launch phase, replicate, relaunch after a failure), so
+    two launches differ and a re-run of the same launch draws the same."""
+    return _derived("launch", study_seed, variant, launch_phase, replicate, restart)
 
 
 def _derived(*words: Any) -> int:
@@ -233,6 +233,28 @@ def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
     seed = study.seed if launch_phase == PHASE_A else f"{launch_phase}/{study.seed}"
     random.Random(seed).shuffle(names)
     return names
+
+
+def launch_label(name: str, replicate: int = 1) -> str:
+    """A launch in words and in run orders: the variant's name, `<name>.r<k>` for replicate k > 1."""
+    return name if replicate == 1 else f"{name}.r{replicate}"
+
+
+def launch_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[tuple[str, int]]:
+    """Every (variant, replicate) launch of a phase, in the order they run: rounds of every
+    variant once (the baseline too), each round in its own seeded order, so a variant's launches
+    are spread over the study and drift (thermal, the host) falls on all variants alike. The first
+    round is run_order's (a study without replicates runs as before); a round never starts with
+    the variant that ended the one before it."""
+    order: list[tuple[str, int]] = []
+    for replicate in range(1, study.workload.replicates + 1):
+        names = run_order(study, launch_phase)
+        if replicate > 1:
+            random.Random(f"{launch_phase}/{study.seed}/r{replicate}").shuffle(names)
+            if len(names) > 1 and names[0] == order[-1][0]:
+                names[0], names[1] = names[1], names[0]
+        order += [(name, replicate) for name in names]
+    return order
 
 
 def check_labels(config: dict[str, Any]) -> tuple[str, str] | None:

@@ -48,6 +48,8 @@ class Workload:
     phase_a: PhaseA
     phase_b: Mapping[str, Any]
     phase_b_prime: Mapping[str, Any] | None
+    replicates: int = 1  # launches per variant and phase
+    aa_control: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,12 @@ class Variant:
     name: str
     connector: Mapping[str, Any] | None
     raw: Mapping[str, Any]
+
+
+def baseline_name(config: Mapping[str, Any]) -> str:
+    """plain if the study has it, else its first variant (the analysis's default baseline)."""
+    names = [v["name"] for v in config["variants"]]
+    return "plain" if "plain" in names else names[0]
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,8 @@ class StudyConfig:
                 phase_a=PhaseA(tuple(phase_a["rates"]), phase_a["shape"], phase_a["prune_after_knee"]),
                 phase_b=workload["phase_b"],
                 phase_b_prime=workload.get("phase_b_prime") or None,
+                replicates=workload["replicates"],
+                aa_control=workload["aa_control"],
             ),
             saturation=Saturation(**config["saturation"]),
             loadgen=LoadgenSettings(**config["loadgen"]),
@@ -119,6 +129,16 @@ class StudyConfig:
     @property
     def names(self) -> list[str]:
         return [v.name for v in self.variants]
+
+    @property
+    def baseline(self) -> str:
+        """The variant taxes are measured against by default: plain, else the first."""
+        return baseline_name(self.raw)
+
+    @property
+    def aa_controls(self) -> dict[str, str]:
+        """{A/A control variant: the variant it repeats}."""
+        return {v.name: v.raw["aa_of"] for v in self.variants if v.raw.get("aa_of")}
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

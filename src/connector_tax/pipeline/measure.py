@@ -88,7 +88,7 @@ def _measure_cell(
 ) -> str | None:
     """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
-    folder = layout.phase(index.variant, cell.phase)
+    folder = layout.phase(index.variant, cell.phase, index.replicate)
     staging, final = folder.staging(cell.label), folder.cell(cell.label)
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()

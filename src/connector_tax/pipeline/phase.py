@@ -27,8 +27,9 @@ from connector_tax.config import (
     PHASE_B_PRIME,
     StudyConfig,
     find_variant,
+    launch_label,
+    launch_order,
     load_study,
-    run_order,
 )
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
@@ -96,10 +97,13 @@ def _final_status(index: PhaseIndex) -> str:
     return "failed"
 
 
-def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None = None) -> PhaseIndex:
-    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all."""
+def run_phase(
+    config_path: str, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
+) -> PhaseIndex:
+    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all.
+    replicate: which of the study's workload.replicates launches of this variant and phase."""
     with cpu_lease(cpus) as leased:
-        index = _run_phase(config_path, name, launch_phase, leased)
+        index = _run_phase(config_path, name, launch_phase, leased, replicate)
     return index
 
 
@@ -123,15 +127,19 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     return check
 
 
-def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
+def _run_phase(
+    config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
+) -> PhaseIndex:
     study = load_study(config_path)
     config = study.raw
     variant = find_variant(config, name)
+    if not 1 <= replicate <= study.workload.replicates:
+        raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
     layout = StudyLayout.of(config["study"])
-    folder = layout.phase(name, launch_phase)
+    folder = layout.phase(name, launch_phase, replicate)
     folder.folder.mkdir(parents=True, exist_ok=True)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
-    plan = launch_plan(config_path, study, name, launch_phase, reference)
+    plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
     previous = read_index(folder.index)
     index = PhaseIndex(
         study=config["study"],
@@ -143,7 +151,8 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         cells=[],
         launch_id=f"{utc_stamp()}-{os.getpid()}",
         started=now_iso(),
-        run_order=run_order(study, launch_phase),
+        run_order=[launch_label(n, r) for n, r in launch_order(study, launch_phase)],
+        replicate=replicate,
         server_versions=plan.launch["server_versions"],
         cpus_leased=leased,
         served_by=served_by(config, plan.launch["server_versions"]),
@@ -215,29 +224,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--variant", required=True, metavar="NAME")
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
+    parser.add_argument(
+        "--replicate", type=int, default=1, metavar="K", help="which launch of workload.replicates (default 1)"
+    )
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     args = parser.parse_args(argv)
     stop_on_signals()
-    study = load_study(args.config).study
-    lock_path = StudyLayout.of(study).phase(args.variant, args.phase).lock
+    settings = load_study(args.config)
+    who = launch_label(args.variant, args.replicate)
+    if not 1 <= args.replicate <= settings.workload.replicates:
+        parser.error(f"argument --replicate: {args.replicate} is not in 1..{settings.workload.replicates}")
+    lock_path = StudyLayout.of(settings.study).phase(args.variant, args.phase, args.replicate).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
-        _say(f"{args.variant} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        _say(f"{who} {args.phase}: already being measured by {lock_holder(lock_path)}")
         return 1
     try:
         with AncestorWatch():
-            index = run_phase(args.config, args.variant, args.phase, args.cpus or None)
+            index = run_phase(args.config, args.variant, args.phase, args.cpus or None, args.replicate)
     except KeyboardInterrupt as exc:
-        _say(f"{args.variant} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        _say(f"{who} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
         return 130
     except OSError as exc:
-        _say(f"{args.variant} {args.phase}: stopped: {exc}; the next run resumes it")
+        _say(f"{who} {args.phase}: stopped: {exc}; the next run resumes it")
         return 1
     finally:
         os.close(lock)
     reused = sum(c.reused for c in index.cells)
     _say(
-        f"{args.variant} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+        f"{who} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
         + (f" ({index.reason})" if index.reason else "")
     )
     return 0

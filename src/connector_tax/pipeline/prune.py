@@ -28,7 +28,7 @@ from connector_tax.pipeline.plan import CellPlan
 
 
 def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan) -> dict[str, Any]:
-    files = layout.phase(name, planned.cell.phase).cell(planned.cell.label)
+    files = layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)
     cell = Measurement(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
     row, _ = cell_row(
         cell,

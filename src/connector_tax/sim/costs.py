@@ -66,9 +66,13 @@ def connector_terms(
 
 
 class CostModel:
-    def __init__(self, hardware: HardwareProfile, terms: list[ConnectorTerm] | None) -> None:
+    """`speed`: this launch's speed factor (sim.launch_bias_sd): every step of the launch takes
+    `speed` times its modelled time, as a GPU that runs a little hot or cold for a whole launch."""
+
+    def __init__(self, hardware: HardwareProfile, terms: list[ConnectorTerm] | None, speed: float = 1.0) -> None:
         self.hardware = hardware
         self.terms = terms
+        self.speed = speed
         # Each hook is linear in (running, blocks): sum the terms' coefficients once, so a step
         # costs three multiply-adds per hook however many connectors a MultiConnector holds.
         self._coef: dict[str, tuple[float, float, float]] | None = None
@@ -101,4 +105,8 @@ class CostModel:
         load = self._hook("start_load_kv", batch)
         hooks = (build or 0.0) + (finished or 0.0) + (load or 0.0)
         schedule = hw.schedule_base_us + hw.schedule_request_us * batch.running + (build or 0.0)
+        if self.speed != 1.0:
+            k = self.speed
+            forward, hooks, schedule = forward * k, hooks * k, schedule * k
+            build, finished, load = (None if h is None else h * k for h in (build, finished, load))
         return StepCost(forward + hooks, forward, build, finished, load, schedule_us=schedule)
