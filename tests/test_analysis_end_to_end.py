@@ -123,6 +123,8 @@ AGGREGATE_KEYS = [
     "ignored",
     "like_for_like",
     "code",
+    "replicates",
+    "aa_controls",
     "ci_method",
     "saturation",
     "columns",

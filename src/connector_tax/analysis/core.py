@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
-from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.hypotheses import evaluate
+from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
+from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
@@ -37,7 +38,7 @@ from connector_tax.analysis.saturation import (
     reference_from_rows,
 )
 from connector_tax.analysis.tables import write_tables
-from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.taxes import SeriesMap, compute_taxes
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
@@ -117,6 +118,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     study = load_study(Path(results_dir))
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
+    series: SeriesMap = {}  # every cell's requests: the taxes pair them, launch by launch
     for cell in study.cells():
         run = study.run_of(cell.variant, cell.phase, cell.replicate)
         row, grid = cell_row(
@@ -125,9 +127,10 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             simulated=study.simulated,
             run_status=run.status if run else "missing",
             step_timing_available=run.step_timing_available if run else False,
+            series=series.setdefault((cell.variant, cell.phase, cell.label, cell.replicate), {}),
         )
         rows.append(row)
-        if grid is not None:
+        if grid is not None and cell.replicate == 1:
             step_cdf.setdefault(cell.variant, {})[cell.key] = grid
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.settings.saturation
@@ -151,7 +154,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
                 apply_to_row(row, sat)
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
-    taxes = compute_taxes(rows, study.variants, base, reference) if base else None
+    taxes = compute_taxes(rows, study.variants, base, reference, series) if base else None
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
     hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated)
@@ -190,9 +193,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
         "code": study.code,
+        "replicates": study.replicates,
+        "aa_controls": study.settings.aa_controls,
         "ci_method": {
-            "percentiles": BATCH_METHOD,
-            "taxes": TAX_CI_METHOD,
+            "percentiles": P90_METHOD,
+            "taxes": LAUNCH_METHOD if base else TAX_CI_METHOD,
             "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI",
         },
         "saturation": {"thresholds": asdict(thresholds), "throughput_basis": throughput_basis},
