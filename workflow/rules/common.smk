@@ -57,6 +57,14 @@ def job_of(phase, name, replicate=1):
     return f"{phase}_{name}" if replicate == 1 else f"{phase}_{name}_rep{replicate}"
 
 
+def paired_with(name, phase, replicate):
+    """workload.precision.of tax: a variant's cells stop on their taxes, paired against the
+    baseline's cells of the same replicate, so its phase job waits for the baseline's."""
+    if not SETTINGS.workload.precision.on_tax or name == SETTINGS.baseline:
+        return []
+    return [index_of(SETTINGS.baseline, phase, replicate)]
+
+
 def indexes_of(phase):
     """Every launch's run.json of a phase (all variants, all replicates)."""
     return [index_of(name, phase, r) for name in VARIANTS for r in REPLICATES]

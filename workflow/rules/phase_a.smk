@@ -15,6 +15,7 @@ for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_A]):
         input:
             config=STUDY_CONFIG,
             preflight=PREFLIGHT_STATUS,
+            paired=paired_with(_name, PHASE_A, _rep),
         output:
             index_of(_name, PHASE_A, _rep),
         log:

@@ -12,6 +12,7 @@ for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_B]):
         input:
             config=STUDY_CONFIG,
             preflight=PREFLIGHT_STATUS,
+            paired=paired_with(_name, PHASE_B, _rep),
             reference=reference_rates_checkpoint,
         output:
             index_of(_name, PHASE_B, _rep),

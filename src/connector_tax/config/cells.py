@@ -108,6 +108,9 @@ class Cell:
     # workload.replicates launches it belongs to; None: the load generator's own seed (ctax bench).
     seed: int | None = None
     replicate: int = 1
+    # What its length past the floor is set by: the precision of its own p90s, or ("tax") of the
+    # taxes it feeds, paired against the baseline's cell (pipeline.precision).
+    precision_of: str = "p90"
 
     @property
     def key(self) -> str:
@@ -140,6 +143,7 @@ class Cell:
             **({} if self.overload_guard else {"overload_guard": False}),
             **({} if self.seed is None else {"traffic_seed": self.seed}),
             **({} if self.replicate == 1 else {"replicate": self.replicate}),
+            **({} if self.precision_of == "p90" else {"precision_of": self.precision_of}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -163,9 +167,19 @@ class Cell:
 
 
 def _cell(
-    study: StudyConfig, phase: str, label: str, rate: float, shape: Mapping[str, Any], replicate: int = 1
+    study: StudyConfig,
+    phase: str,
+    label: str,
+    rate: float,
+    shape: Mapping[str, Any],
+    replicate: int = 1,
+    on_tax: bool = False,
 ) -> Cell:
+    """on_tax: a cell that stops on the precision of the taxes it feeds (workload.precision.of tax,
+    not the baseline's): its floor of completed requests is precision.min_completed. The baseline's
+    cells of such a study run the study's cell rule alone (its precision target is the taxes')."""
     workload = study.workload
+    pairs_only = workload.precision.on_tax and not on_tax
     return Cell(
         phase=phase,
         label=label,
@@ -173,20 +187,28 @@ def _cell(
         shape=dict(shape),
         warmup_s=workload.warmup_s,
         duration_s=workload.duration_s,
-        min_completed=workload.min_completed,
+        min_completed=workload.precision.min_completed if on_tax else workload.min_completed,
         arrival=workload.arrival.process,
         gamma_shape=workload.arrival.gamma_shape,
-        precision_target=workload.precision.target,
+        precision_target=None if pairs_only else workload.precision.target,
         max_duration_s=workload.precision.max_duration_s,
         seed=traffic_seed(study.seed, phase, label, replicate),
         replicate=replicate,
+        precision_of="tax" if on_tax else "p90",
     )
 
 
-def phase_a_cells(study: StudyConfig, replicate: int = 1) -> list[Cell]:
-    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
-    phase_a = study.workload.phase_a
-    return [_cell(study, PHASE_A, rate_label(r), r, phase_a.shape, replicate) for r in sorted(phase_a.rates)]
+def stops_on_tax(study: StudyConfig, name: str | None) -> bool:
+    """Do `name`'s cells stop on their taxes' precision (workload.precision.of tax)? Every variant's
+    but the baseline's, which runs first by the study's cell rule and is what they are paired with."""
+    return name is not None and study.workload.precision.on_tax and name != study.baseline
+
+
+def phase_a_cells(study: StudyConfig, replicate: int = 1, name: str | None = None) -> list[Cell]:
+    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest); `name`: the
+    variant they are planned for (of tax, whether they stop on it)."""
+    phase_a, tax = study.workload.phase_a, stops_on_tax(study, name)
+    return [_cell(study, PHASE_A, rate_label(r), r, phase_a.shape, replicate, tax) for r in sorted(phase_a.rates)]
 
 
 def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
@@ -205,11 +227,14 @@ def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any], repl
     """Phase B at its reference rate, then Phase B' (same launch) where the study asks for it."""
     workload = study.workload
     rate = reference[workload.phase_b["rate"]]
-    cells = [_cell(study, PHASE_B, shape_label(s), rate, s, replicate) for s in phase_b_shapes(study)]
+    tax = stops_on_tax(study, name)
+    cells = [_cell(study, PHASE_B, shape_label(s), rate, s, replicate, tax) for s in phase_b_shapes(study)]
     if runs_phase_b_prime(study, name, reference):
         prime = workload.phase_b_prime or {}
+        paired = tax and runs_phase_b_prime(study, study.baseline, reference)  # else no cell to pair with
         cells += [
-            _cell(study, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s, replicate) for s in prime["shapes"]
+            _cell(study, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s, replicate, paired)
+            for s in prime["shapes"]
         ]
     guard = bool(workload.phase_b.get("overload_guard", True))
     return [dataclasses.replace(c, overload_guard=guard) for c in cells]
@@ -220,7 +245,7 @@ def planned_cells(
 ) -> list[Cell]:
     """The cells of one launch (Phase A, or Phase B with its B'); Phase B needs the reference rates."""
     if launch_phase == PHASE_A:
-        return phase_a_cells(study, replicate)
+        return phase_a_cells(study, replicate, name)
     if reference is None:
         raise ValueError("Phase B cells need the reference rates (reference_rates.json)")
     return phase_b_cells(study, name, reference, replicate)
@@ -245,7 +270,8 @@ def launch_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[tuple[
     variant once (the baseline too), each round in its own seeded order, so a variant's launches
     are spread over the study and drift (thermal, the host) falls on all variants alike. The first
     round is run_order's (a study without replicates runs as before); a round never starts with
-    the variant that ended the one before it."""
+    the variant that ended the one before it. With workload.precision.of tax, the baseline opens
+    every round: the others' cells stop on their paired taxes, so its cells must exist first."""
     order: list[tuple[str, int]] = []
     for replicate in range(1, study.workload.replicates + 1):
         names = run_order(study, launch_phase)
@@ -253,6 +279,9 @@ def launch_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[tuple[
             random.Random(f"{launch_phase}/{study.seed}/r{replicate}").shuffle(names)
             if len(names) > 1 and names[0] == order[-1][0]:
                 names[0], names[1] = names[1], names[0]
+        if study.workload.precision.on_tax:  # the others are paired against it: it opens each round
+            names.remove(study.baseline)
+            names.insert(0, study.baseline)
         order += [(name, replicate) for name in names]
     return order
 

@@ -24,10 +24,17 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Precision:
-    """Adaptive cell length: run past the floor until the p90 intervals reach `target`."""
+    """Adaptive cell length: run past the floor until the intervals reach `target`: the cell's p90
+    intervals (of "p90"), or, of "tax", the taxes it feeds, paired against the baseline's cell."""
 
     target: float | None
     max_duration_s: float | None
+    of: str = "p90"  # p90 | tax
+    min_completed: int = 64  # of tax: the floor of completed requests of a cell that stops on its tax
+
+    @property
+    def on_tax(self) -> bool:
+        return self.of == "tax" and self.target is not None
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,12 @@ class StudyConfig:
                 min_completed=workload["min_completed"],
                 request_timeout_s=workload["request_timeout_s"],
                 arrival=Arrival(workload["arrival"]["process"], float(workload["arrival"]["gamma_shape"])),
-                precision=Precision(workload["precision"]["target"], workload["precision"]["max_duration_s"]),
+                precision=Precision(
+                    workload["precision"]["target"],
+                    workload["precision"]["max_duration_s"],
+                    workload["precision"]["of"],
+                    workload["precision"]["min_completed"],
+                ),
                 phase_a=PhaseA(tuple(phase_a["rates"]), phase_a["shape"], phase_a["prune_after_knee"]),
                 phase_b=workload["phase_b"],
                 phase_b_prime=workload.get("phase_b_prime") or None,

@@ -104,7 +104,7 @@ def plan_study(study: StudyConfig, layout: StudyLayout | None = None) -> tuple[l
         for replicate in range(1, study.workload.replicates + 1):
             who = launch_label(name, replicate)
             for stage, cells in (
-                (PHASE_A, phase_a_cells(study, replicate)),
+                (PHASE_A, phase_a_cells(study, replicate, name)),
                 (PHASE_B, phase_b_cells(study, name, reference, replicate)),
             ):
                 seconds, measured = launch, 0

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A
+from connector_tax.config import PHASE_A, Cell
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
@@ -51,9 +52,11 @@ def measure(
     save: Callable[[], None],
     saturation: dict[str, float],
     prune: Callable[[CellPlan], str | None] = lambda planned: None,
+    pair_with: Callable[[Cell], Path | None] = lambda cell: None,
 ) -> None:
     """Measure `todo` in order, launching again after a failure; a cell `prune` gives a reason
-    for, when its turn comes, is recorded as pruned, not measured."""
+    for, when its turn comes, is recorded as pruned, not measured; `pair_with` names the baseline's
+    sealed requests a cell that stops on its taxes is paired with."""
     pending = list(todo)
     prune_from(index, pending, prune)
     if not pending:
@@ -63,7 +66,8 @@ def measure(
             failure = None
             with runner.launch(index, save) as launched:
                 while pending and failure is None:
-                    failure = _measure_cell(layout, index, pending.pop(0), launched, saturation)
+                    planned = pending.pop(0)
+                    failure = _measure_cell(layout, index, planned, launched, saturation, pair_with(planned.cell))
                     prune_from(index, pending, prune)
                     save()
             if failure is None:
@@ -84,7 +88,12 @@ def prune_from(index: PhaseIndex, pending: list[CellPlan], prune: Callable[[Cell
 
 
 def _measure_cell(
-    layout: StudyLayout, index: PhaseIndex, planned: CellPlan, launched: Any, saturation: dict[str, float]
+    layout: StudyLayout,
+    index: PhaseIndex,
+    planned: CellPlan,
+    launched: Any,
+    saturation: dict[str, float],
+    pair_with: Path | None = None,
 ) -> str | None:
     """Measure and seal one cell; returns why the server failed during it, if it did."""
     cell = planned.cell
@@ -93,7 +102,7 @@ def _measure_cell(
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
     waiting: Waiting = []
-    precision = PrecisionWatch(staging.requests, cell.precision_target)
+    precision = PrecisionWatch(staging.requests, cell.precision_target, pair_with)
     # Phase B and B' cells end at their floor when saturated, unless the study turned it off.
     guard = OverloadGuard(
         waiting, t0 / 1e9 + cell.warmup_s, saturation["waiting_p50_max"], cell.phase != PHASE_A and cell.overload_guard

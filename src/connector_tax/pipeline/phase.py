@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import (
@@ -25,6 +26,7 @@ from connector_tax.config import (
     PHASE_A,
     PHASE_B,
     PHASE_B_PRIME,
+    Cell,
     StudyConfig,
     find_variant,
     launch_label,
@@ -33,7 +35,7 @@ from connector_tax.config import (
 )
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
-from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index
+from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
@@ -127,6 +129,20 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     return check
 
 
+def _pairer(layout: StudyLayout, study: StudyConfig):
+    """The baseline's sealed requests a cell that stops on its taxes is paired with: its cell of
+    the same phase, label and replicate, if complete (else None: the cell stops on its p90s)."""
+
+    def pair_with(cell: Cell) -> Path | None:
+        if cell.precision_of != "tax":
+            return None
+        files = layout.phase(study.baseline, cell.phase, cell.replicate).cell(cell.label)
+        summary = read_summary(files) or {}
+        return files.requests if summary.get("complete") and files.requests.is_file() else None
+
+    return pair_with
+
+
 def _run_phase(
     config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
 ) -> PhaseIndex:
@@ -197,6 +213,7 @@ def _run_phase(
             lambda: index.write(folder.index),
             config["saturation"],
             _pruner(layout, study, name, plan, index),
+            _pairer(layout, study),
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
