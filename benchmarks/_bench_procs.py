@@ -61,6 +61,85 @@ def on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+# -- a client's own CPU ---------------------------------------------------------------------
+class SteadyCpu:
+    """A client's CPU per request while its load is steady: every `interval_s`, the CPU seconds of
+    every process it spawned (`spawn` after start(), the server excluded; a process that ended
+    keeps its last reading) and the server's count of requests received. The cost is the CPU
+    between the samples where 10 % and 90 % of the run's requests had arrived, over the requests
+    between them: start-up (vLLM's bench imports torch: seconds of CPU), ramp and drain fall
+    outside. CPU time is what a busy host distorts least."""
+
+    def __init__(self, requests: Any, exclude: set[int], interval_s: float = 0.25) -> None:
+        self.requests, self.exclude, self.interval_s = requests, exclude, interval_s
+        self.samples: list[tuple[float, int, float]] = []
+        self._known = {p.pid for p in _CHILDREN}
+        self._cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tree_cpu(self) -> float:
+        roots = [p.pid for p in _CHILDREN if p.pid not in self._known and p.pid not in self.exclude]
+        for pid in roots:
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in procs:
+                try:
+                    t = proc.cpu_times()
+                    self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), t.user + t.system)
+                except psutil.Error:
+                    continue
+        return sum(self._cpu.values())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.samples.append((time.monotonic(), int(self.requests()), self._tree_cpu()))
+            except Exception:  # noqa: BLE001 - a failed look is a missing sample, not a failed run
+                continue
+
+    def start(self) -> SteadyCpu:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(5.0)
+        if len(self.samples) < 3:
+            return {"error": "too few samples"}
+        r0, r1 = self.samples[0][1], self.samples[-1][1]
+        total = r1 - r0
+        lo = next((s for s in self.samples if s[1] >= r0 + 0.1 * total), None)
+        hi = next((s for s in reversed(self.samples) if s[1] <= r0 + 0.9 * total), None)
+        if lo is None or hi is None or hi[1] <= lo[1]:
+            return {"error": f"no steady window ({total} requests)"}
+        return {
+            "requests": hi[1] - lo[1],
+            "window_s": round(hi[0] - lo[0], 2),
+            "cpu_s": round(hi[2] - lo[2], 3),
+            "cpu_ms_per_request": round((hi[2] - lo[2]) / (hi[1] - lo[1]) * 1e3, 4),
+            "cpu_s_whole_run": round(self.samples[-1][2], 3),
+            "requests_whole_run": total,
+        }
+
+
+class Hog:
+    """A busy process (`while True: pass`) on `cpus` (default: every CPU this process may use),
+    named ctax-hog; stopped on close and on any exit."""
+
+    CODE = "import ctypes\nctypes.CDLL(None).prctl(15, b'ctax-hog', 0, 0, 0)\nwhile True:\n    pass\n"
+
+    def __init__(self, cpus: set[int] | None = None) -> None:
+        self.proc = spawn([sys.executable, "-c", self.CODE])
+        os.sched_setaffinity(self.proc.pid, cpus or os.sched_getaffinity(0))
+
+    def close(self) -> None:
+        kill_tree(self.proc, grace_s=0.5)
+
+
 # -- CPU sampling ---------------------------------------------------------------------------
 class CpuMonitor:
     """CPU seconds of labelled process trees, and of the whole machine, sampled over time so that

@@ -1,5 +1,5 @@
 """The peers benchmark's server and clients: the ordinary SSE server (_sse_bench_server.py) and one
-run each of ctax, `vllm bench serve` and guidellm, each in its own venv and process group."""
+run each of ctax, `vllm bench serve`, guidellm and AIPerf, each in its own venv and process group."""
 
 from __future__ import annotations
 
@@ -29,8 +29,17 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 
 class BenchServer:
-    def __init__(self, log: Path, cpus: list[int]) -> None:
-        cmd = [sys.executable, str(HERE / "_sse_bench_server.py"), "--port", "0", "--log", str(log)]
+    def __init__(self, log: Path, cpus: list[int], token_interval_ms: float = 1.0) -> None:
+        cmd = [
+            sys.executable,
+            str(HERE / "_sse_bench_server.py"),
+            "--port",
+            "0",
+            "--log",
+            str(log),
+            "--token-interval-ms",
+            f"{token_interval_ms:g}",
+        ]
         for c in cpus:
             cmd += ["--cpu", str(c)]
         self.log = log
@@ -99,7 +108,7 @@ def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) ->
     return {"summary": s, "records": records}
 
 
-def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str, Any]:
+def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float, tokens: int = TOKENS) -> dict[str, Any]:
     if ctx.vllm is None:
         return {"error": "skipped"}
     work = ctx.tmp / f"vllm-{time.monotonic_ns()}"
@@ -121,7 +130,7 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str,
         "--dataset-name",
         "random",
         "--random-output-len",
-        str(TOKENS),
+        str(tokens),
         "--ignore-eos",
         "--save-result",
         "--result-dir",
@@ -147,7 +156,9 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float) -> dict[str,
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
 
-def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tokens: int) -> dict[str, Any]:
+def run_guidellm(
+    ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tokens: int, tokens: int = TOKENS
+) -> dict[str, Any]:
     if ctx.guidellm is None:
         return {"error": "skipped"}
     work = ctx.tmp / f"guidellm-{time.monotonic_ns()}"
@@ -163,7 +174,7 @@ def run_guidellm(ctx: SimpleNamespace, profile: dict, seconds: float, prompt_tok
         "--constraint",
         f"kind=max_duration,seconds={seconds:g}",
         "--data",
-        f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={TOKENS}",
+        f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={tokens}",
         "--tokenizer",
         f"kind=hf_auto,model={ctx.tokenizer}",
         "--metrics",
@@ -217,6 +228,76 @@ def _error_of(obj: Any) -> str:
     return json.dumps(obj, default=str)[:300]
 
 
+def run_aiperf(
+    ctx: SimpleNamespace, rate: float, count: int, prompt_tokens: int, tokens: int, limit_s: float
+) -> dict[str, Any]:
+    """AIPerf 0.13 (NVIDIA's successor to genai-perf), its own venv: `count` requests at `rate`
+    req/s Poisson, streamed; {"ok", "errored"} from its per-request export."""
+    if ctx.aiperf is None:
+        return {"error": "skipped"}
+    work = ctx.tmp / f"aiperf-{time.monotonic_ns()}"
+    work.mkdir()
+    cmd = [
+        str(ctx.aiperf),
+        "profile",
+        "--model",
+        MODEL,
+        "--url",
+        ctx.server.url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--request-rate",
+        f"{rate:g}",
+        "--request-count",
+        str(count),
+        "--arrival-pattern",
+        "poisson",
+        "--isl",
+        str(prompt_tokens),
+        "--isl-stddev",
+        "0",
+        "--osl",
+        str(tokens),
+        "--osl-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--tokenizer",
+        str(ctx.tokenizer),
+        "--artifact-dir",
+        str(work / "artifacts"),
+        "--ui-type",
+        "none",
+    ]
+    # Not HF_HUB_OFFLINE: AIPerf 0.13 then reads any tokenizer name, a local folder too, as a hub
+    # repo id and fails; the local folder loads without the network anyway.
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
+    output = _finish(
+        spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s
+    )
+    records = sorted((work / "artifacts").rglob("profile_export.jsonl"))
+    if not records:
+        return {"error": output.strip()[-300:]}
+    ok = errored = 0
+    for line in records[0].read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        failed = rec.get("error") or (rec.get("metadata") or {}).get("error")
+        errored += bool(failed)
+        ok += not failed
+    return {"ok": ok, "errored": errored}
+
+
+def find_aiperf(a: argparse.Namespace) -> tuple[Path | None, str]:
+    exe = Path(a.aiperf_venv) / "bin" / "aiperf"
+    if not exe.exists():
+        return None, f"skipped: no venv at {a.aiperf_venv} (python3 -m venv DIR && DIR/bin/pip install aiperf==0.13.0)"
+    return exe, "aiperf in " + a.aiperf_venv
+
+
 def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | None, dict[str, str]]:
     notes: dict[str, str] = {}
     vpy = Path(a.vllm_venv) / "bin" / "python"
@@ -225,13 +306,12 @@ def find_peers(a: argparse.Namespace, tok: Path) -> tuple[Path | None, Path | No
     gbin = Path(a.guidellm_venv) / "bin" / "guidellm"
     guidellm = gbin if gbin.exists() else None
     notes["guidellm"] = "guidellm in " + a.guidellm_venv if guidellm else f"skipped: no venv at {a.guidellm_venv}"
-    if guidellm and not (tok / "tokenizer.json").exists():
-        subprocess.run(
-            [str(Path(a.guidellm_venv) / "bin" / "python"), "-c", TOKENIZER_SCRIPT, str(tok)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+    # The offline tokenizer every peer is given, built with whichever peer's venv has
+    # transformers (guidellm's, else AIPerf's; `builtin` in AIPerf downloads an encoding).
+    builders = [Path(v) / "bin" / "python" for v in (a.guidellm_venv, a.aiperf_venv)]
+    builder = next((py for py in builders if py.exists()), None)
+    if builder is not None and not (tok / "tokenizer.json").exists():
+        subprocess.run([str(builder), "-c", TOKENIZER_SCRIPT, str(tok)], check=True, capture_output=True, timeout=300)
     if vllm and not (tok / "tokenizer.json").exists():
-        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm venv)"
+        vllm, notes["vllm bench serve"] = None, "skipped: no tokenizer (it is built with the guidellm or AIPerf venv)"
     return vllm, guidellm, notes

@@ -14,6 +14,7 @@ summed. Imports nothing from connector_tax or vLLM.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -114,6 +115,14 @@ def wrap_connector(connector: Any, role: str, rec: StepRecorder) -> Any:
     return connector
 
 
+def _thread_ids() -> set[str]:
+    """This process's thread ids (Linux); empty where /proc is not there."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
 def hook_factory_class(cls: type, rec: StepRecorder) -> bool:
     name = FACTORY_MODULE + ":KVConnectorFactory.create_connector"
     raw = cls.__dict__.get("create_connector")
@@ -129,9 +138,11 @@ def hook_factory_class(cls: type, rec: StepRecorder) -> bool:
         return False
 
     def create_connector(klass: type, config: Any, role: Any, kv_cache_config: Any) -> Any:
+        before = _thread_ids()
         connector = original(klass, config, role, kv_cache_config)
         try:
             role_name = str(getattr(role, "name", role)).lower()
+            rec.note_threads(_thread_ids() - before, f"{type(connector).__name__} {role_name}")
             wrap_connector(connector, role_name, rec)
         except Exception as exc:  # noqa: BLE001
             rec.note_error(f"connector wrap failed: {exc!r}")

@@ -122,6 +122,9 @@ class StepRecorder:
         self.targets: dict[str, str] = {}
         self.instances: dict[str, str] = {}
         self.errors: list[str] = []
+        # Threads that appeared in this process while a connector was being built ({tid: "NixlConnector
+        # worker"}): the per-thread CPU records name them (a library's threads carry the process's name).
+        self.threads_started: dict[str, str] = {}
         self.has_scheduler_connector = False
         self.has_worker_connector = False
         self.disabled = False
@@ -179,6 +182,11 @@ class StepRecorder:
             self.errors.append(message)
         self.write_targets()
 
+    def note_threads(self, tids: set[str], label: str) -> None:
+        if tids:
+            self.threads_started.update(dict.fromkeys(sorted(tids), label))
+            self.write_targets()
+
     def set_role(self, role: str) -> None:
         # engine wins over worker: the single-process executor runs both in one process.
         if self.role == "engine" or self.role == role:
@@ -203,6 +211,7 @@ class StepRecorder:
             "targets": self.targets,
             "instances": self.instances,
             "errors": self.errors,
+            "threads_started": self.threads_started,
         }
         path = targets_path(self.step_log, self.pid)
         tmp = f"{path}.tmp"

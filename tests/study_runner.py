@@ -22,6 +22,21 @@ from connector_tax.contract.index import read_index, read_summary, verify_cell
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
 
+# Every bound a busy host can break (pipeline/gate.py PERTURBATIONS) out of its reach; the
+# server's own errors are still judged.
+LENIENT_VALIDITY: dict[str, Any] = {
+    "attempts": 1,
+    "max_lateness_gap_frac": 1e6,
+    "max_lateness_ttft_frac": 1e6,
+    "max_lateness_max_us": 1e12,
+    "max_rate_error": 1e6,
+    "max_cpu_frac": 1e6,
+    "max_unissued": 10**9,
+    "max_overrun_ms": 1e12,
+    "max_others_cpu_frac": 1.0,
+    "max_steal_frac": 1.0,
+}
+
 # Two configurations, two rates, one Phase B shape, seconds per cell. Saturation thresholds
 # that never fire keep the reference rates (and so the Phase B cells) fixed whatever the noise.
 TINY: dict[str, Any] = {
@@ -47,6 +62,14 @@ TINY: dict[str, Any] = {
         "min_scrapes": 1,
     },
     "loadgen": {"cpu_latency_us": None},
+    # Not a measured setting (no fingerprint holds it): the simulator starts in about a second,
+    # but several at once on a loaded 2-core host have taken over 20 s, past the default 30 s
+    # bail-out's comfort.
+    "server": {"ready_timeout_s": 120},
+    # The validity gate is not what these tests test, and the host they run on is shared: one
+    # attempt per cell, and bounds no busy host reaches, so a cell's reuse does not depend on
+    # the neighbours (tests/test_contention.py tests the gate).
+    "validity": LENIENT_VALIDITY,
 }
 
 
@@ -57,9 +80,11 @@ def write_config(folder: Path, config: dict[str, Any], name: str = "study.yaml")
 
 
 def snakemake(
-    folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 300
+    folder: Path, config: Path, *args: str, cores: int = 2, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
-    """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time."""
+    """Two jobs at a time by default: the simulator needs no GPU, and the tests need the time.
+    The timeout is a bail-out for a hung run: a whole tiny study takes a minute or two on a
+    loaded host."""
     argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 

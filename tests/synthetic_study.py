@@ -128,6 +128,9 @@ class SyntheticSpec:
     n_requests: int = 1000  # post-warm-up requests per cell
     warmup_frac: float = 0.1
     n_steps: int = 2000  # post-warm-up steps per cell
+    # Cells that stand perturbed (the validity gate: a busy host), as "variant/phase/label"
+    # keys: their summaries say invalid, host busy, after 3 attempts; their numbers are unchanged.
+    perturbed: tuple[str, ...] = ()
     error_frac: float = 0.0
     step_logs: bool | list[str] = True  # True, False, or the configs that have them
     step_timing_reason: str = "patch did not apply: synthetic"
@@ -257,6 +260,29 @@ def _cell(
         "validity": {"valid": True, "reasons": []},
         "complete": True,
     }
+    if f"{c}/{phase}/{label}" in spec.perturbed:
+        reason = "host busy: others_cpu_frac 0.48 > 0.1 (others' CPU in cores: hog (4242) 0.96)"
+        summary["validity"] = {"valid": False, "reasons": [reason], "host_busy": True, "instrument_valid": True}
+        summary["host"] = {
+            "measured": True,
+            "busy": True,
+            "others_cpu_frac": 0.48,
+            "others_cores_max": 1.0,
+            "steal_frac": 0.0,
+            "run_queue_mean": 3.5,
+            "reasons": [reason],
+        }
+        summary["attempts"] = [{"attempt": k, "valid": False} for k in (1, 2, 3)]
+    else:
+        summary["host"] = {
+            "measured": True,
+            "busy": False,
+            "others_cpu_frac": 0.01,
+            "others_cores_max": 0.05,
+            "steal_frac": 0.0,
+            "run_queue_mean": 1.5,
+            "reasons": [],
+        }
     (folder / f"summary_{phase}_{label}.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
 
     # metrics: warm-up samples carry a big queue (the window must exclude them)

@@ -12,6 +12,8 @@ from synthetic_study import SyntheticSpec, write_study
 from connector_tax.analysis import analyze
 from connector_tax.plots import make_figures
 
+pytestmark = pytest.mark.e2e  # a whole (synthetic) study analysed, figures and report: a minute of CPU
+
 EXPECTED_COLUMNS = [
     "variant",
     "phase",
@@ -106,7 +108,20 @@ EXPECTED_COLUMNS = [
     "crit_ttft_growth",
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
+    "host_measured",
+    "host_busy",
+    "host_others_cpu_frac",
+    "host_others_cores_max",
+    "host_steal_frac",
+    "host_run_queue_mean",
+    "attempts",
     "window_note",
+    # stream coalescing: can the cell's client-side TPOT/ITL be trusted (analysis/streams.py)
+    "chunks_per_token_p50",
+    "coalesced_share",
+    "burst_share",
+    "client_tpot_trusted",
+    "stream_note",
 ]
 AGGREGATE_KEYS = [
     "schema_version",
@@ -122,6 +137,9 @@ AGGREGATE_KEYS = [
     "variant_status",
     "ignored",
     "like_for_like",
+    "connector_packages",
+    "workarounds",
+    "threads",
     "code",
     "replicates",
     "aa_controls",
@@ -134,6 +152,7 @@ AGGREGATE_KEYS = [
     "step_cdf",
     "artifacts",
     "runtime",
+    "contention",
     "analysis_seconds",
 ]
 FIGURES = [
@@ -240,6 +259,7 @@ def test_csv_and_json_schemas_stable(study):
         "ci_method",
         "verdict_rule",
         "hypotheses",
+        "perturbed_calls",
         "success_criteria",
     ]
     assert [h["id"] for h in hyp["hypotheses"]] == ["H1", "H2", "H3", "H4", "H5", "H6"]

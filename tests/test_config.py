@@ -53,7 +53,7 @@ def test_shipped_configs_validate(name: str) -> None:
 
 def test_every_object_level_rejects_unknown_keys() -> None:
     """additionalProperties: false everywhere but the declared free-form maps."""
-    open_maps = {"env", "extra_config", "validity"}
+    open_maps = {"env", "extra_config"}
     schema = yaml.safe_load(schema_path().read_text())
     missing: list[str] = []
 
@@ -348,6 +348,17 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
         "loadgen: unknown key 'cpu_latncy_us' (did you mean 'cpu_latency_us'?)",
     ),
     ("no load generator worker", _set("loadgen.workers", 0), "loadgen.workers: 0 is less than the minimum of 1"),
+    (
+        "misspelt validity key",
+        _set("validity", {"max_lateness_p99": 500}),
+        "validity: unknown key 'max_lateness_p99' (did you mean 'max_lateness_p99_us'?)",
+    ),
+    ("no attempt at all", _set("validity", {"attempts": 0}), "validity.attempts: 0 is less than the minimum of 1"),
+    (
+        "others' CPU share over 1",
+        _set("validity", {"max_others_cpu_frac": 2}),
+        "validity.max_others_cpu_frac: 2 is greater than the maximum of 1",
+    ),
     ("max_num_seqs -1", _set("server.max_num_seqs", -1), "server.max_num_seqs: -1 is less than the minimum of 1"),
     (
         "gpu memory utilization 0",

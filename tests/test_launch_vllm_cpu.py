@@ -200,11 +200,45 @@ def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
         ("ModuleNotFoundError: No module named 'lmcache'\nlast line\n", "No module named 'lmcache'"),
         ("Traceback\n  File x\nValueError: bad block size\nshutting down\n", "ValueError: bad block size"),
         ("just a last line\n", "just a last line"),
+        (  # vLLM 0.32 on CPU, MooncakeConnector without the CPU guard (stderr, as it printed it)
+            "(APIServer pid=9) WARNING [system_utils.py:255] Found ulimit of 20000 and failed to automatically "
+            "increase with error current limit exceeds maximum limit. This can cause fd limit errors like "
+            "`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n\n"
+            "Exception ignored in: <function MooncakeConnectorWorker.__del__ at 0x7f6912742fc0>\n"
+            'Traceback (most recent call last):\n  File "mooncake_connector.py", line 1400, in __del__\n'
+            "AttributeError: 'MooncakeConnectorWorker' object has no attribute 'async_zmq_ctx'\n"
+            'Traceback (most recent call last):\n  File "core.py", line 1500, in run_engine_core\n'
+            "RuntimeError: Worker failed with error 'Cannot access accelerator device when none is available.', "
+            "please check the stack trace above for the root cause\n"
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n",
+            "Cannot access accelerator device when none is available.",
+        ),
+        (  # a __del__ report alone is never the cause: the exception after it is
+            "Exception ignored in: <function W.__del__>\nTraceback\nAttributeError: no attribute 'x'\n"
+            "ValueError: the real one\n",
+            "ValueError: the real one",
+        ),
     ],
 )
 def test_a_failed_start_reports_the_root_cause_not_the_last_line(log, cause):
     assert root_cause(log) == cause
     assert str(ServerStartError("server exited with code 1", log)) == f"server exited with code 1: {cause}"
+
+
+def test_a_connector_that_comes_up_degraded_is_named_with_its_cause():
+    from connector_tax.serving.process import degraded
+
+    log = (
+        "[LMCache ERROR] Failed to initialize LMCacheManager components: Traceback (most recent call last):\n"
+        '  File "gpu_connector/__init__.py", line 247, in CreateGPUConnector\n'
+        "RuntimeError: No supported cpu connector found.\n"
+        ". System will operate in degraded mode (recompute). (manager.py:107:lmcache.v1.manager)\n"
+        "INFO:     Application startup complete.\n"
+    )
+    assert (
+        degraded(log) == "No supported cpu connector found. (LMCache: System will operate in degraded mode (recompute))"
+    )
+    assert degraded("INFO:     Application startup complete.\n") is None
 
 
 def test_the_cpu_config_is_valid_and_names_every_design_configuration():

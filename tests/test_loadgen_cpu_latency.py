@@ -31,7 +31,7 @@ def _holds(pid: int, device: Path) -> bool:
         return False
 
 
-def _eventually(predicate, timeout: float = 5.0) -> bool:
+def _eventually(predicate, timeout: float = 30.0) -> bool:  # a bail-out: a loaded host is slow
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -118,8 +118,13 @@ def test_exchange_times_out_a_stalled_stream() -> None:
         elapsed_ns = time.monotonic_ns() - r.t_send_ns
         assert (r.status, r.error, r.http_status, r.chunks) == ("timeout", "timeout after 0.2 s", 200, 1)
         assert r.t_first_token_ns == r.t_last_token_ns
-        assert 0.19e9 <= elapsed_ns < 1e9  # libuv timers have 1 ms granularity
-        await asyncio.sleep(0.05)
+        # never before its 0.2 s (libuv timers have 1 ms granularity); how late is a loaded host's
+        # loop, so the bound above only tells the request timeout from a much longer one
+        assert 0.19e9 <= elapsed_ns < 5e9, elapsed_ns
+        for _ in range(200):  # the server sees the close within a loop pass or two; a busy host's take longer
+            await asyncio.sleep(0.05)
+            if srv.open_now == 0:
+                break
         assert srv.open_now == 0  # the timed-out connection was aborted, not pooled
         worker.pool.close()
         await srv.stop()

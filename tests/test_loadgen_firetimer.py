@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import uvloop
@@ -40,7 +41,7 @@ def test_fires_never_early_and_in_order_at_poisson_like_gaps() -> None:
                     done.set_result(None)
 
             timer.at(t, fire)
-        await asyncio.wait_for(done, 5)
+        await asyncio.wait_for(done, 60)
         timer.close()
         return fired
 
@@ -66,10 +67,12 @@ def test_a_due_request_fires_at_once_and_cancel_all_returns_the_rest() -> None:
 
 
 def test_io_arriving_during_the_spin_is_handled_when_it_arrives() -> None:
-    # A 5 ms spin. The loop's own timer writes a byte 4 ms before the fire: it only runs during
-    # the spin if the spin hands back to the loop, and then the byte must be read (and could be
-    # stamped) before the fire, not after it as a blind spin would do.
-    spin = 5_000_000
+    # A 100 ms spin from the start. Another thread writes a byte 20 ms in, while the loop spins:
+    # the loop reads it during the spin only if the spin hands back to the loop, and then the
+    # byte must be read (and could be stamped) before the fire, not after it as a blind spin
+    # would do. 80 ms of spin are left after the write: a loaded host's late thread still lands
+    # inside it.
+    spin = 200_000_000
 
     async def main() -> tuple[int, int, int, int]:
         loop = asyncio.get_running_loop()
@@ -80,10 +83,12 @@ def test_io_arriving_during_the_spin_is_handled_when_it_arrives() -> None:
         wrote: list[int] = []
         loop.add_reader(a.fileno(), lambda: (a.recv(16), seen.append(time.monotonic_ns())))
         fired = loop.create_future()
-        target = time.monotonic_ns() + 20_000_000
-        timer.at(target, lambda: fired.set_result(time.monotonic_ns()))
-        loop.call_later(0.016, lambda: (wrote.append(time.monotonic_ns()), b.send(b"x")))
-        t_fire = await asyncio.wait_for(fired, 5)
+        target = time.monotonic_ns() + 100_000_000
+        writer = threading.Timer(0.02, lambda: (wrote.append(time.monotonic_ns()), b.send(b"x")))
+        writer.start()
+        timer.at(target, lambda: fired.set_result(time.monotonic_ns()))  # within the spin: spins now
+        t_fire = await asyncio.wait_for(fired, 60)
+        writer.join()
         await asyncio.sleep(0.01)
         loop.remove_reader(a.fileno())
         a.close()
@@ -94,7 +99,7 @@ def test_io_arriving_during_the_spin_is_handled_when_it_arrives() -> None:
     for _ in range(3):
         target, wrote, seen, t_fire = _run(main)
         if wrote < target - BLIND_SPIN_NS:
-            break  # else the timerfd woke the loop late (a loaded machine): no verdict, again
+            break  # else the writer thread ran late (a loaded machine): no verdict, again
     assert wrote < target - BLIND_SPIN_NS, "the loop never ran during the spin"
     assert wrote <= seen < t_fire, (seen - wrote, t_fire - seen)
 
@@ -110,39 +115,41 @@ def test_no_timerfd_falls_back_to_the_loop_timer(monkeypatch) -> None:  # type: 
         target = time.monotonic_ns() + 20_000_000
         fired = loop.create_future()
         timer.at(target, lambda: fired.set_result(time.monotonic_ns()))
-        now = await asyncio.wait_for(fired, 5)
+        now = await asyncio.wait_for(fired, 60)
         timer.close()
         return target, now
 
     target, now = _run(main)
-    assert now >= target and now - target < 50_000_000
+    assert now >= target  # how late the loop's timer wakes is the host's (benchmarks/timers.py)
 
 
 def test_run_due_fires_from_inside_a_long_callback() -> None:
     # A response task's step that runs past a send's time calls run_due(): the send goes out
-    # on time from inside it, not after the step.
-    async def main() -> tuple[int, int, int]:
+    # on time from inside it, not after the step. The send is set from inside the step, 5 ms
+    # ahead, so the loop cannot reach its own spin before the step ends, however late the step
+    # began: only run_due() can fire it in time.
+    async def main() -> tuple[int, list[int], list[int]]:
         loop = asyncio.get_running_loop()
         timer = FireTimer(loop, spin_ns=1_000_000, min_spin_ns=1_000_000)
         fired: list[int] = []
-        target = time.monotonic_ns() + 20_000_000
-        timer.at(target, lambda: fired.append(time.monotonic_ns()))
         done = loop.create_future()
 
         def long_step() -> None:  # a loop pass that starts before the spin and ends 3 ms late
+            target = time.monotonic_ns() + 5_000_000
+            timer.at(target, lambda: fired.append(time.monotonic_ns()))
             while time.monotonic_ns() < target - RUN_DUE_NS // 2:
                 pass
             timer.run_due()
+            inside = list(fired)
             while time.monotonic_ns() < target + 3_000_000:
                 pass
-            done.set_result(time.monotonic_ns())
+            done.set_result((target, inside))
 
-        loop.call_at(loop.time() + 0.015, long_step)
-        end = await asyncio.wait_for(done, 5)
+        loop.call_soon(long_step)
+        target, inside = await asyncio.wait_for(done, 60)
         timer.close()
-        return target, fired[0], end
+        return target, inside, fired
 
-    # A 3 ms window on a shared host: a preemption inside it says nothing of run_due(), so the
-    # measurement gets three tries; a run_due() that does not fire fails every one.
-    runs = [_run(main) for _ in range(3)]
-    assert any(target <= fired < end - 2_000_000 for target, fired, end in runs), runs
+    target, inside, fired = _run(main)
+    assert len(inside) == 1 and inside[0] >= target, (target, inside)  # fired in the step, never early
+    assert fired == inside  # and once

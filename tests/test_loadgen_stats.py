@@ -1,9 +1,15 @@
-"""The cell summary's completion window: shifted by the median E2E, and safe without token times."""
+"""The cell summary: the completion window (shifted by the median E2E, safe without token
+times), and send lateness judged by its effect (against the mean gap and TTFT p90)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from connector_tax.config import Validity, default_validity, load_config
 from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.stats import ValidityThresholds, summarize
+from connector_tax.loadgen.stats import summarize
 
 MS = 1_000_000
 
@@ -15,7 +21,7 @@ def _ok(i: int, t_send: int, e2e: int | None) -> RequestRecord:
 
 
 def _summary(records: list[RequestRecord]) -> dict:
-    return summarize({"cell": "c"}, records, [], 0, 1000 * MS, {}, ValidityThresholds())
+    return summarize({"cell": "c"}, records, [], 0, 1000 * MS, {}, default_validity())
 
 
 def test_completions_counted_over_the_window_shifted_by_the_median_e2e() -> None:
@@ -32,3 +38,86 @@ def test_ok_requests_without_token_times_leave_the_window_unshifted() -> None:
     summary = _summary([_ok(i, i * 100 * MS, None) for i in range(3)])
     assert summary["rates"]["completion_window_shift_ms"] == 0.0
     assert summary["counts"]["ok"] == 3
+
+
+def _late(rate: float, late_us: float, ttft_ms: float, n: int = 200) -> dict:
+    """n requests at `rate`, each sent `late_us` after its time, first token `ttft_ms` after the send."""
+    gap = int(1e9 / rate)
+    records = []
+    for i in range(n):
+        sched = i * gap
+        send = sched + int(late_us * 1e3)
+        first = send + int(ttft_ms * MS)
+        records.append(RequestRecord(f"r-{i}", sched, send, first, first + MS, 8, 4, 0, False, "ok", None, 8, 4))
+    return summarize({"cell": "c", "rate": rate}, records, [], 0, n * gap, {}, default_validity())
+
+
+def _check(summary: dict, name: str) -> dict:
+    return next(c for c in summary["validity"]["checks"] if c["name"] == name)
+
+
+def test_five_ms_late_at_16_rps_is_valid_when_ttft_is_long() -> None:
+    # 62.5 ms between arrivals, 5 ms late: 8 % of a gap; TTFT p90 400 ms: lateness 1.25 % of it.
+    summary = _late(16, 5000, 400)
+    assert summary["validity"]["valid"], summary["validity"]["reasons"]
+    assert _check(summary, "lateness_gap_frac")["value"] == pytest.approx(0.08)
+
+
+def test_one_ms_late_at_1000_rps_distorts_the_arrivals() -> None:
+    summary = _late(1000, 1000, 400, n=2000)
+    assert not summary["validity"]["valid"]
+    assert any(r.startswith("lateness_gap_frac 1.0 > 0.1") for r in summary["validity"]["reasons"])
+
+
+def test_lateness_against_a_short_ttft_is_a_bias_of_what_is_measured() -> None:
+    # 1 ms late against a 10 ms TTFT p90 at 4 req/s: the arrival process is fine (0.4 % of a
+    # 250 ms gap), but TTFT p90 may be off by ~10 %.
+    summary = _late(4, 1000, 10)
+    assert _check(summary, "lateness_gap_frac")["passed"]
+    assert not _check(summary, "lateness_ttft_frac")["passed"]
+    assert not summary["validity"]["valid"]
+
+
+def test_no_absolute_lateness_bound_unless_configured() -> None:
+    summary = _late(16, 2000, 400)
+    assert "lateness_p99_us" not in {c["name"] for c in summary["validity"]["checks"]}
+    strict = default_validity().replace(max_lateness_p99_us=1000.0)
+    gap = int(1e9 / 16)
+    records = [
+        RequestRecord(
+            f"r-{i}",
+            i * gap,
+            i * gap + 2 * MS,
+            i * gap + 400 * MS,
+            i * gap + 401 * MS,
+            8,
+            4,
+            0,
+            False,
+            "ok",
+            None,
+            8,
+            4,
+        )
+        for i in range(100)
+    ]
+    judged = summarize({"cell": "c", "rate": 16}, records, [], 0, 100 * gap, {}, strict)
+    assert not _check(judged, "lateness_p99_us")["passed"]
+
+
+def test_validity_defaults_are_the_schemas_and_a_misspelt_bound_is_an_error() -> None:
+    v = default_validity()
+    assert (v.max_lateness_gap_frac, v.max_lateness_ttft_frac, v.max_lateness_p99_us, v.attempts) == (
+        0.1,
+        0.02,
+        None,
+        3,
+    )
+    with pytest.raises(ValueError, match="validity.max_lateness_p99: unknown key"):
+        v.replace(max_lateness_p99=1.0)
+    assert isinstance(v, Validity)
+
+
+def test_default_study_fills_the_validity_section() -> None:
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    assert Validity.from_mapping(config["validity"]) == default_validity()

@@ -1,37 +1,42 @@
-"""timing.wait_until: precise enough for a 100 us lateness budget, cheap at low rates."""
+"""timing.wait_until: never early, at once for a past target, cheap at low rates.
+
+How precise it is (the 100 µs lateness budget: median < 50 µs, max < 10 ms) is measured by
+`ctax benchmark timers`, beside a plain time.sleep: on a shared host a unit test's lateness is
+the host's."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
+import pytest
+
+from connector_tax.loadgen import timing
 from connector_tax.loadgen.timing import set_timer_slack, wait_until
 
 
-def test_never_early_and_tight_lateness() -> None:
-    lateness = []
+def test_never_early() -> None:
     for i in range(300):
         # Vary the gap so both the sleep path (> spin window) and the pure-spin path are used.
         target = time.monotonic_ns() + (50_000 if i % 3 == 0 else 400_000 + 10_000 * (i % 7))
         out = wait_until(target)
         assert out >= target
         assert time.monotonic_ns() >= target
-        lateness.append(out - target)
-    lateness.sort()
-    p50 = lateness[len(lateness) // 2]
-    # Idle hardware gives p99 < 100 us; the bounds are loose because CI machines are shared and
-    # a VM's stolen time can stall any thread for milliseconds.
-    assert p50 < 50_000, f"median lateness {p50} ns"
-    assert lateness[-1] < 10_000_000, f"max lateness {lateness[-1]} ns"
 
 
-def test_past_target_returns_at_once() -> None:
-    now = time.monotonic_ns()
-    t = time.perf_counter()
-    out = wait_until(now - 1_000_000)
-    assert out >= now
-    assert time.perf_counter() - t < 0.01
+def test_past_target_returns_at_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # On a fake clock (1 µs per read): one read of it, no sleep, no spin.
+    reads: list[int] = []
+
+    def read() -> int:
+        reads.append(10**12 + 1_000 * len(reads))
+        return reads[-1]
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(monotonic_ns=read, sleep=lambda s: pytest.fail(f"slept {s}")))
+    assert wait_until(10**12 - 1_000_000) == 10**12
+    assert len(reads) == 1
 
 
 def test_long_wait_sleeps_instead_of_spinning() -> None:

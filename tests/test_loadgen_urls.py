@@ -136,7 +136,7 @@ def bench(url: str, out: Path, *extra: str, env: dict | None = None) -> subproce
         str(out),
         *extra,
     ]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)  # a bail-out
 
 
 def _records(out: Path) -> list[dict]:
@@ -196,7 +196,7 @@ def test_https_with_ca_file_or_insecure_and_bearer_key(tmp_path: Path) -> None:
         ],
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=300,  # a bail-out
     )
     env = dict(os.environ, CTAX_TEST_KEY="s3cret")
     with bench_server(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--api-key", "s3cret") as (url, log):

@@ -52,9 +52,10 @@ def _serve(body_for_first: bytes) -> tuple:
     async def main() -> tuple:
         srv = MiniServer(lambda s, conn, req, data: body_for_first if len(s.bodies) == 1 else sse_response())
         await srv.start()
-        worker = make_worker(srv.port, timeout_s=3.0)
-        first = await asyncio.wait_for(worker_exchange(worker, 0), 10)
-        second = await asyncio.wait_for(worker_exchange(worker, 1), 10)
+        # timeouts far past a local exchange's milliseconds: no body here may end as a timeout
+        worker = make_worker(srv.port, timeout_s=30.0)
+        first = await asyncio.wait_for(worker_exchange(worker, 0), 60)
+        second = await asyncio.wait_for(worker_exchange(worker, 1), 60)
         worker.pool.close()
         await srv.stop()
         return first, second

@@ -114,6 +114,7 @@ def test_costs_give_a_positive_ordered_tax(config):
     assert 0 < tax[K.NOOP] < tax[K.NIXL_BOTH] < tax[K.MOONCAKE_BOTH]
 
 
+@pytest.mark.e2e  # two oracles of a study, many seeds each
 def test_true_p90_is_stable_across_oracle_seeds(config):
     """Two oracles on independent seeds agree on every p90 to < 1%: the truth is a property of
     the model, not of the draw."""

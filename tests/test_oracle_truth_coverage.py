@@ -23,6 +23,8 @@ from connector_tax.config import load_config
 from connector_tax.oracle.coverage import AA, CoverageSettings, overall, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
+pytestmark = pytest.mark.e2e  # many seeds of whole studies in virtual time: minutes of CPU
+
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = 20
 

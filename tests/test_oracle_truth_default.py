@@ -20,6 +20,8 @@ from connector_tax.config import load_config
 from connector_tax.oracle.coverage import CoverageSettings, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
+pytestmark = pytest.mark.e2e  # many seeds of whole studies in virtual time: minutes of CPU
+
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {"H1": "supported", "H2": "refuted", "H3": "supported", "H4": "refuted", "H5": "refuted", "H6": "supported"}
 SEEDS = 20

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from study_runner import REPO, TINY, consistent, sealed_cells, snakemake, write_config
 
 from connector_tax.contract import StudyLayout
@@ -20,6 +21,7 @@ def virtual(study: str) -> dict:
     return config
 
 
+@pytest.mark.e2e
 def test_a_virtual_study_runs_end_to_end_and_says_so(tmp_path):
     config = virtual("virtual")
     path = write_config(tmp_path, config)
@@ -40,6 +42,7 @@ def test_a_virtual_study_runs_end_to_end_and_says_so(tmp_path):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
+@pytest.mark.e2e
 def test_switching_the_clock_measures_again(tmp_path):
     """A virtual cell is not a real one: the clock is a setting of every cell's fingerprint, so
     the real clock's plan measures every cell again (the dry run says what a run would do)."""
@@ -68,6 +71,7 @@ def _ctax(*args: str, cwd) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "connector_tax.cli", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@pytest.mark.e2e
 def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
     """`ctax plan --predict` computes Phase A and the baseline's Phase B in virtual time before
     anything runs; its estimate of the whole study is held against the study's own cells."""
@@ -91,4 +95,7 @@ def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
 def test_ctax_plan_predict_needs_a_profile_of_the_server(tmp_path):
     result = _ctax("plan", "--config", str(REPO / "configs" / "vllm-cpu-tiny.yaml"), "--predict", cwd=REPO)
     assert result.returncode == 2
-    assert result.stderr.strip() == "ctax plan: --predict: the config names no sim.hardware_profile for its server"
+    assert result.stderr.strip() == (
+        "ctax plan: --predict: the config names no sim.hardware_profile or sim.profile for its server "
+        "(or give --profile FILE)"
+    )

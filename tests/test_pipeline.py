@@ -1,14 +1,18 @@
 """The Snakemake study: DAGs build for every shipped config, lint is clean, a bad config is one
-line. Whole studies run in tests/test_results_integrity.py and tests/test_faults.py."""
+line (colliding cell labels included), before anything runs. Whole studies run in the end-to-end
+tier: tests/test_results_integrity.py and tests/test_faults.py."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from study_runner import TINY, write_config
+from study_runner import snakemake as study_snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
@@ -67,6 +71,19 @@ def test_a_bad_config_fails_before_anything_runs_with_one_line(tmp_path):
     result = snakemake("-n", "--cores", "1", "--configfile", str(path), "--directory", str(tmp_path))
     assert result.returncode != 0
     assert "config error: workload.phase_a.rates:" in result.stderr + result.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_duplicate_labels_are_one_line_before_any_launch(tmp_path):
+    config = copy.deepcopy(TINY)
+    config["workload"]["phase_a"]["rates"] = [100, 100.000001]
+    result = study_snakemake(tmp_path, write_config(tmp_path, config), "all", "-n")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert lines == [
+        "config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
+        "(100); rates must differ in their first 6 significant digits"
+    ]
     assert not (tmp_path / "results").exists()
 
 

@@ -151,3 +151,72 @@ def test_a_library_that_is_there_gets_the_real_launch(tmp_path):
         assert status["reason"] == "server exited with code 1: RuntimeError: this stand-in vLLM serves nothing"
     assert [line.split()[0] for line in lines(tmp_path / "launches")] == ["serve", "serve"]
     assert len(lines(tmp_path / "probes")) == 1  # the first run's; none with the library present
+
+
+def test_a_library_that_is_there_but_does_not_import_is_skipped_with_its_import_error(tmp_path):
+    """Mooncake's engine links libibverbs.so.1: without it vLLM only says "Mooncake is not
+    available"; the preflight names the import's own error, without a launch."""
+    study(tmp_path)
+    installed = tmp_path / "installed"
+    (installed / "mooncake").mkdir(parents=True)
+    (installed / "mooncake" / "__init__.py").touch()
+    (installed / "mooncake" / "engine.py").write_text(
+        "raise ImportError('libibverbs.so.1: cannot open shared object file: No such file or directory')\n"
+    )
+    for name in ("mooncake_both", "multi_mooncake_lmcache"):
+        status = preflight(tmp_path, name, pythonpath=str(installed))
+        assert status["status"] == "skip" and status["probe"]["kind"] == "broken", status
+        assert status["reason"].startswith("libibverbs.so.1: cannot open shared object file"), status["reason"]
+        assert "import mooncake.engine fails in vLLM's Python" in status["reason"]
+        assert "'Mooncake is not available'" in status["reason"]  # what vLLM alone would have said
+    assert lines(tmp_path / "launches") == [] and lines(tmp_path / "probes") == []
+
+
+FAKE_LMCACHE = {
+    "lmcache/__init__.py": "torch_device_type = 'cpu'\n",
+    "lmcache/utils.py": "class EngineType:\n    VLLM = 'vllm'\n",
+    "lmcache/integration/__init__.py": "",
+    "lmcache/integration/vllm/__init__.py": "",
+    "lmcache/integration/vllm/utils.py": "def lmcache_get_or_create_config():\n    return object()\n",
+    "lmcache/v1/__init__.py": "",
+    "lmcache-0.5.6.dist-info/METADATA": "Metadata-Version: 2.1\nName: lmcache\nVersion: 0.5.6\n",
+}
+
+
+def fake_lmcache(root: Path, create: str) -> Path:
+    """An `lmcache` whose CreateGPUConnector does `create` (LMCache 0.5.6 on CPU: raises)."""
+    files = {
+        **FAKE_LMCACHE,
+        "lmcache/v1/gpu_connector.py": f"def CreateGPUConnector(config, metadata, engine):\n{create}",
+    }
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    return root
+
+
+def test_lmcache_that_has_no_connector_for_this_device_is_skipped_by_its_own_check(tmp_path):
+    """LMCache 0.5.6 imports on CPU but has no worker-side connector there: vLLM would start it
+    degraded (recompute). Its own check says so before any launch; the reason is that, not a
+    missing module."""
+    study(tmp_path)
+    root = fake_lmcache(tmp_path / "lmcache-cpu", "    raise RuntimeError('No supported cpu connector found.')\n")
+    status = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    assert status["status"] == "skip" and status["probe"]["kind"] == "degraded", status
+    assert status["reason"].startswith("No supported cpu connector found. (lmcache.v1.gpu_connector.CreateGPUConnector")
+    assert "LMCache 0.5.6, torch device 'cpu'" in status["reason"] and "degraded (recompute)" in status["reason"]
+    assert "No module named" not in status["reason"]
+    assert lines(tmp_path / "launches") == []
+    kept = json.loads((tmp_path / "results" / "probe-test" / "preflight" / "connector_probe.json").read_text())
+    assert kept["works"]["lmcache"]["works"] is False
+    # asked once: a second configuration reuses the kept answer
+    again = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    assert again["reason"] == status["reason"]
+
+
+def test_lmcache_with_a_connector_for_this_device_gets_the_real_launch(tmp_path):
+    study(tmp_path)
+    root = fake_lmcache(tmp_path / "lmcache-ok", "    return object()\n")
+    status = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    assert "probe" not in status and status["reason"].startswith("server exited with code 1"), status
+    assert [line.split()[0] for line in lines(tmp_path / "launches")] == ["serve"]

@@ -1,8 +1,8 @@
 """Every number belongs to the settings that made it: through `snakemake`, as a user runs it.
 
 A changed measurement setting re-measures exactly the cells it touches and the analysis uses
-only the new ones; an unchanged re-run reuses everything; colliding labels and a second backend
-are refused before any launch; kill -9 at any moment never leaves a "complete" cell that is not;
+only the new ones; an unchanged re-run reuses everything; a second backend is refused before any
+launch; kill -9 at any moment never leaves a "complete" cell that is not;
 a cell whose server died is recorded as failed, reported, and redone by the next plain run.
 """
 
@@ -24,8 +24,12 @@ from study_runner import TINY, consistent, our_processes, sealed_cells, snakemak
 from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
 from connector_tax.contract import StudyLayout
 
+pytestmark = pytest.mark.e2e
 
-@pytest.fixture(scope="module")
+
+# Session-scoped: made at most once per process, so that in two processes (`-n 2`) the cases that
+# copy it run side by side instead of in one module-long queue (tests/conftest.py).
+@pytest.fixture(scope="session")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One complete tiny study (the starting point every case copies)."""
     folder = tmp_path_factory.mktemp("measured")
@@ -175,19 +179,6 @@ def test_a_rerun_whose_only_cell_left_is_pruned_keeps_the_launch_facts(tmp_path)
     assert _launch_facts(tmp_path, "plain", "phase_a") == before
 
 
-def test_duplicate_labels_are_one_line_before_any_launch(tmp_path) -> None:
-    config = copy.deepcopy(TINY)
-    config["workload"]["phase_a"]["rates"] = [100, 100.000001]
-    result = snakemake(tmp_path, write_config(tmp_path, config), "all", "-n")
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
-    assert lines == [
-        "config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
-        "(100); rates must differ in their first 6 significant digits"
-    ]
-    assert not (tmp_path / "results").exists()
-
-
 def test_another_backend_in_the_same_study_folder_is_refused(measured, tmp_path) -> None:
     folder = _copy(measured, tmp_path)
     config = {**copy.deepcopy(TINY), "backend": "vllm"}
@@ -220,7 +211,7 @@ def test_kill_9_at_any_moment_never_leaves_a_false_complete(tmp_path) -> None:
         time.sleep(rng.uniform(2.0, 6.0))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bail-out: exits are slow on a loaded host
         while our_processes(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert our_processes(tmp_path) == [], f"attempt {attempt}: processes left behind"
@@ -248,7 +239,7 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
     path = write_config(tmp_path, config)
     proc = start_snakemake(tmp_path, path, "all")
     layout = StudyLayout(tmp_path / "results" / "integrity")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a bail-out: snakemake and preflight first, on a loaded host
     while not layout.phase("plain", "phase_a").staging("r4").folder.exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
@@ -257,7 +248,7 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
     assert servers, "no simulated server found"
     for server in servers:
         server.send_signal(signal.SIGKILL)  # the server dies mid-cell
-    assert proc.wait(180) == 0  # a recorded outcome: the study goes on and reports it
+    assert proc.wait(600) == 0  # a recorded outcome: the study goes on and reports it
     index = json.loads(layout.index("plain", "phase_a").read_text())
     # the cell stopped at once and failed with the reason; a new server measured the next cell
     assert index["status"] == "partial" and index["cells_failed"]["phase_a/r4"].startswith("server exited with code -9")
@@ -312,7 +303,9 @@ def test_a_cell_runs_until_its_p90s_are_precise_enough(tmp_path) -> None:
         duration_s=0.3,
         min_completed=3,
         phase_a={"rates": [40], "shape": {"input": 64, "output": 8}},
-        precision={"target": 0.15, "max_duration_s": 60},
+        # the cap is a bail-out: a quiet host reaches the target in seconds; a loaded one's
+        # scheduling widens the p90s' intervals, and at load 4 a 60 s cap was once not enough
+        precision={"target": 0.15, "max_duration_s": 240},
     )
     result = snakemake(tmp_path, write_config(tmp_path, config), "phase_a")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -54,7 +54,7 @@ time.sleep(300)
 
 def _family(tmp_path: Path) -> tuple[psutil.Process, list[psutil.Process]]:
     owner = psutil.Popen([sys.executable, "-c", OWNER, str(tmp_path), *FAMILY], cwd=tmp_path)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a bail-out: a Python start on a loaded host
     while not ((tmp_path / "leader.pid").exists() and (tmp_path / "child.pid").exists()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -63,7 +63,7 @@ def _family(tmp_path: Path) -> tuple[psutil.Process, list[psutil.Process]]:
     return owner, [psutil.Process(pid) for pid in pids]
 
 
-def _all_gone(procs: list[psutil.Process], within_s: float = 10.0) -> bool:
+def _all_gone(procs: list[psutil.Process], within_s: float = 30.0) -> bool:
     _, alive = psutil.wait_procs(procs, timeout=within_s)
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
@@ -80,7 +80,7 @@ def test_stop_takes_the_whole_group_down_even_when_the_leader_exits_first(tmp_pa
     child_cmd = f"(trap '' TERM; exec sleep 300) & echo $! > {tmp_path}/child.pid"
     spec = LaunchSpec(["bash", "-c", f"{child_cmd}; trap 'exit 0' TERM; sleep 300 & wait"])
     with ServerProcess(spec, "http://127.0.0.1:1", tmp_path, grace_s=5) as server:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bail-out
         while not (tmp_path / "child.pid").exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -101,7 +101,7 @@ def test_command_line_binds_loopback_and_writes_the_ready_file(tmp_path):
         text=True,
     )
     try:
-        for _ in range(100):
+        for _ in range(1200):  # a bail-out of 60 s: a Python start on a loaded host takes seconds
             if ready.exists():
                 break
             time.sleep(0.05)

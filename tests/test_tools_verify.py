@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,28 @@ if str(REPO) not in sys.path:
 
 from tools import preflight_client  # noqa: E402
 
-_PORTS = iter(range(18600, 18900, 3))
+
+def free_ports() -> int:
+    """A port whose next two are free too (a launch takes PORT, PORT+1 and PORT+2: vLLM's HTTP,
+    Mooncake's bootstrap and NIXL's side channel), asked of the OS rather than taken from a fixed
+    range, so that two processes of this suite, or two checkouts' suites, never collide."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, min(base + 3, 65536)):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port))
+            if len(held) == 3:
+                return base
+        except OSError:
+            pass
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError("no three consecutive free ports on 127.0.0.1")
 
 
 def script_env() -> dict[str, str]:
@@ -59,6 +81,7 @@ def write_config(tmp_path: Path, mutate) -> Path:
 # --------------------------------------------------------------------------- verify scripts
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
     out = tmp_path / "preflight"
     done = run_script(
@@ -66,7 +89,7 @@ def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
         REPO / "configs" / "test-tiny.yaml",
         out,
         "--port",
-        next(_PORTS),
+        free_ports(),
         "--start-timeout",
         60,
     )
@@ -87,7 +110,7 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
 
     path = write_config(tmp_path, mutate)
     out = tmp_path / "preflight"
-    done = run_script("verify_noop_connector.sh", path, out, "--port", next(_PORTS))
+    done = run_script("verify_noop_connector.sh", path, out, "--port", free_ports())
     assert done.returncode == 0, done.stderr
     entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
     assert entry["status"] == "skip"
@@ -98,9 +121,10 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     assert "---- last 40 lines of" in (out / "verify_noop_connector.log").read_text()
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_verify_kv_consumer_runs_the_dummy_bootstrap_and_records(tmp_path):
     out = tmp_path / "preflight"
-    done = run_script("verify_kv_consumer.sh", REPO / "configs" / "default.yaml", out, "--port", next(_PORTS))
+    done = run_script("verify_kv_consumer.sh", REPO / "configs" / "default.yaml", out, "--port", free_ports())
     assert done.returncode == 0, done.stderr
     status = json.loads((out / "preflight_status.json").read_text())
     assert status["mooncake_consumer"]["status"] == "ok"
@@ -110,11 +134,12 @@ def test_verify_kv_consumer_runs_the_dummy_bootstrap_and_records(tmp_path):
     assert "request 1/1: 200" in log
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_verify_scripts_share_one_status_file(tmp_path):
     out = tmp_path / "preflight"
     config = REPO / "configs" / "default.yaml"
-    a = run_script("verify_multi_connector.sh", config, out, "--port", next(_PORTS))
-    b = run_script("verify_noop_connector.sh", config, out, "--port", next(_PORTS))
+    a = run_script("verify_multi_connector.sh", config, out, "--port", free_ports())
+    b = run_script("verify_noop_connector.sh", config, out, "--port", free_ports())
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     status = json.loads((out / "preflight_status.json").read_text())
     assert set(status) == {"multi_mooncake_lmcache", "noop_connector"}
@@ -248,6 +273,7 @@ ThreadingHTTPServer((host, port), H).serve_forever()
 """
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
     from test_patches_step_timing import make_fake_vllm
 
@@ -271,7 +297,7 @@ def test_gpu_smoke_end_to_end_with_a_stand_in_vllm(tmp_path):
         "--out",
         out,
         "--port",
-        next(_PORTS),
+        free_ports(),
         "--start-timeout",
         60,
         env=env,

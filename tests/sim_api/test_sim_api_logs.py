@@ -224,8 +224,8 @@ def _disconnect_mid_stream(sim: SimProcess, rid: str) -> None:
 def test_client_disconnect_aborts_request(sim: SimProcess, client: httpx.Client) -> None:
     rid = f"gone-{uuid.uuid4().hex[:8]}"
     _disconnect_mid_stream(sim, rid)
-    record = poll(lambda: _record(sim, rid), timeout=1.0)
-    assert record is not None, "no request-log record within 1 s of the disconnect"
+    record = poll(lambda: _record(sim, rid))
+    assert record is not None, "no request-log record after the disconnect"
     assert record["status"] == "aborted"
     assert record["completion_tokens"] < 200  # generation stopped long before 5000
     # the engine went idle: no new steps are being logged
@@ -237,13 +237,13 @@ def test_client_disconnect_aborts_request(sim: SimProcess, client: httpx.Client)
 
 def test_running_gauge_back_to_zero_after_disconnect(sim: SimProcess, client: httpx.Client) -> None:
     _disconnect_mid_stream(sim, f"gone-{uuid.uuid4().hex[:8]}")
-    values = poll(lambda: scrape(client).value("vllm:num_requests_running") == 0, timeout=1.0)
+    values = poll(lambda: scrape(client).value("vllm:num_requests_running") == 0)
     assert values, scrape(client).value("vllm:num_requests_running")
 
 
 def test_running_gauge_zero_when_idle(client: httpx.Client) -> None:
     assert completion(client, prompt=token_prompt(5), max_tokens=2, ignore_eos=True).status_code == 200
-    assert poll(lambda: scrape(client).value("vllm:num_requests_running") == 0, timeout=1.0)
+    assert poll(lambda: scrape(client).value("vllm:num_requests_running") == 0)
 
 
 # -- step log -----------------------------------------------------------------------------

@@ -9,8 +9,14 @@ from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
+from connector_tax.pipeline.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
+from connector_tax.serving.slurm import cancel_orphans
 
+# gpus_per_job (--config gpus_per_job=1) is how jobs are placed, not a study setting: taken out
+# before the study config is validated, staged and fingerprinted. With the simulator it makes each
+# phase and preflight job ask the scheduler for a GPU as a vLLM study's do (a cluster rehearsal).
+_GPUS_PER_JOB = config.pop("gpus_per_job", None)
 try:
     _validated = validate_config(config)
     check_study_folder(_validated)
@@ -33,9 +39,17 @@ REFERENCE_RATES = str(LAYOUT.reference_rates)
 LAUNCH_ORDER = {phase: launch_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
 REPLICATES = range(1, SETTINGS.workload.replicates + 1)
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
-GPUS_PER_JOB = 1 if SETTINGS.backend == "vllm" else 0
+try:
+    GPUS_PER_JOB = gpus_per_job(SETTINGS, _GPUS_PER_JOB)
+except ConfigError as _err:
+    sys.exit(f"config error: {_err}")
 # The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
 PHASE_THREADS = job_threads(SETTINGS)
+# What a job asks of a cluster scheduler besides: memory and a time limit (pipeline.job_resources).
+JOB_MEM_MB = job_mem_mb(SETTINGS)
+# A job Snakemake's SLURM executor placed runs in a remote-mode snakemake inside its own SLURM
+# job: it takes its GPU and CPUs from that allocation instead of leasing them (serving.slurm).
+PLACEMENT = "slurm" if workflow.remote_exec and os.environ.get("SLURM_JOB_ID") else "host"
 # Jobs run `ctax pipeline STEP`, the command a user can type: the one installed beside the
 # interpreter snakemake runs under, or the conda environment's own under --sdm conda.
 _CONDA = any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method)
@@ -94,6 +108,12 @@ def lease_cpus(wildcards, threads):
     except Exception:  # snakemake --report and --dag ask for params without --cores
         return 0
     return threads if threads < cores else 0
+
+
+def phase_runtime(name, phase):
+    """A phase job's time limit, minutes (ctax plan's estimate and a margin); Phase B's is planned
+    once the reference rates exist, as its cells are."""
+    return lambda wildcards: phase_runtime_min(SETTINGS, name, phase)
 
 
 def study_dir(wildcards, input):

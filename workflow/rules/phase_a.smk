@@ -27,17 +27,20 @@ for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_A]):
             name=_name,
             replicate=_rep,
             cpus=lease_cpus,
+            placement=PLACEMENT,
             plan=job_params(STUDY_CONFIG, SETTINGS, _name, PHASE_A, _rep),
         threads: PHASE_THREADS
         priority: len(LAUNCH_ORDER[PHASE_A]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
+            mem_mb=JOB_MEM_MB,
+            runtime=phase_runtime(_name, PHASE_A),
         conda:
             ENV
         shell:
             "{params.ctax} pipeline phase --config {input.config:q} --variant {params.name:q}"
             " --phase phase_a --replicate {params.replicate}"
-            " --cpus {params.cpus} 2>&1 | tee {log:q}"
+            " --cpus {params.cpus} --placement {params.placement} 2>&1 | tee {log:q}"
 
 
 rule phase_a:

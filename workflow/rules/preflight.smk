@@ -16,13 +16,16 @@ rule preflight_config:
     params:
         ctax=CTAX,
         log_dir=lambda wildcards: str(LAYOUT.preflight_logs(wildcards.name)),
+        placement=PLACEMENT,
     resources:
         gpu=GPUS_PER_JOB,
+        mem_mb=JOB_MEM_MB,
+        runtime=lambda wildcards: preflight_runtime_min(SETTINGS, wildcards.name),
     conda:
         ENV
     shell:
         "{params.ctax} pipeline preflight check --config {input:q} --variant {wildcards.name:q}"
-        " --out {output:q} --log-dir {params.log_dir:q} 2>&1 | tee {log:q}"
+        " --out {output:q} --log-dir {params.log_dir:q} --placement {params.placement} 2>&1 | tee {log:q}"
 
 
 rule preflight:

@@ -21,6 +21,8 @@ from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
+from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
+from connector_tax.analysis.streams import stream_stats
 from connector_tax.config import PHASE_A
 
 REQUEST_FIELDS = {
@@ -102,7 +104,21 @@ _SAT = [
     "ttft_growth_ratio",
     "ttft_growth_vs_rate",
 ]
-COLUMNS: list[str] = _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + ["window_note"]
+# The host around the cell (metrics/host.py via the summary): measured at all (not in virtual
+# time), busy by the validity bounds, outside processes' CPU share (mean over the cell) and the
+# busiest second in cores, steal, run queue; and how many attempts the gate took.
+_HOST = [
+    "host_measured",
+    "host_busy",
+    "host_others_cpu_frac",
+    "host_others_cores_max",
+    "host_steal_frac",
+    "host_run_queue_mean",
+    "attempts",
+]
+COLUMNS: list[str] = (
+    _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + _HOST + ["window_note"] + STREAM_COLUMNS
+)
 
 
 def time_series_stats(
@@ -321,6 +337,17 @@ def summary_fields(cell: Measurement, fallback: dict[str, Any]) -> dict[str, Any
         )
         if row["offered_rps"]:
             row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
+    host = s.get("host") if isinstance(s.get("host"), dict) else {}
+    attempts = s.get("attempts") if isinstance(s.get("attempts"), list) else []
+    row.update(
+        host_measured=host.get("measured") if host else None,
+        host_busy=host.get("busy") if host.get("measured") else None,
+        host_others_cpu_frac=_f(host.get("others_cpu_frac")),
+        host_others_cores_max=_f(host.get("others_cores_max")),
+        host_steal_frac=_f(host.get("steal_frac")),
+        host_run_queue_mean=_f(host.get("run_queue_mean")),
+        attempts=len(attempts) or (1 if s else None),
+    )
     if row["effective_rps"] is None:
         row["rates_source"] = None
     if row["throughput_ratio"] is None and row["effective_rps"] is not None and row["offered_rps"]:
@@ -372,6 +399,7 @@ def cell_row(
         note_s, grid = None, None
         row["steps_n"] = 0
     row["step_timing_available"] = bool(step_timing_available and row["steps_n"])
+    row.update(stream_stats(cell, row))  # client-side TPOT/ITL trust (analysis/streams.py)
     row["window_note"] = "; ".join(n for n in (note_m, note_s) if n) or None
     if cell.phase != PHASE_A:
         row["crit_ttft_growth"] = None

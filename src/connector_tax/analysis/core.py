@@ -24,6 +24,7 @@ from typing import Any
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
+from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
 from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
 from connector_tax.analysis.launch_intervals import P90_METHOD
@@ -39,6 +40,7 @@ from connector_tax.analysis.saturation import (
 )
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import SeriesMap, compute_taxes
+from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
@@ -90,6 +92,9 @@ def _reference(study: Study, computed: dict[str, Any]) -> dict[str, Any]:
     filed = study.reference_file if isinstance(study.reference_file, dict) else None
     if filed:
         ref["source"] = "reference_rates.json"
+        for key in ("ref_safe_perturbed", "ref_load_perturbed"):
+            if key in filed:
+                ref[key] = filed[key]
         for key in ("ref_safe", "ref_load"):
             if key in filed and filed[key] != computed.get(key):
                 ref["notes"] = list(ref.get("notes") or []) + [
@@ -110,6 +115,25 @@ def served_by(study: Study) -> str:
     if found:
         return " and ".join(found)
     return "simulated vLLM (ctax sim)" if study.simulated else f"backend {study.backend}"
+
+
+def launch_facts(study: Study) -> dict[str, Any]:
+    """What the launches recorded beside their cells, for every output: the connector packages of
+    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    from connector_tax.contract.records import connector_packages
+
+    packages = sorted(
+        {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
+    )
+    workarounds: dict[str, list[str]] = {}
+    for (name, _phase), r in study.runs.items():
+        for w in (r.run or {}).get("workarounds") or []:
+            if w not in workarounds.setdefault(name, []):
+                workarounds[name].append(w)
+    return {
+        "connector_packages": "; ".join(packages) or None,
+        "workarounds": {k: v for k, v in workarounds.items() if v},
+    }
 
 
 def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
@@ -155,9 +179,14 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
     taxes = compute_taxes(rows, study.variants, base, reference, series) if base else None
+    for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
+        for name in entry.get("missing") or {}:
+            pf = study.preflight.get(name) or {}
+            if pf.get("status") == "skip":
+                entry["missing"][name] = f"SKIP at preflight: {pf.get('reason')}"
     artifacts = check_artifacts(study)
     runtime = runtime_of(study)
-    hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated)
+    hypotheses = evaluate(taxes or {}, reference, study.variants, base, artifacts, runtime, study.simulated, rows)
     config_status = {}
     for name in study.variants:
         pf = study.preflight.get(name) or {}
@@ -192,6 +221,9 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "variant_status": config_status,
         "ignored": study.ignored,
         "like_for_like": like_for_like(study),
+        **launch_facts(study),
+        # where a real server's CPU goes (the simulator's threads say nothing about vLLM's)
+        "threads": thread_tables(study, reference) if study.backend == "vllm" else None,
         "code": study.code,
         "replicates": study.replicates,
         "aa_controls": study.settings.aa_controls,
@@ -208,6 +240,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "variants": step_cdf},
         "artifacts": artifacts,
         "runtime": runtime,
+        "contention": study_contention(rows),
         "analysis_seconds": None,
     }
     aggregate["analysis_seconds"] = round(time.perf_counter() - t0, 3)

@@ -5,7 +5,9 @@ Each hypothesis is a `Rule`: the configurations it needs, the estimate it rests 
 the words for each outcome. `judge` makes the design's call on the POINT estimate — supported
 or refuted — and reports, beside it, what the interval says: `confidence` is "confident" when
 the whole interval lies on the call's side of every threshold and "within noise" when it
-reaches across one (`ci_overlaps_threshold`). "inconclusive" is only for a number that could
+reaches across one (`ci_overlaps_threshold`). A call resting on a cell the validity gate marked
+invalid (measured while the host was busy or the load generator late), or on a ref_safe chosen
+with such cells, is "rests on perturbed cells" whatever its interval says (contention.py). "inconclusive" is only for a number that could
 not be computed at all; "not_applicable" when a configuration the rule needs did not run, or
 the study is not the connector study. Success criteria 1–5 read the hypotheses' numbers;
 6 and 7 the study's artifacts and run time (artifacts.py).
@@ -18,13 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_tax.analysis import constants as K
+from connector_tax.analysis import contention
 from connector_tax.analysis.criteria import success_criteria
 from connector_tax.analysis.estimates import Taxes, h1_tax, h2_gap_pp, h3_share, h4_rel_dev, monotone_steps
 from connector_tax.config import PHASE_A, PHASE_B
 
 VERDICT_RULE = (
     "the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
-    "interval agrees (confident) or reaches across the threshold (within noise)"
+    "interval agrees (confident) or reaches across the threshold (within noise), and is "
+    f"'{contention.PERTURBED}' when a cell behind the number, or behind the choice of ref_safe, was "
+    "measured while the host or the load generator perturbed it (never confident then)"
 )
 
 
@@ -212,6 +217,23 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
     }
 
 
+def mark_perturbed(h: dict[str, Any], rule: Rule, taxes: dict[str, Any], baseline: str, rows, reference) -> None:
+    """A call resting on a cell measured while perturbed (or on a ref_safe such cells chose) is
+    never "confident": `confidence` says what it rests on, `rests_on` lists the cells."""
+    if h["verdict"] in ("not_applicable",):
+        return
+    rest = contention.rests_on(
+        contention.cells_behind(rule.id, rule.needs, taxes, baseline), contention.perturbed_rows(rows), reference
+    )
+    h["rests_on_perturbed"] = rest
+    if rest is None:
+        return
+    h["interval_confidence"] = h.get("confidence")
+    h["confidence"] = contention.PERTURBED
+    h["reason"] = h["reason"].replace(f"({h['interval_confidence']})", f"({contention.PERTURBED})")
+    h.setdefault("caveats", []).append(contention.describe_rest(rest))
+
+
 def evaluate(
     taxes: dict[str, Any] | None,
     reference: dict[str, Any],
@@ -220,7 +242,10 @@ def evaluate(
     artifacts: dict[str, Any],
     runtime: dict[str, Any],
     simulated: bool,
+    rows: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """H1-H6 and the success criteria. `rows`: the aggregate rows, whose validity decides
+    whether a call may be confident (a call on perturbed cells is not)."""
     t = Taxes(taxes)
     caveats = (
         [f"ref_safe is flagged: {reference.get('ref_safe_reason')}"]
@@ -232,14 +257,14 @@ def evaluate(
         h["caveats"] = []
         if h["verdict"] == "not_applicable":
             continue
-        h["caveats"] = list(caveats) + [
-            f"{key}: rests on a cell the load generator marked invalid"
-            for key, val in (h.get("numbers") or {}).items()
-            if isinstance(val, dict) and False in (val.get("cells_valid") or [])
-        ]
+        h["caveats"] = list(caveats)
         for left_out in ((h.get("numbers") or {}).get(K.MOONCAKE_BOTH) or {}).get("excluded") or []:
             why = "; ".join(f"{n}: {c}" for n, c in left_out["saturated"].items())
             h["caveats"].append(f"shape {left_out['shape']} left out: saturated at ref_safe ({why})")
+    rules = {rule.id: rule for rule in RULES}
+    for h in hyps.values():
+        if baseline is not None:
+            mark_perturbed(h, rules[h["id"]], taxes or {}, baseline, rows or [], reference or {})
     return {
         "schema_version": 2,
         "simulated": simulated,
@@ -253,10 +278,13 @@ def evaluate(
                 "ref_load_flagged",
                 "ref_safe_reason",
                 "ref_load_reason",
+                "ref_safe_perturbed",
+                "ref_load_perturbed",
             )
         },
         "ci_method": (taxes or {}).get("ci_method"),
         "verdict_rule": VERDICT_RULE,
         "hypotheses": list(hyps.values()),
+        "perturbed_calls": [h["id"] for h in hyps.values() if h.get("rests_on_perturbed")],
         "success_criteria": success_criteria(hyps, artifacts, runtime, simulated),
     }

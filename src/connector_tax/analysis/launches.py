@@ -50,6 +50,12 @@ def like_for_like(study: Any) -> dict[str, dict[str, Any]]:
             kinds = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
             if "lmcache" in kinds:
                 row["lmcache_env"] = (vllm.get("lmcache") or {}).get("env")
+            env = (run.run or {}).get("server_env") or {}
+            if env.get("VLLM_TARGET_DEVICE") == "cpu":  # the CPU build's binding and cache, as launched
+                row["cpu_omp_threads_bind"] = env.get("VLLM_CPU_OMP_THREADS_BIND")
+                row["cpu_kvcache_gib"] = env.get("VLLM_CPU_KVCACHE_SPACE")
+            if (run.run or {}).get("workarounds"):
+                row["workarounds"] = "; ".join(run.run["workarounds"])
         else:
             row["async_scheduling"] = "n/a (simulated engine)" if launch.get("backend") == "sim" else "unknown"
         out[name] = row

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from connector_tax.analysis.contention import header_lines
 from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES, survives
+from connector_tax.analysis.streams import render as render_streams
+from connector_tax.analysis.threads import render as render_threads
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
 
 # Which step each number is (the design's "Step-timing instrumentation" and issue 15).
@@ -100,7 +103,7 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ref = agg.get("reference") or {}
     L += [
         f"- Served by: {served}",
-        f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; configs: "
+        f"- Results: `{agg['results_dir']}`; backend `{agg.get('backend')}`; variants: "
         + ", ".join(f"`{c}`" for c in agg["variants"]),
         f"- Baseline for taxes: `{agg.get('baseline')}`"
         if agg.get("baseline")
@@ -123,9 +126,25 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
+    # -- connector packages and workarounds, from the launches (issue 22)
+    if agg.get("connector_packages"):
+        L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
+    for name, items in (agg.get("workarounds") or {}).items():
+        L += [f"- Workaround, `{name}`: {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     return L
+
+
+def _contention(agg: dict[str, Any], hyp: dict[str, Any]) -> list[str]:
+    """How much of the study was measured under contention and how busy the host was; a banner
+    when calls rest on perturbed cells."""
+    lines = header_lines(agg.get("contention") or {}, list(hyp.get("perturbed_calls") or []))
+    ref = agg.get("reference") or {}
+    for name in ("ref_safe", "ref_load"):
+        if ref.get(f"{name}_perturbed"):
+            lines.append(f"- {name} was chosen with perturbed Phase A cells: " + ", ".join(ref[f"{name}_perturbed"]))
+    return lines + ([""] if lines else [])
 
 
 def _variants(agg: dict[str, Any]) -> list[str]:
@@ -269,7 +288,7 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
                     _f(r["step_duration_us_p50"]),
                     _f(r["engine_step_us_p50"]),
                     (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
-                    _f(r["valid"]),
+                    _f(r["valid"]) + (" (host busy)" if r.get("host_busy") else ""),
                 ]
                 for r in pa
             ],
@@ -297,7 +316,9 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
             "",
             f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; launch: the share of the "
             "tax's variance that is launch to launch; step: µs difference of p50 step duration (first launch); "
-            "callback: connector hooks' p50 (µs); unattributed = step − callback.",
+            "callback: connector hooks' p50 (µs); unattributed = step − callback; engine step: relative p50 tax "
+            "of the whole engine step (schedule, model, update) [95% CI]. A TTFT/TPOT tax without an interval "
+            f"comes from a cell with fewer than {MIN_P90_SAMPLES} requests, too few to bound a p90.",
             "",
         ]
         for ref_name in ("ref_safe", "ref_load"):
@@ -323,6 +344,7 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                     "tax step p50 (µs)",
                     "callback p50 (µs)",
                     "unattributed (µs)",
+                    "tax engine step p50",
                 ],
                 [
                     [
@@ -334,6 +356,7 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                         _us(t.get("step_p50_us")),
                         _us(t.get("callback_p50_us")),
                         _us(t.get("unattributed_p50_us")),
+                        _pct(t.get("engine_step_p50")),
                     ]
                     for n, t in e["variants"].items()
                 ],
@@ -438,6 +461,12 @@ def _covers_zero(est: dict[str, Any] | None) -> str:
     return "yes" if ci[0] <= 0 <= ci[1] else "**no**"
 
 
+def _server_cpu(agg: dict[str, Any]) -> list[str]:
+    """Where the server's CPU goes, and where client-side TPOT/ITL cannot be trusted
+    (analysis/threads.py, analysis/streams.py)."""
+    return render_threads(agg.get("threads") or {}, agg["variants"]) + render_streams(agg["rows"])
+
+
 def _figures(figures: dict[str, list[str]], skipped: dict[str, str], figures_made: bool) -> list[str]:
     """Links to the figures drawn, and why the others were not."""
     L: list[str] = []
@@ -462,12 +491,22 @@ def _flags(agg: dict[str, Any]) -> list[str]:
         f"{r['variant']}/{r['phase']}/{r['cell']}: {r['window_note']}" for r in agg["rows"] if r.get("window_note")
     ]
     invalid = [
-        f"{r['variant']}/{r['phase']}/{r['cell']}: {r['validity_reasons']}"
+        f"{r['variant']}/{r['phase']}/{r['cell']}"
+        + (f" ({r['attempts']} attempts)" if (r.get("attempts") or 1) > 1 else "")
+        + f": {r['validity_reasons']}"
         for r in agg["rows"]
         if r.get("valid") is False
     ]
     if invalid:
-        L += ["## Cells the load generator marked invalid (kept, flagged)", ""] + [f"- {x}" for x in invalid] + [""]
+        L += (
+            [
+                "## Cells that stand invalid (the validity gate; the least perturbed attempt stands, the others are "
+                "under `superseded/`; never a knee, a reference rate or a confident call)",
+                "",
+            ]
+            + [f"- {x}" for x in invalid]
+            + [""]
+        )
     if notes:
         L += ["## Notes", ""] + [f"- {x}" for x in notes] + [""]
     not_analysed = [
@@ -510,11 +549,13 @@ def render_report(
     """report.md, section by section."""
     sections = (
         _header(agg),
+        _contention(agg, hyp),
         _variants(agg),
         _settings(agg),
         _verdicts(hyp),
         _phase_a(agg),
         _taxes(agg),
+        _server_cpu(agg),
         _figures(figures, skipped, figures_made),
         _flags(agg),
     )

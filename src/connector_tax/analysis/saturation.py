@@ -11,6 +11,14 @@ min_requests (20) requests post warm-up (criterion 1) or TTFT samples in either 
 than min_scrapes (3) scrapes (2). A cell none of whose criteria could be judged is "unknown":
 never a knee, never a reference rate.
 
+Criterion 3 compares the two cells' TTFT p90 intervals, not their point estimates: it fires when
+the ratio's interval lies above the threshold, and a straddling interval leaves the cell
+"unknown" unless another criterion fires (point estimates only where a cell has no interval).
+A cell the validity gate marked invalid (measured while the host or the instrument perturbed it)
+is "unknown" too, whatever its criteria say, and r' is the largest *valid* rate <= r/2: a
+perturbed cell never feeds a knee or a reference rate. `ref_safe_perturbed` / `ref_load_perturbed`
+list the perturbed cells that could have moved each rate.
+
 Criterion 1's denominator: the design writes effective_throughput(r) / r. With Poisson arrivals
 the number of requests actually offered in a finite window deviates from r * window by about
 1/sqrt(N) (7 % at N = 200), which alone would fire the 0.95 threshold on an idle server a
@@ -104,13 +112,48 @@ def cell_criteria(
                 c3["note"] = f"r/2 = {rate / 2:g} not measured; compared with the nearest lower rate {lo_rate:g}"
             if lo_ttft and hi_ttft is not None and lo_ttft > 0:
                 c3["value"] = hi_ttft / lo_ttft
-                c3["fired"] = bool(c3["value"] > t.ttft_p90_ratio_max)
+                _growth_by_intervals(c3, row, lower, t.ttft_p90_ratio_max)
                 n = min(_num(row.get("ttft_ms_n")) or 0.0, _num(lower.get("ttft_ms_n")) or 0.0)
                 _too_few(c3, n, t.min_requests, "TTFT samples in one of the two cells")
         crit[CRIT_TTFT] = c3
     fired = [name for name, c in crit.items() if c["fired"]]
     evaluable = [name for name, c in crit.items() if c["fired"] is not None]
-    return {"saturated": bool(fired) if evaluable else None, "fired": fired, "criteria": crit}
+    undecided = [name for name, c in crit.items() if c.get("undecided")]
+    out = {"saturated": bool(fired) if evaluable else None, "fired": fired, "criteria": crit}
+    if not fired and undecided:
+        # Growth that the intervals can neither show nor rule out: the cell is neither a knee
+        # nor a rate below one (never a reference rate); its neighbours decide.
+        out["saturated"], out["undecided"] = None, undecided
+    if row.get("valid") is False:
+        # Measured while perturbed (the validity gate): its criteria are shown, never used. A
+        # perturbed cell is no knee and no reference rate.
+        out["saturated"], out["perturbed"] = None, row.get("validity_reasons") or "invalid"
+    return out
+
+
+def _growth_by_intervals(c3: dict[str, Any], row: dict[str, Any], lower: dict[str, Any], threshold: float) -> None:
+    """Criterion 3 on the two cells' TTFT p90 intervals: fired when the ratio's interval
+    (lower bound over upper bound, upper over lower) lies above the threshold, not fired when it
+    lies at or below it, undecided (fired None) when it straddles it. One stalled stretch makes a
+    p90 jump in a short cell: a point estimate would call that a knee. With no interval for one of
+    the two cells (too few TTFTs for batch means) the point estimates are compared, and `basis` says so."""
+    hi_lo, hi_hi = _num(row.get("ttft_ms_p90_ci_lo")), _num(row.get("ttft_ms_p90_ci_hi"))
+    lo_lo, lo_hi = _num(lower.get("ttft_ms_p90_ci_lo")), _num(lower.get("ttft_ms_p90_ci_hi"))
+    if None in (hi_lo, hi_hi, lo_lo, lo_hi) or not lo_lo or lo_lo <= 0 or not lo_hi:
+        c3["basis"] = "point estimates (no interval for one of the two cells)"
+        c3["fired"] = bool(c3["value"] > threshold)
+        return
+    ci = [max(0.0, hi_lo) / lo_hi, hi_hi / lo_lo]  # type: ignore[operator]
+    c3["ci"], c3["basis"] = ci, "intervals"
+    if ci[0] > threshold:
+        c3["fired"] = True
+    elif ci[1] <= threshold:
+        c3["fired"] = False
+    else:
+        c3["fired"], c3["undecided"] = None, True
+        c3["note"] = (
+            f"the ratio's interval [{ci[0]:.3g}, {ci[1]:.3g}] straddles {threshold:g}: growth neither shown nor ruled out"
+        )
 
 
 def _too_few(criterion: dict[str, Any], n: float | None, minimum: int, what: str) -> None:
@@ -122,7 +165,9 @@ def _too_few(criterion: dict[str, Any], n: float | None, minimum: int, what: str
 
 
 def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any] | None:
-    cands = [r for r in rows if r <= rate / 2 + _EPS]
+    """The row criterion 3 compares with: the largest rate <= r/2 measured cleanly (a perturbed
+    cell's TTFT is no baseline for growth)."""
+    cands = [r for r in rows if r <= rate / 2 + _EPS and rows[r].get("valid") is not False]
     return rows[max(cands)] if cands else None
 
 
@@ -184,6 +229,10 @@ def apply_to_row(row: dict[str, Any], sat: dict[str, Any]) -> None:
 def _describe(rate: float, sat: dict[str, Any] | None) -> str:
     if sat is None:
         return f"r{rate:g}: no cell"
+    if sat.get("perturbed"):
+        return f"r{rate:g}: measured while perturbed ({sat['perturbed']})"
+    if sat.get("undecided"):
+        return f"r{rate:g}: " + "; ".join(sat["criteria"][c].get("note", c) for c in sat["undecided"])
     if sat["saturated"] is None:
         return f"r{rate:g}: no criterion could be evaluated"
     parts = []
@@ -219,6 +268,7 @@ def select_reference(
             "fired_at_saturation": cells[first]["fired"] if first is not None else [],
             "unsaturated_rates": [r for r, s in sorted(cells.items()) if s["saturated"] is False],
             "unknown_rates": [r for r, s in sorted(cells.items()) if s["saturated"] is None],
+            "perturbed_rates": [r for r, s in sorted(cells.items()) if s.get("perturbed")],
             "missing_rates": [r for r in rates if r not in cells],
         }
 
@@ -261,6 +311,7 @@ def select_reference(
         ),
     }
 
+    _rests_on_perturbed(out, saturation, considered, rates, "ref_safe")
     if baseline in considered:
         load = [r for r in rates if below_knee(baseline, r)]
         if load:
@@ -285,7 +336,29 @@ def select_reference(
             ref_load_reason=f"baseline {baseline!r} did not complete Phase A; ref_load = lowest rate",
         )
         out["ref_load_basis"] = {"rule": "baseline missing", "variant": baseline, "candidates": []}
+    _rests_on_perturbed(out, saturation, [baseline] if baseline in considered else [], rates, "ref_load")
     return out
+
+
+def _rests_on_perturbed(
+    out: dict[str, Any],
+    saturation: dict[str, dict[float, dict[str, Any]]],
+    names: list[str],
+    rates: list[float],
+    ref: str,
+) -> None:
+    """`<ref>_perturbed`: the perturbed Phase A cells that could have moved the rate: those at or
+    below it, and at the next rate up (clean, it might have been the rate). Empty: the rate rests
+    on clean cells only."""
+    rate = out.get(ref)
+    above = [r for r in rates if rate is not None and r > rate]
+    limit = min(above) if above else rate
+    out[f"{ref}_perturbed"] = [
+        f"{n}/r{r:g}"
+        for n in names
+        for r, s in sorted(saturation.get(n, {}).items())
+        if s.get("perturbed") and limit is not None and r <= limit + _EPS
+    ]
 
 
 def _jsonable_cells(saturation: dict[str, dict[float, dict[str, Any]]]) -> dict[str, dict[str, Any]]:

@@ -89,7 +89,26 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if callback["value"] is None and step["value"] is not None:
         callback = {"value": 0.0, "ci": [0.0, 0.0], "note": "no connector callbacks recorded"}
     unattributed = combine([(1.0, step), (-1.0, callback)])
-    return {"step_p50_us": step, "callback_p50_us": callback, "unattributed_p50_us": unattributed}
+    # The whole engine step (schedule, model, update), relative: on a CPU host the connector's
+    # cost can land in the model's compute rather than in schedule() (a connector's thread on the
+    # compute core: NIXL's progress thread), and the step records carry an interval where a short
+    # cell's few requests give TTFT/TPOT none.
+    e = "engine_step_us_p50"
+    engine = ratio_minus_one(
+        _get(x, e),
+        _get(x, f"{e}_ci_lo"),
+        _get(x, f"{e}_ci_hi"),
+        _get(b, e),
+        _get(b, f"{e}_ci_lo"),
+        _get(b, f"{e}_ci_hi"),
+    )
+    engine.update(x_p50=_get(x, e), base_p50=_get(b, e))
+    return {
+        "step_p50_us": step,
+        "callback_p50_us": callback,
+        "unattributed_p50_us": unattributed,
+        "engine_step_p50": engine,
+    }
 
 
 class LaunchTaxes:

@@ -2,6 +2,7 @@
 
 load_config(path) -> dict        the validated mapping, every schema default filled
 load_study(path) -> StudyConfig  the same, as typed read-only objects (config.study)
+default_validity() -> Validity   the validity gate's bounds as the schema sets them (no config)
 cells                            phases, cell labels and the cells a study plans (config.cells)
 """
 
@@ -28,13 +29,14 @@ from connector_tax.config.load import (
     check_file,
     default_config_path,
     default_saturation,
+    default_validity,
     find_variant,
     load_config,
     load_study,
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import Saturation, StudyConfig, Variant
+from connector_tax.config.study import Saturation, StudyConfig, Validity, Variant
 
 __all__ = [
     "LAUNCH_OF",
@@ -47,10 +49,12 @@ __all__ = [
     "ConfigError",
     "Saturation",
     "StudyConfig",
+    "Validity",
     "Variant",
     "check_file",
     "default_config_path",
     "default_saturation",
+    "default_validity",
     "find_variant",
     "launch_label",
     "launch_order",

@@ -7,6 +7,7 @@ import re
 
 from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
+from connector_tax.config.profile import check_study_profile
 from connector_tax.config.vllm_rules import check_settings
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
@@ -126,7 +127,7 @@ def check_semantics(config: dict) -> None:
         first_index[name] = i
         if "connector" in variant:
             _check_connector(variant["connector"], f"variants[{i}].connector")
-        for key in ("clock", "launch_bias_sd"):
+        for key in ("clock", "launch_bias_sd", "profile"):
             if key in (variant.get("sim") or {}):
                 raise ConfigError(f"variants[{i}].sim.{key}", f"is the study's (top-level sim.{key}), not a variant's")
 
@@ -159,5 +160,6 @@ def check_semantics(config: dict) -> None:
 
     if config["backend"] != "openai":  # an external server's context window is its own business
         _check_lengths(config)
+    check_study_profile(config)  # the file is there, an engine profile, fitted on the study's model
     if config["backend"] == "vllm":
         check_settings(config)

@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator, validators
 from connector_tax import resources
 from connector_tax.config.checks import add_aa_control, check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
-from connector_tax.config.study import Saturation, StudyConfig
+from connector_tax.config.study import Saturation, StudyConfig, Validity
 
 
 def schema_path() -> Path:
@@ -153,6 +153,12 @@ def section_defaults(section: str) -> dict:
 def default_saturation() -> Saturation:
     """The saturation criteria as the schema sets them when a config leaves them out."""
     return Saturation(**section_defaults("saturation"))
+
+
+@functools.lru_cache(maxsize=1)
+def default_validity() -> Validity:
+    """The validity gate as the schema sets it when a config leaves it out (`ctax bench`)."""
+    return Validity.from_mapping(section_defaults("validity"))
 
 
 def load_study(path: str | Path) -> StudyConfig:

@@ -4,8 +4,9 @@
 
 * launch — the server side, shared by every cell of a launch: backend, model, the variant
   (connector, server and simulator overrides, env), the merged `server` settings, the
-  backend's own section (`sim`, `vllm` or `openai`), the exact launch argv (port and
-  run-specific paths replaced by placeholders) and the server's software versions;
+  backend's own section (`sim`, `vllm` or `openai`; for `sim.profile` also the profile file's
+  sha256), the exact launch argv (port and run-specific paths replaced by placeholders) and the
+  server's software versions;
 * cell — what the load generator is asked to do: phase, label, rate, arrival process, shape,
   warm-up, duration floor, min-completed, request settings and timeouts, the `loadgen` and
   `validity` sections, the seed and the metrics sampling interval;
@@ -32,6 +33,7 @@ from typing import Any
 from connector_tax import resources
 from connector_tax.config.cells import Cell
 from connector_tax.config.merge import deep_merge, merged_server
+from connector_tax.config.profile import profile_path
 
 FINGERPRINT_VERSION = 1
 SHORT = 12  # hex digits shown in folder names and messages
@@ -89,11 +91,21 @@ def launch_settings(
     }
     if backend == "sim":
         out["sim"] = deep_merge(config.get("sim") or {}, variant.get("sim") or {})
+        if out["sim"].get("profile"):
+            # The file's content, not its name: a re-fitted profile re-measures its cells.
+            out["sim_profile_sha256"] = _file_sha(profile_path(out["sim"]["profile"]))
     elif backend == "vllm":
         out["vllm"] = config.get("vllm") or {}
     else:
         out["openai"] = config.get("openai") or {}
     return out
+
+
+def _file_sha(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "absent"
 
 
 def cell_settings(config: dict[str, Any], cell: Cell) -> dict[str, Any]:

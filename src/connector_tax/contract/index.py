@@ -30,6 +30,7 @@ DONE = (COMPLETE, PRUNED)
 # Launch states: ok (every cell complete), partial (some failed), failed (no cell could run),
 # skipped (preflight SKIP), interrupted (stopped by a signal), running (still going, or killed).
 LAUNCH_STATES = ("ok", "partial", "failed", "skipped", "interrupted", "running")
+UNFINISHED = ("interrupted", "running")
 
 
 @dataclass
@@ -67,6 +68,9 @@ class PhaseIndex:
     server_cpus: list[int] | None = None
     cpus_leased: list[int] | None = None
     gpu: str | None = None
+    # Where the job ran: {"scheduler": "host", ...} or SLURM's job, node, GPUs and CPUs
+    # (serving.slurm). A fact of the run, never part of a fingerprint.
+    placement: dict[str, Any] | None = None
     server_versions: dict[str, Any] = field(default_factory=dict)
     # What served the launch in words ("vLLM 0.32.0 on CPU, dummy weights", "simulated vLLM
     # (ctax sim)"), and how its Mooncake connector moves KV ("tcp", "rdma (mlx5_0)"; None
@@ -75,6 +79,13 @@ class PhaseIndex:
     mooncake_transport: str | None = None
     step_timing_available: bool = False
     step_timing_reason: str | None = None
+    # What the launch changed in the server's behaviour to run at all, in the words every output
+    # shows (e.g. the Mooncake CPU guard); the environment the launch set on top of the caller's
+    # (CPU binding, threads, side-channel ports: like for like across configurations); and the
+    # idle per-thread CPU window taken right after the server was ready (threads_idle.jsonl).
+    workarounds: list[str] = field(default_factory=list)
+    server_env: dict[str, str] | None = None
+    idle_threads: dict[str, Any] | None = None
     restarts: list[dict[str, Any]] = field(default_factory=list)
     superseded: list[dict[str, Any]] = field(default_factory=list)
     replicate: int = 1  # which of workload.replicates launches of this variant and phase
@@ -97,7 +108,14 @@ class PhaseIndex:
         return out
 
     def write(self, path: Path) -> None:
+        """An index of a launch not yet ended (running, interrupted) is dated 1970: older
+        than its job's inputs, so Snakemake's mtime check runs the job again whatever it finds.
+        A cluster executor removes a failed job's run.json as soon as the scheduler says the job
+        ended, while the job, stopped by a signal, may still be writing it; without the date
+        the next run would take that run.json for a finished launch."""
         write_json(path, self.to_dict())
+        if self.status in UNFINISHED:
+            os.utime(path, (1, 1))  # not 0: Snakemake reads a zero mtime as none at all
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> PhaseIndex:

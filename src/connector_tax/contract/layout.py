@@ -15,10 +15,20 @@ from connector_tax.config.cells import LAUNCH_OF, PHASES
 
 # The per-cell record files a complete cell vouches for, in the order they are sealed (the
 # summary comes last and carries the size and record count of each).
-CELL_RECORDS = ("requests", "metrics", "engine_step")
-_SUFFIX = {"requests": ".jsonl", "metrics": ".jsonl", "engine_step": ".jsonl", "summary": ".json", "events": ".jsonl"}
+# threads: the server processes' per-thread CPU time at the metrics cadence (metrics/threads.py).
+CELL_RECORDS = ("requests", "metrics", "engine_step", "threads")
+_SUFFIX = {
+    "requests": ".jsonl",
+    "metrics": ".jsonl",
+    "engine_step": ".jsonl",
+    "threads": ".jsonl",
+    "summary": ".json",
+    "events": ".jsonl",
+    "host": ".jsonl",  # the host's snapshots (metrics/host.py): real-time cells only, a side file
+}
 
 STAGING = ".staging"
+ATTEMPT_SEP = "~"  # .staging/<phase>_<label>~2: the second attempt at a cell
 SUPERSEDED = "superseded"
 RAW_STEPS = "raw_steps"
 # Names inside results/<study>/ that are not configurations.
@@ -87,8 +97,16 @@ class CellFiles:
         return self.path("engine_step")
 
     @property
+    def threads(self) -> Path:
+        return self.path("threads")
+
+    @property
     def events(self) -> Path:
         return self.path("events")
+
+    @property
+    def host(self) -> Path:
+        return self.path("host")
 
     def chunks(self, worker: int) -> Path:
         return self.folder / f"chunks_{self.stem}_w{worker}.jsonl"
@@ -203,8 +221,11 @@ class PhaseLayout:
     def cell(self, label: str) -> CellFiles:
         return CellFiles(self.folder, self.phase, label)
 
-    def staging(self, label: str) -> CellFiles:
-        return CellFiles(self.folder / STAGING / f"{self.phase}_{label}", self.phase, label)
+    def staging(self, label: str, attempt: int = 1) -> CellFiles:
+        """Where a cell is measured before its seal; a cell measured again (the validity gate)
+        gets a folder per attempt: <phase>_<label>~<attempt>."""
+        suffix = f"{ATTEMPT_SEP}{attempt}" if attempt > 1 else ""
+        return CellFiles(self.folder / STAGING / f"{self.phase}_{label}{suffix}", self.phase, label)
 
     @property
     def staging_root(self) -> Path:
@@ -245,6 +266,12 @@ class PhaseLayout:
 
     def raw_step_log(self, launch_id: str) -> Path:
         return self.raw_steps / f"engine_step_raw.{launch_id}.jsonl"
+
+    @property
+    def idle_threads(self) -> Path:
+        """threads_idle.jsonl: the server's per-thread CPU time, idle, right after the last launch
+        here was ready and before its first request (run.json `idle_threads` says which launch)."""
+        return self.folder / "threads_idle.jsonl"
 
 
 @dataclass(frozen=True)

@@ -49,3 +49,21 @@ STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
 # The seed of one launch's own draws (config.cells.launch_seed): the simulator's per-launch speed
 # factor (sim.launch_bias_sd) comes from it, so a launch's bias is reproducible and two differ.
 LAUNCH_SEED_ENV = "CONNECTOR_TAX_LAUNCH_SEED"
+
+
+# run.json's server_versions: the connector libraries among the server's packages (CPU build
+# names as tools/vllm_cpu_env.sh installs them, and a GPU host's), named in every output.
+CONNECTOR_PACKAGES = (
+    "mooncake-transfer-engine",
+    "mooncake-transfer-engine-non-cuda",
+    "nixl",
+    "nixl-cu12",
+    "nixl-cu13",
+    "lmcache",
+)
+
+
+def connector_packages(versions: dict[str, object]) -> str:
+    """ "nixl 1.5.1, nixl-cu12 1.5.1, mooncake-transfer-engine-non-cuda 0.3.13.post1, lmcache 0.5.6"
+    (those the server's Python has), or "" when it has none."""
+    return ", ".join(f"{d} {versions[d]}" for d in CONNECTOR_PACKAGES if versions.get(d))

@@ -5,7 +5,11 @@ Python that runs `vllm serve` can only fail to start, 60-100 s into a launch on 
 with vLLM's own error ("Mooncake is not available"). tools/connector_probe.py, run by that Python
 with the launch's environment, says so without a launch: a package check (a fraction of a
 second), and for an absent library vLLM's own code's error (its connector modules imported, tens
-of seconds). The pipeline's preflight (pipeline/preflight.py) uses it; a library that is present,
+of seconds). A library that is there but cannot serve vLLM here is found the same way: Mooncake's
+engine module failing to import (a missing system library, which vLLM reports only as "Mooncake is
+not available"), and LMCache's own check of its worker-side connector for this host's device
+(`--works`; LMCache 0.5.6 has none for CPU and vLLM would run it degraded). The pipeline's
+preflight (pipeline/preflight.py) uses it; a library that is present and not known to be unusable,
 or a probe that cannot tell, always means the real launch.
 """
 
@@ -29,10 +33,12 @@ def libraries(variant: dict[str, Any]) -> list[str]:
 
 
 def probe(
-    python: str, env: dict[str, str], libs: list[str], errors: bool, timeout_s: float = 300
+    python: str, env: dict[str, str], libs: list[str], errors: bool, timeout_s: float = 300, works: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """tools/connector_probe.py's answer per library; a probe that fails answers `present: None`."""
-    argv = [python, str(tools_dir() / "connector_probe.py"), *(["--errors"] if errors else []), *libs]
+    """tools/connector_probe.py's answer per library; a probe that fails answers `present: None`.
+    works: also ask a present library whether it can serve vLLM here (LMCache's own device check)."""
+    flags = (["--errors"] if errors else []) + (["--works"] if works else [])
+    argv = [python, str(tools_dir() / "connector_probe.py"), *flags, *libs]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **env}, cwd=tools_dir().parent

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from connector_tax.config import find_variant
 from connector_tax.launch.paths import tools_dir
 
 # Which pre-flight verify script gates which kind of configuration (the design's three).
@@ -31,8 +32,6 @@ def preflight_check(variant: dict[str, Any]) -> str | None:
 def preflight_script(config: dict[str, Any], name: str) -> Path | None:
     """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
     --only NAME`), or None if the design runs no pre-flight for it."""
-    from connector_tax.config import find_variant
-
     check = preflight_check(find_variant(config, name))
     return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
 

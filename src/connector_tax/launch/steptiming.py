@@ -12,7 +12,9 @@ wait_for_layer_load, save_kv_layer, wait_for_save, get_finished). The pipeline c
 * read_step_records(step_log, role="engine"|"worker") -> the records, oldest first (a
   truncated last line, as a killed server leaves, is skipped);
 * merge_step_log(step_log, dest) -> writes those records as one JSONL file (e.g. the
-  design's engine_step_<phase>_<cell>.jsonl after slicing by t_ns).
+  design's engine_step_<phase>_<cell>.jsonl after slicing by t_ns);
+* thread_labels(step_log) -> {tid: connector}: threads started inside a connector's constructor
+  (the per-thread CPU sampler names them with it).
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ def read_targets(step_log: str | Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return reports
+
+
+def thread_labels(step_log: str | Path) -> dict[str, str]:
+    """{tid: "NixlConnector worker"}: threads that appeared while a connector was built, as every
+    instrumented process recorded them (the per-thread CPU records carry them as `started_by`)."""
+    labels: dict[str, str] = {}
+    for report in read_targets(step_log):
+        started = report.get("threads_started")
+        if isinstance(started, dict):
+            labels.update({str(k): str(v) for k, v in started.items()})
+    return labels
 
 
 def _wrapped(status: str | None) -> bool:

@@ -193,6 +193,11 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 
+def workarounds(config: dict[str, Any], variant: dict[str, Any]) -> list[str]:
+    """What the launch of `variant` changes in vLLM's behaviour to run at all (disclosed)."""
+    return vllm_cpu.workarounds(config, _connector_kinds(variant.get("connector")))
+
+
 def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any] | None:
     """The --kv-transfer-config object of a variant; None for plain vLLM (no connector)."""
     connector = variant.get("connector")
@@ -287,7 +292,9 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     settings = _vllm_settings(config)
     root = repo_root()
     paths = [str(root)]
-    if step_timing_enabled(config):
+    kinds = _connector_kinds(variant.get("connector"))
+    guard = vllm_cpu.mooncake_guard(config, kinds)
+    if step_timing_enabled(config) or guard:  # the site hook loads the instrumentation and the guard
         paths.append(str(root / "patches" / "site"))
     # Prepended, not replacing: what the caller's environment needs on the path stays there
     # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
@@ -295,7 +302,8 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
     if device(config) == "cpu":
         env.update(vllm_cpu.cpu_env(config, resources.workdir()))
-    kinds = _connector_kinds(variant.get("connector"))
+    if guard:
+        env[vllm_cpu.MOONCAKE_GUARD_ENV] = "1"
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
     if "nixl" in kinds:

@@ -18,7 +18,6 @@ from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.shapes import parse_shapes, shape_spec
-from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.loadgen.urls import parse_url
 
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
@@ -345,7 +344,6 @@ def main(args: argparse.Namespace) -> int:
         cpu_latency_us=args.cpu_latency_us,
         chunk_log=args.chunk_log,
         events_log=args.events_log,
-        validity=ValidityThresholds(),
         api_key_env=args.api_key_env,
         tls_verify=not args.insecure,
         tls_ca_file=args.cacert,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from connector_tax.config import Validity, default_validity
 from connector_tax.config.cells import Cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP
-from connector_tax.loadgen.stats import ValidityThresholds
 from connector_tax.loadgen.urls import parse_url
 
 
@@ -63,7 +63,7 @@ class LoadgenOptions:
     cpu_latency_us: int | None = 0
     chunk_log: bool = False
     events_log: bool = False
-    validity: ValidityThresholds = field(default_factory=ValidityThresholds)
+    validity: Validity = field(default_factory=default_validity)
     # Sent as "Authorization: Bearer <value of this environment variable>" when set.
     api_key_env: str | None = None
     tls_verify: bool = True  # https: check the server's certificate (curl's --insecure turns it off)

@@ -25,6 +25,7 @@ import numpy as np
 
 from connector_tax.config.cells import Cell, phase_a_cells, phase_b_cells, rate_label
 from connector_tax.config.study import StudyConfig
+from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.settings import SimSettings
 from connector_tax.sim.virtual import drive
@@ -118,13 +119,19 @@ def run_cell(settings: SimSettings, load: Cell, n: int, seed: int, ignore_eos: b
     produced = np.zeros(n, dtype=np.int64)
     index: dict[int, int] = {}
     core = EngineCore(settings.engine, settings.cost_model)
+    # A calibrated profile's API server (sim/apidelay.py): the engine sees a request `ingress`
+    # after its arrival, the client a token `egress` after its step. None for hand-set profiles.
+    api = ApiDelays(settings.api, seed)
+    delays = np.array([api.draw(i) for i in range(n)]) if api.active else np.zeros((n, 3))
+    at_engine = arrival + delays[:, 0]
+    order = np.argsort(at_engine, kind="stable")
 
     def requests():
-        for i in range(n):
+        for i in order.tolist():
             inp, out = int(shapes[i, 0]), int(shapes[i, 1])
             req = SimRequest(str(i), prompt_ids(i, inp), out, int(targets[i]))
             index[id(req)] = i
-            yield float(arrival[i]), req
+            yield float(at_engine[i]), req
 
     steps = 0
 
@@ -141,6 +148,8 @@ def run_cell(settings: SimSettings, load: Cell, n: int, seed: int, ignore_eos: b
                 del index[id(o.request)]
 
     drive(core, requests(), on_step, max_steps=2**62)
+    first = first + delays[:, 1]
+    last = np.maximum(last + delays[:, 2], first)
     ttft = (first - arrival) / 1000.0
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(produced > 1, (last - first) / np.maximum(produced - 1, 1) / 1000.0, np.nan)

@@ -22,8 +22,10 @@ study's outputs say "simulated vLLM (ctax sim, virtual time)".
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +41,9 @@ from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import arrivals
 from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
 from connector_tax.loadgen.stats import RequestStats
+from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
+from connector_tax.sim.metrics import cache_config_labels
 from connector_tax.sim.settings import SimSettings
 from connector_tax.sim.steplog import step_record
 from connector_tax.sim.tokens import natural_length
@@ -58,6 +62,8 @@ def _prompts(seed: int) -> BodyBuilder:
 class _InFlight:
     record: RequestRecord
     request: SimRequest
+    egress_first_ns: int = 0  # what the API server adds to the first token, and to the others
+    egress_ns: int = 0
 
 
 class VirtualTimeRun:
@@ -91,9 +97,15 @@ class VirtualTimeRun:
         self.completed_post = 0
         self.interval_ns = int(metrics_interval_s * _NS)
         self.next_sample = self.t0
+        # A calibrated profile's API server: a request reaches the engine `ingress` after its send
+        # (heap of (time, index, request) on its way), its tokens the client `egress` after their step.
+        self.api = ApiDelays(settings.api, opts.seed ^ zlib.crc32(cell.key.encode()))
+        self.on_the_way: list[tuple[int, int, SimRequest]] = []
         self.steps: IO[str] = open(files.engine_step, "w", encoding="utf-8")
         self.metrics: IO[str] = open(files.metrics, "w", encoding="utf-8")
         self.tokens = {"prompt": 0, "generation": 0}
+        labels = ",".join(f'{k}="{v}"' for k, v in cache_config_labels(self.core).items())
+        self.cache_info = f"vllm:cache_config_info{{{labels}}}"
 
     def issue(self, index: int, target: int, input_len: int, output_len: int) -> None:
         warmup = self.rules.warmup(target)
@@ -124,9 +136,34 @@ class VirtualTimeRun:
         tokens = output_len if self.opts.ignore_eos else natural_length(ids, output_len)
         request = SimRequest(record.request_id, ids, output_len, tokens)
         record.t_send_ns, record.status = target, "ok"
-        self.in_flight[index] = _InFlight(record, request)
+        ingress, egress_first, egress = self.api.draw(index)
+        self.in_flight[index] = _InFlight(record, request, int(egress_first * 1000), int(egress * 1000))
         self.by_request[id(request)] = index
-        self.core.add_request(request)
+        if ingress <= 0:
+            self.core.add_request(request)
+        else:
+            heapq.heappush(self.on_the_way, (target + int(ingress * 1000), index, request))
+
+    def arrive(self) -> None:
+        """The requests whose ingress has elapsed by `now` reach the engine's queue."""
+        while self.on_the_way and self.on_the_way[0][0] <= self.now:
+            _, index, request = heapq.heappop(self.on_the_way)
+            if index in self.in_flight:  # not timed out on the way
+                self.core.add_request(request)
+
+    def next_arrival(self) -> int | None:
+        return self.on_the_way[0][0] if self.on_the_way else None
+
+    def work_until(self, t: int) -> None:
+        """Run the engine up to `t` (a step that starts before `t` may end after it), idling
+        until the next request on its way reaches the engine when there is nothing to do."""
+        while self.now < t:
+            if self.step():
+                continue
+            arrival = self.next_arrival()
+            if arrival is None or arrival >= t:
+                return
+            self.advance_idle(arrival)
 
     def finish(self, record: RequestRecord) -> None:
         if record.status == "ok" and not record.warmup:
@@ -151,22 +188,26 @@ class VirtualTimeRun:
     # -- the clock ----------------------------------------------------------------------
     def step(self) -> bool:
         """One engine step from `now`; False when the engine had nothing to do."""
+        self.arrive()
         result = self.core.step()
         if result is None:
             return False
         self.sample_until(self.now, result)
-        self.now += int(result.cost.duration_us * 1000)
+        # Stamped at its start, as the instrumentation and the real-time runner stamp a step.
         self.steps.write(json.dumps(step_record(result, self.now), separators=(",", ":")) + "\n")
+        end = self.now + int(result.cost.duration_us * 1000)
+        self.now += int(result.cost.period_us * 1000)  # the step, then the engine loop's gap
         self.tokens["prompt"] += result.prefill_tokens
         self.tokens["generation"] += result.decode_tokens
         for out in result.outputs:
             index = self.by_request.get(id(out.request))
             if index is None:
                 continue
-            record = self.in_flight[index].record
+            entry = self.in_flight[index]
+            record = entry.record
             if record.t_first_token_ns is None:
-                record.t_first_token_ns = self.now
-            record.t_last_token_ns = self.now
+                record.t_first_token_ns = end + entry.egress_first_ns
+            record.t_last_token_ns = max(end + entry.egress_ns, record.t_first_token_ns)
             if out.finished:
                 self.end_request(index, "ok", None)
         self.expire(self.now)
@@ -194,6 +235,7 @@ class VirtualTimeRun:
                 "vllm:kv_cache_usage_perc": round(usage, 6),
                 "vllm:prompt_tokens_total": self.tokens["prompt"],
                 "vllm:generation_tokens_total": self.tokens["generation"],
+                self.cache_info: 1.0,
             }
             self.metrics.write(json.dumps(line, separators=(",", ":")) + "\n")
             self.waiting.append((self.next_sample / _NS, float(waiting)))
@@ -220,8 +262,7 @@ class VirtualTimeRun:
             t_issue_end = self.t0
             for index, offset in enumerate(schedule):
                 target = self.t0 + offset
-                while self.now < target and self.step():  # the engine works up to the next arrival
-                    pass
+                self.work_until(target)  # the engine works up to the next arrival
                 self.advance_idle(target)
                 if self.rules.done(target, self.completed_post):
                     t_issue_end = target
@@ -229,8 +270,12 @@ class VirtualTimeRun:
                 pair = shapes.next()
                 self.issue(index, target, pair.input, pair.output)
             drain_end = t_issue_end + int(self.rules.drain_budget_s() * _NS)
-            while self.in_flight and self.now < drain_end and self.step():
-                pass
+            while self.in_flight and self.now < drain_end:
+                if not self.step():
+                    arrival = self.next_arrival()
+                    if arrival is None or arrival >= drain_end:
+                        break
+                    self.advance_idle(arrival)
             self.sample_until(self.now, None)
             for index in list(self.in_flight):
                 self.end_request(index, "timeout", f"drain timeout after {self.rules.drain_budget_s():g} s")

@@ -9,6 +9,10 @@ estimate, and their launches' start-up is measured too. Phase B's rate and Phase
 only known after Phase A: without a previous run, Phase B is estimated at the middle Phase A
 rate and no rate is assumed pruned (an upper bound), and the output says so.
 
+With a calibrated profile (`ctax plan --profile FILE`, or the config's `sim.profile`) a vLLM
+study's launches take the times that profile's own study measured on its host (Timing: a
+preflight, a phase job besides its cells, the rest of `snakemake all`), not LAUNCH_S.
+
 GPU-hours are the sum of the phase jobs' (and gated preflights') times, each job holding one
 GPU; the wall time on N GPUs is the makespan of the phase jobs placed longest first.
 """
@@ -22,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, launch_label, phase_a_cells, phase_b_cells
+from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.provenance import virtual_clock
+from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
 # graphs; measured values from a previous run replace these).
@@ -32,10 +38,41 @@ LAUNCH_S = {"sim": 3.0, "vllm": 150.0, "openai": 1.0}
 CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
 
 
+@dataclass(frozen=True)
+class Timing:
+    """What a calibrated profile measured of its own study's jobs on its host (seconds), used in
+    place of LAUNCH_S: a preflight that launches, one that ended SKIP, a phase job's time around
+    its cells, a phase job of a SKIPped variant, and everything else of `snakemake all` (config,
+    reference, analysis, figures, report, manifest, Snakemake's own time)."""
+
+    preflight_s: float
+    preflight_skip_s: float
+    phase_overhead_s: float
+    phase_skip_s: float
+    other_s: float
+    skipped: frozenset[str] = frozenset()  # variants that were SKIP in the calibration study
+    source: str = ""
+
+    @classmethod
+    def from_profile(cls, timing: dict[str, Any], source: str) -> Timing | None:
+        try:
+            return cls(
+                preflight_s=float(timing["preflight_s"]),
+                preflight_skip_s=float(timing.get("preflight_skip_s", timing["preflight_s"])),
+                phase_overhead_s=float(timing["phase_overhead_s"]),
+                phase_skip_s=float(timing.get("phase_skip_s", 5.0)),
+                other_s=float(timing.get("other_s", 0.0)),
+                skipped=frozenset(timing.get("skipped") or ()),
+                source=source,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 @dataclass
 class Estimate:
     stage: str
-    config: str
+    variant: str
     cells: int
     seconds: float
     measured: int = 0  # cells whose time comes from a previous run
@@ -43,10 +80,11 @@ class Estimate:
 
 def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
-    from connector_tax.sim.profiles import hardware_profile
-
     sim = study.raw["sim"]
-    hw = hardware_profile(sim["hardware_profile"], sim.get("hardware"))
+    if sim.get("profile"):
+        hw = HardwareProfile(**{**read_profile(sim["profile"]).hardware, **(sim.get("hardware") or {})})
+    else:
+        hw = hardware_profile(sim["hardware_profile"], sim.get("hardware"))
     entries = shape.get("mix") or shape.get("pattern") or [shape]
     inp = max(e["input"] for e in entries)
     out = max(e["output"] for e in entries)
@@ -91,17 +129,41 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
         )
 
 
-def plan_study(study: StudyConfig, layout: StudyLayout | None = None) -> tuple[list[Estimate], list[str]]:
-    """`layout`: where earlier (or predicted, predict.py) cells of the study are; default its results folder."""
+def plan_study(
+    study: StudyConfig, layout: StudyLayout | None = None, timing: Timing | None = None
+) -> tuple[list[Estimate], list[str]]:
+    """`layout`: where earlier (or predicted, predict.py) cells of the study are; default its results folder.
+    `timing`: a calibrated profile's measured job times (else LAUNCH_S per launch)."""
     layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
     notes = [note] if note else []
     launch = 0.0 if virtual_clock(study.raw) else LAUNCH_S[study.backend]
     base = baseline(study)
     out = []
+    if timing is not None:
+        notes.append(
+            f"job times measured by the calibration study ({timing.source}): a launching preflight "
+            f"{timing.preflight_s:.0f} s, a phase job {timing.phase_overhead_s:.0f} s besides its cells"
+            + (
+                f"; {', '.join(sorted(timing.skipped))} assumed SKIP as there"
+                if timing.skipped & set(study.names)
+                else ""
+            )
+        )
     for name in study.names:
-        out.append(Estimate("preflight", name, 0, launch + 2.0))
-        for replicate in range(1, study.workload.replicates + 1):
+        replicates = range(1, study.workload.replicates + 1)
+        if timing is not None and name in timing.skipped:
+            out.append(Estimate("preflight", name, 0, timing.preflight_skip_s))
+            out += [
+                Estimate(stage, launch_label(name, r), 0, timing.phase_skip_s)
+                for r in replicates
+                for stage in (PHASE_A, PHASE_B)
+            ]
+            continue
+        if timing is not None:
+            launch = timing.phase_overhead_s
+        out.append(Estimate("preflight", name, 0, timing.preflight_s if timing else launch + 2.0))
+        for replicate in replicates:
             who = launch_label(name, replicate)
             for stage, cells in (
                 (PHASE_A, phase_a_cells(study, replicate, name)),
@@ -122,12 +184,14 @@ def plan_study(study: StudyConfig, layout: StudyLayout | None = None) -> tuple[l
                 out.append(Estimate(stage, who, len(cells), seconds, measured))
     if study.workload.phase_a.prune_after_knee and not any(e.measured for e in out):
         notes.append("no rate assumed pruned: knees are found while Phase A runs (an upper bound)")
+    if timing is not None:
+        out.append(Estimate("other", "(study)", 0, timing.other_s))
     return out, notes
 
 
 def gpu_seconds(study: StudyConfig, estimates: list[Estimate]) -> float:
     """Phase jobs, and preflights where they launch a real server, each holding one GPU."""
-    jobs = sum(e.seconds for e in estimates if e.stage != "preflight")
+    jobs = sum(e.seconds for e in estimates if e.stage in (PHASE_A, PHASE_B))
     return jobs + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
 
 
@@ -158,7 +222,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
     lines.append(f"{'stage':10} {'config':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
-        lines.append(f"{e.stage:10} {e.config:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
+        lines.append(f"{e.stage:10} {e.variant:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
     by_stage: dict[str, float] = {}
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
@@ -166,7 +230,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     gpu_s = gpu_seconds(study, estimates)
     serial = sum(by_stage.values())
     gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if study.backend == "vllm" else "no GPU held (simulated)"
-    lines.append(f"total {serial / 3600:.2f} h one job at a time; {gpu_hours}")
+    lines.append(f"total {serial / 3600:.2f} h ({serial / 60:.1f} min) one job at a time; {gpu_hours}")
     for n in sorted({1, gpus}):
         pre = max((e.seconds for e in estimates if e.stage == "preflight"), default=0.0)
         a = makespan([e.seconds for e in estimates if e.stage == PHASE_A], n)
@@ -176,6 +240,7 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
             if n == 1
             else pre * -(-len(study.variants) // n)
         )
-        lines.append(f"on {n} GPU{'s' if n > 1 else ''}: {(first + a + b) / 3600:.2f} h wall clock")
+        other = sum(e.seconds for e in estimates if e.stage == "other")
+        lines.append(f"on {n} GPU{'s' if n > 1 else ''}: {(first + a + b + other) / 3600:.2f} h wall clock")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -17,8 +17,15 @@ from typing import Any
 from connector_tax.atomic import write_atomic
 from connector_tax.config import LAUNCH_PHASES, launch_label, load_config
 from connector_tax.contract import StudyLayout
-from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index
-from connector_tax.pipeline.provenance import git_sha, gpu_description, mooncake_transport, served_by, server_versions
+from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
+from connector_tax.contract.records import connector_packages
+from connector_tax.pipeline.provenance import (
+    git_sha,
+    gpu_description,
+    mooncake_transport,
+    served_by,
+    server_versions,
+)
 
 COLUMNS = [
     "date",
@@ -37,6 +44,8 @@ COLUMNS = [
     "lmcache_version",
     "torch_version",
     "server_versions",
+    "connector_packages",
+    "workarounds",
     "connector_tax_sha",
     "loadgen_code",
     "gpu",
@@ -47,9 +56,52 @@ COLUMNS = [
     "step_timing_reason",
     "cells",
     "cells_failed",
+    "host",
+    "cells_host_busy",
+    "cells_perturbed",
+    "cells_measured_again",
+    "others_cpu_frac_max",
+    "steal_frac_max",
     "result_dir",
     "launch_command",
 ]
+
+
+def host_of(layout: StudyLayout, index: PhaseIndex) -> dict[str, Any]:
+    """The host around a launch's sealed cells, from their summaries (metrics/host.py): how many
+    were measured while the host was busy, stand perturbed, or were measured again, and the
+    busiest figures; every perturbed cell with its reasons."""
+    busy, perturbed, again, others, steal, virtual = 0, {}, 0, [], [], 0
+    for c in index.cells:
+        if c.status != COMPLETE:
+            continue
+        summary = read_summary(layout.phase(index.variant, c.phase, index.replicate).cell(c.label)) or {}
+        host = summary.get("host") or {}
+        validity = summary.get("validity") or {}
+        if host.get("measured"):
+            busy += bool(host.get("busy"))
+            others.append(float(host.get("others_cpu_frac") or 0.0))
+            steal.append(float(host.get("steal_frac") or 0.0))
+        elif host:
+            virtual += 1
+        if validity.get("valid") is False:
+            perturbed[c.key] = "; ".join(validity.get("reasons") or [])
+        again += len(summary.get("attempts") or []) > 1
+    if others:
+        word = f"measured per cell ({len(others)} cells)"
+    elif virtual:
+        word = "none: virtual time"
+    else:
+        word = "not recorded"
+    return {
+        "host": word,
+        "cells_host_busy": busy,
+        "cells_perturbed": len(perturbed),
+        "cells_measured_again": again,
+        "others_cpu_frac_max": round(max(others), 4) if others else "",
+        "steal_frac_max": round(max(steal), 4) if steal else "",
+        "perturbed": perturbed,
+    }
 
 
 def _read(path: Path) -> Any:
@@ -75,11 +127,14 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
         vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
     return {
         "vllm_version": vllm or "",
-        "mooncake_version": found.get("mooncake-transfer-engine") or "",
+        "mooncake_version": found.get("mooncake-transfer-engine")
+        or found.get("mooncake-transfer-engine-non-cuda")
+        or "",
         "nixl_version": found.get("nixl") or "",
         "lmcache_version": found.get("lmcache") or "",
         "torch_version": found.get("torch") or "",
         "server_versions": json.dumps(found, sort_keys=True),
+        "connector_packages": connector_packages(found),
     }
 
 
@@ -131,6 +186,8 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
             cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
             cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
             launch_command=shlex.join(index.launch_command) if index.launch_command else "",
+            workarounds="; ".join(index.workarounds),
+            **host_of(layout, index),
         )
         rows.append(row)
     return rows
@@ -169,6 +226,11 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
         f"- hybrid KV cache manager: {first.get('hma', '')}",
         f"- Mooncake {first.get('mooncake_version') or '—'}, NIXL {first.get('nixl_version') or '—'}, "
         f"LMCache {first.get('lmcache_version') or '—'}",
+        f"- connector packages (the server's Python): {first.get('connector_packages') or '—'}",
+    ]
+    workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
+    lines += [f"- workaround, {name}: {w}" for name, w in workarounds]
+    lines += [
         "",
         "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -184,6 +246,20 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
             f"{r.get('run_position', '')} | "
             f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |"
         )
+    lines += ["", "## Host contention (the validity gate, per cell)", ""]
+    lines += [
+        "| config | phase | host | cells measured while busy | stand perturbed | measured again | "
+        "others' CPU max (share of the host) | steal max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "host" in r:
+            lines.append(
+                f"| {r['variant']} | {r['phase']} | {r['host']} | {r['cells_host_busy']} | {r['cells_perturbed']} | "
+                f"{r['cells_measured_again']} | {r['others_cpu_frac_max']} | {r['steal_frac_max']} |"
+            )
+    perturbed = [(r, k, why) for r in rows for k, why in (r.get("perturbed") or {}).items()]
+    lines += [""] + ([f"- {r['variant']}/{k}: {why}" for r, k, why in perturbed] or ["- no cell stands perturbed"])
     failed = [(r, c) for r in rows for c in (r.get("cells_failed") or "").split("; ") if c]
     lines += ["", "## Cells not complete", ""]
     lines += [f"- {launch_label(r['variant'], r['replicate'])}/{c}" for r, c in failed] or ["- none"]

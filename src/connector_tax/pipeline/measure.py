@@ -11,6 +11,13 @@ worker died, is sealed as failed with the reason; the server and load generator 
 anew for the next cell, at most MAX_RESTARTS times per phase job (each restart recorded in the
 index). A cell in which no request succeeded is failed too. Failed cells keep their records for
 a person to read and are redone on the next run.
+
+Every attempt passes the validity gate (gate.py: the instrument's checks and the host's
+contention). One perturbed by the host or the instrument's timing is measured again, up to
+`validity.attempts` times, each attempt in its own staging folder; so is a Phase A cell that
+`suspect` says must be seen twice before it may become a knee (saturation criterion 3 alone,
+with throughput and queue clean). The attempt that stands is sealed (its summary lists every
+attempt); the others go to superseded/ with the reason each was set aside.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A, Cell
+from connector_tax.config import PHASE_A, Cell, Validity
 from connector_tax.contract import StudyLayout
-from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, seal_cell
+from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, move_aside, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
+from connector_tax.pipeline.gate import Attempt, choose, judge, remeasure_reason
 from connector_tax.pipeline.plan import CellPlan
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
 from connector_tax.pipeline.runners import Runner, Waiting
@@ -44,6 +52,10 @@ def _verdict(summary: dict[str, Any], failure: str | None) -> tuple[str, str | N
     return COMPLETE, None
 
 
+# Why a measured attempt must be seen again before it counts (its staging files, its plan), or None.
+Suspect = Callable[[CellPlan, CellFiles], str | None]
+
+
 def measure(
     runner: Runner,
     layout: StudyLayout,
@@ -51,8 +63,10 @@ def measure(
     todo: list[CellPlan],
     save: Callable[[], None],
     saturation: dict[str, float],
+    validity: Validity,
     prune: Callable[[CellPlan], str | None] = lambda planned: None,
     pair_with: Callable[[Cell], Path | None] = lambda cell: None,
+    suspect: Suspect = lambda planned, files: None,
 ) -> None:
     """Measure `todo` in order, launching again after a failure; a cell `prune` gives a reason
     for, when its turn comes, is recorded as pruned, not measured; `pair_with` names the baseline's
@@ -67,7 +81,9 @@ def measure(
             with runner.launch(index, save) as launched:
                 while pending and failure is None:
                     planned = pending.pop(0)
-                    failure = _measure_cell(layout, index, planned, launched, saturation, pair_with(planned.cell))
+                    failure = _measure_cell(
+                        layout, index, planned, launched, saturation, validity, suspect, save, pair_with(planned.cell)
+                    )
                     prune_from(index, pending, prune)
                     save()
             if failure is None:
@@ -93,12 +109,68 @@ def _measure_cell(
     planned: CellPlan,
     launched: Any,
     saturation: dict[str, float],
+    validity: Validity,
+    suspect: Suspect,
+    save: Callable[[], None],
     pair_with: Path | None = None,
 ) -> str | None:
-    """Measure and seal one cell; returns why the server failed during it, if it did."""
+    """Measure one cell until an attempt passes the gate (or the attempts are spent), seal the
+    one that stands, set the others aside; returns why the server failed during it, if it did."""
     cell = planned.cell
     folder = layout.phase(index.variant, cell.phase, index.replicate)
-    staging, final = folder.staging(cell.label), folder.cell(cell.label)
+    attempts: list[Attempt] = []
+    suspected = False
+    for number in range(1, validity.attempts + 1):
+        attempt = _attempt(
+            folder.staging(cell.label, number), planned, launched, saturation, validity, number, pair_with
+        )
+        attempts.append(attempt)
+        if attempt.failure is not None or number == validity.attempts:
+            break
+        why = remeasure_reason(attempt.summary)
+        if why is None and attempt.valid and not suspected:
+            why = suspect(planned, attempt.staging)
+            suspected = why is not None
+        if why is None:
+            break
+        attempt.set_aside = why
+        print(f"  {cell.key}: attempt {number} {why}; measuring it again", flush=True)
+        index.superseded.append({"cell": cell.key, "attempt": number, "reason": why, "to": None})
+        save()
+    stands = choose(attempts)
+    history = [a.describe() for a in attempts]
+    for a in attempts:
+        if a is stands:
+            continue
+        why = a.set_aside or f"attempt {stands.number} stands (less perturbed)"
+        tag = "ttft-growth" if a.set_aside and "criterion 3" in a.set_aside else "perturbed"
+        dest = move_aside(
+            a.staging.existing(),
+            folder.superseded(cell.label, f"{tag}-{a.number}"),
+            {"cell": cell.key, "attempt": a.number, "reason": why, "stands": stands.number, "attempts": history},
+        )
+        _rmdir(a.staging.folder)
+        note = next((e for e in index.superseded if e.get("cell") == cell.key and e.get("attempt") == a.number), None)
+        if note is None:
+            index.superseded.append(note := {"cell": cell.key, "attempt": a.number, "reason": why})
+        note["to"] = str(dest)
+    stands.extra["attempts"] = history
+    seal_measured(index, planned, stands.staging, folder.cell(cell.label), stands.summary, stands.failure, stands.extra)
+    return stands.failure
+
+
+def _attempt(
+    staging: CellFiles,
+    planned: CellPlan,
+    launched: Any,
+    saturation: dict[str, float],
+    validity: Validity,
+    number: int,
+    pair_with: Path | None = None,
+) -> Attempt:
+    """One measurement of the cell into `staging`, judged by the gate; a cell that stops on its
+    taxes is paired with the baseline's sealed requests at `pair_with`."""
+    cell = planned.cell
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
     waiting: Waiting = []
@@ -108,8 +180,16 @@ def _measure_cell(
         waiting, t0 / 1e9 + cell.warmup_s, saturation["waiting_p50_max"], cell.phase != PHASE_A and cell.overload_guard
     )
     summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
-    seal_measured(index, planned, staging, final, summary, failure, precision.describe(summary, guard))
-    return failure
+    judge(summary, validity)
+    extra = {**precision.describe(summary, guard), "host": summary.get("host"), "validity": summary["validity"]}
+    return Attempt(number, staging, summary, failure, extra)
+
+
+def _rmdir(folder: Any) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def seal_measured(

@@ -36,22 +36,32 @@ from connector_tax.config import (
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
-from connector_tax.contract.layout import PhaseLayout, now_iso, utc_stamp
+from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
-from connector_tax.pipeline.prune import knee, overloaded_shape
+from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
+from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
 
 # Facts of a server launch (not settings). A run that launches nothing (every cell reused, or the
 # only cells left pruned) carries them over from the last launch, which measured the cells it
 # reuses. They are kept in launch.json: Snakemake deletes a job's output, run.json, before it
 # re-runs the job (--forcerun, a touched input), so run.json alone would lose them.
-_CARRIED = ("launch_command", "server_cpus", "gpu", "step_timing_available", "step_timing_reason")
+_CARRIED = (
+    "launch_command",
+    "server_cpus",
+    "gpu",
+    "step_timing_available",
+    "step_timing_reason",
+    "workarounds",
+    "server_env",
+    "idle_threads",
+)
 
 
 def _settings_of(index: PhaseIndex) -> str:
@@ -143,6 +153,24 @@ def _pairer(layout: StudyLayout, study: StudyConfig):
     return pair_with
 
 
+def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
+    """Why a valid Phase A attempt must be measured once more (prune.ttft_growth_only)."""
+
+    def check(planned: CellPlan, files: CellFiles) -> str | None:
+        if planned.cell.phase != PHASE_A:
+            return None
+        done = [
+            p
+            for p in plan.cells
+            if p.cell.phase == PHASE_A
+            and p.cell.rate < planned.cell.rate
+            and (index.cell(p.cell.phase, p.cell.label) or IndexEntry("", "", "", {})).status == COMPLETE
+        ]
+        return ttft_growth_only(layout, study, name, planned, files, done)
+
+    return check
+
+
 def _run_phase(
     config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
 ) -> PhaseIndex:
@@ -171,6 +199,7 @@ def _run_phase(
         replicate=replicate,
         server_versions=plan.launch["server_versions"],
         cpus_leased=leased,
+        placement=placement_record(),
         served_by=served_by(config, plan.launch["server_versions"]),
         mooncake_transport=mooncake_transport(config, variant),
     )
@@ -212,8 +241,10 @@ def _run_phase(
             todo,
             lambda: index.write(folder.index),
             config["saturation"],
+            study.validity,
             _pruner(layout, study, name, plan, index),
             _pairer(layout, study),
+            _suspect(layout, study, name, plan, index),
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
@@ -245,8 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         "--replicate", type=int, default=1, metavar="K", help="which launch of workload.replicates (default 1)"
     )
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
+    parser.add_argument(
+        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
+    )
     args = parser.parse_args(argv)
     stop_on_signals()
+    try:
+        adopt(args.placement)
+    except RuntimeError as exc:
+        _say(f"{args.variant} {args.phase}: {exc}")
+        return 2
     settings = load_study(args.config)
     who = launch_label(args.variant, args.replicate)
     if not 1 <= args.replicate <= settings.workload.replicates:

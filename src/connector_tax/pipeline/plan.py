@@ -6,6 +6,7 @@ changed) and by the phase job (to decide which cells to reuse), so both always a
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from connector_tax.contract.fingerprint import (
 )
 from connector_tax.contract.index import COMPLETE, DONE, PRUNED, PhaseIndex, read_index, verify_cell
 from connector_tax.launch.command import launch_spec
+from connector_tax.pipeline.gate import stands_perturbed
 from connector_tax.pipeline.provenance import server_versions
 
 # Any valid port: the launch argv is planned with it and it is normalized away.
@@ -61,8 +63,6 @@ def launch_argv(config_path: str | Path, config: dict[str, Any], variant: dict[s
 
 
 def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
-    import json
-
     try:
         return json.loads(layout.reference_rates.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -96,6 +96,8 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
     for planned in plan.cells:
         files = layout.phase(plan.name, planned.cell.phase, plan.replicate).cell(planned.cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
+        if ok and (perturbed := stands_perturbed(files)):
+            ok, why = False, perturbed
         if ok:
             continue
         old = index.cell(planned.cell.phase, planned.cell.label) if index else None
@@ -110,13 +112,21 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
 
 
 def retry_token(layout: StudyLayout, name: str, launch_phase: str, replicate: int = 1) -> str:
-    """Non-empty while the last launch left cells failed or unfinished: it names that launch,
-    so each new attempt is a change Snakemake re-runs the job for."""
+    """Non-empty while the last launch left cells failed, unfinished or standing perturbed (the
+    validity gate): it names that launch, so each new attempt is a change Snakemake re-runs the
+    job for."""
     index: PhaseIndex | None = read_index(layout.index(name, launch_phase, replicate))
     if index is None or index.status == "skipped":
         return ""
     if index.status == "running" or any(c.status not in DONE for c in index.cells):
         return f"retry after launch {index.launch_id} ({index.status})"
+    perturbed = [
+        c.key
+        for c in index.cells
+        if c.status == COMPLETE and stands_perturbed(layout.phase(name, c.phase, replicate).cell(c.label))
+    ]
+    if perturbed:
+        return f"measure again after launch {index.launch_id}: {len(perturbed)} cells stand perturbed"
     return ""
 
 

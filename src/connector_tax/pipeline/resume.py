@@ -1,7 +1,8 @@
 """Which planned cells a launch may reuse, and moving everything else out of the way first.
 
 A planned cell is reused only when `verify_cell` says its sealed files belong to exactly the
-planned fingerprint. Whatever else is on disk under that label (another fingerprint, a failed
+planned fingerprint, and it does not stand perturbed (gate.stands_perturbed: a busy host spoilt
+every attempt; the next run measures it again). Whatever else is on disk under that label (another fingerprint, a failed
 or half-sealed cell, an interrupted staging folder) is moved to superseded/ before the cell is
 measured again, so no file of one measurement is ever overwritten by, or mixed with, another.
 """
@@ -13,12 +14,16 @@ from typing import Any
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import short
 from connector_tax.contract.index import IndexEntry, move_aside, read_summary, verify_cell
+from connector_tax.contract.layout import ATTEMPT_SEP
+from connector_tax.pipeline.gate import stands_perturbed
 from connector_tax.pipeline.plan import LaunchPlan
 
 
 def _why_tag(reason: str, old_fp: str | None, new_fp: str) -> str:
     if old_fp and old_fp != new_fp:
         return f"fp-{short(old_fp)}"
+    if reason.startswith("stands perturbed"):
+        return "perturbed"
     return "failed" if reason.startswith("failed") else "incomplete"
 
 
@@ -32,6 +37,7 @@ def clear_staging(layout: StudyLayout, plan: LaunchPlan) -> list[dict[str, Any]]
             continue
         for folder in sorted(p for p in pl.staging_root.iterdir() if p.is_dir()):
             label = folder.name[len(phase) + 1 :] if folder.name.startswith(f"{phase}_") else folder.name
+            label = label.split(ATTEMPT_SEP)[0]  # a later attempt at the cell (pipeline/gate.py)
             files = sorted(p for p in folder.iterdir() if p.is_file())
             dest = pl.superseded(label, "interrupted")
             move_aside(files, dest, {"cell": f"{phase}/{label}", "reason": "interrupted before it was sealed"})
@@ -48,6 +54,8 @@ def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[IndexEntry], lis
         cell = planned.cell
         files = layout.phase(plan.name, cell.phase, plan.replicate).cell(cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
+        if ok and (perturbed := stands_perturbed(files)):
+            ok, why = False, perturbed
         entry = IndexEntry(cell.phase, cell.label, planned.fingerprint, planned.settings)
         if ok:
             summary = read_summary(files) or {}

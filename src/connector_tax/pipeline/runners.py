@@ -11,22 +11,30 @@ overload guard reads the `waiting` scrapes the runner appends to, whichever cloc
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-from connector_tax.config.cells import Cell, launch_seed
+from connector_tax.config import Validity
+from connector_tax.config.cells import PHASE_A, Cell, launch_seed
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.launch.command import launch_spec
+from connector_tax.launch.steptiming import thread_labels
+from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.stats import ValidityThresholds
+from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
+from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
+from connector_tax.metrics.threads import ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
@@ -36,8 +44,11 @@ from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.sim.settings import resolve
 
+IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
+
 # (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
 Waiting = list[tuple[float, float]]
+VIRTUAL_HOST = "virtual time: the cell was computed, not run on this host, so no contention could touch it"
 
 
 class Launched(Protocol):
@@ -74,7 +85,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         workers=loadgen["workers"],
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
-        validity=ValidityThresholds.from_dict(config.get("validity")),
+        validity=Validity.from_mapping(config["validity"]),
         api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
 
@@ -119,6 +130,9 @@ class ServerRunner:
             spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(config, index))
         url = spec.url or f"http://{host}:{port}"
         index.launch_command = spec.argv
+        index.server_env = dict(spec.env)
+        if backend == "vllm":
+            index.workarounds = workarounds(config, variant)
         options = loadgen_options(config, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
@@ -126,15 +140,46 @@ class ServerRunner:
             index.server_cpus = list(server.cpus) or None
             save()
             server.wait_ready(ready_timeout_s(config, variant))
+            labels = _thread_labels(raw, backend)
+            # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
+            if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
+                idle = self.folder.idle_threads
+                samples = record_idle(server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
+                index.idle_threads = {
+                    "file": idle.name,
+                    "launch": f"{index.launch_id}.{len(index.restarts)}",
+                    "seconds": IDLE_THREADS_S,
+                    "samples": samples,
+                }
             with LoadGenerator(options) as gen:
-                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw))
+                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
             available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
             index.step_timing_available, index.step_timing_reason = available, reason
 
 
+def _local_listener(url: str) -> int | None:
+    target = urlsplit(url if "://" in url else f"http://{url}")
+    if target.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return None
+    return listener_pid(target.port or (443 if target.scheme == "https" else 80))
+
+
 class _ServerLaunch:
-    def __init__(self, name: str, server: ServerProcess, gen: LoadGenerator, splitter: StepLogSplitter) -> None:
-        self.name, self.server, self.gen, self.splitter = name, server, gen, splitter
+    def __init__(
+        self,
+        name: str,
+        server: ServerProcess,
+        gen: LoadGenerator,
+        splitter: StepLogSplitter,
+        labels: Callable[[], dict[str, str]],
+    ) -> None:
+        self.name, self.server, self.gen, self.splitter, self.labels = name, server, gen, splitter, labels
+        # The study's own processes on this host: this job (the load generator's main process) with
+        # its descendants and ancestors, and the server's process group (it runs in its own session).
+        # An external server (backend openai) on this host is found by its port: its CPU is the
+        # server's, not contention.
+        external = None if server.proc else _local_listener(server.url)
+        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external)
 
     def run(
         self,
@@ -145,13 +190,34 @@ class _ServerLaunch:
         give_up: Callable[[], bool],
         waiting: Waiting,
     ) -> tuple[dict[str, Any], str | None]:
-        with MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler, precision:
-            with ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+        threads = self._threads(staging)
+        host = HostSampler(staging.host, self.study, METRICS_INTERVAL_S, self.gen.options.validity)
+        with (
+            MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler,
+            precision,
+            threads,
+        ):
+            with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
+        summary["host"] = host.report()
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
         failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
         return summary, failure
+
+    def _threads(self, staging: CellFiles) -> Any:
+        """Per-thread CPU time of the server's processes, sampled with the metrics, sliced per
+        cell; nothing for an external server (backend openai)."""
+        if self.server.proc is None:
+            return contextlib.nullcontext()
+        return ThreadSampler(self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels)
+
+
+def _thread_labels(raw: Any, backend: str) -> Callable[[], dict[str, str]]:
+    """{tid: connector} of threads a connector's constructor started (vLLM's step-timing reports)."""
+    if backend != "vllm":
+        return dict
+    return lambda: thread_labels(raw)
 
 
 class VirtualRunner:
@@ -198,4 +264,5 @@ class VirtualRunner:
             waiting=waiting,
             metrics_interval_s=METRICS_INTERVAL_S,
         ).run()
+        summary["host"] = not_measured(VIRTUAL_HOST)
         return summary, None

@@ -15,12 +15,12 @@ import shutil
 from pathlib import Path
 
 from connector_tax.atomic import write_atomic
+from connector_tax.launch.steptiming import step_log_files
+from connector_tax.launch.steptiming import step_timing_status as vllm_status
 
 
 def raw_step_files(raw: Path) -> list[Path]:
     """The simulator's single file, or vLLM's per-process files (patches/step_timing.py)."""
-    from connector_tax.launch.steptiming import step_log_files
-
     files = step_log_files(raw)
     return ([raw] if raw.exists() else []) + files["engine"] + files["worker"]
 
@@ -61,7 +61,5 @@ def step_timing_status(raw: Path, backend: str, has_connector: bool) -> tuple[bo
         return False, "external server (backend openai): no step timing"
     if backend == "sim":
         return True, None
-    from connector_tax.launch.steptiming import step_timing_status as vllm_status
-
     available, reason = vllm_status(raw, has_connector)
     return available, None if available else reason

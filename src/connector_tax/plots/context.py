@@ -35,6 +35,8 @@ class Ctx:
         self.palette = Palette(self.variants)
         self.simulated = bool(agg.get("simulated"))
         self.served_by = agg.get("served_by")
+        if self.served_by and agg.get("connector_packages"):  # named on every figure of a vLLM study
+            self.served_by += f"; connectors: {agg['connector_packages']}"
         self.ref = agg.get("reference") or {}
         self.taxes = agg.get("taxes")
         self.baseline = agg.get("baseline")

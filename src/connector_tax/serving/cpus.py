@@ -6,7 +6,8 @@ plan the same CPUs and preempt each other's sends. So a job that may have neighb
 `n` CPUs — one exclusive file lock per CPU in a private per-user directory, released by the
 kernel when the job ends, however it ends — and restricts itself to them before it plans or
 launches anything; its children inherit the set. A job alone on the host (the job's threads
-are all the cores Snakemake may use) leases nothing and keeps every CPU.
+are all the cores Snakemake may use) leases nothing and keeps every CPU. A job SLURM placed
+(serving.slurm) leases nothing either: SLURM bound it to CPUs of its own, its allowed set.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import time
 from collections.abc import Iterator
 
 from connector_tax.serving.lifecycle import exclusive_lock, private_dir
+from connector_tax.serving.slurm import adopted
 
 
 @contextlib.contextmanager
 def cpu_lease(n: int | None, timeout_s: float = 3600.0) -> Iterator[list[int] | None]:
     """Hold `n` CPUs of this process's allowed set and run on them; None: no lease, all CPUs."""
     allowed = sorted(os.sched_getaffinity(0))
-    if not n or n >= len(allowed):
+    if not n or n >= len(allowed) or adopted() is not None:
         yield None
         return
     locks = private_dir("cpus")

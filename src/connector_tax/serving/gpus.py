@@ -3,7 +3,7 @@
 Snakemake's `resources: gpu=1` bounds how many GPU jobs run at once but does not say which
 device each gets; a job takes the first free one under an exclusive file lock in a private
 per-user directory (serving.lifecycle.private_dir; released when the job's process ends,
-however it ends). Before a launch, the device's memory must have been
+however it ends); a job SLURM placed takes its allocation's GPU instead (serving.slurm). Before a launch, the device's memory must have been
 released by the previous server: poll nvidia-smi, bounded, instead of a blind sleep.
 """
 
@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 from connector_tax.serving.lifecycle import exclusive_lock, private_dir
+from connector_tax.serving.slurm import adopted
 
 FREE_MIB = 1024  # a device using less than this is considered released
 
@@ -64,6 +65,13 @@ def gpu_lease(backend: str, timeout_s: float = 3600.0, device: str = "cuda") -> 
     `vllm.device: cpu`, see connector_tax.config.vllm_rules.device)."""
     if backend != "vllm" or device == "cpu":
         yield None
+        return
+    placed = adopted()
+    if placed is not None:  # SLURM made the GPUs of this job's allocation its own: no lease
+        if not placed.gpus:
+            raise RuntimeError(f"backend vllm needs a GPU, and SLURM job {placed.job_id} has none (resources: gpu=1)")
+        wait_released(placed.gpus[0])
+        yield placed.gpus[0]
         return
     gpus = visible_gpus()
     if not gpus:

@@ -10,6 +10,7 @@ gets SIGKILL from the kernel (parent-death signal) and its group from a watchdog
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -17,11 +18,12 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
-from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent
+from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent, exclusive_lock, private_dir
 from connector_tax.serving.spec import LaunchSpec
 
 # How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
@@ -47,9 +49,22 @@ MISSING_CONNECTOR = re.compile(
 )
 ROOT_CAUSES = (
     MISSING_CONNECTOR,
+    # vLLM's engine core quoting its worker's exception: the worker's root cause, verbatim
+    re.compile(r"Worker failed with error '(.+)', please check the stack trace above"),
     re.compile(r"(No module named '?[\w.]+'?)"),
     re.compile(r"\b(\w+(?:Error|Exception): .+)$"),
 )
+# Lines that are never a root cause: a log line at WARNING level (vLLM's ulimit warning quotes an
+# OSError), and Python's "Exception ignored in: ... __del__" report of an error raised while an
+# object that failed to construct is collected (Mooncake's worker: no attribute 'async_zmq_ctx'),
+# which comes after the real failure and must not stand for it.
+_WARNING = re.compile(r"\bWARNING\b")
+_IGNORED = "Exception ignored in"
+
+# A connector that started but says it cannot do its work: it serves, so /health is 200, yet
+# measuring it would measure a broken connector (LMCache 0.5.6 on CPU: every new request waits out
+# its lookup timeout). wait_ready fails such a start; the preflight's probe usually finds it first.
+DEGRADED = re.compile(r"System will operate in degraded mode \(recompute\)")
 
 
 # vLLM's line when its engine core dies during start-up. Usually the server exits a moment later;
@@ -66,10 +81,44 @@ def missing_connector(log: str) -> str | None:
     return found.group(1) if found else None
 
 
+def _candidate_lines(log_tail: str) -> list[str]:
+    """The log's lines without warnings and without "Exception ignored in" reports (each runs to
+    the exception line that ends it)."""
+    out, ignoring = [], False
+    for raw in log_tail.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith(_IGNORED):
+            ignoring = True
+            continue
+        if ignoring:
+            if re.match(r"^\w+(?:Error|Exception)\b", line):
+                ignoring = False
+            continue
+        if not _WARNING.search(line):
+            out.append(line)
+    return out
+
+
+def degraded(log: str) -> str | None:
+    """A connector's own "degraded mode" report with its cause, e.g. "No supported cpu connector
+    found. (LMCache: System will operate in degraded mode (recompute))"; None if there is none."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if DEGRADED.search(line):
+            before = [m.group(1) for m in (re.search(r"\b\w+(?:Error|Exception): (.+)$", x) for x in lines[:i]) if m]
+            cause = before[-1].strip() if before else line.strip()
+            who = "LMCache" if "LMCache" in "".join(lines[max(0, i - 40) : i + 1]) else "the connector"
+            return f"{cause} ({who}: System will operate in degraded mode (recompute))"
+    return None
+
+
 def root_cause(log_tail: str) -> str:
     """The most telling line of a failed server's log: the first match of ROOT_CAUSES (in order
-    of the patterns), else the last non-empty line."""
-    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    of the patterns), else the last non-empty line; warnings and errors reported from a __del__
+    ("Exception ignored in") never count."""
+    lines = _candidate_lines(log_tail) or [line.strip() for line in log_tail.splitlines() if line.strip()]
     for pattern in ROOT_CAUSES:
         for line in lines:
             found = pattern.search(line)
@@ -88,24 +137,64 @@ class ServerStartError(RuntimeError):
         self.log_tail = log_tail
 
 
+# Servers listen on ports below or above the kernel's ephemeral range, never in it: there a
+# client's connection (the load generator's, another job's) could take a chosen port before the
+# server binds it. Each chosen block is held under one file lock per port (private per-user
+# directory) until the server stops or this process ends, so jobs side by side on one node —
+# SLURM jobs on a shared node included — never choose the same port.
+SERVER_PORTS = (20000, 65536)
+_reserved: dict[int, list[int]] = {}
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(family: int, host: str, port: int) -> bool:
+    with socket.socket(family) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1", block: int = 1) -> int:
     """A port that is free now, with the `block - 1` ports after it free too (a vLLM launch
-    also binds its connectors' side channels at port+1, port+2)."""
+    also binds its connectors' side channels at port+1, port+2), outside the ephemeral range and
+    reserved for this process until release_port (or its end)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(100):
-        with socket.socket(family) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port + block - 1 > 65535:
-            continue
-        try:
-            for offset in range(1, block):
-                with socket.socket(family) as sock:
-                    sock.bind((host, port + offset))
-        except OSError:
-            continue
-        return port
+    eph_low, eph_high = _ephemeral_range()
+    low, high = SERVER_PORTS
+    candidates = [p for p in range(low, high - block + 1) if p + block - 1 < eph_low or p > eph_high]
+    if not candidates:
+        raise OSError(f"no ports outside the ephemeral range {eph_low}-{eph_high} for a server")
+    locks = private_dir("ports")
+    start = random.randrange(len(candidates))
+    for i in range(len(candidates)):
+        port = candidates[(start + i) % len(candidates)]
+        fds = []
+        for p in range(port, port + block):
+            fd = exclusive_lock(locks / f"port{p}.lock")
+            if fd is None:
+                break
+            fds.append(fd)
+        if len(fds) == block and all(_bindable(family, host, p) for p in range(port, port + block)):
+            _reserved[port] = fds
+            return port
+        for fd in fds:
+            os.close(fd)
     raise OSError(f"no block of {block} free ports on {host}")
+
+
+def release_port(port: int | None) -> None:
+    """Give back a block free_port reserved (the server that used it has stopped)."""
+    for fd in _reserved.pop(port or -1, []):
+        os.close(fd)
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -201,6 +290,10 @@ class ServerProcess:
                     if time.monotonic() > deadline:
                         raise self._failure(f"not ready after {timeout_s:.0f} s ({path})")
                     time.sleep(0.05)
+        if self.proc is not None:
+            why = degraded(tail(self.stdout_path, 4000) + "\n" + tail(self.stderr_path, 4000))
+            if why is not None:
+                raise ServerStartError(f"a connector came up degraded: {why}")
 
     def _failure(self, what: str) -> ServerStartError:
         return ServerStartError(what, tail(self.stderr_path, 200) or tail(self.stdout_path, 200))
@@ -226,6 +319,7 @@ class ServerProcess:
         if self._watchdog is not None:
             self._watchdog.release()
             self._watchdog = None
+        release_port(urlsplit(self.url).port)
         return proc.returncode
 
     def _signal(self, sig: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from connector_tax.sim.profiles import ConnectorCosts, HardwareProfile, HookCost
+from connector_tax.sim.profiles import HOOKS, ConnectorCosts, HardwareProfile, HookCost
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,25 @@ class StepCost:
     # defines step_duration_us: its own work (part of step_base_us, so it adds no time to the
     # step) plus build_connector_meta, which runs inside schedule().
     schedule_us: float = 0.0
+    # The engine loop's time after the step before the next one starts (HardwareProfile.step_gap_us).
+    gap_us: float = 0.0
+
+    @property
+    def period_us(self) -> float:
+        """How far the clock moves for this step: the step, then the loop's gap."""
+        return self.duration_us + self.gap_us
+
+
+@dataclass(frozen=True)
+class FittedCosts:
+    """A variant's connector costs as a calibrated profile fitted them (config/profile.py): the
+    summed coefficients of each hook, the step time the hooks do not explain, as
+    forward x forward_scale + extra_us, and the scheduler's own work x schedule_scale."""
+
+    hooks: dict[str, tuple[float, float, float]]  # hook -> (fixed_us, per_request_us, per_block_us)
+    forward_scale: float = 1.0
+    extra_us: float = 0.0
+    schedule_scale: float = 1.0  # the scheduler's own work, against the hardware profile's
 
 
 @dataclass(frozen=True)
@@ -66,25 +85,38 @@ def connector_terms(
 
 
 class CostModel:
-    """`speed`: this launch's speed factor (sim.launch_bias_sd): every step of the launch takes
-    `speed` times its modelled time, as a GPU that runs a little hot or cold for a whole launch."""
+    """`fitted`: a calibrated profile's costs of this variant instead of the hand-set `terms` (its
+    hooks replace the terms'). `speed`: this launch's speed factor (sim.launch_bias_sd): every step
+    of the launch takes `speed` times its modelled time, as a GPU that runs a little hot or cold for
+    a whole launch."""
 
-    def __init__(self, hardware: HardwareProfile, terms: list[ConnectorTerm] | None, speed: float = 1.0) -> None:
+    def __init__(
+        self,
+        hardware: HardwareProfile,
+        terms: list[ConnectorTerm] | None,
+        fitted: FittedCosts | None = None,
+        speed: float = 1.0,
+    ) -> None:
         self.hardware = hardware
         self.terms = terms
+        self.scale = fitted.forward_scale if fitted else 1.0
+        self.extra_us = fitted.extra_us if fitted else 0.0
+        self.schedule_scale = fitted.schedule_scale if fitted else 1.0
         self.speed = speed
         # Each hook is linear in (running, blocks): sum the terms' coefficients once, so a step
         # costs three multiply-adds per hook however many connectors a MultiConnector holds.
         self._coef: dict[str, tuple[float, float, float]] | None = None
         if terms is not None:
             self._coef = {}
-            for hook in ("build_meta", "get_finished", "start_load_kv"):
+            for hook in HOOKS:
                 parts: list[HookCost] = [getattr(t.costs, hook) for t in terms]
                 self._coef[hook] = (
                     sum(t.scale * c.fixed_us for t, c in zip(terms, parts)),
                     sum(t.scale * c.per_request_us for t, c in zip(terms, parts)),
                     sum(t.scale * c.per_block_us for t, c in zip(terms, parts)),
                 )
+        if fitted is not None:
+            self._coef = {hook: fitted.hooks.get(hook, (0.0, 0.0, 0.0)) for hook in HOOKS} if fitted.hooks else None
 
     def _hook(self, hook: str, batch: BatchShape) -> float | None:
         if self._coef is None:
@@ -99,14 +131,14 @@ class CostModel:
             + hw.prefill_token_us * batch.prefill_tokens
             + hw.decode_seq_us * batch.decode_seqs
             + hw.context_token_us * batch.context_tokens
-        )
+        ) * self.scale + self.extra_us
         build = self._hook("build_meta", batch)
         finished = self._hook("get_finished", batch)
         load = self._hook("start_load_kv", batch)
         hooks = (build or 0.0) + (finished or 0.0) + (load or 0.0)
-        schedule = hw.schedule_base_us + hw.schedule_request_us * batch.running + (build or 0.0)
+        schedule = (hw.schedule_base_us + hw.schedule_request_us * batch.running) * self.schedule_scale + (build or 0.0)
         if self.speed != 1.0:
             k = self.speed
             forward, hooks, schedule = forward * k, hooks * k, schedule * k
             build, finished, load = (None if h is None else h * k for h in (build, finished, load))
-        return StepCost(forward + hooks, forward, build, finished, load, schedule_us=schedule)
+        return StepCost(forward + hooks, forward, build, finished, load, schedule_us=schedule, gap_us=hw.step_gap_us)

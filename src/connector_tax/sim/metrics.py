@@ -83,6 +83,11 @@ INTER_TOKEN_BUCKETS = (
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
+def cache_config_labels(core: EngineCore) -> dict[str, str]:
+    """`vllm:cache_config_info`'s labels the study reads: the KV block size and the number of blocks."""
+    return {"block_size": str(core.pool.block_size), "num_gpu_blocks": str(core.pool.num_blocks)}
+
+
 class SimMetrics:
     def __init__(self, model_name: str, core: EngineCore) -> None:
         self.registry = CollectorRegistry()
@@ -116,6 +121,13 @@ class SimMetrics:
             registry=r,
         )
         self.success = {reason: success.labels(finished_reason=reason, **values) for reason in FINISH_REASONS}
+        # vLLM's cache settings as labels of a constant 1, as vLLM exposes them (calibration reads them).
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ["block_size", "num_gpu_blocks"],
+            registry=r,
+        ).labels(**cache_config_labels(core)).set(1)
         # Read at scrape time, so an idle engine shows its idle state (len() is atomic in CPython).
         self.running.set_function(lambda: len(core.running))
         self.waiting.set_function(lambda: len(core.waiting))

@@ -42,8 +42,13 @@ class HardwareProfile:
     # inside step_base_us, reported as the scheduler's share of the step (step_duration_us).
     schedule_base_us: float = 150.0
     schedule_request_us: float = 1.5
+    # The engine loop's time between one step's end and the next step's start (output handling,
+    # input polling): not part of a step record's engine_step_us, but of every token's time.
+    step_gap_us: float = 0.0
 
 
+# Both are HAND-SET: numbers chosen for a purpose, not fitted to any engine (a calibrated profile is
+# a file `ctax calibrate` writes from a real study, named by `sim.profile`: config/profile.py).
 # tiny-fast: a small, fast "GPU" whose knee falls at tens of req/s with short prompts, so
 # the default study sweeps every stage in minutes. h20-qwen3-30b-a3b: the design's hardware
 # at its own scale (decode step ~10 ms, prefill ~18k tokens/s, ~260k tokens of KV cache:

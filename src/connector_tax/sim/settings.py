@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 
 from connector_tax.config.merge import deep_merge
+from connector_tax.config.profile import ApiProfile, EngineProfile, check_study_profile
 from connector_tax.sim.admission import AdmissionSettings
-from connector_tax.sim.costs import CostModel, connector_terms
+from connector_tax.sim.costs import CostModel, FittedCosts, connector_terms
 from connector_tax.sim.engine import EngineSettings
 from connector_tax.sim.faults import FaultSettings
-from connector_tax.sim.profiles import connector_cost_table, hardware_profile
+from connector_tax.sim.profiles import HardwareProfile, connector_cost_table, hardware_profile
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,31 @@ class SimSettings:
     faults: FaultSettings
     connector: dict[str, Any] | None
     speed_factor: float = 1.0  # this launch's (sim.launch_bias_sd; 1 without a launch seed)
+    # The engine profile, as outputs name it: "tiny-fast (hand-set)", or a calibrated file's.
+    profile: str = "tiny-fast (hand-set)"
+    # Where the variant's connector costs come from: "calibrated", "hand-set" or "none" (no connector).
+    costs_source: str = "none"
+    # What the API server adds beyond the engine (virtual clocks only; None: nothing).
+    api: ApiProfile | None = None
+
+
+def _calibrated(
+    profile: EngineProfile, sim: dict[str, Any], variant: dict[str, Any]
+) -> tuple[HardwareProfile, FittedCosts | None, ApiProfile, str]:
+    """The hardware, this variant's fitted costs (None: none fitted) and API delays of a
+    calibrated profile, with the config's `sim.hardware` overrides on top."""
+    hardware = HardwareProfile(**{**profile.hardware, **(sim.get("hardware") or {})})
+    fitted = profile.variant_for(variant["name"], variant.get("connector"))
+    if fitted is None:
+        return hardware, None, profile.api, "hand-set"
+    hooks = {h: (t["fixed_us"], t["per_request_us"], t["per_block_us"]) for h, t in fitted.hooks.items()}
+    costs = FittedCosts(
+        hooks=hooks,
+        forward_scale=fitted.forward_scale,
+        extra_us=fitted.extra_us,
+        schedule_scale=fitted.schedule_scale,
+    )
+    return hardware, costs, fitted.api or profile.api, "calibrated"
 
 
 def speed_factor(bias_sd: float, launch_seed: int | None) -> float:
@@ -47,9 +73,21 @@ def resolve(
     server = deep_merge(config.get("server", {}), variant.get("server", {}))
     sim = deep_merge(config.get("sim", {}), variant.get("sim", {}))
     admission = AdmissionSettings(**sim.get("admission", {}))
-    hardware = hardware_profile(sim.get("hardware_profile", "tiny-fast"), sim.get("hardware"))
     table, role_scale = connector_cost_table(sim.get("connector_costs"))
     connector = variant.get("connector")
+    profile = check_study_profile({**config, "sim": sim})
+    fitted: FittedCosts | None = None
+    api: ApiProfile | None = None
+    if profile is not None:
+        hardware, fitted, api, source = _calibrated(profile, sim, variant)
+        label = profile.describe()
+    else:
+        name = sim.get("hardware_profile", "tiny-fast")
+        hardware, source, label = hardware_profile(name, sim.get("hardware")), "hand-set", f"{name} (hand-set)"
+    # A variant without a connector has no connector costs; one the profile did not fit keeps the
+    # hand-set model of its connector kind (and says so: costs_source).
+    terms = None if fitted is not None else connector_terms(connector, table, role_scale)
+    source = source if connector else "none"
     engine = EngineSettings(
         max_num_batched_tokens=server.get("max_num_batched_tokens", 8192),
         max_num_seqs=server.get("max_num_seqs", 256),
@@ -64,7 +102,7 @@ def resolve(
         # vLLM refuses to start in the same situation rather than hang on a long prompt.
         raise ValueError(
             f"server.max_model_len: {engine.max_model_len} exceeds the KV cache of the "
-            f"'{sim.get('hardware_profile')}' profile ({capacity} tokens)"
+            f"{label} profile ({capacity} tokens)"
         )
     return SimSettings(
         variant=variant["name"],
@@ -72,8 +110,11 @@ def resolve(
         host=server.get("host", "127.0.0.1"),
         vllm_version=config.get("vllm_version", "0.33.0"),
         engine=engine,
-        cost_model=CostModel(hardware, connector_terms(connector, table, role_scale), speed),
+        cost_model=CostModel(hardware, terms, fitted, speed),
         faults=FaultSettings.from_dict({**sim.get("faults", {}), **faults}),
         connector=connector,
         speed_factor=speed,
+        profile=label,
+        costs_source=source,
+        api=api,
     )

@@ -56,8 +56,8 @@ def drive(
                 return now
             now = max(now, upcoming[0])
             continue
-        now += result.cost.duration_us
-        on_step(now, result)
+        on_step(now + result.cost.duration_us, result)
+        now += result.cost.period_us  # the step, then the engine loop's gap (0 in hand-set profiles)
     raise RuntimeError(f"virtual run did not finish within {max_steps} steps")
 
 

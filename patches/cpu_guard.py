@@ -1,0 +1,132 @@
+"""The Mooncake CPU guard: lets vLLM's MooncakeConnector start on a host without an accelerator.
+
+vLLM 0.32/0.33's `MooncakeConnectorWorker.__init__` asks `torch.accelerator.current_device_index()`
+for the device its transfer threads bind to, and on a CPU-only host torch raises ("Cannot access
+accelerator device when none is available") before the transfer engine is even created. The
+index is only handed to `current_platform.set_device`, which on vLLM's CPU platform is
+`torch.cpu.set_device` (a no-op). So on such a host the guard makes that one call return 0, for
+the duration of that constructor only; nothing else in the process sees a changed torch.
+
+Active only when both hold:
+* the launch asked for it: $CONNECTOR_TAX_MOONCAKE_CPU_GUARD=1, which the project sets for
+  backend vllm with `vllm.device: cpu` and a Mooncake connector (connector_tax.launch.vllm_cpu);
+* torch says, at the moment the worker is built, that no accelerator is available
+  (`torch.accelerator.is_available()` is False). With an accelerator the constructor runs
+  untouched, whatever the variable says.
+
+Each time it acts it writes one line to stderr (the server log) and, with a step log, a JSON
+file `<base>.guards.<pid>.json` (the evidence the tests read). Every output of the study
+discloses it with DISCLOSURE (connector_tax.launch.vllm_cpu keeps an equal copy; a test checks).
+Imports nothing from connector_tax, and vLLM only through the post-import hook.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from patches.import_hook import PostImportFinder
+
+GUARD_ENV = "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"
+MOONCAKE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
+WORKER_CLASS = "MooncakeConnectorWorker"
+DISCLOSURE = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
+_STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"  # = patches.targets.STEP_LOG_ENV
+
+_FINDER: PostImportFinder | None = None
+
+
+def requested(environ: dict[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(GUARD_ENV) == "1"
+
+
+def accelerator_available(torch: Any) -> bool:
+    """torch's own answer; an answer it cannot give counts as "available" (never guard blind)."""
+    accelerator = getattr(torch, "accelerator", None)
+    try:
+        return bool(accelerator.is_available()) if accelerator is not None else True
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _zero_index(*_args: Any, **_kwargs: Any) -> int:
+    return 0
+
+
+def _record(step_log: str | None) -> None:
+    sys.stderr.write(f"connector-tax: {DISCLOSURE} (no accelerator: torch.accelerator.is_available() is False)\n")
+    if not step_log:
+        return
+    base = step_log[: -len(".jsonl")] if step_log.endswith(".jsonl") else step_log
+    try:
+        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+        with open(f"{base}.guards.{os.getpid()}.json", "w", encoding="utf-8") as out:
+            json.dump({"guard": "mooncake_cpu_device_index", "disclosure": DISCLOSURE, "pid": os.getpid()}, out)
+    except OSError as exc:
+        sys.stderr.write(f"connector-tax: cannot write the guard's record: {exc!r}\n")
+
+
+def guard_worker_class(cls: type, torch: Any, on_fire: Callable[[], None] = lambda: None) -> bool:
+    """Wrap `cls.__init__` (MooncakeConnectorWorker) so that, without an accelerator,
+    torch.accelerator.current_device_index() returns 0 while it runs. Idempotent; returns
+    whether it wrapped."""
+    original = cls.__init__
+    if getattr(original, "__connector_tax_guard__", False):
+        return False
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if accelerator_available(torch):
+            original(self, *args, **kwargs)
+            return
+        accelerator = torch.accelerator
+        real = accelerator.current_device_index
+        accelerator.current_device_index = _zero_index
+        on_fire()
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            accelerator.current_device_index = real
+
+    __init__.__connector_tax_guard__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+    return True
+
+
+def _hook(module: Any) -> None:
+    """Never raises into the import of vLLM's module: a guard that cannot apply says so."""
+    cls = getattr(module, WORKER_CLASS, None)
+    if cls is None:
+        sys.stderr.write(f"connector-tax: Mooncake CPU guard: {MOONCAKE_MODULE} has no {WORKER_CLASS}; not applied\n")
+        return
+    try:
+        import torch
+
+        step_log = os.environ.get(_STEP_LOG_ENV)
+        guard_worker_class(cls, torch, lambda: _record(step_log))
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"connector-tax: Mooncake CPU guard not applied: {exc!r}\n")
+
+
+def install(environ: dict[str, str] | None = None) -> bool:
+    """Put the post-import hook in place when the launch asked for the guard. Idempotent."""
+    global _FINDER
+    if not requested(environ) or _FINDER is not None:
+        return _FINDER is not None
+    if MOONCAKE_MODULE in sys.modules:
+        _hook(sys.modules[MOONCAKE_MODULE])
+    _FINDER = PostImportFinder({MOONCAKE_MODULE: _hook})
+    sys.meta_path.insert(0, _FINDER)
+    return True
+
+
+def uninstall() -> None:
+    """Remove the import hook (tests). A class already wrapped stays wrapped."""
+    global _FINDER
+    if _FINDER is not None and _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    _FINDER = None

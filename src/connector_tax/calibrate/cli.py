@@ -1,0 +1,225 @@
+"""`ctax calibrate`: fit an engine profile from a real study, or check one against a real study.
+
+    ctax calibrate RESULTS_DIR -o PROFILE.yaml [--name NAME] [--json FILE]
+    ctax calibrate --check RESULTS_DIR --profile PROFILE.yaml [--json FILE] [--workdir DIR]
+
+Bad input is one line on stderr and exit 2; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from connector_tax.atomic import write_atomic, write_json
+from connector_tax.calibrate.records import CalibrationError
+from connector_tax.config.profile import HOOK_NAMES, EngineProfile, dump_profile
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS_DIR", help="a real study's results folder (results/<study>)")
+    parser.add_argument("-o", "--out", metavar="PROFILE.yaml", help="where to write the fitted profile")
+    parser.add_argument("--name", help="the profile's name (default <study>-calibrated)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="instead of fitting: replay every cell of RESULTS_DIR in virtual time with --profile and print "
+        "predicted against measured, per cell and per tax",
+    )
+    parser.add_argument("--profile", metavar="PROFILE.yaml", help="the profile to check (with --check)")
+    parser.add_argument("--json", metavar="FILE", help="also write the fit's quality (or the check) as JSON here")
+    parser.add_argument("--workdir", metavar="DIR", help="with --check: keep the virtual cells here (default: removed)")
+    parser.add_argument(
+        "--launch-speed",
+        action="store_true",
+        help="with --check, a diagnostic: run each launch at the speed its own engine steps show against the "
+        "profile's (a shared host's load on the day), to tell the model's error from the host's",
+    )
+
+
+def _pct(x: float | None, signed: bool = True) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _term(t: dict[str, Any]) -> str:
+    if not t.get("identified"):
+        return f"not identified ({t.get('why')})"
+    ci = t.get("ci95")
+    return f"{t['value']:.4g}" + (f" [{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "")
+
+
+def _fit_lines(title: str, fit: dict[str, Any]) -> list[str]:
+    quality = f"n={fit.get('n')}"
+    if fit.get("r2") is not None:
+        quality += f", R²={fit['r2']:.3f}"
+    if fit.get("residual_sd") is not None:
+        quality += f", residual sd {fit['residual_sd']:.4g} µs, MAD {fit.get('residual_mad', 0):.4g} µs"
+    lines = [f"{title} ({fit.get('target')}; {quality})"]
+    if fit.get("note"):
+        lines.append(f"    note: {fit['note']}")
+    lines += [f"    {name:22} {_term(t)}" for name, t in fit.get("terms", {}).items()]
+    return lines
+
+
+def render_fit(profile: EngineProfile) -> str:
+    fit, prov, hw = profile.fit, profile.provenance, profile.hardware
+    lines = [
+        f"profile {profile.name}: fitted on study {prov.get('study')} ({prov.get('served_by')}), "
+        f"{len(prov.get('cells') or [])} cells, baseline {prov.get('baseline')}",
+        "",
+    ]
+    lines += _fit_lines("engine step of the baseline", fit["engine_step"])
+    lines += _fit_lines("scheduler's share", fit["schedule"])
+    gap = fit.get("step_gap_us") or {}
+    lines.append(f"engine loop gap: median {_num(gap.get('median'))} µs over {gap.get('n')} busy steps")
+    empty = fit.get("empty_steps") or {}
+    if empty.get("n"):
+        lines.append(
+            f"steps that scheduled no token: {empty['n']} ({empty['share']:.0%}), median {_num(empty['median_us'])} µs "
+            "(not modelled)"
+        )
+    lines.append(f"KV cache: {hw['kv_cache_blocks']} blocks of {hw['block_size']} tokens")
+    scatter = fit.get("scatter") or {}
+    if scatter.get("ratio_p10_p50_p90_p99"):
+        p = scatter["ratio_p10_p50_p90_p99"]
+        lines.append(
+            f"steps around the fit (measured / fitted, mean 1; not simulated): p10 {p[0]:.2f}, p50 {p[1]:.2f}, "
+            f"p90 {p[2]:.2f}, p99 {p[3]:.2f}; consecutive steps' correlation {scatter['phi']} (n={scatter['n']})"
+        )
+    lines.append("API server beyond the engine (p50 / p90, µs; n):")
+    for name, api in (fit.get("api") or {}).items():
+        ing, eg = api["ingress"], api["egress"]
+        lines.append(
+            f"    {name:22} ingress {_num(ing.get('p50_us'))} / {_num(ing.get('p90_us'))} (n={ing['n']}), "
+            f"egress {_num(eg.get('p50_us'))} / {_num(eg.get('p90_us'))} (n={eg['n']})"
+        )
+    for name, q in (fit.get("variants") or {}).items():
+        v = profile.variants[name]
+        lines += [
+            "",
+            f"variant {name} ({q.get('steps')} steps): forward x {v.forward_scale:g} + {v.extra_us:g} µs, "
+            f"schedule() x {v.schedule_scale:g}",
+        ]
+        for hook in HOOK_NAMES:
+            h = q["hooks"].get(hook) or {}
+            if h.get("n", 0) == 0:
+                lines.append(f"  hook {hook}: {h.get('note', 'not recorded')}")
+            else:
+                lines += ["  " + s for s in _fit_lines(f"hook {hook}", h)]
+        lines += ["  " + s for s in _fit_lines("unexplained step time", q["unexplained"])]
+        lines += ["  " + s for s in _fit_lines("scheduler's share", q["schedule"])]
+    return "\n".join(lines) + "\n"
+
+
+def render_check(result: dict[str, Any]) -> str:
+    split = result["split"]
+    lines = [
+        f"check of profile {result['profile']} against study {result['study']} (seed {split['checked_seed']}, "
+        f"Phase A rates {', '.join(f'{r:g}' for r in split['checked_phase_a_rates'])})",
+        f"split: fitted on study {split['fitted_on']} (seed {split['fitted_seed']}, Phase A rates "
+        f"{', '.join(f'{r:g}' for r in split.get('fitted_phase_a_rates') or [])}); "
+        + (
+            "held out: no checked cell was fitted on"
+            if split["held_out"]
+            else f"NOT held out: {split['cells_also_fitted']} checked cells were fitted on"
+        ),
+    ]
+    if result.get("launch_speeds"):
+        speeds = ", ".join(f"{k} x{v:.2f}" for k, v in result["launch_speeds"].items())
+        lines.append(
+            f"DIAGNOSTIC (--launch-speed): each launch's model time scaled by its own measured speed: {speeds}; "
+            "the goals are judged without it"
+        )
+    lines += ["", "per cell: measured [95% CI] -> predicted (error; inside the interval?)"]
+    head = f"{'variant/phase/cell':34} {'TTFT p90 ms':>32} {'TPOT p90 ms':>32} {'step p50 µs':>22} {'engine step p50 µs':>24} {'req/s':>18}"
+    lines.append(head)
+
+    def fmt(c: dict[str, Any], digits: int = 1, ci: bool = True) -> str:
+        m = _num(c["measured"], digits)
+        if ci and c.get("ci95"):
+            m += f" [{_num(c['ci95'][0], digits)},{_num(c['ci95'][1], digits)}]"
+        inside = {True: " in", False: " out", None: ""}[c.get("inside")]
+        return f"{m} -> {_num(c['predicted'], digits)} ({_pct(c['error'])}{inside})"
+
+    for c in result["cells"]:
+        key = f"{c['variant']}/{c['phase']}/{c['cell']}" + (" *" if c.get("saturated") else "")
+        lines.append(
+            f"{key:34} {fmt(c['ttft_p90_ms']):>32} {fmt(c['tpot_p90_ms']):>32} {fmt(c['step_p50_us'], 0, False):>22} "
+            f"{fmt(c['engine_step_p50_us'], 0, False):>24} {fmt(c['throughput_rps'], 2, False):>18}"
+        )
+    lines.append("(* saturated cell)")
+    if result["taxes"]:
+        lines += ["", "per variant, the tax: measured [95% CI] -> predicted (inside?)"]
+        for t in result["taxes"]:
+            ci = t.get("ci95")
+            m = _pct(t["measured"]) + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else " (no interval)")
+            inside = {True: "inside", False: "OUTSIDE", None: "–"}[t["inside"]]
+            lines.append(
+                f"  {t['variant']:22} {t['at']:28} {t['metric']:9} {m:>34} -> {_pct(t['predicted']):>8}  {inside}"
+            )
+    s = result["summary"]
+    met = s["goals_met"]
+    lines += [
+        "",
+        f"summary: {s['cells']} cells; TTFT p90 within 10%: {s['ttft_p90_within_10pct'][0]}/{s['ttft_p90_within_10pct'][1]} "
+        f"(goal >= 90%: {'met' if met['ttft_p90'] else 'not met'}); TPOT p90 within 5%: "
+        f"{s['tpot_p90_within_5pct'][0]}/{s['tpot_p90_within_5pct'][1]} ({'met' if met['tpot_p90'] else 'not met'}); "
+        f"inside the measured interval: TTFT {s['ttft_p90_inside_ci'][0]}/{s['ttft_p90_inside_ci'][1]}, "
+        f"TPOT {s['tpot_p90_inside_ci'][0]}/{s['tpot_p90_inside_ci'][1]}; taxes inside their interval: "
+        f"{s['taxes_inside_ci'][0]}/{s['taxes_inside_ci'][1]} ({s['taxes_without_ci']} without one; "
+        f"{'met' if met['taxes'] else 'not met'}); median |error| TTFT {_pct(s['median_abs_error'].get('ttft_p90_ms'), False)}, "
+        f"TPOT {_pct(s['median_abs_error'].get('tpot_p90_ms'), False)}, "
+        f"engine step {_pct(s['median_abs_error'].get('engine_step_p50_us'), False)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    from connector_tax.config import ConfigError
+
+    try:
+        if args.check:
+            if not args.profile:
+                raise CalibrationError("--check needs --profile PROFILE.yaml (the profile to check)")
+            if args.out:
+                raise CalibrationError("-o/--out: --check writes no profile (use --json FILE for its numbers)")
+            from connector_tax.calibrate.check import check
+
+            workdir = Path(args.workdir) if args.workdir else None
+            result = check(Path(args.results), args.profile, workdir, launch_speed=args.launch_speed).as_dict()
+            print(render_check(result), end="")
+            if args.json:
+                write_json(Path(args.json), result)
+            return 0
+        if not args.out:
+            raise CalibrationError("-o/--out: where to write the profile (e.g. -o configs/profiles/NAME.yaml)")
+        if args.profile:
+            raise CalibrationError("--profile: only with --check (fitting writes a profile, -o)")
+        from connector_tax.calibrate.fit import calibrate
+
+        profile = calibrate(Path(args.results), args.name)
+    except (CalibrationError, ConfigError) as exc:
+        print(f"ctax calibrate: {exc}", file=sys.stderr)
+        return 2
+    text = (
+        f"# Engine profile fitted by `ctax calibrate {args.results}` from the records of study "
+        f"{profile.provenance.get('study')} ({profile.provenance.get('served_by')}).\n"
+        "# Plain data: a config names it as `sim: {profile: FILE}`. `fit:` holds every term's fit quality;\n"
+        "# a term the data did not identify is 0 (a scale: 1) there and in the numbers.\n"
+    ) + dump_profile(profile)
+    write_atomic(Path(args.out), text)
+    print(render_fit(profile), end="")
+    print(f"wrote {args.out}")
+    if args.json:
+        write_json(Path(args.json), profile.fit)
+    return 0

@@ -1,0 +1,40 @@
+"""`ctax launch-command`: a variant's exact server launch (argv JSON or launch.sh), or every
+variant's launch script for a GPU host (launch/launch_<variant>.sh); nothing is launched."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from connector_tax.config import ConfigError, find_variant, load_config
+from connector_tax.launch.command import launch_spec
+from connector_tax.launch.scripts import write_scripts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="study config YAML")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--variant", metavar="NAME", help="the variant (a configuration of the study)")
+    which.add_argument(
+        "--write-scripts", metavar="DIR", type=Path, help="write launch_<variant>.sh of every variant into DIR"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port the server would bind (default 8000)")
+    parser.add_argument("--step-log", metavar="PATH", help="step log path the server would write")
+    parser.add_argument("--script", action="store_true", help="print launch.sh instead of the argv JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.write_scripts is not None:
+            for path in write_scripts(args.config, args.write_scripts):
+                print(path)
+            return 0
+        config = load_config(args.config)
+        spec = launch_spec(args.config, config, find_variant(config, args.variant), args.port, args.step_log)
+    except (ConfigError, ValueError) as exc:
+        print(f"ctax launch-command: {exc}", file=sys.stderr)
+        return 2
+    print(spec.script() if args.script else json.dumps(spec.argv))
+    return 0

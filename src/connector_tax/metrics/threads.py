@@ -1,0 +1,159 @@
+"""Per-thread CPU time of a server's processes, sampled at a fixed rate into JSONL.
+
+One line per sample:
+
+    {"t_ns": monotonic ns, "clk_tck": 100, "procs": [
+        {"pid": 11680, "ppid": 11615, "name": "VLLM::Worker", "cpus": [1], "threads": [
+            {"tid": 11979, "name": "VLLM::Worker", "user": 5240, "system": 12, "core": 1,
+             "started_by": "NixlConnector worker"}, ...]}, ...]}
+
+`user`/`system` are the thread's cumulative CPU time in clock ticks (`clk_tck` per second), as
+/proc/<pid>/task/<tid>/stat has them; a thread's CPU share over an interval is the difference
+between two samples over the interval. `core` is the CPU it last ran on (stat's `processor`),
+`cpus` the process's allowed CPUs. The processes are the server's root process and all its
+descendants (vLLM: the API server, the engine core, its workers), found again at every sample.
+`started_by` names threads a library started inside a connector's constructor (the step-timing
+instrumentation records them; a library's threads carry the process's name otherwise).
+
+A thread or process that ends between listing and reading is skipped; a sample that cannot see
+the root process is a line with "error". Reads only /proc and psutil's process tree: one small
+file per thread per sample (about 100 threads for vLLM on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(path: str) -> tuple[str, list[str]] | None:
+    """(comm, the fields after it) of a /proc .../stat file; None if it is gone."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    open_, close = raw.find("("), raw.rfind(")")
+    if open_ < 0 or close < 0:
+        return None
+    return raw[open_ + 1 : close], raw[close + 2 :].split()
+
+
+# Field positions after "(comm) ": state is field 3 of stat(5), so field N is at N - 3.
+_PPID, _UTIME, _STIME, _PROCESSOR = 4 - 3, 14 - 3, 15 - 3, 39 - 3
+
+
+def sample_process(pid: int, labels: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """One process's threads now; None if it is gone."""
+    head = _stat(f"/proc/{pid}/stat")
+    if head is None:
+        return None
+    name, fields = head
+    try:
+        cpus = sorted(os.sched_getaffinity(pid))
+    except OSError:
+        cpus = None
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return None
+    threads = []
+    for tid in tids:
+        st = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if st is None or len(st[1]) <= _PROCESSOR:
+            continue
+        tname, tf = st
+        entry: dict[str, Any] = {
+            "tid": tid,
+            "name": tname,
+            "user": int(tf[_UTIME]),
+            "system": int(tf[_STIME]),
+            "core": int(tf[_PROCESSOR]),
+        }
+        if labels and str(tid) in labels:
+            entry["started_by"] = labels[str(tid)]
+        threads.append(entry)
+    return {"pid": pid, "ppid": int(fields[_PPID]), "name": name, "cpus": cpus, "threads": threads}
+
+
+def sample_tree(root: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every thread of `root` and its descendants, as one record (without t_ns)."""
+    try:
+        pids = [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.Error as exc:
+        return {"clk_tck": CLK_TCK, "error": f"{type(exc).__name__}: {exc}", "procs": []}
+    procs = [p for p in (sample_process(pid, labels) for pid in pids) if p is not None]
+    return {"clk_tck": CLK_TCK, "procs": procs}
+
+
+class ThreadSampler:
+    """Samples the threads of a process tree every `interval_s` into `path` (JSONL), from enter
+    to exit, with one more sample at exit. `labels()` gives {tid: started_by} (re-read at every
+    sample; it must be cheap and never raise)."""
+
+    def __init__(
+        self,
+        root_pid: int,
+        path: Path,
+        interval_s: float = 1.0,
+        labels: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
+        self.root_pid = root_pid
+        self.path = path
+        self.interval_s = interval_s
+        self.labels = labels or dict
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctax-thread-sampler", daemon=True)
+
+    def __enter__(self) -> ThreadSampler:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._out = open(self.path, "w", encoding="utf-8")
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._out.close()
+
+    def _write(self) -> None:
+        try:
+            labels = self.labels()
+        except Exception:  # noqa: BLE001 - a label is a nicety, a sample is not
+            labels = {}
+        line = {"t_ns": time.monotonic_ns(), **sample_tree(self.root_pid, labels)}
+        self._out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._out.flush()
+        self.samples += 1
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while True:
+            self._write()
+            next_t += self.interval_s
+            if self._stop.wait(max(0.0, next_t - time.monotonic())):
+                self._write()
+                return
+
+
+def record_idle(root_pid: int, path: Path, seconds: float, interval_s: float, labels: Callable[[], dict[str, str]]):
+    """Sample an idle server for `seconds` into `path` (written beside it and renamed: a kill leaves
+    no half file under its name). Returns the number of samples."""
+    tmp = path.with_name(path.name + ".tmp")
+    with ThreadSampler(root_pid, tmp, interval_s, labels) as sampler:
+        time.sleep(seconds)
+    os.replace(tmp, path)
+    return sampler.samples

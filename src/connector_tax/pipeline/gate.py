@@ -1,0 +1,135 @@
+"""The validity gate of a measured cell, and which of its attempts stands.
+
+The load generator judges itself (loadgen.stats: on rate, lateness by its effect, CPU to spare,
+every result matched); the runner measured the host around the cell (metrics.host, real time
+only). `judge` puts the two together into the summary's `validity`: a cell measured while the
+host was busy is invalid, however punctual the instrument was, and the reasons say so with the
+numbers.
+
+A cell invalid for a reason the host or the instrument's timing can cause (PERTURBATIONS) is
+measured again, up to `validity.attempts` times in all; one invalid only for what the server did
+(errors, a shortfall of completed requests) or for a bug (results matching no request) is not:
+measuring again would find the same. When no attempt passes, the least perturbed one stands
+(`perturbation`: how far past its bound the worst timing or host check went). The attempts that
+do not stand are kept under superseded/ with the reason each was set aside. A cell that stands
+perturbed is measured again by the next run of the study (`stands_perturbed`), like a failed one:
+running it again in a quiet hour mends exactly what the busy one could not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from connector_tax.config import Validity
+from connector_tax.contract.index import read_summary
+from connector_tax.contract.layout import CellFiles
+
+# Checks whose failure a busy host or a late instrument explains, and a new attempt may not repeat.
+PERTURBATIONS = (
+    "lateness_gap_frac",
+    "lateness_ttft_frac",
+    "lateness_p99_us",
+    "lateness_max_us",
+    "dispatch_rate_error",
+    "unissued",
+    "issue_overrun_ms",
+    "host_others_cpu_frac",
+    "host_steal_frac",
+)
+
+
+def _perturbing(name: str) -> bool:
+    return name in PERTURBATIONS or name.startswith("cpu_frac_")
+
+
+def judge(summary: dict[str, Any], validity: Validity) -> dict[str, Any]:
+    """The summary's `validity` with the host's checks added (in place, and returned): valid only
+    when the instrument passed and the host was not busy. `instrument_valid` and `host_busy`
+    keep the two apart (host_busy None: no host was measured, a virtual-time cell)."""
+    v = summary.setdefault("validity", {"valid": True, "reasons": [], "checks": []})
+    host = summary.get("host") or {}
+    v["instrument_valid"] = bool(v.get("valid", True))
+    checks = [c for c in v.get("checks") or [] if not str(c.get("name", "")).startswith("host_")]
+    reasons = [r for r in v.get("reasons") or [] if not str(r).startswith("host busy")]
+    if host.get("measured"):
+        for c in host.get("checks") or []:
+            checks.append({**c, "name": f"host_{c['name']}"})
+        reasons += host.get("reasons") or []
+    v["checks"], v["reasons"] = checks, reasons
+    v["host_busy"] = host.get("busy") if host.get("measured") else None
+    v["valid"] = v["instrument_valid"] and not v["host_busy"]
+    v["perturbation"] = perturbation(v)
+    return v
+
+
+def perturbation(validity: dict[str, Any]) -> float:
+    """How far past its bound the worst timing or host check went, as a multiple of the bound
+    (1.0: at the bound; a count bound of 0 reads 1 + the count past it); 0 with none failed."""
+    worst = 0.0
+    for c in validity.get("checks") or []:
+        if c.get("passed", True) or not _perturbing(str(c.get("name", ""))):
+            continue
+        value, bound = float(c.get("value") or 0.0), float(c.get("threshold") or 0.0)
+        worst = max(worst, value / bound if bound > 0 else 1.0 + value)
+    return round(worst, 4)
+
+
+def remeasure_reason(summary: dict[str, Any]) -> str | None:
+    """Why this attempt is to be measured again, or None: only perturbations qualify."""
+    v = summary.get("validity") or {}
+    if v.get("valid", True):
+        return None
+    failed = [c for c in v.get("checks") or [] if not c.get("passed", True)]
+    if not failed or not all(_perturbing(str(c.get("name", ""))) for c in failed):
+        return None
+    return "perturbed: " + "; ".join(v.get("reasons") or [c["name"] for c in failed])
+
+
+def stands_perturbed(files: CellFiles) -> str | None:
+    """Why a sealed cell is to be measured again by the next run: it stands perturbed (every
+    attempt failed the gate for a reason a quieter host may not repeat). None: keep it."""
+    why = remeasure_reason(read_summary(files) or {})
+    return None if why is None else f"stands {why} after every attempt; measured again"
+
+
+@dataclass
+class Attempt:
+    """One measurement of a cell, in its own staging folder."""
+
+    number: int
+    staging: CellFiles
+    summary: dict[str, Any]
+    failure: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+    set_aside: str | None = None  # why a new attempt was made after this one
+
+    @property
+    def valid(self) -> bool:
+        return self.failure is None and bool((self.summary.get("validity") or {}).get("valid", True))
+
+    def describe(self) -> dict[str, Any]:
+        v = self.summary.get("validity") or {}
+        host = self.summary.get("host") or {}
+        return {
+            "attempt": self.number,
+            "valid": self.valid,
+            "perturbation": v.get("perturbation"),
+            "reasons": list(v.get("reasons") or []) + ([self.failure] if self.failure else []),
+            "host_busy": v.get("host_busy"),
+            "others_cpu_frac": host.get("others_cpu_frac"),
+            "measured_again_because": self.set_aside,
+        }
+
+
+def choose(attempts: list[Attempt]) -> Attempt:
+    """The attempt that stands: a failed one when the server failed (the cell is redone on the
+    next run), else the last valid one, else the least perturbed (the earlier one on a tie)."""
+    failed = [a for a in attempts if a.failure is not None]
+    if failed:
+        return failed[-1]
+    valid = [a for a in attempts if a.valid]
+    if valid:
+        return valid[-1]
+    return min(attempts, key=lambda a: (a.summary.get("validity") or {}).get("perturbation") or math.inf)

@@ -1,0 +1,94 @@
+"""The smallest tax a planned study can resolve: each tax's 95 % interval half-width, before it runs.
+
+`ctax plan --predict` computes Phase A of every variant and the baseline's Phase B in virtual
+time (predict.py). The analysis's own code then gives each predicted cell its batch-means
+interval and each Phase A tax its delta-method interval, as it will for the real cells; a Phase
+B shape, computed for the baseline only, is judged by the tax of the baseline's cell against
+itself (a zero tax), whose interval is the smallest tax that shape can tell from none. A cell
+too short for batch means (fewer than 5 batches of 10 requests) will have no interval at all:
+its taxes cannot be called, whatever their size, and the plan says so before anything runs.
+
+The predicted cells carry what the profile models (the engine, the API server's delays), not the
+host's own noise, so a real run's intervals are wider: these half-widths are a lower bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from connector_tax.analysis import build
+from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
+from connector_tax.analysis.quantiles import ratio_minus_one
+
+METRICS = (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))
+
+
+def _half(estimate: dict[str, Any]) -> float | None:
+    ci = estimate.get("ci")
+    if not ci or None in ci:
+        return None
+    return (ci[1] - ci[0]) / 2
+
+
+def resolution(results_dir: Path) -> list[dict[str, Any]]:
+    """One entry per (where, variant): the predicted tax and its half-width per metric, and the
+    requests of the shorter of the two cells (an interval needs both)."""
+    aggregate = build(Path(results_dir))["aggregate"]
+    rows = {(r["variant"], r["phase"], r["cell"]): r for r in aggregate["rows"]}
+    baseline = aggregate.get("baseline")
+    taxes = aggregate.get("taxes") or {}
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for ref in ("ref_safe", "ref_load"):
+        entry = (taxes.get("phase_a") or {}).get(ref) or {}
+        if not entry.get("cell") or entry["cell"] in seen:
+            continue
+        seen.add(entry["cell"])
+        for variant, tax in (entry.get("variants") or {}).items():
+            item = {"at": f"phase_a {ref} ({entry['cell']})", "variant": variant}
+            for name, metric in METRICS:
+                x = rows.get((variant, "phase_a", entry["cell"])) or {}
+                b = rows.get((baseline, "phase_a", entry["cell"])) or {}
+                item[name] = {"tax": (tax.get(name) or {}).get("value"), "half_width": _half(tax.get(name) or {})}
+                item[name]["requests"] = min(x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0)
+            out.append(item)
+    for (variant, phase, label), row in sorted(rows.items()):
+        if variant != baseline or phase == "phase_a":
+            continue
+        item = {"at": f"{phase} {label}", "variant": "(any, at the baseline's cell length)"}
+        for name, metric in METRICS:
+            k = f"{metric}_p90"
+            zero = ratio_minus_one(
+                row.get(k),
+                row.get(f"{k}_ci_lo"),
+                row.get(f"{k}_ci_hi"),
+                row.get(k),
+                row.get(f"{k}_ci_lo"),
+                row.get(f"{k}_ci_hi"),
+            )
+            item[name] = {"tax": None, "half_width": _half(zero), "requests": row.get(f"{metric}_n")}
+        out.append(item)
+    return out
+
+
+def render(entries: list[dict[str, Any]]) -> str:
+    if not entries:
+        return ""
+    need = MIN_BATCHES * MIN_PER_BATCH
+    lines = [
+        "",
+        "smallest tax the plan can resolve: 95 % half-width of each tax (predicted cells; the host's own noise",
+        "widens a real run's, so these are lower bounds)",
+    ]
+    for e in entries:
+        parts = []
+        for name, _ in METRICS:
+            v = e[name]
+            if v["half_width"] is None:
+                parts.append(f"{name} no interval ({v['requests'] or 0} requests in a cell; batch means need {need})")
+            else:
+                tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
+                parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
+        lines.append(f"  {e['at']:28} {e['variant']:38} " + "; ".join(parts))
+    return "\n".join(lines) + "\n"
