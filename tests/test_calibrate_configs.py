@@ -71,11 +71,11 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
         source="a test",
     )
     estimates, notes = plan_study(study, timing=timing)
-    by = {(e.stage, e.config): e for e in estimates}
+    by = {(e.stage, e.variant): e for e in estimates}
     assert by[("preflight", "plain")].seconds == 60.0 and by[("preflight", "lmcache_only")].seconds == 4.0
     assert by[("phase_a", "lmcache_only")].seconds == 1.0 and by[("phase_a", "lmcache_only")].cells == 0
     without, _ = plan_study(study)
-    plain_a = next(e for e in without if (e.stage, e.config) == ("phase_a", "plain"))
+    plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))
     assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - 150.0 + 50.0)  # LAUNCH_S replaced
     assert by[("other", "(study)")].seconds == 40.0
     assert any("measured by the calibration study (a test)" in n and "lmcache_only assumed SKIP" in n for n in notes)

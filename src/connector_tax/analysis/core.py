@@ -126,7 +126,7 @@ def launch_facts(study: Study) -> dict[str, Any]:
         {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
     )
     workarounds: dict[str, list[str]] = {}
-    for (name, _phase), r in study.runs.items():
+    for (name, *_), r in study.runs.items():
         for w in (r.run or {}).get("workarounds") or []:
             if w not in workarounds.setdefault(name, []):
                 workarounds[name].append(w)
