@@ -1,11 +1,18 @@
-"""The design's fixed plan against the adaptive one, both run on the simulator in virtual time.
+"""The design's fixed plan against the adaptive one and the tax-precision one, run on the simulator
+in virtual time.
 
     ctax benchmark plan_side_by_side [--config configs/h20-qwen3-coder.yaml] [--out DIR] [--json FILE]
+                                     [--tax-target 0.05] [--plans fixed,adaptive,tax]
 
 The fixed plan is the design's (seed 002): every cell warm-up 10 s, then max(60 s, the time to
 200 completed requests), up to its cap; every Phase A rate measured; every Phase B shape run
 like any cell, saturated or not; no precision target. The adaptive plan is the config as
-written (knee pruning, the Phase B overload guard, its precision target and floors). Each plan:
+written (knee pruning, the Phase B overload guard, its precision target and floors). The tax plan
+is the adaptive one whose cells stop on the precision of the taxes they feed
+(workload.precision: {of: tax, target: --tax-target}): the baseline's cells run the design's cell
+rule first, every other variant's cell is paired with them request by request and ends once both
+its taxes are within the target (64 completed requests at least), or every baseline request is
+paired. Each plan:
 
 1. `ctax plan` and `ctax plan --predict` on the config as the real study (backend vllm): their
    estimates, before anything of the plan's own runs;
@@ -13,7 +20,8 @@ written (knee pruning, the Phase B overload guard, its precision target and floo
    config's hardware profile: every cell computed in virtual time, analysed and reported;
 3. its cost: the cells' simulated seconds (each + the plan's 1.5 s of fixed cost), one server
    start-up (--launch-s, the plan's assumption for vLLM) per preflight and per phase job that
-   measured anything, as GPU-hours on one GPU; its reference rates and H1-H6 calls.
+   measured anything, as GPU-hours on one GPU; its reference rates, H1-H6 calls and the median
+   half-width of its TTFT and TPOT tax intervals.
 
 Prints the two side by side (Markdown), with the plan's estimate against each run's cost, and
 writes it to DIR/side_by_side.md, its numbers to DIR/side_by_side.json (or --json FILE). The simulator is a model: these are simulated hours.
@@ -46,6 +54,12 @@ def fixed_plan(config: dict[str, Any]) -> dict[str, Any]:
     workload["phase_a"]["prune_after_knee"] = False
     workload["phase_b"]["overload_guard"] = False
     return fixed
+
+
+def tax_plan(config: dict[str, Any], target: float) -> dict[str, Any]:
+    out = copy.deepcopy(config)
+    out["workload"]["precision"] = {**out["workload"].get("precision", {}), "of": "tax", "target": target}
+    return out
 
 
 def as_real(config: dict[str, Any], study: str) -> dict[str, Any]:
@@ -123,6 +137,31 @@ def verdicts(root: Path) -> dict[str, str]:
     return out
 
 
+def interval_widths(root: Path) -> dict[str, float | None]:
+    """Median half-width (percentage points) of the study's TTFT and TPOT tax intervals, and how
+    many taxes have one."""
+    taxes = json.loads((root / "analysis" / "aggregate.json").read_text())["taxes"] or {}
+    halves: dict[str, list[float]] = {"ttft_p90": [], "tpot_p90": []}
+    total = {"ttft_p90": 0, "tpot_p90": 0}
+    entries = [e for e in (taxes.get("phase_a") or {}).values()]
+    entries += [c for ph in ("phase_b", "phase_b_prime") for c in ((taxes.get(ph) or {}).get("cells") or {}).values()]
+    for entry in entries:
+        for per in (entry.get("variants") or {}).values():
+            for metric in halves:
+                est = per.get(metric) or {}
+                if est.get("value") is None:
+                    continue
+                total[metric] += 1
+                if est.get("ci") and None not in est["ci"]:
+                    halves[metric].append((est["ci"][1] - est["ci"][0]) / 2 * 100)
+    out: dict[str, float | None] = {}
+    for metric, values in halves.items():
+        values.sort()
+        out[f"{metric}_median_pp"] = round(values[len(values) // 2], 2) if values else None
+        out[f"{metric}_with_ci"] = f"{len(values)}/{total[metric]}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__file__, __doc__)
     p.add_argument(
@@ -131,10 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the study config (default the checkout's configs/h20-qwen3-coder.yaml)",
     )
     p.add_argument(
-        "--out", metavar="DIR", default="/tmp/ctax-plan-side-by-side", help="the two plans' studies and the table"
+        "--out", metavar="DIR", default="/tmp/ctax-plan-side-by-side", help="the plans' studies and the table"
     )
     p.add_argument(
         "--launch-s", type=positive_float, default=150.0, help="one vLLM start-up, seconds (the plan's; default 150)"
+    )
+    p.add_argument(
+        "--tax-target",
+        type=positive_float,
+        default=0.05,
+        help="the tax plan's precision target (half-width of the paired log ratio; default 0.05)",
+    )
+    p.add_argument(
+        "--plans", default="fixed,adaptive,tax", help="which plans, comma-separated (default fixed,adaptive,tax)"
     )
     args = p.parse_args(argv)
     if not Path(args.config).is_file():
@@ -142,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     base = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
     out = Path(args.out)
     rows: dict[str, dict[str, Any]] = {}
-    for name, config in (("fixed", fixed_plan(base)), ("adaptive", base)):
+    plans = {"fixed": fixed_plan(base), "adaptive": base, "tax": tax_plan(base, args.tax_target)}
+    wanted = [name.strip() for name in args.plans.split(",") if name.strip()]
+    if not wanted or any(name not in plans for name in wanted):
+        p.error(f"argument --plans: {args.plans!r}: choose from fixed, adaptive, tax")
+    for name in wanted:
+        config = plans[name]
         study = f"{base['study']}-{name}"
         folder = out / name
         real = write(folder / "real.yaml", as_real(config, study))
@@ -158,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "ref_safe": reference.get("ref_safe"),
             "ref_load": reference.get("ref_load"),
             "verdicts": verdicts(root),
+            "intervals": interval_widths(root),
             "report": str(root / "analysis" / "report.md"),
         }
         row = rows[name]
@@ -174,29 +228,56 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(rows: dict[str, dict[str, Any]], launch_s: float) -> str:
-    fixed, adaptive = rows["fixed"], rows["adaptive"]
+    titles = {"fixed": "fixed plan (design)", "adaptive": "adaptive plan (config)", "tax": "tax-precision plan"}
+    names = list(rows)
+    first = rows[names[0]]
+
+    def line(label: str, cell) -> str:
+        return f"| {label} | " + " | ".join(cell(rows[n]) for n in names) + " |"
+
     lines = [
-        "| | fixed plan (design) | adaptive plan (config) |",
-        "|---|---|---|",
-        f"| cells measured (pruned) | {fixed['cells']} ({fixed['pruned']}) | {adaptive['cells']} ({adaptive['pruned']}) |",
-        f"| cell time, simulated h | {fixed['cell_hours_total']} | {adaptive['cell_hours_total']} |",
-        f"| server start-ups x {launch_s:g} s | {fixed['launches'] + fixed['preflights']} "
-        f"| {adaptive['launches'] + adaptive['preflights']} |",
-        f"| GPU-hours (one GPU) | **{fixed['gpu_hours']}** | **{adaptive['gpu_hours']}** |",
-        f"| `ctax plan --predict` estimate | {fixed['plan_estimate_gpu_hours']} ({fixed['plan_error']:+.0%}) "
-        f"| {adaptive['plan_estimate_gpu_hours']} ({adaptive['plan_error']:+.0%}) |",
-        f"| `ctax plan` estimate, rules only | {fixed['plan_rules_only_gpu_hours']} "
-        f"({fixed['plan_rules_only_error']:+.0%}) | {adaptive['plan_rules_only_gpu_hours']} "
-        f"({adaptive['plan_rules_only_error']:+.0%}) |",
-        f"| ref_safe / ref_load (req/s) | {fixed['ref_safe']:g} / {fixed['ref_load']:g} "
-        f"| {adaptive['ref_safe']:g} / {adaptive['ref_load']:g} |",
+        "| | " + " | ".join(titles[n] for n in names) + " |",
+        "|---|" + "---|" * len(names),
+        line("cells measured (pruned)", lambda r: f"{r['cells']} ({r['pruned']})"),
+        line("cell time, simulated h", lambda r: str(r["cell_hours_total"])),
+        line(f"server start-ups x {launch_s:g} s", lambda r: str(r["launches"] + r["preflights"])),
+        line("GPU-hours (one GPU)", lambda r: f"**{r['gpu_hours']}**"),
+        line(f"share of the {titles[names[0]]}", lambda r: f"{r['gpu_hours'] / first['gpu_hours']:.0%}"),
+        line(
+            "`ctax plan --predict` estimate",
+            lambda r: f"{r['plan_estimate_gpu_hours']} ({r['plan_error']:+.0%})",
+        ),
+        line(
+            "`ctax plan` estimate, rules only",
+            lambda r: f"{r['plan_rules_only_gpu_hours']} ({r['plan_rules_only_error']:+.0%})",
+        ),
+        line("ref_safe / ref_load (req/s)", lambda r: f"{r['ref_safe']:g} / {r['ref_load']:g}"),
+        line(
+            "median tax half-width, TTFT p90 (with an interval)",
+            lambda r: f"{_pp(r['intervals']['ttft_p90_median_pp'])} ({r['intervals']['ttft_p90_with_ci']})",
+        ),
+        line(
+            "median tax half-width, TPOT p90 (with an interval)",
+            lambda r: f"{_pp(r['intervals']['tpot_p90_median_pp'])} ({r['intervals']['tpot_p90_with_ci']})",
+        ),
     ]
     for h in HYPOTHESES:
-        a, b = fixed["verdicts"].get(h, "-"), adaptive["verdicts"].get(h, "-")
-        same = "same call" if a.split(" ")[0] == b.split(" ")[0] else "DIFFERENT call"
-        lines.append(f"| {h} | {a} | {b} ({same}) |")
-    lines.append(f"| computed here in | {fixed['computed_in_s']:.0f} s | {adaptive['computed_in_s']:.0f} s |")
+        calls = {n: rows[n]["verdicts"].get(h, "-") for n in names}
+        base = calls[names[0]].split(" ")[0]
+        lines.append(
+            f"| {h} | "
+            + " | ".join(
+                c if n == names[0] else f"{c} ({'same call' if c.split(' ')[0] == base else 'DIFFERENT call'})"
+                for n, c in calls.items()
+            )
+            + " |"
+        )
+    lines.append(line("computed here in", lambda r: f"{r['computed_in_s']:.0f} s"))
     return "\n".join(lines) + "\n"
+
+
+def _pp(value: float | None) -> str:
+    return "-" if value is None else f"±{value:.2f} pp"
 
 
 if __name__ == "__main__":

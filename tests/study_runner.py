@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import yaml
 
-from connector_tax.config import LAUNCH_PHASES, StudyConfig, planned_cells, validate_config
+from connector_tax.config import LAUNCH_PHASES, StudyConfig, launch_label, planned_cells, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import read_index, read_summary, verify_cell
 
@@ -103,15 +103,24 @@ def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
     layout = StudyLayout(folder / "results" / config["study"])
     reference = json.loads(layout.reference_rates.read_text()) if layout.reference_rates.exists() else None
     out: dict[str, str | None] = {}
+    study = StudyConfig.from_mapping(config)
     for variant in config["variants"]:
         for launch_phase in LAUNCH_PHASES:
             if launch_phase != LAUNCH_PHASES[0] and reference is None:
                 continue
-            for cell in planned_cells(StudyConfig.from_mapping(config), variant["name"], launch_phase, reference):
-                files = layout.phase(variant["name"], cell.phase).cell(cell.label)
-                summary = read_summary(files) or {}
-                out[f"{variant['name']}/{cell.key}"] = summary.get("sealed") if summary.get("complete") else None
+            for replicate in range(1, study.workload.replicates + 1):
+                for cell in planned_cells(study, variant["name"], launch_phase, reference, replicate):
+                    files = layout.phase(variant["name"], cell.phase, replicate).cell(cell.label)
+                    summary = read_summary(files) or {}
+                    key = f"{launch_label(variant['name'], replicate)}/{cell.key}"
+                    out[key] = summary.get("sealed") if summary.get("complete") else None
     return out
+
+
+def _phase_of(folder: Path) -> tuple[str, int]:
+    """(phase, replicate) of a phase folder: phase_a, phase_a.r2, ..."""
+    phase, _, replicate = folder.name.partition(".r")
+    return phase, int(replicate or 1)
 
 
 def consistent(folder: Path, study: str) -> list[str]:
@@ -123,15 +132,15 @@ def consistent(folder: Path, study: str) -> list[str]:
         doc = json.loads(summary.read_text())
         if doc.get("complete") and "superseded" not in summary.parts:
             stem = summary.name[len("summary_") : -len(".json")]
-            phase = summary.parent.name
-            files = layout.phase(summary.parent.parent.name, phase).cell(stem[len(phase) + 1 :])
+            phase, replicate = _phase_of(summary.parent)
+            files = layout.phase(summary.parent.parent.name, phase, replicate).cell(stem[len(phase) + 1 :])
             ok, why = verify_cell(files, doc.get("fingerprint"))
             if not ok:
                 problems.append(f"{summary}: {why}")
     for index_path in layout.root.glob("*/*/run.json"):
         index = read_index(index_path)
         for entry in index.cells if index else []:
-            files = layout.phase(index.variant, entry.phase).cell(entry.label)
+            files = layout.phase(index.variant, entry.phase, index.replicate).cell(entry.label)
             if entry.status == "complete" and not verify_cell(files, entry.fingerprint)[0]:
                 problems.append(f"{index_path}: {entry.key} indexed complete but is not")
     return problems

@@ -8,7 +8,9 @@ rates). A change of what a cell measures must show here, and be made on purpose:
 the commit. History: the simulator's argv changed once, `--connector` -> `--variant` (the
 vocabulary of issue 24); nothing else did. Issue 26 added configs (its calibration: h20-calibrate,
 sim-vllm-cpu-tiny, vllm-cpu-tiny-heldout) and changed no entry; re-fitting a profile a config names
-changes its entries (the profile file's sha256 is in the launch settings), on purpose.
+changes its entries (the profile file's sha256 is in the launch settings), on purpose. Issue 25
+changed every cell's entry on purpose (a cell's settings carry its common-random-numbers
+traffic_seed); no launch entry changed.
 """
 
 from __future__ import annotations

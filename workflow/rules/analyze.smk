@@ -5,7 +5,7 @@
 
 from connector_tax.contract.layout import FIGURES
 
-PHASE_INDEXES = [index_of(name, phase) for name in VARIANTS for phase in LAUNCH_PHASES]
+PHASE_INDEXES = [index for phase in LAUNCH_PHASES for index in indexes_of(phase)]
 ANALYSIS = LAYOUT.analysis
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
-from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, run_order
+from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.contract.index import read_index
 from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
 from connector_tax.pipeline.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
@@ -36,7 +36,9 @@ VARIANTS = SETTINGS.names
 STUDY_CONFIG = str(LAYOUT.study_config)
 PREFLIGHT_STATUS = str(LAYOUT.preflight_status)
 REFERENCE_RATES = str(LAYOUT.reference_rates)
-RUN_ORDER = {phase: run_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
+# Every (variant, replicate) launch of a phase in its seeded, interleaved order (config.cells).
+LAUNCH_ORDER = {phase: launch_order(SETTINGS, phase) for phase in LAUNCH_PHASES}
+REPLICATES = range(1, SETTINGS.workload.replicates + 1)
 # Each real-vLLM job holds one GPU (--resources gpu=N runs N side by side); the simulator none.
 try:
     GPUS_PER_JOB = gpus_per_job(SETTINGS, _GPUS_PER_JOB)
@@ -61,8 +63,26 @@ def log_of(name):
     return str(LAYOUT.log(name))
 
 
-def index_of(name, phase):
-    return str(LAYOUT.index(name, phase))
+def index_of(name, phase, replicate=1):
+    return str(LAYOUT.index(name, phase, replicate))
+
+
+def job_of(phase, name, replicate=1):
+    """A phase job's name: phase_a_<variant>, and phase_a_<variant>_rep<k> for replicate k > 1."""
+    return f"{phase}_{name}" if replicate == 1 else f"{phase}_{name}_rep{replicate}"
+
+
+def paired_with(name, phase, replicate):
+    """workload.precision.of tax: a variant's cells stop on their taxes, paired against the
+    baseline's cells of the same replicate, so its phase job waits for the baseline's."""
+    if not SETTINGS.workload.precision.on_tax or name == SETTINGS.baseline:
+        return []
+    return [index_of(SETTINGS.baseline, phase, replicate)]
+
+
+def indexes_of(phase):
+    """Every launch's run.json of a phase (all variants, all replicates)."""
+    return [index_of(name, phase, r) for name in VARIANTS for r in REPLICATES]
 
 
 # What the existing results lack, before anything runs (a dry run shows it too); once, in the
@@ -77,9 +97,9 @@ def reference_rates_checkpoint(wildcards):
     return checkpoints.reference.get().output[0]
 
 
-def phase_b_plan(name):
+def phase_b_plan(name, replicate):
     """A Phase B job's params, computed once the reference rates exist."""
-    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B)
+    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B, replicate)
 
 
 def lease_cpus(wildcards, threads):

@@ -1,32 +1,34 @@
-# Phase B: per configuration, one server launch and every shape at ref_safe; Phase B'
-# (the priority configurations on the priority shapes at ref_load, only when it differs
-# from ref_safe) runs in the same launch. Its cells and fingerprints depend on the reference
+# Phase B: per variant and replicate, one server launch and every shape at ref_safe; Phase B'
+# (the priority variants on the priority shapes at ref_load, only when it differs from
+# ref_safe) runs in the same launch. Launches run in the seeded, interleaved launch order. Its cells and fingerprints depend on the reference
 # rates, so its params are computed once the reference checkpoint has run.
 
 
-for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
+for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_B]):
 
     rule:
         name:
-            f"phase_b_{_name}"
+            job_of("phase_b", _name, _rep)
         input:
             config=STUDY_CONFIG,
             preflight=PREFLIGHT_STATUS,
+            paired=paired_with(_name, PHASE_B, _rep),
             reference=reference_rates_checkpoint,
         output:
-            index_of(_name, PHASE_B),
+            index_of(_name, PHASE_B, _rep),
         log:
-            log_of(f"phase_b_{_name}"),
+            log_of(job_of("phase_b", _name, _rep)),
         benchmark:
-            str(LAYOUT.benchmark(f"phase_b_{_name}"))
+            str(LAYOUT.benchmark(job_of("phase_b", _name, _rep)))
         params:
             ctax=CTAX,
             name=_name,
+            replicate=_rep,
             cpus=lease_cpus,
             placement=PLACEMENT,
-            plan=phase_b_plan(_name),
+            plan=phase_b_plan(_name, _rep),
         threads: PHASE_THREADS
-        priority: len(RUN_ORDER[PHASE_B]) - _rank
+        priority: len(LAUNCH_ORDER[PHASE_B]) - _rank
         resources:
             gpu=GPUS_PER_JOB,
             mem_mb=JOB_MEM_MB,
@@ -35,10 +37,10 @@ for _rank, _name in enumerate(RUN_ORDER[PHASE_B]):
             ENV
         shell:
             "{params.ctax} pipeline phase --config {input.config:q} --variant {params.name:q}"
-            " --phase phase_b"
+            " --phase phase_b --replicate {params.replicate}"
             " --cpus {params.cpus} --placement {params.placement} 2>&1 | tee {log:q}"
 
 
 rule phase_b:
     input:
-        [index_of(name, PHASE_B) for name in VARIANTS],
+        indexes_of(PHASE_B),

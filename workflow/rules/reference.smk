@@ -6,7 +6,7 @@
 checkpoint reference:
     input:
         config=STUDY_CONFIG,
-        runs=[index_of(name, PHASE_A) for name in VARIANTS],
+        runs=indexes_of(PHASE_A),
     output:
         REFERENCE_RATES,
     log:

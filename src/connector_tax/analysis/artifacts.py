@@ -24,19 +24,20 @@ def check_artifacts(study: Any) -> dict[str, Any]:
         if pf is not None and pf.get("status") != "ok":
             continue
         for phase in PHASES:
-            run = study.run_of(name, phase)
-            if run is None or (run.run is None and not run.problems):
-                continue
-            if run.status == "skipped":
-                if not run.reason:
-                    missing.append(f"{name}/{phase}: skipped without a reason")
-                continue
-            if run.run is None:
-                missing.append(f"{name}/{phase}: run.json")
-            elif phase != PHASE_B_PRIME and not (run.folder / "env.txt").is_file():
-                missing.append(f"{name}/{phase}: env.txt")
-            checked += len(run.cells) + len(run.problems)
-            missing += [f"{name}/{phase}/{label}: {why}" for label, why in run.problems.items()]
+            for run in study.runs_of(name, phase):
+                if run.run is None and not run.problems:
+                    continue
+                where = f"{name}/{run.folder.name}"
+                if run.status == "skipped":
+                    if not run.reason:
+                        missing.append(f"{where}: skipped without a reason")
+                    continue
+                if run.run is None:
+                    missing.append(f"{where}: run.json")
+                elif phase != PHASE_B_PRIME and not (run.folder / "env.txt").is_file():
+                    missing.append(f"{where}: env.txt")
+                checked += len(run.cells) + len(run.problems)
+                missing += [f"{where}/{label}: {why}" for label, why in run.problems.items()]
     return {
         "ok": not missing,
         "missing": missing,

@@ -18,6 +18,7 @@ import numpy as np
 from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
+from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
 from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
@@ -66,6 +67,7 @@ _ID = [
     "variant",
     "phase",
     "cell",
+    "replicate",
     "rate",
     "input_len",
     "output_len",
@@ -120,13 +122,15 @@ COLUMNS: list[str] = (
 
 
 def time_series_stats(
-    values: np.ndarray, order: np.ndarray, ci_p: float, ps: tuple[float, ...] = (50, 90, 99)
+    values: np.ndarray, order: np.ndarray, ci_p: float, ps: tuple[float, ...] = (50, 90, 99), log: bool = False
 ) -> dict[str, float | int | None]:
     """Percentiles of `values`, and the batch-means 95% interval of the ci_p-th, the values taken
-    in the order of `order` (send or step times): consecutive requests and steps are correlated."""
+    in the order of `order` (send or step times): consecutive requests and steps are correlated.
+    log: on the log scale (latencies: never below zero; none below MIN_P90_SAMPLES requests)."""
     st = summarize(values, ps=ps, ci_for=(ci_p,))
     finite = ~np.isnan(np.asarray(values, dtype=np.float64))
-    _, lo, hi = percentile_ci(np.asarray(values)[finite][np.argsort(np.asarray(order)[finite], kind="stable")], ci_p)
+    ordered = np.asarray(values)[finite][np.argsort(np.asarray(order)[finite], kind="stable")]
+    _, lo, hi = log_percentile_ci(ordered, ci_p) if log else percentile_ci(ordered, ci_p)
     st[f"p{ci_p:g}_ci_lo"], st[f"p{ci_p:g}_ci_hi"] = lo, hi
     return st
 
@@ -145,8 +149,16 @@ def _window(t_sched: np.ndarray, post: np.ndarray) -> tuple[int | None, int | No
     return lo, hi
 
 
-def request_stats(cell: Measurement) -> tuple[dict[str, Any], tuple[int | None, int | None], dict[str, Any]]:
-    """(row fields, measurement window, fallback rates)."""
+def _indexes(request_ids: np.ndarray) -> np.ndarray:
+    """Each request's index in its cell's schedule (request ids end in `-<index>`)."""
+    return np.fromiter((int(str(r).rsplit("-", 1)[-1]) for r in request_ids), dtype=np.int64, count=len(request_ids))
+
+
+def request_stats(
+    cell: Measurement, series: dict[str, Series] | None = None
+) -> tuple[dict[str, Any], tuple[int | None, int | None], dict[str, Any]]:
+    """(row fields, measurement window, fallback rates); `series`, when given, receives each
+    completed request's TTFT and TPOT with its schedule index (launch_intervals.Series)."""
     row: dict[str, Any] = {}
     if not cell.has("requests"):
         for k in _COUNTS:
@@ -154,7 +166,9 @@ def request_stats(cell: Measurement) -> tuple[dict[str, Any], tuple[int | None, 
         for m in LATENCIES:
             row.update({f"{m}_{k}": v for k, v in summarize(np.empty(0)).items()})
         return row, (None, None), {}
-    r = read_columns(cell.path("requests"), REQUEST_FIELDS)
+    r = read_columns(
+        cell.path("requests"), {**REQUEST_FIELDS, "request_id": "str"} if series is not None else REQUEST_FIELDS
+    )
     status = r["status"]
     post = ~r["warmup"]
     ok = post & (status == "ok")
@@ -175,7 +189,13 @@ def request_stats(cell: Measurement) -> tuple[dict[str, Any], tuple[int | None, 
     m = ok & has_last & has_send
     e2e = ((last[m] - send[m]) / 1e6, sched[m])
     for name, (values, order) in (("ttft_ms", ttft), ("ttft_sched_ms", ttft_sched), ("tpot_ms", tpot), ("e2e_ms", e2e)):
-        row.update({f"{name}_{k}": v for k, v in time_series_stats(values, order, ci_p=90).items()})
+        row.update({f"{name}_{k}": v for k, v in time_series_stats(values, order, ci_p=90, log=True).items()})
+    if series is not None:
+        index = _indexes(r["request_id"])
+        m = ok & has_first & has_send
+        series["ttft_ms"] = Series(index[m], ttft[0])
+        m = ok & has_first & has_last & ~_null(ct) & (ct > 1)
+        series["tpot_ms"] = Series(index[m], tpot[0])
     lo, hi = _window(sched, post)
     fallback: dict[str, Any] = {}
     if lo is not None and hi is not None and hi > lo:
@@ -347,15 +367,18 @@ def cell_row(
     run_status: str,
     step_timing_available: bool,
     steps: bool = True,
+    series: dict[str, Series] | None = None,
 ) -> tuple[dict[str, Any], list[float] | None]:
     """(the aggregate row without the saturation columns, the step-duration CDF grid).
-    steps=False skips the step log (the reference stage does not need it)."""
+    steps=False skips the step log (the reference stage does not need it); `series` receives the
+    cell's per-request TTFT and TPOT (the taxes' paired intervals)."""
     row: dict[str, Any] = {k: None for k in COLUMNS}
     shape = cell.shape
     row.update(
         variant=cell.variant,
         phase=cell.phase,
         cell=cell.label,
+        replicate=cell.replicate,
         rate=cell.rate,
         input_len=shape[0] if shape else None,
         output_len=shape[1] if shape else None,
@@ -364,7 +387,7 @@ def cell_row(
         run_status=run_status,
         fingerprint=(cell.summary or {}).get("fingerprint"),
     )
-    req, window, fallback = request_stats(cell)
+    req, window, fallback = request_stats(cell, series)
     row.update(req)
     row.update(summary_fields(cell, fallback))
     met, note_m = metric_stats(cell, window)

@@ -22,23 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
-from connector_tax.analysis.batchmeans import METHOD as BATCH_METHOD
 from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
+from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
+from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
 from connector_tax.analysis.report import render_report
-from connector_tax.analysis.saturation import apply_to_row, cell_criteria, reference_from_rows
+from connector_tax.analysis.saturation import (
+    apply_to_row,
+    cell_criteria,
+    phase_a_saturation_by_launch,
+    reference_from_rows,
+)
 from connector_tax.analysis.tables import write_tables
-from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.taxes import SeriesMap, compute_taxes
 from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
-from connector_tax.config import PHASE_A, rate_label
+from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
-from connector_tax.contract.layout import FIGURES, AnalysisFiles
+from connector_tax.contract.layout import FIGURES, AnalysisFiles, phase_folder
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +126,7 @@ def launch_facts(study: Study) -> dict[str, Any]:
         {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
     )
     workarounds: dict[str, list[str]] = {}
-    for (name, _phase), r in study.runs.items():
+    for (name, *_), r in study.runs.items():
         for w in (r.run or {}).get("workarounds") or []:
             if w not in workarounds.setdefault(name, []):
                 workarounds[name].append(w)
@@ -136,17 +142,19 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
     study = load_study(Path(results_dir))
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
+    series: SeriesMap = {}  # every cell's requests: the taxes pair them, launch by launch
     for cell in study.cells():
-        run = study.run_of(cell.variant, cell.phase)
+        run = study.run_of(cell.variant, cell.phase, cell.replicate)
         row, grid = cell_row(
             cell,
             backend=study.backend,
             simulated=study.simulated,
             run_status=run.status if run else "missing",
             step_timing_available=run.step_timing_available if run else False,
+            series=series.setdefault((cell.variant, cell.phase, cell.label, cell.replicate), {}),
         )
         rows.append(row)
-        if grid is not None:
+        if grid is not None and cell.replicate == 1:
             step_cdf.setdefault(cell.variant, {})[cell.key] = grid
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.settings.saturation
@@ -162,14 +170,15 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         simulated=study.simulated,
     )
     reference = _reference(study, computed)
+    per_launch = phase_a_saturation_by_launch(rows, thresholds, throughput_basis)
     for row in rows:
         if row["phase"] == PHASE_A and row.get("rate") is not None:
-            sat = computed["cells"].get(row["variant"], {}).get(rate_label(float(row["rate"])))
+            sat = per_launch.get((row["variant"], int(row.get("replicate") or 1)), {}).get(float(row["rate"]))
             if sat:
                 apply_to_row(row, sat)
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
-    taxes = compute_taxes(rows, study.variants, base, reference) if base else None
+    taxes = compute_taxes(rows, study.variants, base, reference, series) if base else None
     for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
         for name in entry.get("missing") or {}:
             pf = study.preflight.get(name) or {}
@@ -185,7 +194,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
             "preflight": pf.get("status"),
             "preflight_reason": pf.get("reason"),
             "phases": {
-                ph: {
+                phase_folder(ph, rep): {
                     "status": r.status,
                     "reason": r.reason,
                     "step_timing_available": r.step_timing_available,
@@ -194,7 +203,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
                     "not_analysed": r.problems,
                     "pruned": r.pruned,
                 }
-                for (n, ph), r in study.runs.items()
+                for (n, ph, rep), r in study.runs.items()
                 if n == name and (r.run is not None or r.problems)
             },
         }
@@ -216,9 +225,11 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         # where a real server's CPU goes (the simulator's threads say nothing about vLLM's)
         "threads": thread_tables(study, reference) if study.backend == "vllm" else None,
         "code": study.code,
+        "replicates": study.replicates,
+        "aa_controls": study.settings.aa_controls,
         "ci_method": {
-            "percentiles": BATCH_METHOD,
-            "taxes": TAX_CI_METHOD,
+            "percentiles": P90_METHOD,
+            "taxes": LAUNCH_METHOD if base else TAX_CI_METHOD,
             "itl": "ITL percentiles come from the load generator's summary (gaps are not in the records): no CI",
         },
         "saturation": {"thresholds": asdict(thresholds), "throughput_basis": throughput_basis},

@@ -39,10 +39,11 @@ from connector_tax.config import (
     ConfigError,
     StudyConfig,
     find_variant,
+    launch_label,
     planned_cells,
     validate_config,
 )
-from connector_tax.contract import CellFiles, StudyLayout
+from connector_tax.contract import CellFiles, StudyLayout, phase_folder
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
 from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
 
@@ -88,6 +89,10 @@ class Measurement:
     def key(self) -> str:
         return f"{self.phase}/{self.label}"
 
+    @property
+    def replicate(self) -> int:
+        return self.planned.replicate
+
 
 @dataclass
 class PhaseRun:
@@ -100,6 +105,7 @@ class PhaseRun:
     problems: dict[str, str] = field(default_factory=dict)
     # Phase A cells not measured on purpose, past the configuration's knee: {label: why}.
     pruned: dict[str, str] = field(default_factory=dict)
+    replicate: int = 1
 
     @property
     def status(self) -> str:
@@ -127,7 +133,7 @@ class Study:
     name: str
     variants: list[str]
     preflight: dict[str, Any]
-    runs: dict[tuple[str, str], PhaseRun]
+    runs: dict[tuple[str, str, int], PhaseRun]  # (variant, phase, replicate)
     reference_file: dict[str, Any] | None
     ignored: list[dict[str, str]] = field(default_factory=list)
     code: dict[str, Any] | None = None
@@ -140,8 +146,16 @@ class Study:
     def simulated(self) -> bool:
         return self.backend == "sim"
 
-    def run_of(self, config: str, phase: str) -> PhaseRun | None:
-        return self.runs.get((config, phase))
+    @property
+    def replicates(self) -> int:
+        return self.settings.workload.replicates
+
+    def run_of(self, config: str, phase: str, replicate: int = 1) -> PhaseRun | None:
+        return self.runs.get((config, phase, replicate))
+
+    def runs_of(self, config: str, phase: str) -> list[PhaseRun]:
+        """Every replicate's run of a variant's phase (one without replicates)."""
+        return [r for r in (self.run_of(config, phase, k) for k in range(1, self.replicates + 1)) if r is not None]
 
     def cells(self, phase: str | None = None) -> list[Measurement]:
         return [
@@ -149,7 +163,8 @@ class Study:
             for name in self.variants
             for ph in PHASES
             if phase in (None, ph)
-            for c in (self.runs[(name, ph)].cells if (name, ph) in self.runs else [])
+            for run in self.runs_of(name, ph)
+            for c in run.cells
         ]
 
     @property
@@ -216,31 +231,36 @@ def _usable(
     return read_json(files.summary), None
 
 
-def _ignored(layout: StudyLayout, names: list[str], planned: dict[tuple[str, str], set[str]]) -> list[dict[str, str]]:
+def _ignored(
+    layout: StudyLayout, names: list[str], planned: dict[tuple[str, str, int], set[str]], replicates: range
+) -> list[dict[str, str]]:
     out = [
         {"path": str(layout.root / d), "why": "configuration not in the study config (orphan)"}
         for d in layout.config_dirs()
         if d not in names
     ]
+    planned_folders = {phase_folder(ph, r) for ph in PHASES for r in replicates}
     for name in names:
-        for phase in PHASES:
-            pl = layout.phase(name, phase)
-            if pl.superseded_root.is_dir():
-                out += [
-                    {"path": str(p), "why": "superseded (kept, not analysed)"}
-                    for p in sorted(pl.superseded_root.iterdir())
-                ]
-            if not pl.folder.is_dir():
-                continue
-            for summary in sorted(pl.folder.glob(f"summary_{phase}_*.json")):
-                label = summary.name[len(f"summary_{phase}_") : -len(".json")]
-                if label not in planned.get((name, phase), set()):
-                    out.append(
-                        {
-                            "path": str(summary.parent / f"*_{phase}_{label}.*"),
-                            "why": "cell not in the study config's plan (orphan)",
-                        }
-                    )
+        folder = layout.root / name
+        extra = sorted(p for p in folder.glob("*.r*") if p.is_dir() and p.name not in planned_folders)
+        out += [{"path": str(p), "why": "replicate beyond workload.replicates (not analysed)"} for p in extra]
+    for name, phase, replicate in ((n, ph, r) for n in names for ph in PHASES for r in replicates):
+        pl = layout.phase(name, phase, replicate)
+        if pl.superseded_root.is_dir():
+            out += [
+                {"path": str(p), "why": "superseded (kept, not analysed)"} for p in sorted(pl.superseded_root.iterdir())
+            ]
+        if not pl.folder.is_dir():
+            continue
+        for summary in sorted(pl.folder.glob(f"summary_{phase}_*.json")):
+            label = summary.name[len(f"summary_{phase}_") : -len(".json")]
+            if label not in planned.get((name, phase, replicate), set()):
+                out.append(
+                    {
+                        "path": str(summary.parent / f"*_{phase}_{label}.*"),
+                        "why": "cell not in the study config's plan (orphan)",
+                    }
+                )
     return out
 
 
@@ -252,37 +272,42 @@ def load_study(root: Path) -> Study:
     names = study.names
     preflight = read_json(layout.preflight_status) or {}
     reference = read_json(layout.reference_rates)
-    runs: dict[tuple[str, str], PhaseRun] = {}
-    planned_labels: dict[tuple[str, str], set[str]] = {}
+    runs: dict[tuple[str, str, int], PhaseRun] = {}
+    planned_labels: dict[tuple[str, str, int], set[str]] = {}
     codes: dict[str, tuple[str, dict[str, Any]]] = {}
-    for name in names:
-        for launch_phase in LAUNCH_PHASES:
-            index = read_index(layout.index(name, launch_phase))
-            phases = [ph for ph in PHASES if LAUNCH_OF[ph] == launch_phase]
-            for ph in phases:
-                runs[(name, ph)] = PhaseRun(name, ph, layout.phase(name, ph).folder, index.to_dict() if index else None)
-            if launch_phase == PHASE_B and reference is None:
-                if index is not None:
-                    runs[(name, PHASE_B)].problems["*"] = "no reference_rates.json: Phase B cells cannot be checked"
-                continue
-            plan = planned_cells(study, name, launch_phase, reference)
+    replicates = range(1, study.workload.replicates + 1)
+    for name, launch_phase, replicate in ((n, lp, r) for n in names for lp in LAUNCH_PHASES for r in replicates):
+        who = launch_label(name, replicate)
+        index = read_index(layout.index(name, launch_phase, replicate))
+        phases = [ph for ph in PHASES if LAUNCH_OF[ph] == launch_phase]
+        for ph in phases:
+            folder = layout.phase(name, ph, replicate).folder
+            doc = index.to_dict() if index else None
+            runs[(name, ph, replicate)] = PhaseRun(name, ph, folder, doc, replicate=replicate)
+        if launch_phase == PHASE_B and reference is None:
+            if index is not None:
+                runs[(name, PHASE_B, replicate)].problems["*"] = (
+                    "no reference_rates.json: Phase B cells cannot be checked"
+                )
+            continue
+        plan = planned_cells(study, name, launch_phase, reference, replicate)
+        for cell in plan:
+            planned_labels.setdefault((name, cell.phase, replicate), set()).add(cell.label)
+        if index is None:
             for cell in plan:
-                planned_labels.setdefault((name, cell.phase), set()).add(cell.label)
-            if index is None:
-                for cell in plan:
-                    runs[(name, cell.phase)].problems[cell.label] = "never measured (no run.json index)"
+                runs[(name, cell.phase, replicate)].problems[cell.label] = "never measured (no run.json index)"
+            continue
+        where = f"{who}/{launch_phase}"
+        _check_launch(config, index, where)
+        for cell in plan:
+            files = layout.phase(name, cell.phase, replicate).cell(cell.label)
+            summary, why = _usable(config, index, cell, files, f"{who}/{cell.key}")
+            run = runs[(name, cell.phase, replicate)]
+            if why is not None:
+                (run.pruned if why.startswith(PRUNED) else run.problems)[cell.label] = why
                 continue
-            where = f"{name}/{launch_phase}"
-            _check_launch(config, index, where)
-            for cell in plan:
-                files = layout.phase(name, cell.phase).cell(cell.label)
-                summary, why = _usable(config, index, cell, files, f"{name}/{cell.key}")
-                run = runs[(name, cell.phase)]
-                if why is not None:
-                    (run.pruned if why.startswith(PRUNED) else run.problems)[cell.label] = why
-                    continue
-                run.cells.append(Measurement(name, cell.phase, cell.label, files, cell, summary))
-                codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))
+            run.cells.append(Measurement(name, cell.phase, cell.label, files, cell, summary))
+            codes.setdefault(canonical(index.code), (f"{name}/{cell.key}", index.code))
     if len(codes) > 1:
         (first, a), (second, b) = list(codes.values())[:2]
         raise StudyRefused(
@@ -299,7 +324,7 @@ def load_study(root: Path) -> Study:
         preflight=preflight,
         runs=runs,
         reference_file=reference,
-        ignored=_ignored(layout, names, planned_labels),
+        ignored=_ignored(layout, names, planned_labels, replicates),
         code=next(iter(codes.values()))[1] if codes else None,
     )
 
@@ -313,8 +338,14 @@ def _sort_key(cell: Measurement) -> tuple:
 
 
 def phase_completed(study: Study, config: str, phase: str = PHASE_A) -> tuple[bool, str | None]:
-    """Did `config` complete `phase`? (its launch measured every planned cell)"""
-    run = study.run_of(config, phase)
+    """Did `config` complete `phase`? (a launch of it measured its planned cells; with replicates,
+    at least one replicate did)"""
+    outcomes = [_run_completed(study, config, phase, r) for r in range(1, study.replicates + 1)]
+    return next((o for o in outcomes if o[0]), outcomes[0])
+
+
+def _run_completed(study: Study, config: str, phase: str, replicate: int) -> tuple[bool, str | None]:
+    run = study.run_of(config, phase, replicate)
     if run is None or run.run is None:
         pf = study.preflight.get(config) or {}
         if pf.get("status") not in (None, "ok"):

@@ -177,7 +177,10 @@ def tax_combination(terms: list[tuple[float, dict]]) -> dict:
         return {"value": None, "ci": None}
     value = sum(c * t["value"] for c, t in terms)
     bases = {(t.get("base_p90"), tuple(t.get("base_ci") or ())) for _, t in terms}
-    if len(bases) != 1:
+    if len(bases) != 1 or any(t.get("method") == "launch" for _, t in terms):
+        # Taxes whose intervals include the launch (launch_intervals.py): the cells' own p90
+        # intervals do not say that, so each tax's interval enters as it is (independent terms;
+        # the shared baseline launch would cancel, so this errs towards "inconclusive").
         return combine(terms)
     p = terms[0][1].get("base_p90")
     sp = _se(*(terms[0][1].get("base_ci") or [None, None]))

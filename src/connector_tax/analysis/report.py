@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.contention import header_lines
+from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES, survives
 from connector_tax.analysis.streams import render as render_streams
 from connector_tax.analysis.threads import render as render_threads
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
@@ -65,8 +66,21 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + [""]
 
 
-def _ci_text(lo: Any, hi: Any) -> str:
-    return f" [{_f(lo)}, {_f(hi)}]" if lo is not None and hi is not None else ""
+def _ci_text(lo: Any, hi: Any, n: Any = None) -> str:
+    if lo is not None and hi is not None:
+        return f" [{_f(lo)}, {_f(hi)}]"
+    if isinstance(n, int) and 0 < n < MIN_P90_SAMPLES:
+        return f" (n {n} < {MIN_P90_SAMPLES}: too few to bound the p90)"
+    return ""
+
+
+def _launch(est: dict[str, Any] | None) -> str:
+    """The share of a tax's variance that is launch to launch, or why there is none."""
+    if not est or est.get("value") is None:
+        return "–"
+    if est.get("launch_share") is not None:
+        return f"{est['launch_share'] * 100:.0f}%"
+    return "not estimated" if (est.get("replicates") or 1) < 2 else "–"
 
 
 def _header(agg: dict[str, Any]) -> list[str]:
@@ -104,6 +118,7 @@ def _header(agg: dict[str, Any]) -> list[str]:
         + (", ".join(f"{k} {v}" for k, v in sorted((agg.get("code") or {}).items()) if isinstance(v, str)) or "–")
         + "; every cell below was checked against its fingerprint (aggregate.csv `fingerprint`).",
         f"- Confidence intervals: {agg['ci_method']['percentiles']}. Taxes: {agg['ci_method']['taxes']}.",
+        _launches_line(agg),
         f"- Saturation criterion 1 basis: effective / {agg['saturation']['throughput_basis']} rate; thresholds "
         + ", ".join(f"{k} {v:g}" for k, v in agg["saturation"]["thresholds"].items())
         + ".",
@@ -141,11 +156,15 @@ def _variants(agg: dict[str, Any]) -> list[str]:
         st = agg["variant_status"].get(name) or {}
         cells = []
         for ph in PHASES:
-            p = (st.get("phases") or {}).get(ph)
+            runs = [(key, p) for key, p in (st.get("phases") or {}).items() if key.partition(".r")[0] == ph]
             cells.append(
-                "–"
-                if p is None
-                else f"{p['status']} ({len(p['cells'])} cells)" + (f": {p['reason']}" if p.get("reason") else "")
+                "; ".join(
+                    ("" if key == ph else f"{key.partition('.')[2]}: ")
+                    + f"{p['status']} ({len(p['cells'])} cells)"
+                    + (f": {p['reason']}" if p.get("reason") else "")
+                    for key, p in runs
+                )
+                or "–"
             )
         timing = [p for p in (st.get("phases") or {}).values()]
         step = (
@@ -212,11 +231,28 @@ def _verdicts(hyp: dict[str, Any]) -> list[str]:
     return L
 
 
+def _launches_line(agg: dict[str, Any]) -> str:
+    k = int(agg.get("replicates") or 1)
+    aa = agg.get("aa_controls") or {}
+    control = "; A/A control: " + ", ".join(f"`{a}` (= `{b}`)" for a, b in aa.items()) if aa else "; no A/A control"
+    if k < 2:
+        return (
+            "- Launches: one per variant and phase: **the between-launch variance is not estimated**, so a "
+            "tax's interval covers the requests' noise only, not a launch's own bias (`workload.replicates: 2` "
+            "or more estimates it)" + control + "."
+        )
+    return (
+        f"- Launches: {k} per variant and phase, in {k} seeded interleaved rounds, paired by (cell, replicate) "
+        "on common random numbers; every tax's interval includes the launch-to-launch variance" + control + "."
+    )
+
+
 def _phase_a(agg: dict[str, Any]) -> list[str]:
     """The rate sweep's cells and each variant's saturation rate."""
     L: list[str] = []
     ref = agg.get("reference") or {}
     pa = [r for r in agg["rows"] if r["phase"] == PHASE_A]
+    several = any((r.get("replicate") or 1) > 1 for r in pa)
     if pa:
         L += [
             "## Phase A (rate sweep)",
@@ -241,10 +277,10 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
             ],
             [
                 [
-                    f"`{r['variant']}`",
+                    f"`{r['variant']}`" + (f" r{r.get('replicate') or 1}" if several else ""),
                     _f(r["rate"], "g"),
                     _f(r["n_ok"], "d"),
-                    _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"]),
+                    _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"], r.get("ttft_ms_n")),
                     _f(r["tpot_ms_p90"], ".2f"),
                     _f(r["e2e_ms_p90"]),
                     _f(r["throughput_ratio"], ".3f"),
@@ -278,10 +314,11 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
         L += [
             "## Substrate tax",
             "",
-            f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; step: "
-            "µs difference of p50 step duration; callback: connector hooks' p50 (µs); unattributed = step − callback; "
-            "engine step: relative p50 tax of the whole engine step (schedule, model, update) [95% CI]. "
-            "A TTFT/TPOT tax without an interval comes from a cell with too few requests for batch means.",
+            f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; launch: the share of the "
+            "tax's variance that is launch to launch; step: µs difference of p50 step duration (first launch); "
+            "callback: connector hooks' p50 (µs); unattributed = step − callback; engine step: relative p50 tax "
+            "of the whole engine step (schedule, model, update) [95% CI]. A TTFT/TPOT tax without an interval "
+            f"comes from a cell with fewer than {MIN_P90_SAMPLES} requests, too few to bound a p90.",
             "",
         ]
         for ref_name in ("ref_safe", "ref_load"):
@@ -301,7 +338,9 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                 [
                     "variant",
                     "tax TTFT p90",
+                    "launch",
                     "tax TPOT p90",
+                    "launch",
                     "tax step p50 (µs)",
                     "callback p50 (µs)",
                     "unattributed (µs)",
@@ -311,7 +350,9 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                     [
                         f"`{n}`",
                         _pct(t.get("ttft_p90")),
+                        _launch(t.get("ttft_p90")),
                         _pct(t.get("tpot_p90")),
+                        _launch(t.get("tpot_p90")),
                         _us(t.get("step_p50_us")),
                         _us(t.get("callback_p50_us")),
                         _us(t.get("unattributed_p50_us")),
@@ -353,7 +394,71 @@ def _taxes(agg: dict[str, Any]) -> list[str]:
                 ],
             )
 
+        L += _noise_floor(agg, taxes)
     return L
+
+
+def _tax_entries(taxes: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(where, variant, that variant's taxes) for every cell with taxes."""
+    out = []
+    for ref_name in ("ref_safe", "ref_load"):
+        e = taxes["phase_a"].get(ref_name) or {}
+        for n, t in (e.get("variants") or {}).items():
+            out.append((f"Phase A {ref_name} ({e.get('cell')})", n, t))
+    for phase, name in ((PHASE_B, "Phase B"), (PHASE_B_PRIME, "Phase B'")):
+        for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items():
+            for n, t in c["variants"].items():
+                out.append((f"{name} {label}", n, t))
+    return out
+
+
+def _noise_floor(agg: dict[str, Any], taxes: dict[str, Any]) -> list[str]:
+    """The A/A control's own "tax" (the study's noise floor) and which taxes stand out of it."""
+    aa = agg.get("aa_controls") or {}
+    base = taxes.get("baseline")
+    controls = [a for a, b in aa.items() if b == base]
+    entries = _tax_entries(taxes)
+    if not controls:
+        return []
+    control = controls[0]
+    floor = {(where, m): t.get(m) for where, n, t in entries if n == control for m in ("ttft_p90", "tpot_p90")}
+    L = [
+        f"### Noise floor: the A/A control `{control}` (= `{base}`, launched apart)",
+        "",
+        f"`{control}` is `{base}` again, so its true tax is 0: its intervals below are the study's own noise "
+        "floor, launches included. A tax **survives** when its interval excludes 0 and its size exceeds the "
+        "largest the A/A interval allows at the same cell.",
+        "",
+    ]
+    L += _table(
+        ["cell", "A/A TTFT p90", "A/A TPOT p90", "covers 0"],
+        [
+            [
+                where,
+                _pct(floor.get((where, "ttft_p90"))),
+                _pct(floor.get((where, "tpot_p90"))),
+                " / ".join(_covers_zero(floor.get((where, m))) for m in ("ttft_p90", "tpot_p90")),
+            ]
+            for where in dict.fromkeys(w for w, _ in floor)
+        ],
+    )
+    rows = []
+    for where, n, t in entries:
+        if n in aa:
+            continue
+        for m, label in (("ttft_p90", "TTFT"), ("tpot_p90", "TPOT")):
+            ok, why = survives(t.get(m), floor.get((where, m)))
+            rows.append([where, f"`{n}`", label, _pct(t.get(m)), _launch(t.get(m)), _f(ok), why])
+    L += ["Which taxes survive the noise floor:", ""]
+    L += _table(["cell", "variant", "metric", "tax [95% CI]", "launch share", "survives", "why"], rows)
+    return L
+
+
+def _covers_zero(est: dict[str, Any] | None) -> str:
+    ci = (est or {}).get("ci")
+    if not ci or None in ci:
+        return "no interval"
+    return "yes" if ci[0] <= 0 <= ci[1] else "**no**"
 
 
 def _server_cpu(agg: dict[str, Any]) -> list[str]:

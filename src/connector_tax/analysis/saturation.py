@@ -171,20 +171,46 @@ def _lower_row(rows: dict[float, dict[str, Any]], rate: float) -> dict[str, Any]
     return rows[max(cands)] if cands else None
 
 
+def phase_a_saturation_by_launch(
+    rows: list[dict[str, Any]], thresholds: Saturation, basis: str = "offered"
+) -> dict[tuple[str, int], dict[float, dict[str, Any]]]:
+    """{(variant, replicate): {rate: cell_criteria}} over the Phase A rows: each launch judged on
+    its own cells (criterion 3 compares two cells of the same launch)."""
+    by_launch: dict[tuple[str, int], dict[float, dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("phase") == PHASE_A and _num(row.get("rate")) is not None:
+            by_launch.setdefault((row["variant"], int(row.get("replicate") or 1)), {})[float(row["rate"])] = row
+    return {
+        launch: {
+            rate: cell_criteria(row, thresholds, basis, _lower_row(cells, rate)) for rate, row in sorted(cells.items())
+        }
+        for launch, cells in by_launch.items()
+    }
+
+
 def phase_a_saturation(
     rows: list[dict[str, Any]], thresholds: Saturation, basis: str = "offered"
 ) -> dict[str, dict[float, dict[str, Any]]]:
-    """{config: {rate: cell_criteria}} over the Phase A rows."""
-    by_config: dict[str, dict[float, dict[str, Any]]] = {}
-    for row in rows:
-        if row.get("phase") == PHASE_A and _num(row.get("rate")) is not None:
-            by_config.setdefault(row["variant"], {})[float(row["rate"])] = row
+    """{config: {rate: cell_criteria}} over the Phase A rows. With replicates, a rate is saturated
+    for a variant if any of its launches was saturated there (the reference rates must hold for
+    every launch), unsaturated if one was judged and none saturated; `replicates` says each one's."""
+    per_launch = phase_a_saturation_by_launch(rows, thresholds, basis)
     out: dict[str, dict[float, dict[str, Any]]] = {}
-    for config, cells in by_config.items():
-        out[config] = {
-            rate: cell_criteria(row, thresholds, basis, _lower_row(cells, rate)) for rate, row in sorted(cells.items())
-        }
-    return out
+    for (name, replicate), cells in sorted(per_launch.items()):
+        for rate, sat in cells.items():
+            out.setdefault(name, {}).setdefault(rate, {})[replicate] = sat
+    merged: dict[str, dict[float, dict[str, Any]]] = {}
+    for name, cells in out.items():
+        merged[name] = {}
+        for rate, by_rep in sorted(cells.items()):
+            if len(by_rep) == 1:
+                merged[name][rate] = next(iter(by_rep.values()))
+                continue
+            pick = next((s for s in by_rep.values() if s["saturated"]), None) or next(
+                (s for s in by_rep.values() if s["saturated"] is False), next(iter(by_rep.values()))
+            )
+            merged[name][rate] = {**pick, "replicates": {str(r): s["saturated"] for r, s in by_rep.items()}}
+    return merged
 
 
 def apply_to_row(row: dict[str, Any], sat: dict[str, Any]) -> None:
@@ -388,7 +414,7 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
     study = load_study(Path(results_dir))
     rows = []
     for cell in study.cells(PHASE_A):
-        run = study.run_of(cell.variant, PHASE_A)
+        run = study.run_of(cell.variant, PHASE_A, cell.replicate)
         row, _ = cell_row(
             cell,
             backend=study.backend,

@@ -10,14 +10,36 @@
 "At ref" is the cell where both configs ran at the same load: Phase A's cell at the reference
 rate (ref_safe and ref_load), every Phase B shape (at Phase B's rate, ref_safe by default) and
 every Phase B' shape (at ref_load). The baseline is "plain" unless the caller names another.
+
+Given the cells' requests (`series`), the TTFT and TPOT taxes are launch_intervals.py's: paired
+by request within each replicate, over every replicate, with the launch-to-launch variance in
+the interval. Without them (the truth oracle's pooled p90s, the coverage check's reference
+method) they are the delta method on two cells' intervals (quantiles.ratio_minus_one). The step
+taxes compare each variant's first launch.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
+
+from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
+from connector_tax.analysis.launch_intervals import (
+    LaunchVariance,
+    PairedRatio,
+    Series,
+    launch_variance,
+    log_p90,
+    paired_log_ratio,
+    tax_interval,
+)
 from connector_tax.analysis.quantiles import TAX_CI_METHOD, combine, difference, ratio_minus_one
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME
+
+# {(variant, phase, cell label, replicate): {"ttft_ms": Series, "tpot_ms": Series}}
+SeriesMap = dict[tuple[str, str, str, int], dict[str, Series]]
 
 
 def _get(row: dict[str, Any], key: str) -> float | None:
@@ -89,8 +111,76 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def pair_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = {"ttft_p90": latency_tax(x, b, "ttft_ms"), "tpot_p90": latency_tax(x, b, "tpot_ms")}
+class LaunchTaxes:
+    """The TTFT and TPOT taxes of launch_intervals.py from the cells' requests, replicate by
+    replicate; the launch variance of each (cell, metric) computed once for every variant."""
+
+    def __init__(self, series: SeriesMap, rows: list[dict[str, Any]]) -> None:
+        self.series = series
+        self.rows: dict[tuple[str, str, str, int], dict[str, Any]] = {
+            (r["variant"], r["phase"], r["cell"], int(r.get("replicate") or 1)): r for r in rows
+        }
+        self._launch: dict[tuple[str, str, str], LaunchVariance] = {}
+        self._pairs: dict[tuple[str, str, str, str, int, str], PairedRatio | None] = {}
+
+    def replicates(self, name: str, phase: str, label: str) -> list[int]:
+        return sorted(r for (n, ph, c, r) in self.series if (n, ph, c) == (name, phase, label))
+
+    def launch(self, phase: str, label: str, metric: str, baseline: str) -> LaunchVariance:
+        key = (phase, label, metric)
+        if key not in self._launch:
+            logs: dict[str, dict[int, float]] = {}
+            for (n, ph, c, r), m in self.series.items():
+                if (ph, c) == (phase, label) and metric in m and (value := log_p90(m[metric])) is not None:
+                    logs.setdefault(n, {})[r] = value
+            pairs = [self.pair(n, baseline, phase, label, r, metric) for n in logs if n != baseline for r in logs[n]]
+            noise = [p.variance for p in pairs if p is not None and p.variance is not None]
+            self._launch[key] = launch_variance(logs, float(np.mean(noise)) / 2 if noise else 0.0)
+        return self._launch[key]
+
+    def pair(self, name: str, baseline: str, phase: str, label: str, r: int, metric: str) -> PairedRatio | None:
+        key = (name, baseline, phase, label, r, metric)
+        if key not in self._pairs:
+            x, b = self.series.get((name, phase, label, r)), self.series.get((baseline, phase, label, r))
+            ok = x is not None and b is not None and metric in x and metric in b
+            self._pairs[key] = paired_log_ratio(x[metric], b[metric]) if ok else None  # type: ignore[index]
+        return self._pairs[key]
+
+    def tax(self, name: str, baseline: str, phase: str, label: str, metric: str) -> dict[str, Any]:
+        shared = [r for r in self.replicates(name, phase, label) if (baseline, phase, label, r) in self.series]
+        pairs = [p for r in shared if (p := self.pair(name, baseline, phase, label, r, metric)) is not None]
+        est = tax_interval(pairs, self.launch(phase, label, metric, baseline))
+        xs = [self.rows.get((name, phase, label, r)) or {} for r in shared]
+        bs = [self.rows.get((baseline, phase, label, r)) or {} for r in shared]
+        k = f"{metric}_p90"
+        return {
+            **est,
+            "method": "launch",
+            "x_p90": _geomean([_get(x, k) for x in xs]),
+            "x_ci": [_get(xs[0], f"{k}_ci_lo"), _get(xs[0], f"{k}_ci_hi")] if xs else [None, None],
+            "x_n": sum(int(x.get(f"{metric}_n") or 0) for x in xs),
+            "base_p90": _geomean([_get(b, k) for b in bs]),
+            "base_ci": [_get(bs[0], f"{k}_ci_lo"), _get(bs[0], f"{k}_ci_hi")] if bs else [None, None],
+            "base_n": sum(int(b.get(f"{metric}_n") or 0) for b in bs),
+            "x_valid": all(x.get("valid") is not False for x in xs) if xs else None,
+            "base_valid": all(b.get("valid") is not False for b in bs) if bs else None,
+        }
+
+
+def _geomean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def pair_taxes(
+    x: dict[str, Any], b: dict[str, Any], launch: LaunchTaxes | None = None, where: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The taxes of variant row x over baseline row b; `launch` (with `where` = (variant,
+    baseline, phase, label)) gives the TTFT and TPOT taxes from the requests of every launch."""
+    if launch is not None and where:
+        out = {m: launch.tax(*where, metric) for m, metric in (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))}
+    else:
+        out = {"ttft_p90": latency_tax(x, b, "ttft_ms"), "tpot_p90": latency_tax(x, b, "tpot_ms")}
     if x.get("steps_n") and b.get("steps_n"):
         out.update(step_taxes(x, b))
     return out
@@ -112,13 +202,24 @@ def amplification(safe: dict[str, Any] | None, load: dict[str, Any] | None) -> d
 
 
 def compute_taxes(
-    rows: list[dict[str, Any]], configs: list[str], baseline: str, reference: dict[str, Any]
+    rows: list[dict[str, Any]],
+    configs: list[str],
+    baseline: str,
+    reference: dict[str, Any],
+    series: SeriesMap | None = None,
 ) -> dict[str, Any]:
-    index = {(r["variant"], r["phase"], r["cell"]): r for r in rows}
+    """`series`: every cell's requests (launch_intervals.Series per metric), for the taxes paired by
+    request over every replicate; without it, the delta method on each cell's p90 interval."""
+    # One row per (variant, phase, cell): the first launch's (the step taxes and per-cell columns).
+    index: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: -int(r.get("replicate") or 1)):
+        index[(r["variant"], r["phase"], r["cell"])] = r
+    launch = LaunchTaxes(series, rows) if series is not None else None
     others = [c for c in configs if c != baseline]
     out: dict[str, Any] = {
         "baseline": baseline,
-        "ci_method": TAX_CI_METHOD,
+        "ci_method": LAUNCH_METHOD if launch is not None else TAX_CI_METHOD,
+        "replicates": max((int(r.get("replicate") or 1) for r in rows), default=1),
         "phase_a": {},
         PHASE_B: {},
         PHASE_B_PRIME: {},
@@ -146,7 +247,7 @@ def compute_taxes(
                         baseline if b is None else name
                     )
                     continue
-                entry["variants"][name] = pair_taxes(x, b)
+                entry["variants"][name] = pair_taxes(x, b, launch, (name, baseline, PHASE_A, label))
         out["phase_a"][ref] = entry
     safe, load = out["phase_a"]["ref_safe"]["variants"], out["phase_a"]["ref_load"]["variants"]
     out["amplification"] = {
@@ -188,7 +289,7 @@ def compute_taxes(
                 if b is None:
                     cell["missing"][name] = f"no {phase} cell {label} for {baseline}"
                     continue
-                cell["variants"][name] = pair_taxes(x, b)
+                cell["variants"][name] = pair_taxes(x, b, launch, (name, baseline, phase, label))
             cells[label] = cell
         out[phase] = {"rates": sorted(float(r) for r in rates), "cells": cells}
     return out

@@ -16,13 +16,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector_tax.config.study import StudyConfig, Workload
+from connector_tax.config.study import StudyConfig
 
 PHASE_A, PHASE_B, PHASE_B_PRIME = "phase_a", "phase_b", "phase_b_prime"
 PHASES = (PHASE_A, PHASE_B, PHASE_B_PRIME)
 # The phases that own a server launch (and its run.json index); Phase B' runs in Phase B's.
 LAUNCH_PHASES = (PHASE_A, PHASE_B)
 LAUNCH_OF = {PHASE_A: PHASE_A, PHASE_B: PHASE_B, PHASE_B_PRIME: PHASE_B}
+
+
+def traffic_seed(study_seed: int, phase: str, label: str, replicate: int = 1) -> int:
+    """The one seed of a cell's traffic: its arrival schedule, its shapes and its prompts' token
+    ids. Derived from (study seed, phase, label, replicate) and nothing else, so every variant
+    gets the same traffic in the same cell and replicate (common random numbers: a tax compares
+    two servers on identical requests), while two cells, or two replicates of one cell, draw
+    independent traffic. Both clocks use it (loadgen.realtime, oracle.virtual_run)."""
+    return _derived("traffic", study_seed, phase, label, replicate)
+
+
+def launch_seed(study_seed: int, variant: str, launch_phase: str, replicate: int = 1, restart: int = 0) -> int:
+    """The seed of one server launch's own draws (the simulator's per-launch speed factor,
+    sim.launch_bias_sd): one per (variant, launch phase, replicate, relaunch after a failure), so
+    two launches differ and a re-run of the same launch draws the same."""
+    return _derived("launch", study_seed, variant, launch_phase, replicate, restart)
+
+
+def _derived(*words: Any) -> int:
+    """A 63-bit seed from words (a hash: stable across Python versions and processes)."""
+    digest = hashlib.blake2b("/".join(str(w) for w in words).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def rate_label(rate: float) -> str:
@@ -82,6 +104,13 @@ class Cell:
     num_requests: int | None = None  # max-throughput count, or a cap on a trace
     trace: tuple[TraceRequest, ...] | None = None
     time_scale: float = 1.0
+    # A study cell's traffic seed (traffic_seed: the same for every variant) and which of the
+    # workload.replicates launches it belongs to; None: the load generator's own seed (ctax bench).
+    seed: int | None = None
+    replicate: int = 1
+    # What its length past the floor is set by: the precision of its own p90s, or ("tax") of the
+    # taxes it feeds, paired against the baseline's cell (pipeline.precision).
+    precision_of: str = "p90"
 
     @property
     def key(self) -> str:
@@ -112,6 +141,9 @@ class Cell:
             # Only when off, so that the settings (and fingerprints) of cells measured before the
             # switch existed, all guarded, stay the same.
             **({} if self.overload_guard else {"overload_guard": False}),
+            **({} if self.seed is None else {"traffic_seed": self.seed}),
+            **({} if self.replicate == 1 else {"replicate": self.replicate}),
+            **({} if self.precision_of == "p90" else {"precision_of": self.precision_of}),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -129,10 +161,25 @@ class Cell:
             "duration_s": self.duration_s,
             "min_completed": self.min_completed,
             "max_duration_s": self.max_duration(),
+            "traffic_seed": self.seed,
+            "replicate": self.replicate,
         }
 
 
-def _cell(workload: Workload, phase: str, label: str, rate: float, shape: Mapping[str, Any]) -> Cell:
+def _cell(
+    study: StudyConfig,
+    phase: str,
+    label: str,
+    rate: float,
+    shape: Mapping[str, Any],
+    replicate: int = 1,
+    on_tax: bool = False,
+) -> Cell:
+    """on_tax: a cell that stops on the precision of the taxes it feeds (workload.precision.of tax,
+    not the baseline's): its floor of completed requests is precision.min_completed. The baseline's
+    cells of such a study run the study's cell rule alone (its precision target is the taxes')."""
+    workload = study.workload
+    pairs_only = workload.precision.on_tax and not on_tax
     return Cell(
         phase=phase,
         label=label,
@@ -140,18 +187,28 @@ def _cell(workload: Workload, phase: str, label: str, rate: float, shape: Mappin
         shape=dict(shape),
         warmup_s=workload.warmup_s,
         duration_s=workload.duration_s,
-        min_completed=workload.min_completed,
+        min_completed=workload.precision.min_completed if on_tax else workload.min_completed,
         arrival=workload.arrival.process,
         gamma_shape=workload.arrival.gamma_shape,
-        precision_target=workload.precision.target,
+        precision_target=None if pairs_only else workload.precision.target,
         max_duration_s=workload.precision.max_duration_s,
+        seed=traffic_seed(study.seed, phase, label, replicate),
+        replicate=replicate,
+        precision_of="tax" if on_tax else "p90",
     )
 
 
-def phase_a_cells(study: StudyConfig) -> list[Cell]:
-    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest)."""
-    phase_a = study.workload.phase_a
-    return [_cell(study.workload, PHASE_A, rate_label(r), r, phase_a.shape) for r in sorted(phase_a.rates)]
+def stops_on_tax(study: StudyConfig, name: str | None) -> bool:
+    """Do `name`'s cells stop on their taxes' precision (workload.precision.of tax)? Every variant's
+    but the baseline's, which runs first by the study's cell rule and is what they are paired with."""
+    return name is not None and study.workload.precision.on_tax and name != study.baseline
+
+
+def phase_a_cells(study: StudyConfig, replicate: int = 1, name: str | None = None) -> list[Cell]:
+    """The rate sweep, lowest rate first (a knee found on the way up prunes the rest); `name`: the
+    variant they are planned for (of tax, whether they stop on it)."""
+    phase_a, tax = study.workload.phase_a, stops_on_tax(study, name)
+    return [_cell(study, PHASE_A, rate_label(r), r, phase_a.shape, replicate, tax) for r in sorted(phase_a.rates)]
 
 
 def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
@@ -166,25 +223,32 @@ def runs_phase_b_prime(study: StudyConfig, name: str, reference: dict[str, Any])
     return bool(prime) and name in prime["variants"] and reference.get("ref_load") != reference.get("ref_safe")
 
 
-def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any]) -> list[Cell]:
+def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any], replicate: int = 1) -> list[Cell]:
     """Phase B at its reference rate, then Phase B' (same launch) where the study asks for it."""
     workload = study.workload
     rate = reference[workload.phase_b["rate"]]
-    cells = [_cell(workload, PHASE_B, shape_label(s), rate, s) for s in phase_b_shapes(study)]
+    tax = stops_on_tax(study, name)
+    cells = [_cell(study, PHASE_B, shape_label(s), rate, s, replicate, tax) for s in phase_b_shapes(study)]
     if runs_phase_b_prime(study, name, reference):
         prime = workload.phase_b_prime or {}
-        cells += [_cell(workload, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s) for s in prime["shapes"]]
+        paired = tax and runs_phase_b_prime(study, study.baseline, reference)  # else no cell to pair with
+        cells += [
+            _cell(study, PHASE_B_PRIME, shape_label(s), reference[prime["rate"]], s, replicate, paired)
+            for s in prime["shapes"]
+        ]
     guard = bool(workload.phase_b.get("overload_guard", True))
     return [dataclasses.replace(c, overload_guard=guard) for c in cells]
 
 
-def planned_cells(study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None) -> list[Cell]:
+def planned_cells(
+    study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None, replicate: int = 1
+) -> list[Cell]:
     """The cells of one launch (Phase A, or Phase B with its B'); Phase B needs the reference rates."""
     if launch_phase == PHASE_A:
-        return phase_a_cells(study)
+        return phase_a_cells(study, replicate, name)
     if reference is None:
         raise ValueError("Phase B cells need the reference rates (reference_rates.json)")
-    return phase_b_cells(study, name, reference)
+    return phase_b_cells(study, name, reference, replicate)
 
 
 def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
@@ -194,6 +258,32 @@ def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
     seed = study.seed if launch_phase == PHASE_A else f"{launch_phase}/{study.seed}"
     random.Random(seed).shuffle(names)
     return names
+
+
+def launch_label(name: str, replicate: int = 1) -> str:
+    """A launch in words and in run orders: the variant's name, `<name>.r<k>` for replicate k > 1."""
+    return name if replicate == 1 else f"{name}.r{replicate}"
+
+
+def launch_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[tuple[str, int]]:
+    """Every (variant, replicate) launch of a phase, in the order they run: rounds of every
+    variant once (the baseline too), each round in its own seeded order, so a variant's launches
+    are spread over the study and drift (thermal, the host) falls on all variants alike. The first
+    round is run_order's (a study without replicates runs as before); a round never starts with
+    the variant that ended the one before it. With workload.precision.of tax, the baseline opens
+    every round: the others' cells stop on their paired taxes, so its cells must exist first."""
+    order: list[tuple[str, int]] = []
+    for replicate in range(1, study.workload.replicates + 1):
+        names = run_order(study, launch_phase)
+        if replicate > 1:
+            random.Random(f"{launch_phase}/{study.seed}/r{replicate}").shuffle(names)
+            if len(names) > 1 and names[0] == order[-1][0]:
+                names[0], names[1] = names[1], names[0]
+        if study.workload.precision.on_tax:  # the others are paired against it: it opens each round
+            names.remove(study.baseline)
+            names.insert(0, study.baseline)
+        order += [(name, replicate) for name in names]
+    return order
 
 
 def check_labels(config: dict[str, Any]) -> tuple[str, str] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 from connector_tax.config.cells import check_labels
@@ -76,6 +77,44 @@ def _check_lengths(config: dict) -> None:
                 raise ConfigError(where, f"a request of {inp} + {out} tokens exceeds {limit_name} {limit}")
 
 
+AA_SUFFIX = "_aa"
+_COPIED = ("connector", "server", "sim", "env")
+
+
+def add_aa_control(config: dict) -> None:
+    """workload.aa_control: the baseline again as a variant of its own (`<baseline>_aa`), unless the
+    study names an A/A control already; every A/A control gets its source's settings (copied, so
+    that a re-validated config stays the same) and its place in Phase B' beside its source."""
+    from connector_tax.config.study import baseline_name
+
+    variants = config["variants"]
+    if config["workload"].get("aa_control") and not any(v.get("aa_of") for v in variants):
+        base = baseline_name(config)
+        if any(v["name"] == base + AA_SUFFIX for v in variants):
+            raise ConfigError(
+                "workload.aa_control",
+                f"would add the A/A control {base + AA_SUFFIX!r}, a name the study gives another variant "
+                f"(give that one aa_of: {base} to make it the control)",
+            )
+        variants.append(
+            {"name": base + AA_SUFFIX, "aa_of": base, "description": f"A/A control: {base} again, launched apart"}
+        )
+    by_name = {v["name"]: v for v in variants}
+    prime = config["workload"].get("phase_b_prime") or {}
+    for i, variant in enumerate(variants):
+        source = variant.get("aa_of")
+        if source is None:
+            continue
+        if source not in by_name or by_name[source].get("aa_of"):
+            raise ConfigError(f"variants[{i}].aa_of", f"{source!r} is not a variant of this study (nor an A/A one)")
+        for key in _COPIED:
+            variant.pop(key, None)
+            if key in by_name[source]:
+                variant[key] = copy.deepcopy(by_name[source][key])
+        if source in prime.get("variants", []) and variant["name"] not in prime["variants"]:
+            prime["variants"].append(variant["name"])
+
+
 def check_semantics(config: dict) -> None:
     first_index: dict[str, int] = {}
     for i, variant in enumerate(config["variants"]):
@@ -88,7 +127,7 @@ def check_semantics(config: dict) -> None:
         first_index[name] = i
         if "connector" in variant:
             _check_connector(variant["connector"], f"variants[{i}].connector")
-        for key in ("clock", "profile"):
+        for key in ("clock", "launch_bias_sd", "profile"):
             if key in (variant.get("sim") or {}):
                 raise ConfigError(f"variants[{i}].sim.{key}", f"is the study's (top-level sim.{key}), not a variant's")
 
@@ -107,6 +146,14 @@ def check_semantics(config: dict) -> None:
     collision = check_labels(config)
     if collision:
         raise ConfigError(*collision)
+    if workload["replicates"] > 1:
+        for name in first_index:
+            m = re.fullmatch(r"(.+)_rep(\d+)", name)
+            if m and m.group(1) in first_index and 1 < int(m.group(2)) <= workload["replicates"]:
+                raise ConfigError(
+                    "workload.replicates",
+                    f"variant {name!r} would share its jobs' names with replicate {m.group(2)} of {m.group(1)!r}",
+                )
 
     if config["backend"] == "openai" and "url" not in config.get("openai", {}):
         raise ConfigError("openai.url", "required when backend is openai")

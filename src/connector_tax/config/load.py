@@ -18,7 +18,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from connector_tax import resources
-from connector_tax.config.checks import check_semantics
+from connector_tax.config.checks import add_aa_control, check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
 from connector_tax.config.study import Saturation, StudyConfig, Validity
 
@@ -74,6 +74,7 @@ def validate_config(config: dict) -> dict:
     errors = list(_validator().iter_errors(filled))
     if errors:
         raise ConfigError(*describe(most_specific(errors)))
+    add_aa_control(filled)
     check_semantics(filled)
     return filled
 

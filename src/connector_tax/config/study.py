@@ -24,10 +24,17 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Precision:
-    """Adaptive cell length: run past the floor until the p90 intervals reach `target`."""
+    """Adaptive cell length: run past the floor until the intervals reach `target`: the cell's p90
+    intervals (of "p90"), or, of "tax", the taxes it feeds, paired against the baseline's cell."""
 
     target: float | None
     max_duration_s: float | None
+    of: str = "p90"  # p90 | tax
+    min_completed: int = 64  # of tax: the floor of completed requests of a cell that stops on its tax
+
+    @property
+    def on_tax(self) -> bool:
+        return self.of == "tax" and self.target is not None
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class Workload:
     phase_a: PhaseA
     phase_b: Mapping[str, Any]
     phase_b_prime: Mapping[str, Any] | None
+    replicates: int = 1  # launches per variant and phase
+    aa_control: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,12 @@ class Variant:
     raw: Mapping[str, Any]
 
 
+def baseline_name(config: Mapping[str, Any]) -> str:
+    """plain if the study has it, else its first variant (the analysis's default baseline)."""
+    names = [v["name"] for v in config["variants"]]
+    return "plain" if "plain" in names else names[0]
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     study: str
@@ -147,10 +162,17 @@ class StudyConfig:
                 min_completed=workload["min_completed"],
                 request_timeout_s=workload["request_timeout_s"],
                 arrival=Arrival(workload["arrival"]["process"], float(workload["arrival"]["gamma_shape"])),
-                precision=Precision(workload["precision"]["target"], workload["precision"]["max_duration_s"]),
+                precision=Precision(
+                    workload["precision"]["target"],
+                    workload["precision"]["max_duration_s"],
+                    workload["precision"]["of"],
+                    workload["precision"]["min_completed"],
+                ),
                 phase_a=PhaseA(tuple(phase_a["rates"]), phase_a["shape"], phase_a["prune_after_knee"]),
                 phase_b=workload["phase_b"],
                 phase_b_prime=workload.get("phase_b_prime") or None,
+                replicates=workload["replicates"],
+                aa_control=workload["aa_control"],
             ),
             saturation=Saturation(**config["saturation"]),
             validity=Validity.from_mapping(config["validity"]),
@@ -161,6 +183,16 @@ class StudyConfig:
     @property
     def names(self) -> list[str]:
         return [v.name for v in self.variants]
+
+    @property
+    def baseline(self) -> str:
+        """The variant taxes are measured against by default: plain, else the first."""
+        return baseline_name(self.raw)
+
+    @property
+    def aa_controls(self) -> dict[str, str]:
+        """{A/A control variant: the variant it repeats}."""
+        return {v.name: v.raw["aa_of"] for v in self.variants if v.raw.get("aa_of")}
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

@@ -21,9 +21,13 @@ Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
                                   superseded/<phase>_<label>.<why>.<UTC time>/   cells moved aside
       <config>/phase_b/           the Phase B launch (its run.json also indexes Phase B' cells)
       <config>/phase_b_prime/     Phase B' cells (measured in the Phase B launch)
+      <config>/phase_a.r2/ ...    with workload.replicates k > 1: launch r of each phase in
+                                  <phase>.r<r>/ (r = 2..k), laid out as above; the first
+                                  launch keeps the folders of a study without replicates
       reference_rates.json, analysis/, MANIFEST.md, MANIFEST.tsv, logs/
 
-Cells are the study config's (`connector_tax.config.cells`): a cell is (variant, phase, label);
+Cells are the study config's (`connector_tax.config.cells`): a cell is (variant, phase, label,
+replicate);
 labels are `r<rate>` (Phase A) or the shape's label (`4096x256`, `mix-<hash>`,
 `pattern-<hash>`), unique per phase by construction: colliding rates or repeated shapes are a
 config error.
@@ -32,7 +36,7 @@ Fingerprint (`fingerprint`): the sha256 of every setting that can change a cell'
 (the launch: backend, model, variant, merged server settings, simulator or vLLM settings, the
 normalized launch argv and the server's versions; the cell: rate, arrival, shape, warm-up,
 duration floor, min-completed, request settings and timeouts, load-generator and validity
-settings, seed; the code of the load generator, metrics sampler, and simulator or
+settings, seed, the cell's traffic seed and replicate; the code of the load generator, metrics sampler, and simulator or
 instrumentation). It is stored in the cell's summary and in the launch's index (run.json).
 
 When a cell is reused: a re-run measures a cell again unless its sealed summary says complete,
@@ -46,6 +50,6 @@ listing: it verifies every fingerprint and refuses to mix fingerprints, backends
 superseded and orphan folders are listed in the report and otherwise ignored.
 """
 
-from connector_tax.contract.layout import CELL_RECORDS, CellFiles, PhaseLayout, StudyLayout
+from connector_tax.contract.layout import CELL_RECORDS, CellFiles, PhaseLayout, StudyLayout, phase_folder
 
-__all__ = ["CELL_RECORDS", "CellFiles", "PhaseLayout", "StudyLayout"]
+__all__ = ["CELL_RECORDS", "CellFiles", "PhaseLayout", "StudyLayout", "phase_folder"]

@@ -88,6 +88,7 @@ class PhaseIndex:
     idle_threads: dict[str, Any] | None = None
     restarts: list[dict[str, Any]] = field(default_factory=list)
     superseded: list[dict[str, Any]] = field(default_factory=list)
+    replicate: int = 1  # which of workload.replicates launches of this variant and phase
     schema: str = INDEX_SCHEMA
 
     @property

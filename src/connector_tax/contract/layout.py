@@ -46,6 +46,12 @@ STUDY_ENTRIES = {
 }
 
 
+def phase_folder(phase: str, replicate: int = 1) -> str:
+    """The folder of a phase's cells in one replicate: `phase_a` for the first launch (the layout
+    of a study without replicates), `phase_a.r2` for the second, and so on."""
+    return phase if replicate == 1 else f"{phase}.r{replicate}"
+
+
 def results_root(study: str) -> Path:
     """results/<study> relative to the working directory (Snakemake's --directory)."""
     return Path("results") / study
@@ -195,16 +201,22 @@ class AnalysisFiles:
 
 @dataclass(frozen=True)
 class PhaseLayout:
-    """results/<study>/<config>/<phase>/ of one configuration and one phase."""
+    """results/<study>/<config>/<phase>[.r<replicate>]/ of one configuration, phase and replicate."""
 
     folder: Path
     config: str
     phase: str
+    replicate: int = 1
+
+    @property
+    def launch_folder(self) -> Path:
+        """The launch phase's folder of the same replicate (where run.json and the launch's files are)."""
+        return self.folder.parent / phase_folder(LAUNCH_OF[self.phase], self.replicate)
 
     @property
     def index(self) -> Path:
         """run.json: the launch's index of cells (in the launch phase's folder)."""
-        return self.folder.parent / LAUNCH_OF[self.phase] / "run.json"
+        return self.launch_folder / "run.json"
 
     def cell(self, label: str) -> CellFiles:
         return CellFiles(self.folder, self.phase, label)
@@ -231,7 +243,7 @@ class PhaseLayout:
     @property
     def lock(self) -> Path:
         """Held (flock) by the job measuring this launch: one writer per launch."""
-        return self.folder.parent / LAUNCH_OF[self.phase] / ".lock"
+        return self.launch_folder / ".lock"
 
     @property
     def config_json(self) -> Path:
@@ -333,13 +345,15 @@ class StudyLayout:
         """Snakemake's `benchmark:` record of a server-driving job (wall time, memory, CPU)."""
         return self.logs_dir / "benchmarks" / f"{name}.tsv"
 
-    def phase(self, config: str, phase: str) -> PhaseLayout:
+    def phase(self, config: str, phase: str, replicate: int = 1) -> PhaseLayout:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}")
-        return PhaseLayout(self.root / config / phase, config, phase)
+        if replicate < 1:
+            raise ValueError(f"replicate must be 1 or more, got {replicate!r}")
+        return PhaseLayout(self.root / config / phase_folder(phase, replicate), config, phase, replicate)
 
-    def index(self, config: str, launch_phase: str) -> Path:
-        return self.phase(config, launch_phase).index
+    def index(self, config: str, launch_phase: str, replicate: int = 1) -> Path:
+        return self.phase(config, launch_phase, replicate).index
 
     def config_dirs(self) -> list[str]:
         """Folder names under the study root that hold phase folders (configurations, current

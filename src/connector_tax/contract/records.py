@@ -46,6 +46,9 @@ STEP_FIELDS = (
 # Where a server writes its step log. patches/step_timing.py runs inside vLLM and cannot import
 # this package: it spells the name itself, and a test checks the two agree.
 STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
+# The seed of one launch's own draws (config.cells.launch_seed): the simulator's per-launch speed
+# factor (sim.launch_bias_sd) comes from it, so a launch's bias is reproducible and two differ.
+LAUNCH_SEED_ENV = "CONNECTOR_TAX_LAUNCH_SEED"
 
 
 # run.json's server_versions: the connector libraries among the server's packages (CPU build

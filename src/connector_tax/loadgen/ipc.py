@@ -31,6 +31,9 @@ class RequestSpec:
     # Trace replay: (hash_id, tokens) per prefix block; None for random content.
     blocks: tuple[tuple[int, int], ...] | None = None
     cell: str = ""  # the cell run this request belongs to; its result must name it back
+    # What the prompt's token ids derive from: "<cell traffic seed>-<index>" in a study cell, the
+    # same for every variant (common random numbers); "" for the request id (ctax bench).
+    prompt_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

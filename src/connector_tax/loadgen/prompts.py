@@ -2,10 +2,12 @@
 
 A pool of random token ids is encoded to JSON text once per worker; a prompt of n tokens is
 then a byte slice of that text, so a 32k-token body costs a memcpy instead of 32k integer
-encodings on the hot path. The first tokens of every synthetic prompt encode the request's
-request id (which names the cell), so no two prompts of a server's life share even their
-first KV block, across cells too (zero prefix reuse, as the design demands). Trace prompts map each hash id to a fixed 512-token block, so equal ids share
-prefix blocks exactly as the trace says.
+encodings on the hot path. The first tokens of every synthetic prompt encode its key (in a
+study cell `prompt_key`: the cell's traffic seed and the request's index; otherwise the request
+id, which names the cell), so no two prompts of a server's life share even their first KV
+block, across cells too (zero prefix reuse, as the design demands), while every variant gets the
+same prompts in the same cell (common random numbers). Trace prompts map each hash id to a fixed
+512-token block, so equal ids share prefix blocks exactly as the trace says.
 """
 
 from __future__ import annotations
@@ -37,11 +39,19 @@ class BodySettings:
     stream: bool = True
 
 
+def prompt_key(traffic_seed: int, index: int) -> str:
+    """What request `index` of a study cell's prompt derives from: the cell's traffic seed
+    (config.cells.traffic_seed) and its index, so every variant sends the same token ids in the
+    same cell and replicate (common random numbers), and no two cells share a prompt."""
+    return f"{traffic_seed:x}-{index}"
+
+
 class TokenPool:
     """A long random token sequence as JSON text, with the byte offset of every token."""
 
     def __init__(self, seed: int, size: int = POOL_TOKENS) -> None:
         ids = np.random.default_rng(seed).integers(TOKEN_LOW, TOKEN_HIGH, size=size)
+        self.ids = ids  # the same tokens as integers (the virtual clock's prompts)
         texts = [str(i) for i in ids.tolist()]
         self.text = ",".join(texts).encode()
         lengths = np.fromiter((len(t) + 1 for t in texts), dtype=np.int64, count=size)
@@ -67,18 +77,28 @@ class BodyBuilder:
     def _offset(self, key: int, n: int) -> int:
         return zlib.crc32(f"{self.seed}:{key}".encode()) % (self.pool.size - n)
 
-    def token_ids(self, request_id: str, n: int) -> bytes:
+    def _layout(self, request_id: str, n: int) -> tuple[list[int], int, int]:
+        """(the unique head tokens, the pool offset of the rest, how many rest tokens)."""
         digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
         # 4 tokens x 16 bits: 64 bits of the request id's hash, clear of the pool's id range.
         unique = [
             TOKEN_HIGH + int.from_bytes(digest[2 * k : 2 * k + 2], "little") for k in range(min(UNIQUE_TOKENS, n))
         ]
-        head = ",".join(map(str, unique)).encode()
         rest = n - len(unique)
+        offset = int.from_bytes(digest, "little") % (self.pool.size - rest) if rest > 0 else 0
+        return unique, offset, rest
+
+    def token_ids(self, request_id: str, n: int) -> bytes:
+        unique, offset, rest = self._layout(request_id, n)
+        head = ",".join(map(str, unique)).encode()
         if rest <= 0:
             return head
-        offset = int.from_bytes(digest, "little") % (self.pool.size - rest)
         return head + b"," + self.pool.slice(offset, rest)
+
+    def token_id_list(self, request_id: str, n: int) -> list[int]:
+        """The same prompt as `token_ids`, as integers: what the virtual clock hands the engine."""
+        unique, offset, rest = self._layout(request_id, n)
+        return unique + (self.pool.ids[offset : offset + rest].tolist() if rest > 0 else [])
 
     def trace_token_ids(self, blocks: list[tuple[int, int]]) -> bytes:
         """Concatenated fixed blocks: equal hash ids give byte-identical prefix blocks."""

@@ -23,10 +23,11 @@ from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import LoadgenOptions
+from connector_tax.loadgen.prompts import prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
-from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
 from connector_tax.loadgen.stats import RequestStats
 from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
@@ -70,6 +71,8 @@ class RealTimeRun:
         self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
         self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
         self._behind_from: int | None = None
+        # A study cell's traffic seed (config.cells.traffic_seed), else the session's.
+        self.seed = cell.seed if cell.seed is not None else self.opts.seed
 
     # -- issuing (session thread) -----------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -149,14 +152,14 @@ class RealTimeRun:
     def _schedule(self, t0: int) -> Iterator[tuple[int, ipc.RequestSpec | None]]:
         """(target time, spec) pairs; a target of -1 means "as soon as the gate allows"."""
         cell = self.cell
-        seed = self.opts.seed
+        seed = self.seed
         if cell.arrival == "trace":
             trace = self.rules.trace()
             for (i, req), offset in zip(enumerate(trace), trace_arrivals(list(trace), cell.time_scale)):
                 blocks = tuple(prefix_blocks(req))
                 yield t0 + offset, self._spec(i, req.input_length, req.output_length, blocks)
             return
-        shapes = ShapeSampler(cell.shape, seed)
+        shapes = ShapeSampler(cell.shape, shape_seed(seed) if cell.seed is not None else seed)
         if cell.arrival == "concurrency":
             offsets: Iterator[int] = itertools.repeat(-1)
         else:
@@ -167,7 +170,8 @@ class RealTimeRun:
 
     def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
         self.rules.issued(output_len)
-        return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id)
+        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else ""
+        return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id, key)
 
     def _issue_all(self, t0: int) -> None:
         cell = self.cell
@@ -204,7 +208,7 @@ class RealTimeRun:
         if cell.arrival == "trace":
             offsets: Iterator[int] = trace_arrivals(list(self.rules.trace()), cell.time_scale)
         else:
-            offsets = arrivals(cell.arrival, cell.rate, self.opts.seed, cell.gamma_shape, cell.num_requests)
+            offsets = arrivals(cell.arrival, cell.rate, self.seed, cell.gamma_shape, cell.num_requests)
         n = 0
         for offset in itertools.islice(offsets, first, None):
             if self._done(t0 + offset):

@@ -47,6 +47,13 @@ def _short_hash(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def shape_seed(traffic_seed: int) -> int:
+    """The shape sampler's seed in a study cell: a stream of its own, derived from the cell's
+    traffic seed, so that a request's shape is drawn independently of its arrival gap (the
+    arrival process draws from the traffic seed itself)."""
+    return int(np.random.SeedSequence([traffic_seed, 1]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 class ShapeSampler:
     """Per-request shapes for one cell, from a config-style shape spec."""
 

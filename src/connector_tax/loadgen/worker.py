@@ -194,7 +194,7 @@ class Worker:
         self.results.send(ipc.pack((ipc.CELL_SET, self.cfg.worker_id)))
 
     def _request_bytes(self, spec: ipc.RequestSpec) -> bytes:
-        body = self.builder.body(spec.request_id, spec.input_len, spec.output_len, spec.blocks)
+        body = self.builder.body(spec.prompt_key or spec.request_id, spec.input_len, spec.output_len, spec.blocks)
         return (self._head % (spec.request_id, len(body))).encode() + body
 
     def _fire(self, spec: ipc.RequestSpec, data: bytes) -> None:

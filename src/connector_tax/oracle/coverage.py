@@ -1,29 +1,46 @@
-"""Coverage of the analysis's intervals against the oracle's truth.
+"""Coverage of the analysis's intervals against the oracle's truth, launch bias included.
 
-One "study" here is, per configuration and load, a short virtual-time cell (cells.py) of the
-size a real study's cell has, each configuration on its own traffic (as separate cells are),
-analysed with the analysis's own methods: the batch-means interval of each p90
-(analysis/batchmeans.py), the taxes and their delta-method intervals (analysis/taxes.py,
-quantiles.py) and the H1–H6 estimates and calls (analysis/estimates.py, hypotheses.py). Over
-many seeds it counts how often each reported 95% interval covers the oracle's true value and
-how often each call agrees with the true verdict. No HTTP and no load generator: this checks
-the statistics, not the instruments (README.md says what a real run adds).
+One "study" here is, per seed, every variant's short virtual-time cell (cells.py) of the size a
+real study's cell has, at each of the study's loads, in `replicates` launches per variant. A
+launch is an engine with its own speed factor (the simulator's per-launch bias,
+`launch_bias_sd`; 1 when it is off), drawn from the launch's seed; every variant of a replicate
+sees the same traffic (common random numbers, as the pipeline's cells do). Each study is analysed
+twice, with the analysis's own code:
+
+* **reference** (the analysis before launch-aware intervals): each variant's first launch only,
+  the batch-means interval of each p90 (analysis/batchmeans.py) and the taxes' delta-method
+  combination of two independent cells (analysis/quantiles.py);
+* **launch** (analysis/launch_intervals.py): every launch, each replicate's tax paired by request
+  against the baseline's, the launch-to-launch variance pooled over the variants (an A/A control,
+  the baseline again, among them when `aa_control`).
+
+Both are scored against the truth (the nominal engine: a launch's median): per tax and per
+hypothesis, how often the 95% interval covers the true value, the median half-width, how often
+the call agrees with the true verdict. No HTTP and no load generator: this checks the statistics,
+not the instruments (README.md says what a real run adds).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from connector_tax.analysis import constants as K
 from connector_tax.analysis.batchmeans import percentile_ci
-from connector_tax.config import Cell, find_variant
+from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
+from connector_tax.config import PHASE_A, Cell, find_variant
+from connector_tax.config.cells import launch_seed
 from connector_tax.oracle.cells import Latencies, run_cell, seed_for, study_loads
 from connector_tax.oracle.truth import hypotheses_of, tax_estimates
 from connector_tax.sim.settings import resolve
+
+METHODS = ("reference", "launch")
+AA = K.PLAIN + "_aa"
 
 
 @dataclass(frozen=True)
@@ -33,15 +50,20 @@ class CoverageSettings:
     seeds: int = 20
     first_seed: int = 1000  # clear of the oracle's replication seeds
     jobs: int = 1
+    replicates: int = 1  # launches per variant (the launch method's k; the reference uses the first)
+    launch_bias_sd: float = 0.0  # the simulator's per-launch speed factor, sd of its log
+    aa_control: bool = True  # the launch method's study has an A/A control (plain again)
 
 
-def cell_row(run: Latencies, config: str, load: Cell) -> dict[str, Any]:
-    """A cell's row as cellstats gives it: p90s with their batch-means 95% intervals."""
+def cell_row(run: Latencies, config: str, load: Cell, replicate: int = 1) -> dict[str, Any]:
+    """A cell's row as the analysis makes it: p90s with the reference batch-means 95% intervals
+    (`ci`), and the log-scale ones the launch method reports (`log_ci`)."""
     pair = load.pair
     row: dict[str, Any] = {
         "variant": config,
         "phase": load.phase,
         "cell": load.label,
+        "replicate": replicate,
         "rate": load.rate,
         "input_len": pair[0] if pair else None,
         "output_len": pair[1] if pair else None,
@@ -49,49 +71,66 @@ def cell_row(run: Latencies, config: str, load: Cell) -> dict[str, Any]:
     }
     for m, values in (("ttft_ms", run.ttft_ms), ("tpot_ms", run.tpot_ms)):
         est, lo, hi = percentile_ci(values, 90)
+        _, log_lo, log_hi = log_percentile_ci(values, 90)
         row.update(
             {
                 f"{m}_p90": est,
                 f"{m}_p90_ci_lo": lo,
                 f"{m}_p90_ci_hi": hi,
+                f"{m}_p90_log_ci": [log_lo, log_hi],
                 f"{m}_n": int(np.count_nonzero(~np.isnan(values))),
             }
         )
     return row
 
 
-def _cell(job: tuple[dict[str, Any], str, Cell, int, CoverageSettings]) -> dict[str, Any]:
-    config, name, load, seed, cs = job
-    settings = resolve(config, find_variant(config, name), {})
+def _study_config(config: dict[str, Any], cs: CoverageSettings) -> dict[str, Any]:
+    out = copy.deepcopy(config)
+    out["sim"] = {**out.get("sim", {}), "launch_bias_sd": cs.launch_bias_sd}
+    return out
+
+
+def _cell(job: tuple[dict[str, Any], str, Cell, int, int, CoverageSettings]) -> dict[str, Any]:
+    config, name, load, seed, replicate, cs = job
+    variant = find_variant(config, K.PLAIN if name == AA else name)
+    settings = resolve(config, variant, {}, launch_seed(seed, name, PHASE_A, replicate))
     warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rate))
     run = run_cell(
         settings,
         load,
         warmup + cs.requests,
-        seed_for(seed, load, 0, config=name),
+        seed_for(seed, load, replicate),  # common random numbers: one traffic per (seed, load, replicate)
         ignore_eos=config["workload"].get("ignore_eos", True),
-    )
-    return {"seed": seed, **cell_row(run.after(warmup), name, load)}
+    ).after(warmup)
+    row = cell_row(run, name, load, replicate)
+    index = np.arange(run.ttft_ms.size)
+    series = {"ttft_ms": Series(index, run.ttft_ms), "tpot_ms": Series(index, run.tpot_ms)}
+    return {"seed": seed, "row": row, "series": series, "speed": settings.speed_factor}
 
 
 def _covers(ci: list[float] | None, value: float) -> bool | None:
     return None if not ci or None in ci else ci[0] <= value <= ci[1]
 
 
-def score(rows: list[dict[str, Any]], truth: dict[str, Any]) -> dict[str, Any]:
+def score(
+    rows: list[dict[str, Any]], truth: dict[str, Any], series: dict | None = None, names: list[str] | None = None
+) -> dict[str, Any]:
     """One seed's study against the truth: per tax and per hypothesis, the estimate, its
-    interval, whether the interval covers the true value and whether the call agrees."""
-    names, reference = truth["variants"], truth["reference"]
-    taxes, hyps = hypotheses_of(rows, names, reference)
+    interval, whether the interval covers the true value and whether the call agrees. `series`
+    (the cells' requests): the launch method's taxes; without it the reference method's."""
+    names, reference = names or truth["variants"], truth["reference"]
+    taxes, hyps = hypotheses_of(rows, names, reference, series=series)
     true_tax = {(t["variant"], t["cell"], t["metric"]): t["value"] for t in truth["taxes"]}
     out: dict[str, Any] = {"taxes": {}, "hypotheses": {}}
     for key, est in tax_estimates(taxes).items():
-        if key in true_tax and est.get("value") is not None:
+        true = 0.0 if key[0] == AA else true_tax.get(key)
+        if true is not None and est.get("value") is not None:
             out["taxes"]["/".join(key)] = {
                 "value": est["value"],
                 "ci": est.get("ci"),
-                "covered": _covers(est.get("ci"), true_tax[key]),
+                "covered": _covers(est.get("ci"), true),
+                "launch_share": est.get("launch_share"),
             }
     for hid, h in hyps.items():
         t = truth["hypotheses"][hid]
@@ -111,27 +150,48 @@ def score(rows: list[dict[str, Any]], truth: dict[str, Any]) -> dict[str, Any]:
 def run_coverage(
     config: dict[str, Any], truth: dict[str, Any], cs: CoverageSettings, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """`cs.seeds` short studies at the truth's reference rates, each scored against it."""
-    names, reference = truth["variants"], truth["reference"]
+    """`cs.seeds` short studies at the truth's reference rates, each analysed by both methods and
+    scored against the truth."""
+    config = _study_config(config, cs)
+    names, reference = list(truth["variants"]), truth["reference"]
+    launched = names + ([AA] if cs.aa_control else [])
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
     jobs = [
-        (config, name, load, seed, cs)
+        (config, name, load, seed, replicate, cs)
         for seed in seeds
-        for name in names
-        for load in study_loads(config, name, reference)
+        for name in launched
+        for load in study_loads(config, K.PLAIN if name == AA else name, reference)
+        for replicate in range(1, cs.replicates + 1)
     ]
     pool = ProcessPoolExecutor(cs.jobs) if cs.jobs > 1 else None
     try:
-        rows = list(pool.map(_cell, jobs, chunksize=8) if pool else map(_cell, jobs))
+        cells = list(pool.map(_cell, jobs, chunksize=4) if pool else map(_cell, jobs))
     finally:
         if pool:
             pool.shutdown()
     per_seed = []
     for seed in seeds:
-        per_seed.append(score([r for r in rows if r["seed"] == seed], truth))
+        mine = [c for c in cells if c["seed"] == seed]
+        first = [c["row"] for c in mine if c["row"]["replicate"] == 1 and c["row"]["variant"] != AA]
+        rows = [c["row"] for c in mine]
+        series = {
+            (c["row"]["variant"], c["row"]["phase"], c["row"]["cell"], c["row"]["replicate"]): c["series"] for c in mine
+        }
+        per_seed.append(
+            {
+                "seed": seed,
+                "reference": score(first, truth),
+                "launch": score(rows, truth, series, launched),
+                "speeds": sorted({round(c["speed"], 4) for c in mine}),
+            }
+        )
         if progress and len(per_seed) % 10 == 0:
             progress(f"{len(per_seed)} of {cs.seeds} seeds scored")
-    return {"settings": cs.__dict__, "seeds": per_seed, "summary": summarize(per_seed)}
+    return {
+        "settings": asdict(cs),
+        "seeds": per_seed,
+        "summary": {method: summarize([s[method] for s in per_seed]) for method in METHODS},
+    }
 
 
 def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -152,8 +212,24 @@ def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
                 "coverage": sum(judged) / len(judged) if judged else None,
                 "median_half_width": float(np.median(halves)) if halves else None,
             }
+            if kind == "taxes":
+                shares = [e["launch_share"] for e in entries if e.get("launch_share") is not None]
+                table[key]["median_launch_share"] = float(np.median(shares)) if shares else None
             if kind == "hypotheses":
                 table[key]["agrees"] = sum(e["agrees"] for e in entries)
                 table[key]["confident"] = sum(e.get("confidence") == "confident" for e in entries)
         out[kind] = table
     return out
+
+
+def overall(summary: dict[str, Any], exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """All taxes together: covered / with an interval (the A/A control's own, `exclude`d or not)."""
+    taxes = {k: t for k, t in summary["taxes"].items() if not k.startswith(exclude)} if exclude else summary["taxes"]
+    judged = sum(t["with_ci"] for t in taxes.values())
+    covered = sum(t["covered"] for t in taxes.values())
+    return {
+        "covered": covered,
+        "with_ci": judged,
+        "coverage": covered / judged if judged else None,
+        "worst": min((t["coverage"] for t in taxes.values() if t["coverage"] is not None), default=None),
+    }

@@ -32,7 +32,7 @@ from connector_tax.analysis import constants as K
 from connector_tax.analysis.batchmeans import t975
 from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
-from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.taxes import SeriesMap, compute_taxes
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, Cell, find_variant
 from connector_tax.oracle.cells import run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
@@ -139,10 +139,12 @@ def hypotheses_of(
     variants: list[str],
     reference: dict[str, float],
     cis: dict[str, list[float]] | None = None,
+    series: SeriesMap | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The analysis's taxes and H1–H6 judgements of cell rows (cellstats' columns); `cis`, when
-    given, replace the estimates' intervals (the oracle's come from its replications)."""
-    taxes = compute_taxes(rows, variants, K.PLAIN, reference)
+    given, replace the estimates' intervals (the oracle's come from its replications); `series`
+    (the cells' requests) gives the taxes intervals that include the launch."""
+    taxes = compute_taxes(rows, variants, K.PLAIN, reference, series)
     rules = RULES if cis is None else [_with_ci(rule, cis.get(rule.id)) for rule in RULES]
     return taxes, {rule.id: judge(rule, Taxes(taxes), variants, K.PLAIN) for rule in rules}
 

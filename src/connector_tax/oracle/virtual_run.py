@@ -2,8 +2,10 @@
 schedule and cell rules driving the simulated engine, leaving the records a real cell leaves.
 
 A real simulated cell sleeps through its seconds; this one computes them. Everything that
-decides what a cell measures is the real cell's: the arrival offsets and shapes come from the
-load generator's own generators with the study's seed (loadgen.schedulers, loadgen.shapes); the
+decides what a cell measures is the real cell's: the arrival offsets, shapes and prompts' token
+ids come from the load generator's own generators with the cell's traffic seed (loadgen.schedulers,
+loadgen.shapes, loadgen.prompts; config.cells.traffic_seed), so every variant and both clocks
+send the same requests in the same cell and replicate (common random numbers); the
 cell's course is the load generator's own rules (loadgen.rules.CellRules: warm-up, floor,
 min-completed, the caller's `enough` and `give_up`, the cap, the in-flight cap, the drain
 budget), asking `enough` once a virtual second as the pipeline's precision watch recomputes once
@@ -19,6 +21,7 @@ study's outputs say "simulated vLLM (ctax sim, virtual time)".
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import time
@@ -32,12 +35,12 @@ from connector_tax.atomic import write_json
 from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen.options import LoadgenOptions
+from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
 from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import arrivals
-from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
 from connector_tax.loadgen.stats import RequestStats
-from connector_tax.oracle.cells import prompt_ids
 from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.metrics import cache_config_labels
@@ -47,6 +50,12 @@ from connector_tax.sim.tokens import natural_length
 
 _NS = 1_000_000_000
 CHECK_S = 1.0  # `enough` is asked this often (virtual seconds), as the precision watch recomputes
+
+
+@functools.lru_cache(maxsize=2)
+def _prompts(seed: int) -> BodyBuilder:
+    """The load generator's prompt builder for a session seed (its token pool takes ~0.2 s)."""
+    return BodyBuilder(BodySettings(model=""), seed)
 
 
 @dataclass
@@ -122,7 +131,8 @@ class VirtualTimeRun:
             record.error = "in-flight cap reached"
             self.finish(record)
             return
-        ids = prompt_ids(index, input_len)
+        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else record.request_id
+        ids = _prompts(self.opts.seed).token_id_list(key, input_len)
         tokens = output_len if self.opts.ignore_eos else natural_length(ids, output_len)
         request = SimRequest(record.request_id, ids, output_len, tokens)
         record.t_send_ns, record.status = target, "ok"
@@ -246,8 +256,9 @@ class VirtualTimeRun:
         cell, opts = self.cell, self.opts
         wall0 = time.monotonic()
         try:
-            schedule = arrivals(cell.arrival, cell.rate, opts.seed, cell.gamma_shape, cell.num_requests)
-            shapes = ShapeSampler(cell.shape, opts.seed)
+            seed = cell.seed if cell.seed is not None else opts.seed  # as loadgen.realtime
+            schedule = arrivals(cell.arrival, cell.rate, seed, cell.gamma_shape, cell.num_requests)
+            shapes = ShapeSampler(cell.shape, shape_seed(seed) if cell.seed is not None else seed)
             t_issue_end = self.t0
             for index, offset in enumerate(schedule):
                 target = self.t0 + offset

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, phase_a_cells, phase_b_cells
+from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, launch_label, phase_a_cells, phase_b_cells
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
@@ -101,18 +101,19 @@ def cell_seconds(study: StudyConfig, cell: Cell) -> float:
 
 def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
     """The cell's time in an earlier run of the study: its sealed wall time, 0 if it was pruned."""
-    summary = read_summary(layout.phase(name, cell.phase).cell(cell.label)) or {}
+    folder = layout.phase(name, cell.phase, cell.replicate)
+    summary = read_summary(folder.cell(cell.label)) or {}
     wall = summary.get("wall_s")
     if summary.get("complete") and isinstance(wall, (int, float)):
         return float(wall) + CELL_FIXED_S
-    index = read_index(layout.phase(name, cell.phase).index)
+    index = read_index(folder.index)
     entry = index.cell(cell.phase, cell.label) if index is not None else None
     return 0.0 if entry is not None and entry.status == PRUNED else None
 
 
 def baseline(study: StudyConfig) -> str:
     """The configuration taxes are measured against (the analysis's default)."""
-    return "plain" if "plain" in study.names else study.names[0]
+    return study.baseline
 
 
 def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any], str | None]:
@@ -150,23 +151,37 @@ def plan_study(
             )
         )
     for name in study.names:
+        replicates = range(1, study.workload.replicates + 1)
         if timing is not None and name in timing.skipped:
             out.append(Estimate("preflight", name, 0, timing.preflight_skip_s))
-            out += [Estimate(stage, name, 0, timing.phase_skip_s) for stage in (PHASE_A, PHASE_B)]
+            out += [
+                Estimate(stage, launch_label(name, r), 0, timing.phase_skip_s)
+                for r in replicates
+                for stage in (PHASE_A, PHASE_B)
+            ]
             continue
         if timing is not None:
             launch = timing.phase_overhead_s
         out.append(Estimate("preflight", name, 0, timing.preflight_s if timing else launch + 2.0))
-        for stage, cells in ((PHASE_A, phase_a_cells(study)), (PHASE_B, phase_b_cells(study, name, reference))):
-            seconds, measured = launch, 0
-            for cell in cells:
-                # A Phase B cell of the baseline's stands in for the same shape and rate of another's.
-                took = _measured(layout, name, cell)
-                if took is None and stage == PHASE_B:
-                    took = _measured(layout, base, cell)
-                measured += took is not None
-                seconds += took if took is not None else cell_seconds(study, cell)
-            out.append(Estimate(stage, name, len(cells), seconds, measured))
+        for replicate in replicates:
+            who = launch_label(name, replicate)
+            for stage, cells in (
+                (PHASE_A, phase_a_cells(study, replicate, name)),
+                (PHASE_B, phase_b_cells(study, name, reference, replicate)),
+            ):
+                seconds, measured = launch, 0
+                for cell in cells:
+                    # An earlier (or predicted) cell of the same launch, else the first launch's (a
+                    # replicate takes as long), else the baseline's for Phase B (the same shape and
+                    # rate): the stand-ins for what is not measured yet.
+                    took = _measured(layout, name, cell)
+                    if took is None and replicate > 1:
+                        took = _measured(layout, name, dataclasses.replace(cell, replicate=1))
+                    if took is None and stage == PHASE_B:
+                        took = _measured(layout, base, dataclasses.replace(cell, replicate=1))
+                    measured += took is not None
+                    seconds += took if took is not None else cell_seconds(study, cell)
+                out.append(Estimate(stage, who, len(cells), seconds, measured))
     if study.workload.phase_a.prune_after_knee and not any(e.measured for e in out):
         notes.append("no rate assumed pruned: knees are found while Phase A runs (an upper bound)")
     if timing is not None:

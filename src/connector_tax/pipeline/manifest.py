@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.atomic import write_atomic
-from connector_tax.config import LAUNCH_PHASES, load_config
+from connector_tax.config import LAUNCH_PHASES, launch_label, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
 from connector_tax.contract.records import connector_packages
@@ -32,6 +32,7 @@ COLUMNS = [
     "study",
     "variant",
     "phase",
+    "replicate",
     "status",
     "reason",
     "simulated",
@@ -74,7 +75,7 @@ def host_of(layout: StudyLayout, index: PhaseIndex) -> dict[str, Any]:
     for c in index.cells:
         if c.status != COMPLETE:
             continue
-        summary = read_summary(layout.phase(index.variant, c.phase).cell(c.label)) or {}
+        summary = read_summary(layout.phase(index.variant, c.phase, index.replicate).cell(c.label)) or {}
         host = summary.get("host") or {}
         validity = summary.get("validity") or {}
         if host.get("measured"):
@@ -147,48 +148,48 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
     }
     preflight = _read(layout.preflight_status) or {}
     rows = []
-    for variant in config["variants"]:
-        name = variant["name"]
-        for phase in LAUNCH_PHASES:
-            index = read_index(layout.index(name, phase))
-            versions = _versions(index, config)
-            row = {
-                **common,
-                **versions,
-                "variant": name,
-                "phase": phase,
-                "result_dir": str(layout.phase(name, phase).folder),
-                # what the launch recorded; what it would be now for a launch never made
-                "served_by": (index.served_by if index is not None else None)
-                or served_by(config, json.loads(versions["server_versions"])),
-                "mooncake_transport": (index.mooncake_transport if index is not None else None)
-                or mooncake_transport(config, variant)
-                or "",
-            }
-            if index is None:
-                pre = preflight.get(name, {})
-                row.update(
-                    status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or ""
-                )
-                rows.append(row)
-                continue
-            order = index.run_order
-            row.update(
-                date=index.finished or index.started or "",
-                status=index.status,
-                reason=index.reason or "",
-                loadgen_code=(index.code or {}).get("loadgen", ""),
-                gpu=index.gpu or gpu_description(None, config["backend"]),
-                run_position=f"{order.index(name) + 1} of {len(order)}" if name in order else "",
-                step_timing_available=index.step_timing_available,
-                step_timing_reason=index.step_timing_reason or "",
-                cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
-                cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
-                launch_command=shlex.join(index.launch_command) if index.launch_command else "",
-                workarounds="; ".join(index.workarounds),
-                **host_of(layout, index),
-            )
+    replicates = range(1, config["workload"]["replicates"] + 1)
+    launches = [(v, p, r) for v in config["variants"] for p in LAUNCH_PHASES for r in replicates]
+    for variant, phase, replicate in launches:  # one row per launch
+        name, launch = variant["name"], launch_label(variant["name"], replicate)
+        index = read_index(layout.index(name, phase, replicate))
+        versions = _versions(index, config)
+        row = {
+            **common,
+            **versions,
+            "variant": name,
+            "phase": phase,
+            "replicate": replicate,
+            "result_dir": str(layout.phase(name, phase, replicate).folder),
+            # what the launch recorded; what it would be now for a launch never made
+            "served_by": (index.served_by if index is not None else None)
+            or served_by(config, json.loads(versions["server_versions"])),
+            "mooncake_transport": (index.mooncake_transport if index is not None else None)
+            or mooncake_transport(config, variant)
+            or "",
+        }
+        if index is None:
+            pre = preflight.get(name, {})
+            row.update(status="skipped" if pre.get("status") == "skip" else "not run", reason=pre.get("reason") or "")
             rows.append(row)
+            continue
+        order = index.run_order
+        row.update(
+            date=index.finished or index.started or "",
+            status=index.status,
+            reason=index.reason or "",
+            loadgen_code=(index.code or {}).get("loadgen", ""),
+            gpu=index.gpu or gpu_description(None, config["backend"]),
+            run_position=f"{order.index(launch) + 1} of {len(order)}" if launch in order else "",
+            step_timing_available=index.step_timing_available,
+            step_timing_reason=index.step_timing_reason or "",
+            cells=" ".join(f"{c.key}:{c.status}" for c in index.cells),
+            cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
+            launch_command=shlex.join(index.launch_command) if index.launch_command else "",
+            workarounds="; ".join(index.workarounds),
+            **host_of(layout, index),
+        )
+        rows.append(row)
     return rows
 
 
@@ -241,7 +242,8 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
             else (f"no ({r['step_timing_reason']})" if r.get("step_timing_reason") else "no")
         )
         lines.append(
-            f"| {r.get('date', '')} | {r['variant']} | {r['phase']} | {r.get('run_position', '')} | "
+            f"| {r.get('date', '')} | {launch_label(r['variant'], r['replicate'])} | {r['phase']} | "
+            f"{r.get('run_position', '')} | "
             f"{r['status']} | {r.get('gpu', '')} | {timing} | `{r['result_dir']}` | {r.get('reason', '')} |"
         )
     lines += ["", "## Host contention (the validity gate, per cell)", ""]
@@ -260,9 +262,13 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
     lines += [""] + ([f"- {r['variant']}/{k}: {why}" for r, k, why in perturbed] or ["- no cell stands perturbed"])
     failed = [(r, c) for r in rows for c in (r.get("cells_failed") or "").split("; ") if c]
     lines += ["", "## Cells not complete", ""]
-    lines += [f"- {r['variant']}/{c}" for r, c in failed] or ["- none"]
+    lines += [f"- {launch_label(r['variant'], r['replicate'])}/{c}" for r, c in failed] or ["- none"]
     lines += ["", "## Launch commands", ""]
-    lines += [f"- {r['variant']} / {r['phase']}: `{r['launch_command']}`" for r in rows if r.get("launch_command")]
+    lines += [
+        f"- {launch_label(r['variant'], r['replicate'])} / {r['phase']}: `{r['launch_command']}`"
+        for r in rows
+        if r.get("launch_command")
+    ]
     lines += ["", "## Skipped figures", ""]
     lines += [f"- {fig}: {why}" for fig, why in skipped_figures.items()] or ["- none"]
     return "\n".join(lines) + "\n"

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A, Validity
+from connector_tax.config import PHASE_A, Cell, Validity
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, move_aside, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
@@ -64,10 +65,12 @@ def measure(
     saturation: dict[str, float],
     validity: Validity,
     prune: Callable[[CellPlan], str | None] = lambda planned: None,
+    pair_with: Callable[[Cell], Path | None] = lambda cell: None,
     suspect: Suspect = lambda planned, files: None,
 ) -> None:
     """Measure `todo` in order, launching again after a failure; a cell `prune` gives a reason
-    for, when its turn comes, is recorded as pruned, not measured."""
+    for, when its turn comes, is recorded as pruned, not measured; `pair_with` names the baseline's
+    sealed requests a cell that stops on its taxes is paired with."""
     pending = list(todo)
     prune_from(index, pending, prune)
     if not pending:
@@ -77,8 +80,9 @@ def measure(
             failure = None
             with runner.launch(index, save) as launched:
                 while pending and failure is None:
+                    planned = pending.pop(0)
                     failure = _measure_cell(
-                        layout, index, pending.pop(0), launched, saturation, validity, suspect, save
+                        layout, index, planned, launched, saturation, validity, suspect, save, pair_with(planned.cell)
                     )
                     prune_from(index, pending, prune)
                     save()
@@ -108,15 +112,18 @@ def _measure_cell(
     validity: Validity,
     suspect: Suspect,
     save: Callable[[], None],
+    pair_with: Path | None = None,
 ) -> str | None:
     """Measure one cell until an attempt passes the gate (or the attempts are spent), seal the
     one that stands, set the others aside; returns why the server failed during it, if it did."""
     cell = planned.cell
-    folder = layout.phase(index.variant, cell.phase)
+    folder = layout.phase(index.variant, cell.phase, index.replicate)
     attempts: list[Attempt] = []
     suspected = False
     for number in range(1, validity.attempts + 1):
-        attempt = _attempt(folder.staging(cell.label, number), planned, launched, saturation, validity, number)
+        attempt = _attempt(
+            folder.staging(cell.label, number), planned, launched, saturation, validity, number, pair_with
+        )
         attempts.append(attempt)
         if attempt.failure is not None or number == validity.attempts:
             break
@@ -159,13 +166,15 @@ def _attempt(
     saturation: dict[str, float],
     validity: Validity,
     number: int,
+    pair_with: Path | None = None,
 ) -> Attempt:
-    """One measurement of the cell into `staging`, judged by the gate."""
+    """One measurement of the cell into `staging`, judged by the gate; a cell that stops on its
+    taxes is paired with the baseline's sealed requests at `pair_with`."""
     cell = planned.cell
     staging.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic_ns()
     waiting: Waiting = []
-    precision = PrecisionWatch(staging.requests, cell.precision_target)
+    precision = PrecisionWatch(staging.requests, cell.precision_target, pair_with)
     # Phase B and B' cells end at their floor when saturated, unless the study turned it off.
     guard = OverloadGuard(
         waiting, t0 / 1e9 + cell.warmup_s, saturation["waiting_p50_max"], cell.phase != PHASE_A and cell.overload_guard

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import (
@@ -25,14 +26,16 @@ from connector_tax.config import (
     PHASE_A,
     PHASE_B,
     PHASE_B_PRIME,
+    Cell,
     StudyConfig,
     find_variant,
+    launch_label,
+    launch_order,
     load_study,
-    run_order,
 )
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
-from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index
+from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
@@ -106,10 +109,13 @@ def _final_status(index: PhaseIndex) -> str:
     return "failed"
 
 
-def run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None = None) -> PhaseIndex:
-    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all."""
+def run_phase(
+    config_path: str, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
+) -> PhaseIndex:
+    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all.
+    replicate: which of the study's workload.replicates launches of this variant and phase."""
     with cpu_lease(cpus) as leased:
-        index = _run_phase(config_path, name, launch_phase, leased)
+        index = _run_phase(config_path, name, launch_phase, leased, replicate)
     return index
 
 
@@ -133,6 +139,20 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     return check
 
 
+def _pairer(layout: StudyLayout, study: StudyConfig):
+    """The baseline's sealed requests a cell that stops on its taxes is paired with: its cell of
+    the same phase, label and replicate, if complete (else None: the cell stops on its p90s)."""
+
+    def pair_with(cell: Cell) -> Path | None:
+        if cell.precision_of != "tax":
+            return None
+        files = layout.phase(study.baseline, cell.phase, cell.replicate).cell(cell.label)
+        summary = read_summary(files) or {}
+        return files.requests if summary.get("complete") and files.requests.is_file() else None
+
+    return pair_with
+
+
 def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
     """Why a valid Phase A attempt must be measured once more (prune.ttft_growth_only)."""
 
@@ -151,15 +171,19 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
     return check
 
 
-def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int] | None) -> PhaseIndex:
+def _run_phase(
+    config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
+) -> PhaseIndex:
     study = load_study(config_path)
     config = study.raw
     variant = find_variant(config, name)
+    if not 1 <= replicate <= study.workload.replicates:
+        raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
     layout = StudyLayout.of(config["study"])
-    folder = layout.phase(name, launch_phase)
+    folder = layout.phase(name, launch_phase, replicate)
     folder.folder.mkdir(parents=True, exist_ok=True)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
-    plan = launch_plan(config_path, study, name, launch_phase, reference)
+    plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
     previous = read_index(folder.index)
     index = PhaseIndex(
         study=config["study"],
@@ -171,7 +195,8 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
         cells=[],
         launch_id=f"{utc_stamp()}-{os.getpid()}",
         started=now_iso(),
-        run_order=run_order(study, launch_phase),
+        run_order=[launch_label(n, r) for n, r in launch_order(study, launch_phase)],
+        replicate=replicate,
         server_versions=plan.launch["server_versions"],
         cpus_leased=leased,
         placement=placement_record(),
@@ -218,6 +243,7 @@ def _run_phase(config_path: str, name: str, launch_phase: str, leased: list[int]
             config["saturation"],
             study.validity,
             _pruner(layout, study, name, plan, index),
+            _pairer(layout, study),
             _suspect(layout, study, name, plan, index),
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
@@ -246,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--variant", required=True, metavar="NAME")
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
+    parser.add_argument(
+        "--replicate", type=int, default=1, metavar="K", help="which launch of workload.replicates (default 1)"
+    )
     parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
     parser.add_argument(
         "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
@@ -257,26 +286,29 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         _say(f"{args.variant} {args.phase}: {exc}")
         return 2
-    study = load_study(args.config).study
-    lock_path = StudyLayout.of(study).phase(args.variant, args.phase).lock
+    settings = load_study(args.config)
+    who = launch_label(args.variant, args.replicate)
+    if not 1 <= args.replicate <= settings.workload.replicates:
+        parser.error(f"argument --replicate: {args.replicate} is not in 1..{settings.workload.replicates}")
+    lock_path = StudyLayout.of(settings.study).phase(args.variant, args.phase, args.replicate).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
-        _say(f"{args.variant} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        _say(f"{who} {args.phase}: already being measured by {lock_holder(lock_path)}")
         return 1
     try:
         with AncestorWatch():
-            index = run_phase(args.config, args.variant, args.phase, args.cpus or None)
+            index = run_phase(args.config, args.variant, args.phase, args.cpus or None, args.replicate)
     except KeyboardInterrupt as exc:
-        _say(f"{args.variant} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        _say(f"{who} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
         return 130
     except OSError as exc:
-        _say(f"{args.variant} {args.phase}: stopped: {exc}; the next run resumes it")
+        _say(f"{who} {args.phase}: stopped: {exc}; the next run resumes it")
         return 1
     finally:
         os.close(lock)
     reused = sum(c.reused for c in index.cells)
     _say(
-        f"{args.variant} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+        f"{who} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
         + (f" ({index.reason})" if index.reason else "")
     )
     return 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, find_variant, planned_cells
+from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, find_variant, launch_label, planned_cells
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import (
     cell_settings,
@@ -48,6 +48,7 @@ class LaunchPlan:
     launch: dict[str, Any]
     code: dict[str, Any]
     cells: list[CellPlan]
+    replicate: int = 1
 
     @property
     def digest(self) -> str:
@@ -69,7 +70,12 @@ def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
 
 
 def launch_plan(
-    config_path: str | Path, study: StudyConfig, name: str, launch_phase: str, reference: dict[str, Any] | None
+    config_path: str | Path,
+    study: StudyConfig,
+    name: str,
+    launch_phase: str,
+    reference: dict[str, Any] | None,
+    replicate: int = 1,
 ) -> LaunchPlan:
     config = study.raw
     variant = find_variant(config, name)
@@ -77,18 +83,18 @@ def launch_plan(
     launch = launch_settings(config, variant, argv, server_versions(config))
     code = code_versions(config["backend"])
     cells = []
-    for cell in planned_cells(study, name, launch_phase, reference):
+    for cell in planned_cells(study, name, launch_phase, reference, replicate):
         settings = cell_settings(config, cell)
         cells.append(CellPlan(cell, settings, fingerprint(launch, settings, code)))
-    return LaunchPlan(name, launch_phase, launch, code, cells)
+    return LaunchPlan(name, launch_phase, launch, code, cells, replicate)
 
 
 def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
     """{cell key: why it must be measured} for the planned cells that cannot be reused."""
     out = {}
-    index = read_index(layout.index(plan.name, plan.launch_phase))
+    index = read_index(layout.index(plan.name, plan.launch_phase, plan.replicate))
     for planned in plan.cells:
-        files = layout.phase(plan.name, planned.cell.phase).cell(planned.cell.label)
+        files = layout.phase(plan.name, planned.cell.phase, plan.replicate).cell(planned.cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
         if ok and (perturbed := stands_perturbed(files)):
             ok, why = False, perturbed
@@ -105,11 +111,11 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
     return out
 
 
-def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
+def retry_token(layout: StudyLayout, name: str, launch_phase: str, replicate: int = 1) -> str:
     """Non-empty while the last launch left cells failed, unfinished or standing perturbed (the
     validity gate): it names that launch, so each new attempt is a change Snakemake re-runs the
     job for."""
-    index: PhaseIndex | None = read_index(layout.index(name, launch_phase))
+    index: PhaseIndex | None = read_index(layout.index(name, launch_phase, replicate))
     if index is None or index.status == "skipped":
         return ""
     if index.status == "running" or any(c.status not in DONE for c in index.cells):
@@ -117,23 +123,33 @@ def retry_token(layout: StudyLayout, name: str, launch_phase: str) -> str:
     perturbed = [
         c.key
         for c in index.cells
-        if c.status == COMPLETE and stands_perturbed(layout.phase(name, c.phase).cell(c.label))
+        if c.status == COMPLETE and stands_perturbed(layout.phase(name, c.phase, replicate).cell(c.label))
     ]
     if perturbed:
         return f"measure again after launch {index.launch_id}: {len(perturbed)} cells stand perturbed"
     return ""
 
 
-def job_params(config_path: str | Path, study: StudyConfig, name: str, launch_phase: str) -> str:
-    """What the Snakemake job of (name, launch phase) is asked to produce: its planned cells and
-    fingerprints, and a retry token. A change of either makes Snakemake run the job again."""
+def job_params(config_path: str | Path, study: StudyConfig, name: str, launch_phase: str, replicate: int = 1) -> str:
+    """What the Snakemake job of (name, launch phase, replicate) is asked to produce: its planned
+    cells and fingerprints, and a retry token. A change of either makes Snakemake run the job again."""
     layout = StudyLayout.of(study.study)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
     if launch_phase == PHASE_B and reference is None:
         digest = "cells planned after the reference stage"
     else:
-        digest = launch_plan(config_path, study, name, launch_phase, reference).digest
-    return f"{digest} {retry_token(layout, name, launch_phase)}".strip()
+        digest = launch_plan(config_path, study, name, launch_phase, reference, replicate).digest
+    return f"{digest} {retry_token(layout, name, launch_phase, replicate)}".strip()
+
+
+def launches(study: StudyConfig) -> list[tuple[str, str, int]]:
+    """Every (variant, launch phase, replicate) of the study."""
+    return [
+        (name, launch_phase, replicate)
+        for name in study.names
+        for launch_phase in (PHASE_A, PHASE_B)
+        for replicate in range(1, study.workload.replicates + 1)
+    ]
 
 
 def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
@@ -144,20 +160,20 @@ def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
         return []
     reference = read_reference(layout)
     lines = []
-    for name in study.names:
-        for launch_phase in (PHASE_A, PHASE_B):
-            if launch_phase == PHASE_B and reference is None:
-                continue
-            if read_index(layout.index(name, launch_phase)) is None:
-                continue
-            plan = launch_plan(config_path, study, name, launch_phase, reference)
-            pending = pending_cells(layout, plan)
-            if pending:
-                why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
-                more = f" (+{len(pending) - 3} more)" if len(pending) > 3 else ""
-                lines.append(
-                    f"{name}/{launch_phase}: {len(pending)} of {len(plan.cells)} cells to measure — {why}{more}"
-                )
+    for name, launch_phase, replicate in launches(study):
+        if launch_phase == PHASE_B and reference is None:
+            continue
+        if read_index(layout.index(name, launch_phase, replicate)) is None:
+            continue
+        plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
+        pending = pending_cells(layout, plan)
+        if pending:
+            why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
+            more = f" (+{len(pending) - 3} more)" if len(pending) > 3 else ""
+            lines.append(
+                f"{launch_label(name, replicate)}/{launch_phase}: {len(pending)} of {len(plan.cells)} "
+                f"cells to measure — {why}{more}"
+            )
     return lines
 
 
@@ -165,17 +181,17 @@ def study_outcome(study: StudyConfig) -> str:
     """The closing line of a study run: cells complete, and which failed or were skipped, why."""
     layout = StudyLayout.of(study.study)
     complete, pruned, problems = 0, 0, []
-    for name in study.names:
-        for launch_phase in (PHASE_A, PHASE_B):
-            index = read_index(layout.index(name, launch_phase))
-            if index is None:
-                continue
-            if index.status == "skipped":
-                problems.append(f"{name}/{launch_phase} skipped ({index.reason})")
-                continue
-            complete += sum(c.status == COMPLETE for c in index.cells)
-            pruned += sum(c.status == PRUNED for c in index.cells)
-            problems += [f"{name}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
+    for name, launch_phase, replicate in launches(study):
+        index = read_index(layout.index(name, launch_phase, replicate))
+        label = launch_label(name, replicate)
+        if index is None:
+            continue
+        if index.status == "skipped":
+            problems.append(f"{label}/{launch_phase} skipped ({index.reason})")
+            continue
+        complete += sum(c.status == COMPLETE for c in index.cells)
+        pruned += sum(c.status == PRUNED for c in index.cells)
+        problems += [f"{label}/{c.key} {c.status} ({c.reason})" for c in index.cells if c.status not in DONE]
     head = f"connector-tax: done; results in {layout.root}: {complete} cells complete"
     if pruned:
         head += f" ({pruned} pruned past a knee)"

@@ -7,7 +7,9 @@ prediction runs the study itself in virtual time (sim.clock: virtual) in a scrat
 far as it must: preflight, every configuration's Phase A, the reference rates, and the
 baseline's Phase B (with its B'). Those cells' simulated lengths then stand in for what the
 plan would otherwise guess: Phase A as computed (pruned cells cost nothing), Phase B at the
-predicted reference rates, each configuration's cell at the baseline's length for its shape.
+predicted reference rates, each configuration's cell at the baseline's length for its shape. A
+study whose cells stop on their taxes (workload.precision.of tax) computes every variant's Phase B:
+each one's length is set by its own paired tax, which only running it can tell.
 
 This is only as good as the profile: for a vLLM study the config must name its server's
 profile (sim.hardware_profile, a hand-set one; or sim.profile, or `ctax plan --profile FILE`, a
@@ -57,7 +59,8 @@ def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> Study
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(virtual_config(study), sort_keys=False), encoding="utf-8")
     layout = StudyLayout(workdir / "results" / study.study)
-    targets = [f"results/{study.study}/{baseline(study)}/{PHASE_B}/run.json"]
+    names = study.names if study.workload.precision.on_tax else [baseline(study)]
+    targets = [f"results/{study.study}/{name}/{PHASE_B}/run.json" for name in names]
     argv = [sys.executable, "-m", "snakemake", "-s", str(_SNAKEFILE), "--cores", "1", "--quiet", "all"]
     argv += ["--configfile", str(path), "--directory", str(workdir), *targets]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)

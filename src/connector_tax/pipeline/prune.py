@@ -35,7 +35,7 @@ def _row(
     layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, files: CellFiles | None = None
 ) -> dict[str, Any]:
     """The cell's aggregate row, from its sealed files (or `files`: an attempt not yet sealed)."""
-    files = files or layout.phase(name, planned.cell.phase).cell(planned.cell.label)
+    files = files or layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)
     cell = Measurement(name, planned.cell.phase, planned.cell.label, files, planned.cell, read_summary(files))
     row, _ = cell_row(
         cell,
@@ -66,7 +66,9 @@ def saturated(
 
 def valid(layout: StudyLayout, name: str, planned: CellPlan) -> bool:
     """Did the cell pass the validity gate (a sealed summary that does not say otherwise)?"""
-    summary = read_summary(layout.phase(name, planned.cell.phase).cell(planned.cell.label)) or {}
+    summary = (
+        read_summary(layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)) or {}
+    )
     return (summary.get("validity") or {}).get("valid") is not False
 
 

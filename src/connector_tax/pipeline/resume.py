@@ -32,7 +32,7 @@ def clear_staging(layout: StudyLayout, plan: LaunchPlan) -> list[dict[str, Any]]
     moved = []
     phases = {p.cell.phase for p in plan.cells} | {plan.launch_phase}
     for phase in sorted(phases):
-        pl = layout.phase(plan.name, phase)
+        pl = layout.phase(plan.name, phase, plan.replicate)
         if not pl.staging_root.is_dir():
             continue
         for folder in sorted(p for p in pl.staging_root.iterdir() if p.is_dir()):
@@ -52,7 +52,7 @@ def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[IndexEntry], lis
     moved = clear_staging(layout, plan)
     for planned in plan.cells:
         cell = planned.cell
-        files = layout.phase(plan.name, cell.phase).cell(cell.label)
+        files = layout.phase(plan.name, cell.phase, plan.replicate).cell(cell.label)
         ok, why = verify_cell(files, planned.fingerprint)
         if ok and (perturbed := stands_perturbed(files)):
             ok, why = False, perturbed
@@ -63,7 +63,7 @@ def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[IndexEntry], lis
             entry.counts = {k: v["records"] for k, v in (summary.get("files") or {}).items()}
         elif files.existing():
             old = read_summary(files) or {}
-            dest = layout.phase(plan.name, cell.phase).superseded(
+            dest = layout.phase(plan.name, cell.phase, plan.replicate).superseded(
                 cell.label, _why_tag(why, old.get("fingerprint"), planned.fingerprint)
             )
             why_doc = {

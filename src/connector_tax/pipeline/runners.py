@@ -20,11 +20,12 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from connector_tax.config import Validity
-from connector_tax.config.cells import PHASE_A, Cell
+from connector_tax.config.cells import PHASE_A, Cell, launch_seed
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
+from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
@@ -89,6 +90,11 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
     )
 
 
+def _launch_seed(config: dict[str, Any], index: PhaseIndex) -> int:
+    """This launch's seed: its variant, phase, replicate and how many relaunches came before it."""
+    return launch_seed(config["seed"], index.variant, index.phase, index.replicate, len(index.restarts))
+
+
 class ServerRunner:
     """Real time: the variant's server (vLLM, `ctax sim`, or an external one), the load
     generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
@@ -120,6 +126,8 @@ class ServerRunner:
         spec = launch_spec(self.config_path, config, variant, port, str(raw) if backend != "openai" else None)
         if self.gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
+            spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(config, index))
         url = spec.url or f"http://{host}:{port}"
         index.launch_command = spec.argv
         index.server_env = dict(spec.env)
@@ -218,6 +226,7 @@ class VirtualRunner:
     modelled hardware), `compute_s` what computing it took here."""
 
     def __init__(self, config: dict[str, Any], variant: dict[str, Any]) -> None:
+        self.config, self.variant = config, variant
         self.settings = resolve(config, variant, {})
         self.options = loadgen_options(config, "virtual:")
 
@@ -231,6 +240,7 @@ class VirtualRunner:
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[VirtualRunner]:
         index.launch_command = None
         index.step_timing_available, index.step_timing_reason = True, None  # the engine model writes every step
+        self.settings = resolve(self.config, self.variant, {}, _launch_seed(self.config, index))
         yield self
 
     def run(

@@ -45,7 +45,9 @@ class Ctx:
         self.saturation = Saturation(**thresholds) if thresholds else default_saturation()
 
     def rows(self, phase: str) -> list[dict[str, Any]]:
-        return [r for r in self.agg.get("rows") or [] if r["phase"] == phase]
+        """A phase's cells as measured by each variant's first launch: with replicates, a curve per
+        variant stays one line (the taxes, and the figures drawn from them, pool every launch)."""
+        return [r for r in self.agg.get("rows") or [] if r["phase"] == phase and (r.get("replicate") or 1) == 1]
 
     def by_config(self, phase: str) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}

@@ -85,16 +85,24 @@ def connector_terms(
 
 
 class CostModel:
+    """`fitted`: a calibrated profile's costs of this variant instead of the hand-set `terms` (its
+    hooks replace the terms'). `speed`: this launch's speed factor (sim.launch_bias_sd): every step
+    of the launch takes `speed` times its modelled time, as a GPU that runs a little hot or cold for
+    a whole launch."""
+
     def __init__(
-        self, hardware: HardwareProfile, terms: list[ConnectorTerm] | None, fitted: FittedCosts | None = None
+        self,
+        hardware: HardwareProfile,
+        terms: list[ConnectorTerm] | None,
+        fitted: FittedCosts | None = None,
+        speed: float = 1.0,
     ) -> None:
-        """`terms`: the hand-set connector model (connector_terms); `fitted`: a calibrated
-        profile's costs of this variant instead (its hooks replace the terms')."""
         self.hardware = hardware
         self.terms = terms
         self.scale = fitted.forward_scale if fitted else 1.0
         self.extra_us = fitted.extra_us if fitted else 0.0
         self.schedule_scale = fitted.schedule_scale if fitted else 1.0
+        self.speed = speed
         # Each hook is linear in (running, blocks): sum the terms' coefficients once, so a step
         # costs three multiply-adds per hook however many connectors a MultiConnector holds.
         self._coef: dict[str, tuple[float, float, float]] | None = None
@@ -129,4 +137,8 @@ class CostModel:
         load = self._hook("start_load_kv", batch)
         hooks = (build or 0.0) + (finished or 0.0) + (load or 0.0)
         schedule = (hw.schedule_base_us + hw.schedule_request_us * batch.running) * self.schedule_scale + (build or 0.0)
+        if self.speed != 1.0:
+            k = self.speed
+            forward, hooks, schedule = forward * k, hooks * k, schedule * k
+            build, finished, load = (None if h is None else h * k for h in (build, finished, load))
         return StepCost(forward + hooks, forward, build, finished, load, schedule_us=schedule, gap_us=hw.step_gap_us)

@@ -22,6 +22,7 @@ import uvicorn
 import uvloop
 
 from connector_tax.config import ConfigError, default_config_path, find_variant, load_config
+from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.sim.api import SimApp
 from connector_tax.sim.cli_args import FAULT_FLAGS
 from connector_tax.sim.engine import EngineCore
@@ -67,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     cli_faults = {name: getattr(args, name) for name in FAULT_FLAGS if getattr(args, name) is not None}
     try:
         config = load_config(config_path)
-        settings = resolve(config, find_variant(config, args.variant), cli_faults)
+        launch = os.environ.get(LAUNCH_SEED_ENV)
+        settings = resolve(config, find_variant(config, args.variant), cli_faults, int(launch) if launch else None)
     except (ConfigError, ValueError) as exc:
         return _error(str(exc))
     if settings.faults.fail_start:

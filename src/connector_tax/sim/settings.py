@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from connector_tax.config.merge import deep_merge
 from connector_tax.config.profile import ApiProfile, EngineProfile, check_study_profile
@@ -24,6 +27,7 @@ class SimSettings:
     cost_model: CostModel
     faults: FaultSettings
     connector: dict[str, Any] | None
+    speed_factor: float = 1.0  # this launch's (sim.launch_bias_sd; 1 without a launch seed)
     # The engine profile, as outputs name it: "tiny-fast (hand-set)", or a calibrated file's.
     profile: str = "tiny-fast (hand-set)"
     # Where the variant's connector costs come from: "calibrated", "hand-set" or "none" (no connector).
@@ -51,9 +55,21 @@ def _calibrated(
     return hardware, costs, fitted.api or profile.api, "calibrated"
 
 
-def resolve(config: dict[str, Any], variant: dict[str, Any], faults: dict[str, Any]) -> SimSettings:
+def speed_factor(bias_sd: float, launch_seed: int | None) -> float:
+    """A launch's speed factor: exp(N(0, bias_sd^2)) drawn from its launch seed (median 1: the
+    nominal engine is the typical launch, which is what the truth oracle computes); 1 when the
+    bias is off or the launch has no seed."""
+    if not bias_sd or launch_seed is None:
+        return 1.0
+    return math.exp(bias_sd * float(np.random.default_rng(launch_seed).standard_normal()))
+
+
+def resolve(
+    config: dict[str, Any], variant: dict[str, Any], faults: dict[str, Any], launch_seed: int | None = None
+) -> SimSettings:
     """`config` is a validated study config and `variant` one of its `configs` entries;
-    `faults` (from the command line) override the config's own."""
+    `faults` (from the command line) override the config's own; `launch_seed` draws this launch's
+    speed factor when the study turns the per-launch bias on (sim.launch_bias_sd)."""
     server = deep_merge(config.get("server", {}), variant.get("server", {}))
     sim = deep_merge(config.get("sim", {}), variant.get("sim", {}))
     admission = AdmissionSettings(**sim.get("admission", {}))
@@ -80,6 +96,7 @@ def resolve(config: dict[str, Any], variant: dict[str, Any], faults: dict[str, A
         enable_prefix_caching=server.get("enable_prefix_caching", True),
         admission=admission,
     )
+    speed = speed_factor(float(sim.get("launch_bias_sd") or 0.0), launch_seed)
     capacity = hardware.kv_cache_blocks * hardware.block_size
     if engine.max_model_len > capacity:
         # vLLM refuses to start in the same situation rather than hang on a long prompt.
@@ -93,9 +110,10 @@ def resolve(config: dict[str, Any], variant: dict[str, Any], faults: dict[str, A
         host=server.get("host", "127.0.0.1"),
         vllm_version=config.get("vllm_version", "0.33.0"),
         engine=engine,
-        cost_model=CostModel(hardware, terms, fitted),
+        cost_model=CostModel(hardware, terms, fitted, speed),
         faults=FaultSettings.from_dict({**sim.get("faults", {}), **faults}),
         connector=connector,
+        speed_factor=speed,
         profile=label,
         costs_source=source,
         api=api,
