@@ -316,7 +316,11 @@ def test_stream_in_flight_when_engine_dies_ends_promptly(tmp_path: Path) -> None
         # 3,000 tokens take about 20 s to stream; one that ends at the death, about 1 s
         assert lasted < 10.0, lasted
         assert b'"finish_reason":"length"' not in raw  # 3000 tokens could not have finished
-        records = sim.request_records()
+        # The record is written once the server's handler has ended, which can be a moment after
+        # the client saw the stream end (seen: none yet beside a second test process): a bail-out.
+        deadline = time.monotonic() + 10.0
+        while not (records := sim.request_records()) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert len(records) == 1
     assert records[0]["status"] == "error"
     assert 0 < records[0]["completion_tokens"] < 3000
