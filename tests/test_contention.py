@@ -159,7 +159,7 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _run(tiny, script, suspect=lambda planned, files: None) -> ScriptedRunner:
     study, plan, layout, index = tiny
     runner = ScriptedRunner(script)
-    measure(runner, layout, index, plan.cells, lambda: None, study.raw["saturation"], study.validity, suspect=suspect)
+    measure(runner, layout, index, plan.cells, lambda: None, study.saturation, study.validity, suspect=suspect)
     return runner
 
 
@@ -191,7 +191,7 @@ def test_attempts_are_bounded_by_the_config(tiny, tmp_path: Path) -> None:
     study, plan, layout, index = tiny
     one = study.validity.replace(attempts=1)
     runner = ScriptedRunner({"r4": [_summary(others=0.9)], "r8": [_summary(others=0.9)]})
-    measure(runner, layout, index, plan.cells, lambda: None, study.raw["saturation"], one)
+    measure(runner, layout, index, plan.cells, lambda: None, study.saturation, one)
     assert runner.runs == ["r4", "r8"]
 
 

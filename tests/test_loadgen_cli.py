@@ -33,6 +33,7 @@ SUMMARY_LINE = re.compile(
 PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_flight=\d+ ttft_p50_ms=(\d+\.\d|-)")
 
 
+@pytest.mark.e2e  # a simulated server and a whole cell through ctax bench: seconds
 def test_bench_against_the_sim(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     with running_sim(tmp_path / "sim", connector="plain") as sim:

@@ -148,6 +148,7 @@ def _served(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
+@pytest.mark.e2e  # real servers (TLS, IPv6) and requests: seconds each
 def test_no_scheme_path_and_ipv6_end_to_end(tmp_path: Path) -> None:
     with bench_server(tmp_path) as (url, log):
         port = url.rsplit(":", 1)[1]
@@ -171,6 +172,7 @@ def test_no_scheme_path_and_ipv6_end_to_end(tmp_path: Path) -> None:
     assert {e["path"] for e in _served(log)} == {"/v1/chat/completions"}
 
 
+@pytest.mark.e2e  # real servers (TLS, IPv6) and requests: seconds each
 def test_https_with_ca_file_or_insecure_and_bearer_key(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed: no certificate to serve https with")

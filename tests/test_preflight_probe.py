@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 from test_launch_vllm_cpu import fake_vllm as fake_vllm_script
 
@@ -115,6 +116,7 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.e2e  # stand-in vLLM launches through the preflight: seconds each
 def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
     study(tmp_path)
     expected = {
@@ -136,6 +138,7 @@ def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
     assert set(kept["libraries"]) == {"mooncake", "nixl", "lmcache"}
 
 
+@pytest.mark.e2e  # stand-in vLLM launches through the preflight: seconds each
 def test_a_library_that_is_there_gets_the_real_launch(tmp_path):
     study(tmp_path)
     assert preflight(tmp_path, "mooncake_both")["status"] == "skip"  # absent: probed, not launched

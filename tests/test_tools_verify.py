@@ -104,6 +104,7 @@ def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
     assert (out / "launch_noop_connector.sh").read_text().startswith("#!/usr/bin/env bash")
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     def mutate(config):
         config["variants"][1]["sim"] = {"faults": {"fail_start": "NoOpConnector import failed"}}
@@ -336,6 +337,7 @@ def test_fake_executable_template_is_valid_python(tmp_path):
     compile(textwrap.dedent(text), "vllm", "exec")
 
 
+@pytest.mark.e2e  # servers to readiness and requests: seconds each
 def test_a_server_that_hangs_after_vllms_engine_failure_fails_the_start(tmp_path):
     """vLLM 0.32 on CPU sometimes hangs instead of exiting after "EngineCore failed to start"
     (a Mooncake worker's shutdown raises): the check ends a grace period after that line, with

@@ -251,7 +251,7 @@ def select_reference(
 ) -> dict[str, Any]:
     """ref_safe / ref_load from per-cell saturation; every decision with its numbers."""
     rates = sorted(set(rates) | {r for c in considered for r in saturation.get(c, {})})
-    per_config: dict[str, Any] = {}
+    per_variant: dict[str, Any] = {}
     notes: list[str] = []
     for name in considered:
         cells = saturation.get(name, {})
@@ -263,7 +263,7 @@ def select_reference(
                 f"{name}: not saturated at {', '.join(f'r{r:g}' for r in after)} above its saturation "
                 f"rate r{first:g} (noise or recovery); the lowest saturated rate is used"
             )
-        per_config[name] = {
+        per_variant[name] = {
             "saturation_rate": first,
             "fired_at_saturation": cells[first]["fired"] if first is not None else [],
             "unsaturated_rates": [r for r, s in sorted(cells.items()) if s["saturated"] is False],
@@ -274,7 +274,7 @@ def select_reference(
 
     def below_knee(name: str, rate: float) -> bool:
         cell = saturation.get(name, {}).get(rate)
-        knee = per_config[name]["saturation_rate"]
+        knee = per_variant[name]["saturation_rate"]
         return cell is not None and cell["saturated"] is False and (knee is None or rate < knee)
 
     def blockers(names: list[str], rate: float) -> list[str]:
@@ -286,7 +286,7 @@ def select_reference(
         "baseline": baseline,
         "variants_considered": considered,
         "variants_excluded": excluded,
-        "per_variant": per_config,
+        "per_variant": per_variant,
         "notes": notes,
     }
 

@@ -109,7 +109,7 @@ def render(doc: dict[str, Any]) -> str:
         f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
         "95% intervals from the replications",
         "",
-        f"{'config':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
+        f"{'variant':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
     ]
     tax = {(t["variant"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
     for c in doc["cells"]:

@@ -220,7 +220,7 @@ def makespan(jobs: list[float], gpus: int) -> float:
 
 def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int) -> str:
     lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
-    lines.append(f"{'stage':10} {'config':26} {'cells':>5} {'minutes':>8}  measured")
+    lines.append(f"{'stage':10} {'variant':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
         lines.append(f"{e.stage:10} {e.variant:26} {e.cells:5d} {e.seconds / 60:8.1f}  {e.measured or ''}")
     by_stage: dict[str, float] = {}

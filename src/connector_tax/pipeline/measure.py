@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A, Cell, Validity
+from connector_tax.config import PHASE_A, Cell, Saturation, Validity
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, move_aside, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
@@ -62,7 +62,7 @@ def measure(
     index: PhaseIndex,
     todo: list[CellPlan],
     save: Callable[[], None],
-    saturation: dict[str, float],
+    saturation: Saturation,
     validity: Validity,
     prune: Callable[[CellPlan], str | None] = lambda planned: None,
     pair_with: Callable[[Cell], Path | None] = lambda cell: None,
@@ -108,7 +108,7 @@ def _measure_cell(
     index: PhaseIndex,
     planned: CellPlan,
     launched: Any,
-    saturation: dict[str, float],
+    saturation: Saturation,
     validity: Validity,
     suspect: Suspect,
     save: Callable[[], None],
@@ -163,7 +163,7 @@ def _attempt(
     staging: CellFiles,
     planned: CellPlan,
     launched: Any,
-    saturation: dict[str, float],
+    saturation: Saturation,
     validity: Validity,
     number: int,
     pair_with: Path | None = None,
@@ -177,7 +177,7 @@ def _attempt(
     precision = PrecisionWatch(staging.requests, cell.precision_target, pair_with)
     # Phase B and B' cells end at their floor when saturated, unless the study turned it off.
     guard = OverloadGuard(
-        waiting, t0 / 1e9 + cell.warmup_s, saturation["waiting_p50_max"], cell.phase != PHASE_A and cell.overload_guard
+        waiting, t0 / 1e9 + cell.warmup_s, saturation.waiting_p50_max, cell.phase != PHASE_A and cell.overload_guard
     )
     summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
     judge(summary, validity)

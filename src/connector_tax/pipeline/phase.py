@@ -179,17 +179,17 @@ def _run_phase(
     variant = find_variant(config, name)
     if not 1 <= replicate <= study.workload.replicates:
         raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     folder = layout.phase(name, launch_phase, replicate)
     folder.folder.mkdir(parents=True, exist_ok=True)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
     plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
     previous = read_index(folder.index)
     index = PhaseIndex(
-        study=config["study"],
+        study=study.study,
         variant=name,
         phase=launch_phase,
-        backend=config["backend"],
+        backend=study.backend,
         launch=plan.launch,
         code=plan.code,
         cells=[],
@@ -221,14 +221,14 @@ def _run_phase(
     write_json(
         folder.config_json,
         {
-            "study": config["study"],
+            "study": study.study,
             "variant": variant,
             "workload": config["workload"],
             "launch": plan.launch,
             "code": plan.code,
         },
     )
-    write_atomic(folder.env_txt, env_text(config["backend"], plan.launch["server_versions"]))
+    write_atomic(folder.env_txt, env_text(study.backend, plan.launch["server_versions"]))
     index.write(folder.index)
     runner = (
         VirtualRunner(config, variant) if virtual_clock(config) else ServerRunner(config_path, config, variant, folder)
@@ -240,7 +240,7 @@ def _run_phase(
             index,
             todo,
             lambda: index.write(folder.index),
-            config["saturation"],
+            study.saturation,
             study.validity,
             _pruner(layout, study, name, plan, index),
             _pairer(layout, study),

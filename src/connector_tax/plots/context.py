@@ -49,7 +49,7 @@ class Ctx:
         variant stays one line (the taxes, and the figures drawn from them, pool every launch)."""
         return [r for r in self.agg.get("rows") or [] if r["phase"] == phase and (r.get("replicate") or 1) == 1]
 
-    def by_config(self, phase: str) -> dict[str, list[dict[str, Any]]]:
+    def by_variant(self, phase: str) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         for r in self.rows(phase):
             out.setdefault(r["variant"], []).append(r)

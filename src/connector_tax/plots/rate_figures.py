@@ -43,7 +43,7 @@ def _rate_axis(ax: Any, rates: list[float]) -> None:
 
 
 def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: bool) -> Figure:
-    data = ctx.by_config(PHASE_A)
+    data = ctx.by_variant(PHASE_A)
     series = {c: [r for r in rows if r.get(f"{metric}_p90") is not None and r.get("rate")] for c, rows in data.items()}
     series = {c: v for c, v in series.items() if v}
     if not series:
@@ -123,7 +123,7 @@ def fig2(ctx: Ctx) -> Figure:
 def fig3(ctx: Ctx) -> Figure:
     data = {
         c: [r for r in rows if r.get("effective_rps") is not None and r.get("rate")]
-        for c, rows in ctx.by_config(PHASE_A).items()
+        for c, rows in ctx.by_variant(PHASE_A).items()
     }
     data = {c: v for c, v in data.items() if v}
     if not data:
@@ -131,17 +131,17 @@ def fig3(ctx: Ctx) -> Figure:
     fig = new_figure(8.0, 5.6)
     ax = fig.add_subplot()
     all_x: list[float] = []
-    per_config = ctx.ref.get("per_variant") or {}
+    per_variant = ctx.ref.get("per_variant") or {}
     for i, (c, rows) in enumerate(data.items()):
         x = [r["rate"] for r in rows]
         y = [r["effective_rps"] for r in rows]
         all_x += x
         ax.plot(x, y, marker="o", ms=4, lw=1.6, color=ctx.palette(c), label=c, zorder=3)
-        knee = (per_config.get(c) or {}).get("saturation_rate")
+        knee = (per_variant.get(c) or {}).get("saturation_rate")
         if knee is not None:
             at = next((r for r in rows if abs(r["rate"] - knee) < 1e-9), None)
             if at is not None:
-                fired = (per_config.get(c) or {}).get("fired_at_saturation") or []
+                fired = (per_variant.get(c) or {}).get("fired_at_saturation") or []
                 ax.annotate(
                     f"knee {c}\n@{knee:g} ({', '.join(fired)})",
                     xy=(knee, at["effective_rps"]),
