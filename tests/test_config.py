@@ -96,7 +96,7 @@ def test_defaults_are_filled() -> None:
         "min_requests": 20,
         "min_scrapes": 3,
     }
-    assert config["loadgen"] == {"workers": 1, "affinity": True, "cpu_latency_us": 0}
+    assert config["loadgen"] == {"workers": 1, "affinity": True, "cpu_latency_us": 0, "rt_priority": None}
     workload = config["workload"]
     assert (workload["endpoint"], workload["prompt"], workload["temperature"]) == ("completions", "token_ids", 0)
     assert workload["ignore_eos"] is True
@@ -341,6 +341,11 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
         "cpu latency a float",
         _set("loadgen.cpu_latency_us", 1.5),
         "loadgen.cpu_latency_us: expected an integer or null, got a number 1.5",
+    ),
+    (
+        "real-time priority past SCHED_FIFO's range",
+        _set("loadgen.rt_priority", 100),
+        "loadgen.rt_priority: 100 is greater than the maximum of 99",
     ),
     (
         "misspelt loadgen key",

@@ -28,7 +28,7 @@ from connector_tax.config import PHASE_A, default_saturation, default_validity, 
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex, read_summary, verify_cell
 from connector_tax.metrics.host import not_measured
-from connector_tax.pipeline.gate import judge, perturbation, remeasure_reason
+from connector_tax.pipeline.gate import SELF_STARVED, judge, perturbation, remeasure_reason
 from connector_tax.pipeline.measure import measure
 from connector_tax.pipeline.plan import launch_plan, retry_token
 from connector_tax.pipeline.resume import decide
@@ -100,6 +100,28 @@ def test_the_servers_own_errors_are_not_measured_again() -> None:
     s = _summary(_check("error_frac", 0.3, 0.01), _check("lateness_gap_frac", 0.5, 0.1))
     judge(s, V)
     assert remeasure_reason(s) is None
+
+
+def test_an_instrument_late_on_an_otherwise_quiet_host_is_not_measured_again() -> None:
+    # the study's own server starved the load generator (the CPU study at 8 req/s): invalid, with
+    # the reason, and neither another attempt nor the next run would find anything else
+    s = _summary(_check("lateness_gap_frac", 2.5, 0.1), _check("lateness_ttft_frac", 1.0, 0.02), others=0.02)
+    v = judge(s, V)
+    assert v["valid"] is False and v["host_busy"] is False and v["perturbation"] > 1
+    assert v["reasons"][-1] == SELF_STARVED and remeasure_reason(s) is None
+    assert judge(s, V)["reasons"].count(SELF_STARVED) == 1  # judged again: said once
+    # the same lateness on a busy host, or where no host was measured, is measured again
+    assert remeasure_reason(_judged(_check("lateness_gap_frac", 2.5, 0.1), others=0.5)).startswith("perturbed")
+    unmeasured = _summary(_check("lateness_gap_frac", 2.5, 0.1))
+    del unmeasured["host"]
+    judge(unmeasured, V)
+    assert remeasure_reason(unmeasured).startswith("perturbed: lateness_gap_frac")
+
+
+def _judged(*checks: dict[str, Any], others: float | None = 0.01) -> dict[str, Any]:
+    s = _summary(*checks, others=others)
+    judge(s, V)
+    return s
 
 
 def test_perturbation_is_the_worst_multiple_of_a_bound() -> None:

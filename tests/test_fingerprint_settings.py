@@ -10,7 +10,9 @@ vocabulary of issue 24); nothing else did. Issue 26 added configs (its calibrati
 sim-vllm-cpu-tiny, vllm-cpu-tiny-heldout) and changed no entry; re-fitting a profile a config names
 changes its entries (the profile file's sha256 is in the launch settings), on purpose. Issue 25
 changed every cell's entry on purpose (a cell's settings carry its common-random-numbers
-traffic_seed); no launch entry changed.
+traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
+generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
+config without it keeps its entries (an unset rt_priority is not hashed).
 """
 
 from __future__ import annotations

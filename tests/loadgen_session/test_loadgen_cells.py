@@ -241,6 +241,25 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     broken.pool.close()
 
 
+def test_a_real_time_class_runs_the_timing_threads_and_the_summary_says_so(
+    sims: dict[str, SimProcess], out: Path
+) -> None:
+    # root here: the class is set, in each worker and on the sending thread while the cell runs,
+    # and given back after; where it cannot be set the summary says why (tests/test_loadgen_priority.py)
+    before = os.sched_getscheduler(0)
+    with LoadGenerator(options(sims["plain"].url, rt_priority=7)) as g:
+        summary, records = run(g, out, "rt", arrival="poisson", rate=30.0, duration_s=0.4)
+        workers = [p.pid for p in g.pool._procs]
+        assert {os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK for pid in workers} == {os.SCHED_FIFO}
+        assert {os.sched_getparam(pid).sched_priority for pid in workers} == {7}
+    assert records and all(r["status"] == "ok" for r in records)
+    rt = summary["rt_priority"]
+    assert rt["requested"] == 7 and rt["workers"] and all(w["requested"] == 7 for w in rt["workers"])
+    if os.geteuid() == 0:
+        assert rt["applied"] and all(w["applied"] for w in rt["workers"]), rt
+    assert os.sched_getscheduler(0) == before  # the calling thread has its class back
+
+
 def test_max_arrival_issues_all_at_once(gen: LoadGenerator, out: Path) -> None:
     summary, records = run(
         gen, out, "max", arrival="max", num_requests=12, duration_s=1.0, shape={"input": 64, "output": 32}

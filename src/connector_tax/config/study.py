@@ -117,6 +117,7 @@ class LoadgenSettings:
     workers: int
     affinity: bool
     cpu_latency_us: int | None
+    rt_priority: int | None = None
 
 
 @dataclass(frozen=True)

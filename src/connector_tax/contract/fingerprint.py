@@ -108,12 +108,21 @@ def _file_sha(path: Path) -> str:
         return "absent"
 
 
+# Settings that hash only when set: a study that leaves one at its default (off) keeps the
+# fingerprints it had before the setting existed.
+_OFF_UNLESS_SET = {"rt_priority": None}
+
+
+def _settings_in_use(section: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in section.items() if not (k in _OFF_UNLESS_SET and v == _OFF_UNLESS_SET[k])}
+
+
 def cell_settings(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
     workload = config["workload"]
     return {
         **cell.settings(),
         "request": {k: workload[k] for k in _REQUEST_KEYS},
-        "loadgen": config.get("loadgen") or {},
+        "loadgen": _settings_in_use(config.get("loadgen") or {}),
         "validity": config.get("validity") or {},
         "seed": config["seed"],
         "metrics_interval_s": METRICS_INTERVAL_S,

@@ -73,6 +73,16 @@ _seconds = _non_negative(float, "a valid number")
 _microseconds = _non_negative(int, "'off' or a whole number of µs")
 
 
+def _rt_priority(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"a SCHED_FIFO priority is 1..99, got {value}")
+    return value
+
+
 def _cpu_latency(text: str) -> int | None:
     return None if text == "off" else _microseconds(text)
 
@@ -193,6 +203,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         metavar="US|off",
         help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
         "0 (default) keeps idle CPUs polling; off leaves it alone",
+    )
+    p.add_argument(
+        "--rt-priority",
+        type=_rt_priority,
+        default=None,
+        metavar="1-99",
+        help="run the timing threads SCHED_FIFO at this priority (root or RLIMIT_RTPRIO): punctual "
+        "sends on a host the server fills; default: the normal class",
     )
     p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
@@ -342,6 +360,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         affinity=not args.no_affinity,
         cpu_latency_us=args.cpu_latency_us,
+        rt_priority=args.rt_priority,
         chunk_log=args.chunk_log,
         events_log=args.events_log,
         api_key_env=args.api_key_env,

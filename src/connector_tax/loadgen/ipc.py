@@ -16,7 +16,7 @@ CANCEL_ALL = "cancel"  # (CANCEL_ALL, reason): abort everything in flight (drain
 SET_CELL = "cell"  # (SET_CELL, chunk_log_path | None): per-cell side files
 STOP = "stop"  # (STOP,)
 # worker -> main
-READY = "ready"  # (READY, worker_id, pid)
+READY = "ready"  # (READY, worker_id, pid, its scheduling class: priority.PriorityState.describe())
 RESULT = "result"  # (RESULT, RequestResult)
 CELL_SET = "cell_set"  # (CELL_SET, worker_id): side files switched
 BYE = "bye"  # (BYE, worker_id)

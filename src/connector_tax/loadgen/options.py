@@ -61,6 +61,9 @@ class LoadgenOptions:
     # idle CPUs polling, so neither a send nor the worker's timer waits for a halted CPU; None
     # leaves the machine's setting alone.
     cpu_latency_us: int | None = 0
+    # SCHED_FIFO priority of the timing threads (priority.py), or None: the normal class. On a
+    # host the server can fill, the fair class left sends 100+ ms late; root (or RLIMIT_RTPRIO).
+    rt_priority: int | None = None
     chunk_log: bool = False
     events_log: bool = False
     validity: Validity = field(default_factory=default_validity)
@@ -82,5 +85,7 @@ class LoadgenOptions:
             raise ValueError(f"seed: must be an integer in 0..2^63-1, got {self.seed!r}")
         if self.api_key_env is not None and not os.environ.get(self.api_key_env):
             raise ValueError(f"api_key_env: environment variable {self.api_key_env!r} is not set")
+        if self.rt_priority is not None and not 1 <= self.rt_priority <= 99:
+            raise ValueError(f"rt_priority: must be 1..99 (SCHED_FIFO), got {self.rt_priority!r}")
         if self.tls_ca_file is not None and not os.path.isfile(self.tls_ca_file):
             raise ValueError(f"tls_ca_file: {self.tls_ca_file!r} is not a file")

@@ -23,6 +23,7 @@ from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import LoadgenOptions
+from connector_tax.loadgen.priority import raised
 from connector_tax.loadgen.prompts import prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.rules import CellRules
@@ -90,18 +91,19 @@ class RealTimeRun:
         self.rules = CellRules(self.cell, self.opts, t0, self.enough, self.give_up)
         interrupted = None
         self.t_issue_end = t0
-        try:
-            self.events.append((t0, "TEST_STARTED"))
-            self._issue_all(t0)
-        except KeyboardInterrupt:
-            interrupted = "interrupted"
-        self.t_issue_end = time.monotonic_ns()
-        self.events.append((self.t_issue_end, "LOADGEN_STOP"))
-        try:
-            self._drain(short=interrupted is not None or self.gen.stop_event.is_set())
-        except KeyboardInterrupt:
-            interrupted = "interrupted"
-            self._drain(short=True)
+        with raised(self.opts.rt_priority) as priority:  # this thread sends: punctual on a full host
+            try:
+                self.events.append((t0, "TEST_STARTED"))
+                self._issue_all(t0)
+            except KeyboardInterrupt:
+                interrupted = "interrupted"
+            self.t_issue_end = time.monotonic_ns()
+            self.events.append((self.t_issue_end, "LOADGEN_STOP"))
+            try:
+                self._drain(short=interrupted is not None or self.gen.stop_event.is_set())
+            except KeyboardInterrupt:
+                interrupted = "interrupted"
+                self._drain(short=True)
         self.events.append((time.monotonic_ns(), "TEST_ENDED"))
         if self._behind_from is not None:
             self.unissued = self._count_unissued(t0, self._behind_from)
@@ -126,6 +128,7 @@ class RealTimeRun:
         summary["wall_s"] = round(wall, 3)
         summary["drain_budget_s"] = round(self.rules.drain_budget_s(), 3)
         summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
+        summary["rt_priority"] = {**priority.describe(), "workers": list(pool.worker_priority)}
         summary["extended"] = self.rules.extended(self.t_issue_end)
         summary["summary_state_bytes"] = self.stats.nbytes()
         if not pool.alive():

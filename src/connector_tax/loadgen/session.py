@@ -43,6 +43,7 @@ class LoadGenerator:
             api_key_env=options.api_key_env,
             tls_verify=options.tls_verify,
             tls_ca_file=options.tls_ca_file,
+            rt_priority=options.rt_priority,
         )
         self.cpu_latency = CpuLatencyHold(options.cpu_latency_us)
         self.stop_event = threading.Event()

@@ -26,6 +26,7 @@ import zmq
 
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.affinity import AffinityPlan, apply_affinity, plan_affinity
+from connector_tax.loadgen.priority import raised
 from connector_tax.loadgen.prompts import BodySettings
 from connector_tax.loadgen.worker import WorkerConfig, worker_main
 
@@ -52,13 +53,18 @@ class WorkerPool:
         api_key_env: str | None = None,
         tls_verify: bool = True,
         tls_ca_file: str | None = None,
+        rt_priority: int | None = None,
     ) -> None:
         self.n_workers = n_workers
         self.plan: AffinityPlan | None = plan_affinity(n_workers) if affinity else None
         self._dir = tempfile.mkdtemp(prefix="ctax-loadgen-")
-        self._ctx = zmq.Context()
-        self._results = self._ctx.socket(zmq.PULL)
+        # ZMQ's I/O thread, started with the first socket, carries every hand-over to the workers:
+        # it inherits the real-time class; the calling thread gets its own back.
+        with raised(rt_priority, inherit=True):
+            self._ctx = zmq.Context()
+            self._results = self._ctx.socket(zmq.PULL)
         self._results.bind(f"ipc://{self._dir}/results")
+        self.worker_priority: list[dict[str, Any] | None] = [None] * n_workers
         self._pushes: list[zmq.Socket] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._handler: Handler | None = None
@@ -93,6 +99,7 @@ class WorkerPool:
                 api_key_env=api_key_env,
                 tls_verify=tls_verify,
                 tls_ca_file=tls_ca_file,
+                rt_priority=rt_priority,
             )
             proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
             self._procs.append(proc)
@@ -113,7 +120,9 @@ class WorkerPool:
                 if dead or remaining <= 0:
                     raise WorkerStartError(f"load generator workers did not start: {dead or 'timeout'}")
                 if self._results.poll(int(min(remaining, 0.5) * 1000)):
-                    if ipc.unpack(self._results.recv())[0] == ipc.READY:
+                    message = ipc.unpack(self._results.recv())
+                    if message[0] == ipc.READY:
+                        self.worker_priority[message[1]] = message[3]
                         ready += 1
             if self.plan:
                 # Given back on close: a second pool in this process plans from what it may use.

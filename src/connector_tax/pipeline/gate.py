@@ -9,7 +9,8 @@ numbers.
 A cell invalid for a reason the host or the instrument's timing can cause (PERTURBATIONS) is
 measured again, up to `validity.attempts` times in all; one invalid only for what the server did
 (errors, a shortfall of completed requests) or for a bug (results matching no request) is not:
-measuring again would find the same. When no attempt passes, the least perturbed one stands
+measuring again would find the same. Nor is an instrument late on a host the sampler found
+otherwise quiet (`self_starved`): the study's own server took the CPU, and would again. When no attempt passes, the least perturbed one stands
 (`perturbation`: how far past its bound the worst timing or host check went). The attempts that
 do not stand are kept under superseded/ with the reason each was set aside. A cell that stands
 perturbed is measured again by the next run of the study (`stands_perturbed`), like a failed one:
@@ -40,6 +41,12 @@ PERTURBATIONS = (
 )
 
 
+SELF_STARVED = (
+    "the load generator was late on a host otherwise quiet: the server under test took the CPU it "
+    "needed (not measured again: another attempt would find the same)"
+)
+
+
 def _perturbing(name: str) -> bool:
     return name in PERTURBATIONS or name.startswith("cpu_frac_")
 
@@ -52,7 +59,7 @@ def judge(summary: dict[str, Any], validity: Validity) -> dict[str, Any]:
     host = summary.get("host") or {}
     v["instrument_valid"] = bool(v.get("valid", True))
     checks = [c for c in v.get("checks") or [] if not str(c.get("name", "")).startswith("host_")]
-    reasons = [r for r in v.get("reasons") or [] if not str(r).startswith("host busy")]
+    reasons = [r for r in v.get("reasons") or [] if not str(r).startswith("host busy") and r != SELF_STARVED]
     if host.get("measured"):
         for c in host.get("checks") or []:
             checks.append({**c, "name": f"host_{c['name']}"})
@@ -61,6 +68,8 @@ def judge(summary: dict[str, Any], validity: Validity) -> dict[str, Any]:
     v["host_busy"] = host.get("busy") if host.get("measured") else None
     v["valid"] = v["instrument_valid"] and not v["host_busy"]
     v["perturbation"] = perturbation(v)
+    if self_starved(summary):
+        reasons.append(SELF_STARVED)
     return v
 
 
@@ -76,10 +85,21 @@ def perturbation(validity: dict[str, Any]) -> float:
     return round(worst, 4)
 
 
-def remeasure_reason(summary: dict[str, Any]) -> str | None:
-    """Why this attempt is to be measured again, or None: only perturbations qualify."""
+def self_starved(summary: dict[str, Any]) -> bool:
+    """The instrument was late or short of CPU while the host, measured, was otherwise quiet: the
+    study's own processes took the CPU (on the 2-core host, vLLM's three busy processes at a rate
+    that saturates it starved the load generator: the CPU study's 8 req/s cells, up to 1 s late
+    in each of three attempts). Measuring again finds the same; the cell stands invalid."""
     v = summary.get("validity") or {}
-    if v.get("valid", True):
+    host = summary.get("host") or {}
+    return bool(host.get("measured")) and host.get("busy") is False and not v.get("instrument_valid", True)
+
+
+def remeasure_reason(summary: dict[str, Any]) -> str | None:
+    """Why this attempt is to be measured again, or None: only perturbations from outside the
+    study qualify (a busy host, or an instrument late where the host was not measured)."""
+    v = summary.get("validity") or {}
+    if v.get("valid", True) or self_starved(summary):
         return None
     failed = [c for c in v.get("checks") or [] if not c.get("passed", True)]
     if not failed or not all(_perturbing(str(c.get("name", ""))) for c in failed):

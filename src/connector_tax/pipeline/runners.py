@@ -85,6 +85,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         workers=loadgen["workers"],
         affinity=loadgen["affinity"],
         cpu_latency_us=loadgen["cpu_latency_us"],
+        rt_priority=loadgen["rt_priority"],
         validity=Validity.from_mapping(config["validity"]),
         api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
     )
