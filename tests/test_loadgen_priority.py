@@ -83,3 +83,31 @@ def test_the_fingerprint_holds_the_priority_only_when_set() -> None:
     assert "rt_priority" not in cell_settings(config, cell)["loadgen"]  # unset: fingerprints as before
     config["loadgen"]["rt_priority"] = 10
     assert cell_settings(config, cell)["loadgen"]["rt_priority"] == 10
+
+
+@root
+def test_raised_process_takes_every_thread_and_gives_each_its_class_back() -> None:
+    # the phase job's samplers share the sending thread's GIL: all of them run real-time in a cell
+    from connector_tax.loadgen.priority import raised_process
+
+    stop = threading.Event()
+    before = threading.Thread(target=stop.wait)
+    before.start()
+    started: list[int] = []
+    try:
+        with raised_process(6) as state:
+            classes = {tid: os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK for tid in _tids()}
+            inside = threading.Thread(target=lambda: (started.append(os.sched_getscheduler(0)), stop.wait()))
+            inside.start()
+            while not started:
+                pass
+        after = {tid: os.sched_getscheduler(tid) for tid in _tids()}
+    finally:
+        stop.set()
+    assert state.applied and set(classes.values()) == {FIFO}  # the threads there before
+    assert started == [FIFO]  # a thread the block started inherits it ...
+    assert set(after.values()) == {os.SCHED_OTHER}  # ... and every one is normal again after
+
+
+def _tids() -> list[int]:
+    return [int(t) for t in os.listdir("/proc/self/task")]

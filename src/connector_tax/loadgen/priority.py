@@ -9,9 +9,12 @@ The load generator used ~4 % of a core either way, so a real-time class costs th
 it only decides *when* the instrument runs, and then it runs at once.
 
 What is raised: each worker process whole (its event loop and ZMQ's I/O thread, which inherit the
-class), the main process's ZMQ I/O thread (the hand-over to the workers) and, while a cell issues
-and drains, the session thread. Every other thread, and every process any of them starts, keeps
-(or gets back, SCHED_RESET_ON_FORK) the normal class: a server is never started real-time. The
+class), the main process's ZMQ I/O thread (the hand-over to the workers), the sending thread while
+a cell issues and drains, and, in a study's phase job, every thread of that process while a cell
+runs (`raised_process`): the samplers share the sending thread's GIL, and one preempted while it
+held the GIL kept a real-time sending thread waiting 100-500 ms (the CPU study, 2026-11-26). What
+they start keeps (or gets back, SCHED_RESET_ON_FORK) the normal class: a server is never started
+real-time. The
 kernel's real-time throttling (95 % of each second by default) still bounds a runaway spin.
 Needs root or an RLIMIT_RTPRIO; without it the summary says why, and the validity gate judges
 the lateness as it is.
@@ -20,6 +23,7 @@ the lateness as it is.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,3 +70,44 @@ def raised(priority: int | None, inherit: bool = False) -> Iterator[PriorityStat
     finally:
         if state.applied:
             os.sched_setscheduler(0, *before)
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [threading.get_native_id()]
+
+
+@contextmanager
+def raised_process(priority: int | None) -> Iterator[PriorityState]:
+    """Every thread of this process at SCHED_FIFO `priority` inside the block, each given its own
+    class back after; threads the calling thread starts inside inherit it (and are set back too),
+    whatever the others start does not. Nothing here may spin: the block's threads sleep between
+    their bits of work, and the kernel's real-time throttling bounds a mistake."""
+    state = PriorityState(priority)
+    if priority is None:
+        yield state
+        return
+    me = threading.get_native_id()
+    saved: dict[int, tuple[int, os.sched_param]] = {}
+    try:
+        for tid in _threads():
+            before = (os.sched_getscheduler(tid), os.sched_getparam(tid))
+            policy = os.SCHED_FIFO if tid == me else os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+            os.sched_setscheduler(tid, policy, os.sched_param(priority))
+            saved[tid] = before
+        state.applied = True
+    except ProcessLookupError:  # a thread that ended meanwhile: nothing to raise
+        state.applied = True
+    except (OSError, AttributeError) as exc:
+        state.why = f"SCHED_FIFO {priority} not set: {exc}"
+    try:
+        yield state
+    finally:
+        for tid in _threads() if saved else ():
+            policy, param = saved.get(tid, (os.SCHED_OTHER, os.sched_param(0)))
+            try:
+                os.sched_setscheduler(tid, policy, param)
+            except OSError:
+                pass  # ended meanwhile

@@ -182,6 +182,8 @@ def _attempt(
     summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
     judge(summary, validity)
     extra = {**precision.describe(summary, guard), "host": summary.get("host"), "validity": summary["validity"]}
+    if "rt_priority" in summary:  # with the runner's share of it (the phase job's own threads)
+        extra["rt_priority"] = summary["rt_priority"]
     return Attempt(number, staging, summary, failure, extra)
 
 

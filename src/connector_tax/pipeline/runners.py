@@ -30,6 +30,7 @@ from connector_tax.launch.command import launch_spec
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
+from connector_tax.loadgen.priority import raised_process
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
@@ -193,13 +194,16 @@ class _ServerLaunch:
     ) -> tuple[dict[str, Any], str | None]:
         threads = self._threads(staging)
         host = HostSampler(staging.host, self.study, METRICS_INTERVAL_S, self.gen.options.validity)
+        # The samplers share the sending thread's GIL: with the load generator real-time, they are too.
         with (
+            raised_process(self.gen.options.rt_priority) as priority,
             MetricsSampler(self.server.url, staging.metrics, METRICS_INTERVAL_S, waiting) as sampler,
             precision,
             threads,
         ):
             with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
+        summary["rt_priority"]["process"] = priority.describe()
         summary["host"] = host.report()
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
