@@ -365,3 +365,19 @@ def test_virtual_time_reports_no_host() -> None:
         "- Host contention: none possible: all 4 cells were computed in virtual time, on no host "
         "(no number is given for a host that did not run them)."
     ]
+
+
+def test_the_banner_says_whether_a_quieter_host_would_help() -> None:
+    from connector_tax.analysis.contention import header_lines, study_contention
+
+    def rows(*cells: tuple[bool, bool]) -> list[dict]:  # (host busy, valid) per cell
+        return [
+            {"variant": "plain", "phase": PHASE_A, "cell": f"r{i}", "host_measured": True, "host_busy": busy}
+            | {"valid": valid, "attempts": 1}
+            for i, (busy, valid) in enumerate(cells)
+        ]
+
+    quiet = header_lines(study_contention(rows((False, False), (False, True))), ["H1"])[0]
+    assert "the server under test took the CPUs it needed" in quiet and "quiet host" not in quiet
+    busy = header_lines(study_contention(rows((True, False), (False, True))), ["H1"])[0]
+    assert "Run the study again on a quiet host" in busy

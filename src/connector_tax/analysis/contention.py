@@ -129,12 +129,22 @@ def header_lines(contention: dict[str, Any], calls_perturbed: list[str]) -> list
         return []
     lines: list[str] = []
     if calls_perturbed:
+        if c.get("host_measured") and not c.get("host_busy"):
+            # nothing outside the study was busy: the server under test starved the load generator
+            advice = (
+                "No cell was measured while the host was busy: the load generator was late because the server "
+                "under test took the CPUs it needed, and another run on this host would find the same. Give the "
+                "load generator a real-time class (`loadgen.rt_priority`), more cores, or lower rates."
+            )
+        else:
+            advice = (
+                "Run the study again on a quiet host: `snakemake --cores 1 all` measures again exactly the cells "
+                "that stand perturbed (`snakemake -n` lists them)."
+            )
         lines += [
             f"> **Measured under contention.** {c['invalid']} of {c['cells']} cells stand perturbed (the validity "
             f"gate: a busy host or a late load generator) after every attempt; the calls on "
-            f"{', '.join(calls_perturbed)} rest on them and are marked `{PERTURBED}`, not confident. "
-            "Run the study again on a quiet host: `snakemake --cores 1 all` measures again exactly the cells "
-            "that stand perturbed (`snakemake -n` lists them).",
+            f"{', '.join(calls_perturbed)} rest on them and are marked `{PERTURBED}`, not confident. " + advice,
             "",
         ]
     if c["host_measured"] == 0 and c["virtual_time"]:
