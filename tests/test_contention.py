@@ -40,7 +40,7 @@ def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
     return {"name": name, "value": value, "threshold": threshold, "passed": value <= threshold}
 
 
-def _summary(*checks: dict[str, Any], others: float | None = 0.01) -> dict[str, Any]:
+def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> dict[str, Any]:
     failed = [c for c in checks if not c["passed"]]
     summary: dict[str, Any] = {
         "validity": {
@@ -59,6 +59,7 @@ def _summary(*checks: dict[str, Any], others: float | None = 0.01) -> dict[str, 
             "measured": True,
             "others_cpu_frac": others,
             "busy": busy,
+            "others_cores_max": peak if peak is not None else others * 2,
             "checks": [_check("others_cpu_frac", others, V.max_others_cpu_frac), _check("steal_frac", 0.0, 0.05)],
             "reasons": [f"host busy: others_cpu_frac {others} > 0.1"] if busy else [],
         }
@@ -110,16 +111,19 @@ def test_an_instrument_late_on_an_otherwise_quiet_host_is_not_measured_again() -
     assert v["valid"] is False and v["host_busy"] is False and v["perturbation"] > 1
     assert v["reasons"][-1] == SELF_STARVED and remeasure_reason(s) is None
     assert judge(s, V)["reasons"].count(SELF_STARVED) == 1  # judged again: said once
-    # the same lateness on a busy host, or where no host was measured, is measured again
+    # the same lateness on a busy host, beside a burst the cell's average hides, or where no host
+    # was measured, is measured again
     assert remeasure_reason(_judged(_check("lateness_gap_frac", 2.5, 0.1), others=0.5)).startswith("perturbed")
+    burst = _judged(_check("lateness_gap_frac", 2.5, 0.1), others=0.04, peak=0.9)
+    assert burst["validity"]["host_busy"] is False and remeasure_reason(burst).startswith("perturbed")
     unmeasured = _summary(_check("lateness_gap_frac", 2.5, 0.1))
     del unmeasured["host"]
     judge(unmeasured, V)
     assert remeasure_reason(unmeasured).startswith("perturbed: lateness_gap_frac")
 
 
-def _judged(*checks: dict[str, Any], others: float | None = 0.01) -> dict[str, Any]:
-    s = _summary(*checks, others=others)
+def _judged(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> dict[str, Any]:
+    s = _summary(*checks, others=others, peak=peak)
     judge(s, V)
     return s
 

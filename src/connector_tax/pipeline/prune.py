@@ -103,8 +103,9 @@ def ttft_growth_only(
     if not clean or not (growth.get("fired") or growth.get("undecided")):
         return None
     shown = f"{growth['value']:.3g}" + (f" [{growth['ci'][0]:.3g}, {growth['ci'][1]:.3g}]" if growth.get("ci") else "")
+    how = "tripped only" if growth.get("fired") else "could not rule out"
     return (
-        f"tripped only saturation criterion 3 (TTFT p90 growth {shown} vs {growth['threshold']:g} against "
+        f"{how} saturation criterion 3 (TTFT p90 growth {shown} vs {growth['threshold']:g} against "
         f"{lower[-1].cell.label}) with throughput and queue clean: measured again before it may become a knee"
     )
 
