@@ -12,12 +12,12 @@ What is raised: each worker process whole (its event loop and ZMQ's I/O thread, 
 class), the main process's ZMQ I/O thread (the hand-over to the workers), the sending thread while
 a cell issues and drains, and, in a study's phase job, every thread of that process while a cell
 runs (`raised_process`): the samplers share the sending thread's GIL, and one preempted while it
-held the GIL kept a real-time sending thread waiting 100-500 ms (the CPU study, 2026-11-26). What
-they start keeps (or gets back, SCHED_RESET_ON_FORK) the normal class: a server is never started
-real-time. The
-kernel's real-time throttling (95 % of each second by default) still bounds a runaway spin.
-Needs root or an RLIMIT_RTPRIO; without it the summary says why, and the validity gate judges
-the lateness as it is.
+held the GIL kept a real-time sending thread waiting 100-500 ms (the CPU study, 2026-11-26). A
+server is never started real-time: it is launched before the cells, from a thread in the normal
+class, and the other raised threads pass SCHED_RESET_ON_FORK to whatever they start. The kernel's
+real-time throttling (95 % of each second by default) still bounds a runaway spin. Needs root or
+an RLIMIT_RTPRIO; without it the summary says why, and the validity gate judges the lateness as
+it is.
 """
 
 from __future__ import annotations

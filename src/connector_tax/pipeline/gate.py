@@ -10,11 +10,12 @@ A cell invalid for a reason the host or the instrument's timing can cause (PERTU
 measured again, up to `validity.attempts` times in all; one invalid only for what the server did
 (errors, a shortfall of completed requests) or for a bug (results matching no request) is not:
 measuring again would find the same. Nor is an instrument late on a host the sampler found
-otherwise quiet (`self_starved`): the study's own server took the CPU, and would again. When no attempt passes, the least perturbed one stands
-(`perturbation`: how far past its bound the worst timing or host check went). The attempts that
-do not stand are kept under superseded/ with the reason each was set aside. A cell that stands
-perturbed is measured again by the next run of the study (`stands_perturbed`), like a failed one:
-running it again in a quiet hour mends exactly what the busy one could not.
+quiet outside the study (`self_starved`): the study's own server took the CPU, and would again.
+When no attempt passes, the least perturbed one stands (`perturbation`: how far past its bound
+the worst timing or host check went). The attempts that do not stand are kept under superseded/
+with the reason each was set aside. A cell that stands perturbed is measured again by the next
+run of the study (`stands_perturbed`), like a failed one: running it again in a quiet hour mends
+exactly what the busy one could not.
 """
 
 from __future__ import annotations
