@@ -145,6 +145,19 @@ def measuring(folder: Path, study: str, name: str) -> str | None:
     return (doc.get("placement") or {}).get("job_id")
 
 
+def launches(folder: Path, config: dict) -> dict[str, tuple]:
+    """What each Phase A launch's run.json says (status, reason, cell states): a failed test's clue."""
+    out = {}
+    for variant in config["variants"]:
+        doc = index(folder, config["study"], variant["name"])
+        out[variant["name"]] = (
+            doc.get("status"),
+            doc.get("reason"),
+            {c["label"]: (c["status"], c.get("reason")) for c in doc.get("cells") or []},
+        )
+    return out
+
+
 def fault_study(folder: Path, configs: int = 2, cells: int = 4, seconds: float = 4.0) -> tuple[dict, Path]:
     """Phase A of `cells` cells of `seconds` each per configuration: long enough to be caught."""
     config = copy.deepcopy(TINY)
@@ -161,7 +174,7 @@ def resumes(env: dict[str, str], folder: Path, config: dict, path: Path, before:
     again = run(env, folder, path, "phase_a")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     after = sealed_cells(folder, config)
-    assert all(after.values()), after
+    assert all(after.values()), (after, launches(folder, config), again.stdout[-3000:] + again.stderr[-3000:])
     kept = {key: sealed for key, sealed in before.items() if sealed}
     assert kept, "the fault came before any cell was sealed: nothing to resume"
     for key, sealed in kept.items():
