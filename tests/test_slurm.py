@@ -148,12 +148,18 @@ def measuring(folder: Path, study: str, name: str) -> str | None:
 def launches(folder: Path, config: dict) -> dict[str, tuple]:
     """What each Phase A launch's run.json says (status, reason, cell states): a failed test's clue."""
     out = {}
+    layout = StudyLayout(folder / "results" / config["study"])
     for variant in config["variants"]:
         doc = index(folder, config["study"], variant["name"])
+        try:
+            log = layout.log(f"phase_a_{variant['name']}").read_text(errors="replace")[-1500:]
+        except OSError:
+            log = None
         out[variant["name"]] = (
             doc.get("status"),
             doc.get("reason"),
             {c["label"]: (c["status"], c.get("reason")) for c in doc.get("cells") or []},
+            log,
         )
     return out
 
