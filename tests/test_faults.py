@@ -193,16 +193,16 @@ def _finishes_on_rerun(folder: Path, config: dict, path: Path, kept: dict[str, s
 def test_a_stopped_snakemake_stops_its_jobs_and_resumes(tmp_path, how, target) -> None:
     # SIGTERM's run is the longest: a second snakemake is refused meanwhile, and starting one takes
     # 10-15 s on a loaded host; its cells are killed, so their length costs nothing but r4's
-    # The others: four cells still to measure once r6 starts (4 s or more), so the signal lands
-    # mid-phase even when this process is descheduled for a second or two beside another test (CI
-    # once saw SIGINT arrive after a three-rate phase had finished: snakemake exited 0).
+    # The others: four cells of 2 s still to measure once r6 starts (8 s or more), so the signal
+    # lands mid-phase even when this process is descheduled for seconds beside another test (CI
+    # saw SIGINT arrive after a three-rate phase, then after a six-rate one of 0.8 s cells, had
+    # finished: snakemake exited 0).
     if how == "SIGTERM":
         config, path = _process_study(tmp_path, rates=list(range(4, 24, 2)), duration_s=3.0)
     else:
-        config, path = _process_study(tmp_path, rates=[4, 6, 8, 10, 12, 14])
+        config, path = _process_study(tmp_path, rates=[4, 6, 8, 10, 12, 14], duration_s=2.0)
     proc = start_snakemake(tmp_path, path, "phase_a")
     _wait_for(lambda: _measuring(tmp_path, "r6"), proc=proc)
-    before = sealed_cells(tmp_path, config)
     if how == "SIGTERM":  # meanwhile, a second run of the same study is refused with one line
         second = snakemake(tmp_path, path, "phase_a", "--nolock")  # past Snakemake's own lock, to ours
         assert second.returncode != 0
@@ -213,6 +213,9 @@ def test_a_stopped_snakemake_stops_its_jobs_and_resumes(tmp_path, how, target) -
     # stopped, not finished (a finished study exits 0); how fast is the host's, within a bail-out
     assert proc.wait(120) != 0, f"snakemake finished: the signal came too late ({sealed_cells(tmp_path, config)})"
     assert _gone(tmp_path) == [], how  # the phase, its server and its workers: all gone
+    # What the fault left sealed, read once nothing runs (nothing but the signal between seeing
+    # r6 measured and sending it).
+    before = sealed_cells(tmp_path, config)
     assert consistent(tmp_path, "integrity") == []
     assert before["plain/phase_a/r4"]  # a sealed cell ...
     if how in ("SIGINT", "SIGKILL"):
