@@ -1,14 +1,14 @@
 """How a job is placed, without a SLURM: its allocation read from SLURM's environment, GPU and CPU
 leases bypassed under it, server ports that cannot collide, what a job asks of a scheduler, and
-the date of an unfinished run.json. The same paths against a real SLURM: tests/test_slurm.py."""
+the output that proves a phase job ended (job.json). Against a real SLURM: tests/test_slurm.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,9 @@ import yaml
 from study_runner import REPO
 
 from connector_tax.config import ConfigError, StudyConfig, validate_config
+from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
+from connector_tax.pipeline import phase
 from connector_tax.pipeline.job_resources import gpus_per_job, phase_runtime_min, preflight_runtime_min
 from connector_tax.serving import process, slurm
 from connector_tax.serving.cpus import cpu_lease
@@ -171,11 +173,44 @@ def test_gpus_per_job_is_checked() -> None:
         gpus_per_job(vllm, 0)
 
 
-def test_an_unfinished_index_is_dated_1970_so_snakemake_reruns_its_job(tmp_path: Path) -> None:
-    index = PhaseIndex("s", "plain", "phase_a", "sim", {}, {}, [])
-    path = tmp_path / "run.json"
-    for status, old in (("running", True), ("interrupted", True), ("ok", False), ("partial", False)):
-        index.status = status
-        index.write(path)
-        assert (path.stat().st_mtime == 1) is old, status
-        assert old or path.stat().st_mtime > time.time() - 60
+@pytest.mark.parametrize("stop", [None, KeyboardInterrupt("signal SIGTERM")])
+def test_only_a_job_that_returned_writes_job_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop) -> None:
+    """job.json, the phase rule's second output, proves the job ended with an outcome. A job
+    stopped by a signal writes run.json (interrupted) but no job.json, and removes the one an
+    earlier job left, so Snakemake finds the output missing and runs the launch again (under
+    SLURM the step's snakemake may delete outputs before a stopping job's last run.json lands)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(phase, "stop_on_signals", lambda: None)
+    config = REPO / "configs" / "test-tiny.yaml"
+    layout = StudyLayout.of("test-tiny")
+    job_json = layout.job("plain", "phase_a")
+    job_json.parent.mkdir(parents=True)
+    job_json.write_text('{"launch_id": "an earlier job"}')
+
+    def run_phase(*args, **kwargs) -> PhaseIndex:
+        assert not job_json.exists(), "the earlier job's job.json must go before this job measures"
+        if stop is not None:
+            raise stop
+        index = PhaseIndex("test-tiny", "plain", "phase_a", "sim", {}, {}, [], launch_id="L1", status="ok")
+        index.finished = "2026-11-26T00:00:00+00:00"
+        return index
+
+    monkeypatch.setattr(phase, "run_phase", run_phase)
+    rc = phase.main(["--config", str(config), "--variant", "plain", "--phase", "phase_a"])
+    if stop is None:
+        assert rc == 0
+        assert json.loads(job_json.read_text()) == {
+            "launch_id": "L1",
+            "status": "ok",
+            "finished": "2026-11-26T00:00:00+00:00",
+        }
+    else:
+        assert rc == 130
+        assert not job_json.exists()
+
+
+def test_the_phase_rules_ask_for_job_json() -> None:
+    for rules in ("phase_a.smk", "phase_b.smk"):
+        text = (REPO / "workflow" / "rules" / rules).read_text()
+        outputs = text[text.index("output:") : text.index("log:")]
+        assert "index_of(" in outputs and "job_done_of(" in outputs, rules

@@ -67,6 +67,12 @@ def index_of(name, phase, replicate=1):
     return str(LAYOUT.index(name, phase, replicate))
 
 
+def job_done_of(name, phase, replicate=1):
+    """job.json: written by a phase job only when it ends with a recorded outcome (not when a
+    signal stops it), so a launch whose job was stopped is measured again (contract.layout)."""
+    return str(LAYOUT.job(name, phase, replicate))
+
+
 def job_of(phase, name, replicate=1):
     """A phase job's name: phase_a_<variant>, and phase_a_<variant>_rep<k> for replicate k > 1."""
     return f"{phase}_{name}" if replicate == 1 else f"{phase}_{name}_rep{replicate}"

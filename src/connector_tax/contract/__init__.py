@@ -10,7 +10,8 @@ Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
       study_config.yaml           the validated config the study ran with (file + --config)
       preflight/                  ready_<config>.json, preflight_status.json, <config>/ logs,
                                   connector_probe.json (vLLM's errors for libraries it lacks)
-      <config>/phase_a/           one server launch: run.json (its index), launch.json (the last
+      <config>/phase_a/           one server launch: run.json (its index), job.json (the job
+                                  ended with a recorded outcome), launch.json (the last
                                   launch's facts), config.json, env.txt, launch.sh, server logs,
                                   raw_steps/, and per cell:
                                     requests_<phase>_<label>.jsonl

@@ -30,7 +30,6 @@ DONE = (COMPLETE, PRUNED)
 # Launch states: ok (every cell complete), partial (some failed), failed (no cell could run),
 # skipped (preflight SKIP), interrupted (stopped by a signal), running (still going, or killed).
 LAUNCH_STATES = ("ok", "partial", "failed", "skipped", "interrupted", "running")
-UNFINISHED = ("interrupted", "running")
 
 
 @dataclass
@@ -108,14 +107,7 @@ class PhaseIndex:
         return out
 
     def write(self, path: Path) -> None:
-        """An index of a launch not yet ended (running, interrupted) is dated 1970: older
-        than its job's inputs, so Snakemake's mtime check runs the job again whatever it finds.
-        A cluster executor removes a failed job's run.json as soon as the scheduler says the job
-        ended, while the job, stopped by a signal, may still be writing it; without the date
-        the next run would take that run.json for a finished launch."""
         write_json(path, self.to_dict())
-        if self.status in UNFINISHED:
-            os.utime(path, (1, 1))  # not 0: Snakemake reads a zero mtime as none at all
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> PhaseIndex:

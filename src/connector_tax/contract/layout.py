@@ -246,6 +246,16 @@ class PhaseLayout:
         return self.launch_folder / ".lock"
 
     @property
+    def job_json(self) -> Path:
+        """job.json: the phase job's outcome, written only when the job ends with an outcome it
+        recorded, never when a signal stops it. Snakemake's second output beside run.json, which
+        a stopped job also writes (status interrupted): under SLURM the job step's own snakemake
+        deletes a failed job's outputs and its incomplete marker while the job may still be
+        writing run.json, and a run.json left behind that way would read as done to the next
+        run. Without job.json, the next run measures the launch again."""
+        return self.launch_folder / "job.json"
+
+    @property
     def config_json(self) -> Path:
         return self.folder / "config.json"
 
@@ -354,6 +364,9 @@ class StudyLayout:
 
     def index(self, config: str, launch_phase: str, replicate: int = 1) -> Path:
         return self.phase(config, launch_phase, replicate).index
+
+    def job(self, config: str, launch_phase: str, replicate: int = 1) -> Path:
+        return self.phase(config, launch_phase, replicate).job_json
 
     def config_dirs(self) -> list[str]:
         """Folder names under the study root that hold phase folders (configurations, current

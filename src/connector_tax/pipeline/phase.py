@@ -290,14 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     who = launch_label(args.variant, args.replicate)
     if not 1 <= args.replicate <= settings.workload.replicates:
         parser.error(f"argument --replicate: {args.replicate} is not in 1..{settings.workload.replicates}")
-    lock_path = StudyLayout.of(settings.study).phase(args.variant, args.phase, args.replicate).lock
+    layout = StudyLayout.of(settings.study)
+    lock_path = layout.phase(args.variant, args.phase, args.replicate).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
         _say(f"{who} {args.phase}: already being measured by {lock_holder(lock_path)}")
         return 1
+    job_json = layout.job(args.variant, args.phase, args.replicate)
     try:
+        job_json.unlink(missing_ok=True)  # an earlier job's: this one has not ended yet
         with AncestorWatch():
             index = run_phase(args.config, args.variant, args.phase, args.cpus or None, args.replicate)
+        write_json(job_json, {"launch_id": index.launch_id, "status": index.status, "finished": index.finished})
     except KeyboardInterrupt as exc:
         _say(f"{who} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
         return 130
