@@ -83,12 +83,18 @@ def paired_with(name, phase, replicate):
     baseline's cells of the same replicate, so its phase job waits for the baseline's."""
     if not SETTINGS.workload.precision.on_tax or name == SETTINGS.baseline:
         return []
-    return [index_of(SETTINGS.baseline, phase, replicate)]
+    return launch_outputs(SETTINGS.baseline, phase, replicate)
+
+
+def launch_outputs(name, phase, replicate=1):
+    """A phase job's outputs, both asked for by what comes after it: Snakemake checks only the
+    outputs a later job needs, so a launch whose job.json is missing (stopped) runs again."""
+    return [index_of(name, phase, replicate), job_done_of(name, phase, replicate)]
 
 
 def indexes_of(phase):
-    """Every launch's run.json of a phase (all variants, all replicates)."""
-    return [index_of(name, phase, r) for name in VARIANTS for r in REPLICATES]
+    """Every launch's run.json and job.json of a phase (all variants, all replicates)."""
+    return [path for name in VARIANTS for r in REPLICATES for path in launch_outputs(name, phase, r)]
 
 
 # What the existing results lack, before anything runs (a dry run shows it too); once, in the

@@ -18,8 +18,7 @@ for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_A]):
             preflight=PREFLIGHT_STATUS,
             paired=paired_with(_name, PHASE_A, _rep),
         output:
-            index_of(_name, PHASE_A, _rep),
-            job_done_of(_name, PHASE_A, _rep),
+            launch_outputs(_name, PHASE_A, _rep),
         log:
             log_of(job_of("phase_a", _name, _rep)),
         benchmark:

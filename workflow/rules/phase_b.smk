@@ -15,8 +15,7 @@ for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_B]):
             paired=paired_with(_name, PHASE_B, _rep),
             reference=reference_rates_checkpoint,
         output:
-            index_of(_name, PHASE_B, _rep),
-            job_done_of(_name, PHASE_B, _rep),
+            launch_outputs(_name, PHASE_B, _rep),
         log:
             log_of(job_of("phase_b", _name, _rep)),
         benchmark:
