@@ -217,5 +217,5 @@ def test_the_phase_rules_ask_for_job_json_and_what_follows_needs_it() -> None:
         assert "launch_outputs(_name," in text[text.index("output:") : text.index("log:")], name
     common = (rules / "common.smk").read_text()
     outputs = common[common.index("def launch_outputs") : common.index("def indexes_of")]
-    assert "job_done_of(name, phase, replicate)" in outputs
+    assert "LAYOUT.job(name, phase, replicate)" in outputs
     assert "launch_outputs(name, phase, r)" in common[common.index("def indexes_of") :]

@@ -67,12 +67,6 @@ def index_of(name, phase, replicate=1):
     return str(LAYOUT.index(name, phase, replicate))
 
 
-def job_done_of(name, phase, replicate=1):
-    """job.json: written by a phase job only when it ends with a recorded outcome (not when a
-    signal stops it), so a launch whose job was stopped is measured again (contract.layout)."""
-    return str(LAYOUT.job(name, phase, replicate))
-
-
 def job_of(phase, name, replicate=1):
     """A phase job's name: phase_a_<variant>, and phase_a_<variant>_rep<k> for replicate k > 1."""
     return f"{phase}_{name}" if replicate == 1 else f"{phase}_{name}_rep{replicate}"
@@ -87,9 +81,10 @@ def paired_with(name, phase, replicate):
 
 
 def launch_outputs(name, phase, replicate=1):
-    """A phase job's outputs, both asked for by what comes after it: Snakemake checks only the
-    outputs a later job needs, so a launch whose job.json is missing (stopped) runs again."""
-    return [index_of(name, phase, replicate), job_done_of(name, phase, replicate)]
+    """A phase job's outputs: run.json, and job.json, written only by a job that returned with
+    an outcome (contract.layout). Both are asked for by what comes after the job, since Snakemake
+    checks only the outputs a later job needs: a launch whose job was stopped runs again."""
+    return [index_of(name, phase, replicate), str(LAYOUT.job(name, phase, replicate))]
 
 
 def indexes_of(phase):
