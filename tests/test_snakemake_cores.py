@@ -3,8 +3,8 @@
 Snakemake 9.13 to 9.16 (those checked) do not charge a job's cores when it was the only one
 ready (a shortcut in the scheduler's job selection) yet give them back when it ends, so after the
 first such job `--cores 1` runs jobs side by side: on the CPU study, four vLLM servers at once on
-two cores and every cell measured beside the others. pyproject pins snakemake >= 9.17; this test fails on an
-environment that has an affected snakemake anyway.
+two cores and every cell measured beside the others. pyproject pins snakemake >= 9.17; this test
+fails on an environment that has an affected snakemake anyway.
 """
 
 from __future__ import annotations

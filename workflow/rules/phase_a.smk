@@ -3,10 +3,9 @@
 # design's defence against thermal drift: with workload.replicates k, k rounds of every variant)
 # while GPU jobs can still run side by side.
 # params.plan names every cell and its fingerprint: a changed setting re-runs the job, which
-# re-measures only the cells whose fingerprint changed. job.json, written only by a job that
-# ended with an outcome, keeps a stopped launch from reading as done (contract.layout).
-# A job's output goes to its log and to snakemake's console (tee): its one-line outcome, and
-# the reason it stopped even when the results disk is full and the log cannot be written.
+# re-measures only the cells whose fingerprint changed (its outputs: launch_outputs). A job's
+# output goes to its log and to snakemake's console (tee): its one-line outcome, and the reason
+# it stopped even when the results disk is full and the log cannot be written.
 
 for _rank, (_name, _rep) in enumerate(LAUNCH_ORDER[PHASE_A]):
 

@@ -247,12 +247,8 @@ class PhaseLayout:
 
     @property
     def job_json(self) -> Path:
-        """job.json: the phase job's outcome, written only when the job ends with an outcome it
-        recorded, never when a signal stops it. Snakemake's second output beside run.json, which
-        a stopped job also writes (status interrupted): under SLURM the job step's own snakemake
-        deletes a failed job's outputs and its incomplete marker while the job may still be
-        writing run.json, and a run.json left behind that way would read as done to the next
-        run. Without job.json, the next run measures the launch again."""
+        """job.json: written only by a phase job that returned with an outcome, never by one a
+        signal stopped; the rules' proof that the launch ended (why: pipeline/README.md)."""
         return self.launch_folder / "job.json"
 
     @property
