@@ -61,17 +61,17 @@ def run(env: dict[str, str], folder: Path, config: Path, *args: str, timeout: fl
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-_started: list[subprocess.Popen[str]] = []
+_started: list[tuple[subprocess.Popen[str], Path, dict[str, str]]] = []
 _since: list[datetime] = []
 
 
 @pytest.fixture(autouse=True)
 def _no_snakemake_left():
-    """A test that fails midway leaves no snakemake of its own running (nor, through it, jobs)."""
+    """A test that fails midway leaves no snakemake of its own running, nor jobs in the queue."""
     _since[:] = [datetime.now()]  # sacct: this test's jobs, not those of an earlier run in a reused folder
     yield
     while _started:
-        proc = _started.pop()
+        proc, folder, env = _started.pop()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the plugin cancels its jobs on the way out
             try:
@@ -79,6 +79,8 @@ def _no_snakemake_left():
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if left := queued(env, folder):  # a killed snakemake's jobs, when the test failed before its next run
+            subprocess.run(["scancel", *left], env=env, capture_output=True)
 
 
 def start(env: dict[str, str], folder: Path, config: Path, *args: str) -> subprocess.Popen[str]:
@@ -86,7 +88,7 @@ def start(env: dict[str, str], folder: Path, config: Path, *args: str) -> subpro
     argv = [*SNAKEMAKE, "--profile", str(PROFILE), *args, "--configfile", str(config), "--directory", str(folder)]
     with open(folder / "snakemake.out", "w") as log:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    _started.append(proc)
+    _started.append((proc, folder, env))
     return proc
 
 
@@ -104,19 +106,28 @@ def sacct(env: dict[str, str], folder: Path) -> list[dict[str, str]]:
     return [r for r in rows if r["WorkDir"] == str(folder)]
 
 
-def queued(env: dict[str, str], folder: Path) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True, env=env).stdout
-    return [line.split()[0] for line in out.splitlines() if line.split()[1:] == [str(folder)]]
+def queued(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """{job id: state} of the test's jobs SLURM lists (pending, running, completing)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T %Z"], capture_output=True, text=True, env=env).stdout
+    return {job: state for job, state, *where in map(str.split, out.splitlines()) if where == [str(folder)]}
 
 
 def nothing_left(env: dict[str, str], folder: Path, within_s: float = 60.0) -> list:
     """What of the test's study still runs: processes, and jobs in SLURM's queue."""
     deadline = time.monotonic() + within_s
     while True:
-        left = [(p.pid, p.info["cmdline"]) for p in our_processes(folder)] + queued(env, folder)
+        left = [_described(p) for p in our_processes(folder)] + list(queued(env, folder).items())
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
+
+
+def _described(proc) -> tuple:
+    """A process left behind, with what tells whose it was: its parent, age and state."""
+    try:
+        return (proc.pid, proc.ppid(), f"{time.time() - proc.create_time():.0f} s old", proc.status(), proc.cmdline())
+    except Exception as exc:  # psutil.Error: it ended while being described
+        return (proc.pid, type(exc).__name__)
 
 
 def wait_for(predicate, proc: subprocess.Popen | None = None, timeout_s: float = 300.0) -> None:
@@ -167,6 +178,10 @@ def launches(folder: Path, config: dict) -> dict[str, tuple]:
 def fault_study(folder: Path, configs: int = 2, cells: int = 4, seconds: float = 4.0) -> tuple[dict, Path]:
     """Phase A of `cells` cells of `seconds` each per configuration: long enough to be caught."""
     config = copy.deepcopy(TINY)
+    config["variants"] = [
+        *config["variants"],
+        {"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}},
+    ]
     config["variants"] = config["variants"][:configs]
     config["workload"].update(
         duration_s=seconds, phase_a={"rates": [4 + 2 * i for i in range(cells)], "shape": {"input": 128, "output": 8}}
@@ -289,10 +304,12 @@ def test_a_job_killed_at_its_time_limit_resumes(env, tmp_path) -> None:
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_a_killed_snakemake_leaves_nothing_running_and_resumes(env, tmp_path, how) -> None:
-    # SIGTERM: snakemake cancels its SLURM jobs. SIGKILL (a lost login session): its jobs run on,
-    # orphans, until the next run of the study cancels them before it starts its own.
-    # Six cells of 8 s: the orphans still run when the next run, slow to start on a busy host, looks.
-    config, path = fault_study(tmp_path, cells=6, seconds=8.0)
+    # SIGTERM: snakemake cancels its SLURM jobs. SIGKILL (a lost login session): its jobs stay in
+    # the queue, orphans, until the next run of the study cancels them before it starts its own.
+    # Three configurations on two GPUs, so one job waits in the queue at the kill: an orphan no
+    # index names yet. Six cells of 8 s: the others still run when the next run, slow to start on
+    # a busy host, looks.
+    config, path = fault_study(tmp_path, configs=3, cells=6, seconds=8.0)
     proc = start(env, tmp_path, path, "phase_a")
     job: list[str] = []
     wait_for(lambda: job.append(measuring(tmp_path, "integrity", "plain") or "") or job[-1], proc)
@@ -305,11 +322,15 @@ def test_a_killed_snakemake_leaves_nothing_running_and_resumes(env, tmp_path, ho
         resumes(env, tmp_path, config, path, before)
         return
     orphans = queued(env, tmp_path)
-    assert job[-1] in orphans  # orphaned: still running, its snakemake gone
+    assert orphans.get(job[-1]) == "RUNNING", orphans  # orphaned: still running, its snakemake gone
+    waiting = [j for j, state in orphans.items() if state == "PENDING"]
+    assert waiting, orphans
     again = resumes(env, tmp_path, config, path, before)
-    # the next run cancelled those still running when it started (on a loaded host one may end first)
-    cancelled = re.findall(r"cancelled SLURM job (\d+) \(\w+/phase_a\) of an earlier run", again.stdout + again.stderr)
+    # the next run cancelled those still queued when it started (on a loaded host one may end
+    # first), the waiting one among them
+    cancelled = re.findall(r"cancelled SLURM job (\d+) \([^)]*\) of an earlier run", again.stdout + again.stderr)
     assert cancelled and set(cancelled) <= set(orphans), (cancelled, orphans)
+    assert set(waiting) <= set(cancelled), (waiting, cancelled, again.stdout[-3000:])
     states = {r["JobID"]: r["State"] for r in sacct(env, tmp_path)}
     assert all(states[j].startswith("CANCELLED") for j in cancelled), states
     assert all(states[j].startswith(("CANCELLED", "COMPLETED")) for j in orphans), states

@@ -27,6 +27,7 @@ from connector_tax.serving.lifecycle import exclusive_lock, private_dir
 
 SLURM_ENV = {
     "SLURM_JOB_ID": "42",
+    "SLURM_JOB_NAME": "run-7f3a",
     "SLURM_STEP_ID": "0",
     "SLURMD_NODENAME": "gpu07",
     "SLURM_JOB_PARTITION": "gpu",
@@ -40,6 +41,7 @@ def placed(monkeypatch: pytest.MonkeyPatch):
     """This process as a job SLURM placed on GPU 1."""
     for key, value in SLURM_ENV.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setattr(slurm, "_job_name", lambda job_id: None)  # no squeue to ask
     allocation = slurm.adopt("slurm")
     yield allocation
     slurm.adopt("host")
@@ -55,6 +57,7 @@ def test_the_allocation_is_read_from_slurms_environment(placed) -> None:
     assert placed.record() == {
         "scheduler": "slurm",
         "job_id": "42",
+        "job_name": "run-7f3a",
         "step_id": "0",
         "node": "gpu07",
         "partition": "gpu",
@@ -63,6 +66,39 @@ def test_the_allocation_is_read_from_slurms_environment(placed) -> None:
         "cpus": tuple(sorted(os.sched_getaffinity(0))),
     }
     assert slurm.placement_record()["job_id"] == "42"
+
+
+def test_orphans_are_the_running_launches_and_every_job_of_their_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed run's jobs: those its indexes name as running, and, through the run's job name,
+    its pending jobs and those that had not written an index yet; a finished run's are gone."""
+
+    def launch(variant: str, status: str, job: str, run: str) -> PhaseIndex:
+        where = {"scheduler": "slurm", "job_id": job, "job_name": run}
+        return PhaseIndex("s", variant, "phase_a", "sim", {}, {}, [], status=status, placement=where)
+
+    queue = {  # what squeue lists now, with each job's run (job name) and the plugin's comment
+        "11": ("RUNNING", "killed", "rule_phase_a_plain"),
+        "13": ("PENDING", "killed", "rule_phase_a_mooncake_both"),
+        "14": ("RUNNING", "other-study", "rule_phase_a_plain"),
+    }
+    asked = []
+
+    def squeue(option: str, values: list[str]) -> dict[str, tuple[str, str]]:
+        asked.append((option, sorted(values)))
+        column = {"--jobs": 0, "--name": 1}[option]
+        return {job: (state, comment) for job, (state, run, comment) in queue.items() if (job, run)[column] in values}
+
+    monkeypatch.setattr(slurm, "_squeue", squeue)
+    indexes = [
+        launch("plain", "running", "11", "killed"),
+        launch("noop_connector", "complete", "12", "killed"),  # ended before the kill
+        launch("plain", "complete", "5", "earlier"),  # a run long gone
+        None,  # a launch never started
+        PhaseIndex("s", "x", "phase_a", "sim", {}, {}, [], status="running", placement={"scheduler": "host"}),
+    ]
+    assert slurm.orphaned_jobs(indexes) == {"11": "plain/phase_a", "13": "phase_a_mooncake_both, pending"}
+    assert asked == [("--jobs", ["11"]), ("--name", ["earlier", "killed"])]
+    assert slurm.orphaned_jobs([indexes[4], None]) == {}
 
 
 def test_placement_slurm_outside_slurm_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,9 +160,13 @@ SlurmdLogFile=$state/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MailProg=/bin/true
-# No cgroups: this sandbox has none to delegate. Processes are tracked by parentage and bound
-# to the job's CPUs with sched_setaffinity (task/affinity), which needs no cgroup either.
-ProctrackType=proctrack/linuxproc
+# No cgroups: this sandbox has none to delegate. Processes are tracked by process group, as
+# a cgroup would hold them: by parentage (proctrack/linuxproc) a job's snakemake escapes once
+# the batch shell dies of scancel's SIGTERM (it is re-parented to init), and one that hangs
+# on the way out (snakemake's SIGTERM handler can deadlock on its scheduler lock) then never
+# gets the SIGKILL KillWait seconds later. CPUs are bound with sched_setaffinity
+# (task/affinity), which needs no cgroup either.
+ProctrackType=proctrack/pgid
 TaskPlugin=task/affinity
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none

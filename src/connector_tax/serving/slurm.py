@@ -9,10 +9,15 @@ of leasing from the host (serving.gpus, serving.cpus): a node-wide file lock wou
 already the job's own. How the job was placed is recorded in its run.json (`placement`), never in
 a fingerprint: the same settings measured under SLURM or on a host give the same cells.
 
-A run whose snakemake was killed (-9, a lost login session) leaves its SLURM jobs running: no
-process of theirs can see it go, since it may have run on another machine. The next run of the
-study, holding the study lock, cancels the jobs its phase indexes name as still running
-(`cancel_orphans`) before it submits its own, so a study always has one writer.
+A run whose snakemake was killed (-9, a lost login session) leaves its SLURM jobs in the queue,
+running or pending: no process of theirs can see it go, since it may have run on another machine.
+The next run of the study, holding the study lock, cancels them (`cancel_orphans`) before it
+submits its own, so a study always has one writer. It finds them through the phase indexes: the
+jobs they name as still running, and every job of the runs that placed a launch — the executor
+plugin names each job after its snakemake run, one name per run, so `squeue --name` lists a
+killed run's pending jobs too, which no index names yet. (Snakemake's own incomplete markers
+would name every submitted job, but the job's own snakemake, in the same folder, rewrites them
+without the job id.)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ PLACEMENTS = ("host", "slurm")
 @dataclass(frozen=True)
 class Allocation:
     job_id: str
+    job_name: str | None  # under Snakemake's executor: its run's id, shared by all the run's jobs
     step_id: str | None
     node: str
     partition: str | None
@@ -46,6 +52,18 @@ def _ids(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in (value or "").split(",") if v.strip())
 
 
+def _job_name(job_id: str) -> str | None:
+    """The job's name as SLURM knows it: inside a step srun has set SLURM_JOB_NAME to the
+    step's program (`python3`), not the name the job was submitted with."""
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%j", "-j", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
 def allocation(env: dict[str, str] | None = None) -> Allocation:
     """This process's SLURM allocation; RuntimeError (one line) when it runs outside SLURM."""
     env = dict(os.environ if env is None else env)
@@ -56,6 +74,7 @@ def allocation(env: dict[str, str] | None = None) -> Allocation:
     node_gpus = _ids(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     return Allocation(
         job_id=job_id,
+        job_name=_job_name(job_id) or env.get("SLURM_JOB_NAME"),
         step_id=env.get("SLURM_STEP_ID"),
         node=env.get("SLURMD_NODENAME") or socket.gethostname(),
         partition=env.get("SLURM_JOB_PARTITION"),
@@ -89,33 +108,44 @@ def placement_record() -> dict[str, Any]:
     return {"scheduler": "host", "node": socket.gethostname()}
 
 
-def _squeue_states(job_ids: list[str]) -> dict[str, str]:
-    """{job id: state} of those jobs SLURM still lists (pending, running, completing)."""
-    if not job_ids or shutil.which("squeue") is None:
+def _squeue(option: str, values: list[str]) -> dict[str, tuple[str, str]]:
+    """{job id: (state, comment)} of the jobs SLURM still lists (pending, running, completing)
+    among those `squeue OPTION values` selects (--jobs ids, --name names)."""
+    if not values or shutil.which("squeue") is None:
         return {}
     out = subprocess.run(
-        ["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True, timeout=60
+        ["squeue", "-h", "-o", "%i|%T|%k", option, ",".join(values)], capture_output=True, text=True, timeout=60
     )
-    states = {}
+    listed = {}
     for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            states[parts[0]] = parts[1]
-    return states
+        parts = line.split("|", 2)
+        if len(parts) == 3:
+            listed[parts[0]] = (parts[1], parts[2])
+    return listed
+
+
+def _rule(comment: str) -> str:
+    """The executor plugin's job comment, `rule_NAME` or `rule_NAME_wildcards_VALUES`, as NAME VALUES."""
+    return comment.removeprefix("rule_").replace("_wildcards_", " ") or "a job"
 
 
 def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
-    """{SLURM job id: what it measures} for phase indexes still `running` under a SLURM job that
-    SLURM still lists: jobs of a run whose snakemake is gone (the caller holds the study lock)."""
-    jobs = {}
+    """{SLURM job id: what it measures} for the jobs of earlier runs of this study that SLURM still
+    lists (the caller holds the study lock, so their snakemake is gone): those the phase indexes
+    name as running, and the pending or running jobs of every run that placed a launch."""
+    jobs, runs = {}, set()
     for index in filter(None, indexes):
         placement = getattr(index, "placement", None) or {}
-        if index.status == "running" and placement.get("scheduler") == "slurm" and placement.get("job_id"):
+        if placement.get("scheduler") != "slurm":
+            continue
+        if placement.get("job_name"):
+            runs.add(str(placement["job_name"]))
+        if index.status == "running" and placement.get("job_id"):
             jobs[str(placement["job_id"])] = f"{index.variant}/{index.phase}"
-    if not jobs:
-        return {}
-    alive = _squeue_states(list(jobs))
-    return {job: what for job, what in jobs.items() if job in alive}
+    listed = {job: jobs[job] for job in _squeue("--jobs", list(jobs))}
+    for job, (state, comment) in _squeue("--name", sorted(runs)).items():
+        listed.setdefault(job, f"{_rule(comment)}, {state.lower()}")
+    return listed
 
 
 def cancel_orphans(indexes: list[Any], timeout_s: float = 120.0) -> list[str]:
@@ -127,9 +157,9 @@ def cancel_orphans(indexes: list[Any], timeout_s: float = 120.0) -> list[str]:
         return []
     subprocess.run(["scancel", *orphans], capture_output=True, text=True, timeout=60)
     deadline = time.monotonic() + timeout_s
-    while _squeue_states(list(orphans)) and time.monotonic() < deadline:
+    while _squeue("--jobs", list(orphans)) and time.monotonic() < deadline:
         time.sleep(1.0)
-    left = _squeue_states(list(orphans))
+    left = _squeue("--jobs", list(orphans))
     lines = [
         f"cancelled SLURM job {job} ({what}) of an earlier run of this study whose snakemake is gone"
         for job, what in orphans.items()
