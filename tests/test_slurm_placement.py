@@ -27,7 +27,7 @@ from connector_tax.serving.lifecycle import exclusive_lock, private_dir
 
 SLURM_ENV = {
     "SLURM_JOB_ID": "42",
-    "SLURM_JOB_NAME": "run-7f3a",
+    "SLURM_JOB_NAME": "python3",  # what srun sets inside a step: not the job's name
     "SLURM_STEP_ID": "0",
     "SLURMD_NODENAME": "gpu07",
     "SLURM_JOB_PARTITION": "gpu",
@@ -41,7 +41,7 @@ def placed(monkeypatch: pytest.MonkeyPatch):
     """This process as a job SLURM placed on GPU 1."""
     for key, value in SLURM_ENV.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(slurm, "_job_name", lambda job_id: None)  # no squeue to ask
+    monkeypatch.setattr(slurm, "_job_name", {"42": "run-7f3a"}.get)  # what squeue says
     allocation = slurm.adopt("slurm")
     yield allocation
     slurm.adopt("host")
@@ -76,17 +76,24 @@ def test_orphans_are_the_running_launches_and_every_job_of_their_runs(monkeypatc
         where = {"scheduler": "slurm", "job_id": job, "job_name": run}
         return PhaseIndex("s", variant, "phase_a", "sim", {}, {}, [], status=status, placement=where)
 
-    queue = {  # what squeue lists now, with each job's run (job name) and the plugin's comment
-        "11": ("RUNNING", "killed", "rule_phase_a_plain"),
-        "13": ("PENDING", "killed", "rule_phase_a_mooncake_both"),
-        "14": ("RUNNING", "other-study", "rule_phase_a_plain"),
+    here, elsewhere = os.getcwd(), "/elsewhere"
+    queue = {  # what squeue lists now: each job's run (job name), working directory and comment
+        "11": ("RUNNING", "killed", here, "rule_phase_a_plain"),
+        "13": ("PENDING", "killed", here, "rule_phase_a_mooncake_both"),
+        "14": ("RUNNING", "other-study", here, "rule_phase_a_plain"),
+        "15": ("PENDING", "killed", elsewhere, "rule_phase_a_plain"),  # the same name from elsewhere
+        "16": ("PENDING", "killed", here, "a job of the user's own"),  # not the plugin's
     }
     asked = []
 
-    def squeue(option: str, values: list[str]) -> dict[str, tuple[str, str]]:
+    def squeue(option: str, values: list[str]) -> dict[str, tuple[str, str, str]]:
         asked.append((option, sorted(values)))
         column = {"--jobs": 0, "--name": 1}[option]
-        return {job: (state, comment) for job, (state, run, comment) in queue.items() if (job, run)[column] in values}
+        return {
+            job: (state, workdir, comment)
+            for job, (state, run, workdir, comment) in queue.items()
+            if (job, run)[column] in values
+        }
 
     monkeypatch.setattr(slurm, "_squeue", squeue)
     indexes = [

@@ -53,8 +53,9 @@ def _ids(value: str | None) -> tuple[str, ...]:
 
 
 def _job_name(job_id: str) -> str | None:
-    """The job's name as SLURM knows it: inside a step srun has set SLURM_JOB_NAME to the
-    step's program (`python3`), not the name the job was submitted with."""
+    """The job's name as SLURM knows it, or None. Not SLURM_JOB_NAME: inside a step srun sets it
+    to the step's program (`python3`), a name other jobs share, which must never select jobs to
+    cancel."""
     if shutil.which("squeue") is None:
         return None
     try:
@@ -74,7 +75,7 @@ def allocation(env: dict[str, str] | None = None) -> Allocation:
     node_gpus = _ids(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     return Allocation(
         job_id=job_id,
-        job_name=_job_name(job_id) or env.get("SLURM_JOB_NAME"),
+        job_name=_job_name(job_id),
         step_id=env.get("SLURM_STEP_ID"),
         node=env.get("SLURMD_NODENAME") or socket.gethostname(),
         partition=env.get("SLURM_JOB_PARTITION"),
@@ -108,19 +109,19 @@ def placement_record() -> dict[str, Any]:
     return {"scheduler": "host", "node": socket.gethostname()}
 
 
-def _squeue(option: str, values: list[str]) -> dict[str, tuple[str, str]]:
-    """{job id: (state, comment)} of the jobs SLURM still lists (pending, running, completing)
-    among those `squeue OPTION values` selects (--jobs ids, --name names)."""
+def _squeue(option: str, values: list[str]) -> dict[str, tuple[str, str, str]]:
+    """{job id: (state, working directory, comment)} of this user's jobs that SLURM still lists
+    (pending, running, completing) among those `squeue OPTION values` selects (--jobs ids,
+    --name names)."""
     if not values or shutil.which("squeue") is None:
         return {}
-    out = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%T|%k", option, ",".join(values)], capture_output=True, text=True, timeout=60
-    )
+    argv = ["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%T|%Z|%k", option, ",".join(values)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     listed = {}
     for line in out.stdout.splitlines():
-        parts = line.split("|", 2)
-        if len(parts) == 3:
-            listed[parts[0]] = (parts[1], parts[2])
+        parts = line.split("|", 3)
+        if len(parts) == 4:
+            listed[parts[0]] = (parts[1], parts[2], parts[3])
     return listed
 
 
@@ -132,7 +133,8 @@ def _rule(comment: str) -> str:
 def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
     """{SLURM job id: what it measures} for the jobs of earlier runs of this study that SLURM still
     lists (the caller holds the study lock, so their snakemake is gone): those the phase indexes
-    name as running, and the pending or running jobs of every run that placed a launch."""
+    name as running, and the pending or running jobs of every run that placed a launch (this
+    user's, submitted by a snakemake from this working directory)."""
     jobs, runs = {}, set()
     for index in filter(None, indexes):
         placement = getattr(index, "placement", None) or {}
@@ -143,8 +145,10 @@ def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
         if index.status == "running" and placement.get("job_id"):
             jobs[str(placement["job_id"])] = f"{index.variant}/{index.phase}"
     listed = {job: jobs[job] for job in _squeue("--jobs", list(jobs))}
-    for job, (state, comment) in _squeue("--name", sorted(runs)).items():
-        listed.setdefault(job, f"{_rule(comment)}, {state.lower()}")
+    here = os.path.realpath(os.getcwd())  # where snakemake runs, and submitted its jobs from
+    for job, (state, workdir, comment) in _squeue("--name", sorted(runs)).items():
+        if os.path.realpath(workdir) == here and comment.startswith("rule_"):
+            listed.setdefault(job, f"{_rule(comment)}, {state.lower()}")
     return listed
 
 
