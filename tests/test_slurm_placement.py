@@ -86,14 +86,10 @@ def test_orphans_are_the_running_launches_and_every_job_of_their_runs(monkeypatc
     }
     asked = []
 
-    def squeue(option: str, values: list[str]) -> dict[str, tuple[str, str, str]]:
+    def squeue(option: str, values: list[str]) -> dict[str, slurm.Queued]:
         asked.append((option, sorted(values)))
         column = {"--jobs": 0, "--name": 1}[option]
-        return {
-            job: (state, workdir, comment)
-            for job, (state, run, workdir, comment) in queue.items()
-            if (job, run)[column] in values
-        }
+        return {job: slurm.Queued(*listed) for job, listed in queue.items() if (job, listed[1])[column] in values}
 
     monkeypatch.setattr(slurm, "_squeue", squeue)
     indexes = [

@@ -56,13 +56,11 @@ def _job_name(job_id: str) -> str | None:
     """The job's name as SLURM knows it, or None. Not SLURM_JOB_NAME: inside a step srun sets it
     to the step's program (`python3`), a name other jobs share, which must never select jobs to
     cancel."""
-    if shutil.which("squeue") is None:
-        return None
     try:
-        out = subprocess.run(["squeue", "-h", "-o", "%j", "-j", job_id], capture_output=True, text=True, timeout=60)
+        queued = _squeue("--jobs", [job_id]).get(job_id)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    return queued.name if queued else None
 
 
 def allocation(env: dict[str, str] | None = None) -> Allocation:
@@ -109,25 +107,34 @@ def placement_record() -> dict[str, Any]:
     return {"scheduler": "host", "node": socket.gethostname()}
 
 
-def _squeue(option: str, values: list[str]) -> dict[str, tuple[str, str, str]]:
-    """{job id: (state, working directory, comment)} of this user's jobs that SLURM still lists
-    (pending, running, completing) among those `squeue OPTION values` selects (--jobs ids,
-    --name names)."""
+@dataclass(frozen=True)
+class Queued:
+    """A job as squeue lists it."""
+
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    name: str  # under Snakemake's executor: its run's id
+    workdir: str  # where the submitting snakemake ran
+    comment: str  # the executor plugin's `rule_NAME` or `rule_NAME_wildcards_VALUES`
+
+
+def _squeue(option: str, values: list[str]) -> dict[str, Queued]:
+    """This user's jobs that SLURM still lists (pending, running, completing) among those
+    `squeue OPTION values` selects (--jobs ids, --name names), by job id."""
     if not values or shutil.which("squeue") is None:
         return {}
-    argv = ["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%T|%Z|%k", option, ",".join(values)]
+    argv = ["squeue", "-h", "-u", str(os.getuid()), "-o", "%i|%T|%j|%Z|%k", option, ",".join(values)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     listed = {}
     for line in out.stdout.splitlines():
-        parts = line.split("|", 3)
-        if len(parts) == 4:
-            listed[parts[0]] = (parts[1], parts[2], parts[3])
+        parts = line.split("|", 4)
+        if len(parts) == 5:
+            listed[parts[0]] = Queued(*parts[1:])
     return listed
 
 
 def _rule(comment: str) -> str:
-    """The executor plugin's job comment, `rule_NAME` or `rule_NAME_wildcards_VALUES`, as NAME VALUES."""
-    return comment.removeprefix("rule_").replace("_wildcards_", " ") or "a job"
+    """The executor plugin's job comment as NAME VALUES."""
+    return comment.removeprefix("rule_").replace("_wildcards_", " ")
 
 
 def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
@@ -146,9 +153,9 @@ def orphaned_jobs(indexes: list[Any]) -> dict[str, str]:
             jobs[str(placement["job_id"])] = f"{index.variant}/{index.phase}"
     listed = {job: jobs[job] for job in _squeue("--jobs", list(jobs))}
     here = os.path.realpath(os.getcwd())  # where snakemake runs, and submitted its jobs from
-    for job, (state, workdir, comment) in _squeue("--name", sorted(runs)).items():
-        if os.path.realpath(workdir) == here and comment.startswith("rule_"):
-            listed.setdefault(job, f"{_rule(comment)}, {state.lower()}")
+    for job, queued in _squeue("--name", sorted(runs)).items():
+        if os.path.realpath(queued.workdir) == here and queued.comment.startswith("rule_"):
+            listed.setdefault(job, f"{_rule(queued.comment)}, {queued.state.lower()}")
     return listed
 
 
