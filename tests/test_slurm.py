@@ -178,11 +178,8 @@ def launches(folder: Path, config: dict) -> dict[str, tuple]:
 def fault_study(folder: Path, configs: int = 2, cells: int = 4, seconds: float = 4.0) -> tuple[dict, Path]:
     """Phase A of `cells` cells of `seconds` each per configuration: long enough to be caught."""
     config = copy.deepcopy(TINY)
-    config["variants"] = [
-        *config["variants"],
-        {"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}},
-    ]
-    config["variants"] = config["variants"][:configs]
+    mooncake = {"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}}
+    config["variants"] = [*config["variants"], mooncake][:configs]
     config["workload"].update(
         duration_s=seconds, phase_a={"rates": [4 + 2 * i for i in range(cells)], "shape": {"input": 128, "output": 8}}
     )
@@ -312,7 +309,14 @@ def test_a_killed_snakemake_leaves_nothing_running_and_resumes(env, tmp_path, ho
     config, path = fault_study(tmp_path, configs=3, cells=6, seconds=8.0)
     proc = start(env, tmp_path, path, "phase_a")
     job: list[str] = []
-    wait_for(lambda: job.append(measuring(tmp_path, "integrity", "plain") or "") or job[-1], proc)
+
+    def caught() -> bool:
+        """A launch mid-measure (whichever SLURM started first) while another job waits."""
+        running = [measuring(tmp_path, "integrity", v["name"]) for v in config["variants"]]
+        job.append(next(filter(None, running), ""))
+        return bool(job[-1]) and "PENDING" in queued(env, tmp_path).values()
+
+    wait_for(caught, proc)
     before = sealed_cells(tmp_path, config)
     os.kill(proc.pid, getattr(signal, how))
     assert proc.wait(120) != 0
