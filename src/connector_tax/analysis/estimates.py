@@ -1,8 +1,10 @@
 """The numbers the hypotheses rest on, each an estimate with its 95% interval, from the taxes.
 
 Every function takes the taxes document (taxes.compute_taxes) and returns
-{"value", "ci", ...detail} or None when a configuration it needs has no tax; nothing here
-decides anything (hypotheses.py does, from the rule table).
+{"value", "ci", ...detail} or None when a configuration it needs has no tax; a ratio of taxes
+(H3's share, H4's relative deviation) also says, under "unresolved", when its denominator's
+tax is one these cells cannot tell from 0 (`unresolved`). Nothing here decides anything
+(hypotheses.py does, from the rule table).
 """
 
 from __future__ import annotations
@@ -20,11 +22,33 @@ def ci_of(est: dict[str, Any] | None) -> list[float] | None:
 
 
 def div_interval(num: list[float], den: list[float]) -> list[float] | None:
-    """num / den for intervals, den strictly positive (else unbounded: None)."""
-    if den[0] <= 0:
+    """num / den for intervals (the box's image: it holds the ratio whenever both intervals hold
+    their values, whatever their correlation); None when den reaches 0, where the ratio is
+    unbounded."""
+    if den[0] <= 0 <= den[1]:
         return None
     vals = [num[0] / den[0], num[0] / den[1], num[1] / den[0], num[1] / den[1]]
     return [min(vals), max(vals)]
+
+
+def unresolved(den: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """Why a ratio over the tax `den` (of configuration `name`) cannot be estimated, or None when
+    it can: the tax's 95% interval covers 0, so these cells cannot tell it from 0. A ratio over
+    a tax that may be 0 has no interval (any bound of its interval is infinite, by interval
+    arithmetic and by Fieller's theorem alike) and its point estimate's side of a threshold is
+    noise: the hypothesis gets no call. `half_width` is the resolution: the smallest tax these
+    cells tell from 0. A tax with no interval at all (cells too short to bound a p90) says
+    nothing either way: the ratio is then a point without an interval, like the tax itself."""
+    ci = ci_of(den)
+    if ci is None or not ci[0] <= 0 <= ci[1]:
+        return None
+    return {
+        "denominator": name,
+        "value": den.get("value"),
+        "ci": ci,
+        "half_width": (ci[1] - ci[0]) / 2,
+        "why": "its 95% interval covers 0",
+    }
 
 
 def tax_number(est: dict[str, Any]) -> dict[str, Any]:
@@ -83,15 +107,18 @@ def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
     if noop is None or mb is None or not mb["value"]:
         return None
     ci, note = None, None
-    if ci_of(noop) and ci_of(mb):
+    den = unresolved(mb, K.MOONCAKE_BOTH)
+    if den is not None:
+        note = f"mooncake_both's tax is not resolved ({den['why']}): the share is unbounded"
+    elif ci_of(noop):
         ci = div_interval(ci_of(noop), ci_of(mb))  # type: ignore[arg-type]
-        note = None if ci else "mooncake_both tax CI reaches 0: the share is unbounded"
     value = noop["value"] / mb["value"]
     share = {"value": value, "ci": ci, "note": note}
     return {
         "value": value,
         "ci": ci,
         "note": note,
+        "unresolved": den,
         "numbers": {
             "noop_share": share,
             "tax_ttft_p90_noop_connector": tax_number(noop),
@@ -107,14 +134,17 @@ def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
     total = tax_combination([(1.0, mb), (1.0, lmc)])
     dev = tax_combination([(1.0, multi), (-1.0, mb), (-1.0, lmc)])
     ci, note = None, None
-    if ci_of(dev) and ci_of(multi):
+    den = unresolved(multi, K.MULTI)
+    if den is not None:
+        note = f"{K.MULTI}'s tax is not resolved ({den['why']}): the relative deviation is unbounded"
+    elif ci_of(dev):
         ci = div_interval(ci_of(dev), ci_of(multi))  # type: ignore[arg-type]
-        note = None if ci else "multi tax CI reaches 0: the relative deviation is unbounded"
     value = dev["value"] / multi["value"]
     return {
         "value": value,
         "ci": ci,
         "note": note,
+        "unresolved": den,
         "numbers": {
             "rel_dev": {"value": value, "ci": ci, "note": note},
             "sum": total,

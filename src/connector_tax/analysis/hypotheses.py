@@ -7,10 +7,17 @@ or refuted — and reports, beside it, what the interval says: `confidence` is "
 the whole interval lies on the call's side of every threshold and "within noise" when it
 reaches across one (`ci_overlaps_threshold`). A call resting on a cell the validity gate marked
 invalid (measured while the host was busy or the load generator late), or on a ref_safe chosen
-with such cells, is "rests on perturbed cells" whatever its interval says (contention.py). "inconclusive" is only for a number that could
-not be computed at all; "not_applicable" when a configuration the rule needs did not run, or
-the study is not the connector study. Success criteria 1–5 read the hypotheses' numbers;
-6 and 7 the study's artifacts and run time (artifacts.py).
+with such cells, is "rests on perturbed cells" whatever its interval says (contention.py).
+"inconclusive" is for a number that does not exist: one that could not be computed at all, or a
+ratio (H3's share, H4's relative deviation) whose denominator is a tax these cells cannot tell
+from 0 (its interval covers 0: confidence "below resolution", `resolution` the denominator with
+its interval). Such a ratio has no interval — any bound is infinite — and the side of the
+threshold its point estimate falls on is noise, so no call is made. A number with an interval
+that merely straddles the threshold keeps the design's call ("within noise").
+"not_applicable" when a configuration the rule needs did not run, or the study is not the
+connector study. Success criteria 1–5 read the hypotheses' numbers; 6 and 7 the study's
+artifacts and run time (artifacts.py). `compare_calls` says how two studies' calls on one
+hypothesis relate (the plan side by side uses it).
 """
 
 from __future__ import annotations
@@ -25,11 +32,16 @@ from connector_tax.analysis.criteria import success_criteria
 from connector_tax.analysis.estimates import Taxes, h1_tax, h2_gap_pp, h3_share, h4_rel_dev, monotone_steps
 from connector_tax.config import PHASE_A, PHASE_B
 
+BELOW_RESOLUTION = "below resolution"
+CALLED = ("supported", "refuted")
 VERDICT_RULE = (
     "the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
     "interval agrees (confident) or reaches across the threshold (within noise), and is "
     f"'{contention.PERTURBED}' when a cell behind the number, or behind the choice of ref_safe, was "
-    "measured while the host or the load generator perturbed it (never confident then)"
+    "measured while the host or the load generator perturbed it (never confident then). "
+    "No call (inconclusive) when the number cannot be computed, or is a ratio of a tax these cells "
+    f"cannot tell from 0 ('{BELOW_RESOLUTION}': the tax's interval covers 0, so the "
+    "ratio has no interval and its point's side of the threshold is noise)"
 )
 
 
@@ -162,6 +174,18 @@ def _na(rule: Rule, reason: str) -> dict[str, Any]:
     }
 
 
+def _no_call(den: dict[str, Any]) -> str:
+    """Why a ratio over an unresolved tax gets no call, with the tax and the cells' resolution."""
+    tax = f"{den['denominator']}'s TTFT p90 tax" + (" (H1's number)" if den["denominator"] == K.MOONCAKE_BOTH else "")
+    tax += "" if den.get("value") is None else f" is {_pct(den['value'])}"
+    lo, hi = den["ci"]
+    seen = (
+        f"{tax}, CI [{_pct(lo)}, {_pct(hi)}], which covers 0: below what these cells resolve "
+        f"(about ±{den['half_width'] * 100:.1f} pp)"
+    )
+    return f"no call: {seen}; a ratio of it has no interval and its point's side of the threshold is noise"
+
+
 def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) -> dict[str, Any]:
     if baseline != K.PLAIN:
         return _na(rule, f"connector-specific: the study's baseline is {baseline!r}, not 'plain'")
@@ -198,6 +222,18 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
             "ci_overlaps_threshold": None,
         }
     value, ci = est["value"], est.get("ci")
+    if est.get("unresolved"):
+        return {
+            **out,
+            "verdict": "inconclusive",
+            "reason": f"{_show(value, rule.unit)}, no CI: {_no_call(est['unresolved'])} ({BELOW_RESOLUTION})",
+            "value": value,
+            "ci": None,
+            "numbers": est.get("numbers") or {},
+            "confidence": BELOW_RESOLUTION,
+            "ci_overlaps_threshold": None,
+            "resolution": est["unresolved"],
+        }
     call = rule.test.holds(value)
     confident = rule.test.confident(ci, call)
     shown = _show(value, rule.unit) + (
@@ -228,10 +264,42 @@ def mark_perturbed(h: dict[str, Any], rule: Rule, taxes: dict[str, Any], baselin
     h["rests_on_perturbed"] = rest
     if rest is None:
         return
+    if h["verdict"] not in CALLED:  # no call to doubt: the reason stands, the cells are a caveat
+        h.setdefault("caveats", []).append(contention.describe_rest(rest))
+        return
     h["interval_confidence"] = h.get("confidence")
     h["confidence"] = contention.PERTURBED
     h["reason"] = h["reason"].replace(f"({h['interval_confidence']})", f"({contention.PERTURBED})")
     h.setdefault("caveats", []).append(contention.describe_rest(rest))
+
+
+def confident_call(h: dict[str, Any]) -> bool:
+    """A call whose whole interval lies on its side, on cells no contention perturbed."""
+    return h.get("verdict") in CALLED and h.get("confidence") == "confident"
+
+
+def compare_calls(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, str]:
+    """How study b's judgement of one hypothesis relates to study a's: (kind, words).
+
+    same: the same call (the words say when only one of them is confident); same_no_call:
+    neither makes one (inconclusive or not_applicable in both); opposite_within_noise: opposite
+    calls of which neither is confident, i.e. both intervals reach the threshold (or are missing):
+    the point estimates fall either side of it, which is no contradiction, but not the same call;
+    different: a call in one only, or opposite calls of which one is confident; contradicts:
+    opposite confident calls."""
+    va, vb = a.get("verdict"), b.get("verdict")
+    ca, cb = confident_call(a), confident_call(b)
+    if va not in CALLED and vb not in CALLED:
+        return "same_no_call", "same: no call"
+    if va == vb:
+        return "same", "same call" if ca == cb else "same call, confident in one only"
+    if va not in CALLED or vb not in CALLED:
+        return "different", "DIFFERENT: a call in one only"
+    if ca and cb:
+        return "contradicts", "CONTRADICTS: opposite confident calls"
+    if not ca and not cb:
+        return "opposite_within_noise", "opposite sides, neither confident (no contradiction)"
+    return "different", "DIFFERENT: opposite sides, one confident"
 
 
 def evaluate(

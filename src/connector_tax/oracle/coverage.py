@@ -16,7 +16,8 @@ twice, with the analysis's own code:
 
 Both are scored against the truth (the nominal engine: a launch's median): per tax and per
 hypothesis, how often the 95% interval covers the true value, the median half-width, how often
-the call agrees with the true verdict. No HTTP and no load generator: this checks the statistics,
+the call agrees with the true verdict; an "inconclusive" where the truth makes a call is counted
+as no call, not as a wrong one (`no_call`, `wrong`). No HTTP and no load generator: this checks the statistics,
 not the instruments (README.md says what a real run adds).
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.batchmeans import percentile_ci
+from connector_tax.analysis.hypotheses import CALLED
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.config import PHASE_A, Cell, find_variant
 from connector_tax.config.cells import launch_seed
@@ -136,11 +138,16 @@ def score(
         t = truth["hypotheses"][hid]
         if h.get("value") is None or t.get("value") is None:
             continue
+        called, true_call = h["verdict"] in CALLED, t["verdict"] in CALLED
         out["hypotheses"][hid] = {
             "value": h["value"],
             "ci": h.get("ci"),
             "verdict": h["verdict"],
             "agrees": h["verdict"] == t["verdict"],
+            # no call where the truth has one: not wrong, but not the answer either
+            "no_call": not called and true_call,
+            # a call the truth contradicts (a call where the truth has none is not counted)
+            "wrong": called and true_call and h["verdict"] != t["verdict"],
             "confidence": h.get("confidence"),
             "covered": _covers(h.get("ci"), t["value"]),
         }
@@ -217,7 +224,12 @@ def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
                 table[key]["median_launch_share"] = float(np.median(shares)) if shares else None
             if kind == "hypotheses":
                 table[key]["agrees"] = sum(e["agrees"] for e in entries)
+                table[key]["no_call"] = sum(e.get("no_call", False) for e in entries)
+                table[key]["wrong"] = sum(e.get("wrong", False) for e in entries)
                 table[key]["confident"] = sum(e.get("confidence") == "confident" for e in entries)
+                table[key]["confident_wrong"] = sum(
+                    e.get("wrong", False) and e.get("confidence") == "confident" for e in entries
+                )
         out[kind] = table
     return out
 

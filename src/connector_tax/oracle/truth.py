@@ -15,6 +15,8 @@ a hypothesis value) is computed on the pooled p90s, and its interval from the sp
 number computed replication by replication — paired across configurations, so the shared
 traffic cancels. Replications are added (doubling) until every p90's relative half-width is at
 most `precision`, or `max_replications` is reached; what was reached is reported either way.
+A ratio (H3, H4) over a tax whose replication interval covers 0 has no true call either
+("inconclusive", below the oracle's resolution), as the analysis judges a study's.
 """
 
 from __future__ import annotations
@@ -140,11 +142,16 @@ def hypotheses_of(
     reference: dict[str, float],
     cis: dict[str, list[float]] | None = None,
     series: SeriesMap | None = None,
+    tax_cis: dict[tuple[str, str, str], list[float] | None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The analysis's taxes and H1–H6 judgements of cell rows (cellstats' columns); `cis`, when
-    given, replace the estimates' intervals (the oracle's come from its replications); `series`
-    (the cells' requests) gives the taxes intervals that include the launch."""
+    given, replace the estimates' intervals and `tax_cis` the taxes' (the oracle's come from its
+    replications: whether a ratio's denominator is resolved is then the oracle's to say);
+    `series` (the cells' requests) gives the taxes intervals that include the launch."""
     taxes = compute_taxes(rows, variants, K.PLAIN, reference, series)
+    if tax_cis is not None:
+        for key, est in tax_entries(taxes):
+            est["ci"] = tax_cis.get(key)
     rules = RULES if cis is None else [_with_ci(rule, cis.get(rule.id)) for rule in RULES]
     return taxes, {rule.id: judge(rule, Taxes(taxes), variants, K.PLAIN) for rule in rules}
 
@@ -165,9 +172,10 @@ def _interval(value: float, reps: list[float]) -> list[float] | None:
     return [value - half, value + half]
 
 
-def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(config, phase/cell, metric) -> the tax estimate ({"value", "ci", ...}) of a taxes document."""
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+def tax_entries(taxes: dict[str, Any]) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+    """Every TTFT and TPOT tax estimate of a taxes document with its key (config, phase/cell,
+    metric); a cell that is both ref_safe and ref_load comes twice, once per entry."""
+    out = []
     cells = [(f"{PHASE_A}/{e.get('cell')}", e) for e in (taxes.get("phase_a") or {}).values()]
     cells += [
         (f"{phase}/{label}", c)
@@ -177,8 +185,13 @@ def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str,
     for where, entry in cells:
         for name, t in (entry.get("variants") or {}).items():
             for m in ("ttft_p90", "tpot_p90"):
-                out[(name, where, m)] = t[m]
+                out.append(((name, where, m), t[m]))
     return out
+
+
+def tax_estimates(taxes: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(config, phase/cell, metric) -> the tax estimate ({"value", "ci", ...}) of a taxes document."""
+    return dict(tax_entries(taxes))
 
 
 def _tax_values(taxes: dict[str, Any]) -> dict[tuple[str, str, str], float | None]:
@@ -210,7 +223,6 @@ def truth(
         for h in first
         if first[h].get("value") is not None
     }
-    _, hyps = hypotheses_of(pooled_rows, names, reference, cis)
     rep_taxes = [_tax_values(d[0]) for d in rep_docs]
     tax_rows = []
     for key, value in _tax_values(taxes).items():
@@ -224,6 +236,10 @@ def truth(
                     "ci": _interval(value, [t.get(key) for t in rep_taxes]),
                 }
             )
+    # judged with the oracle's own intervals, of the taxes too: a ratio whose denominator tax
+    # the oracle cannot tell from 0 has no true call either
+    tax_cis = {(t["variant"], t["cell"], t["metric"]): t["ci"] for t in tax_rows}
+    _, hyps = hypotheses_of(pooled_rows, names, reference, cis, tax_cis=tax_cis)
     cells = [
         {
             "variant": s.variant,
@@ -254,7 +270,7 @@ def truth(
 def margin(h: dict[str, Any]) -> dict[str, float] | None:
     """Distance of a hypothesis's value from its nearest threshold (in its own units), and in
     the oracle's half-widths."""
-    if h.get("value") is None:
+    if h.get("value") is None or h.get("verdict") not in ("supported", "refuted"):
         return None
     thresholds = next(iter(h["thresholds"].values()))
     distance = min(abs(h["value"] - t) for t in thresholds)
