@@ -22,6 +22,11 @@ paired. Each plan:
    start-up (--launch-s, the plan's assumption for vLLM) per preflight and per phase job that
    measured anything, as GPU-hours on one GPU; its reference rates, H1-H6 calls and the median
    half-width of its TTFT and TPOT tax intervals.
+4. its calls against the first plan's (analysis.hypotheses.compare_calls): the same call; no call
+   in either (inconclusive: e.g. a ratio of a tax below what the cells resolve); opposite sides
+   of which neither is confident (both intervals reach the threshold: no contradiction, but not
+   the same call); DIFFERENT (a call in one only, or only one confident); CONTRADICTS (opposite
+   confident calls).
 
 Prints the two side by side (Markdown), with the plan's estimate against each run's cost, and
 writes it to DIR/side_by_side.md, its numbers to DIR/side_by_side.json (or --json FILE). The simulator is a model: these are simulated hours.
@@ -39,6 +44,8 @@ from typing import Any
 
 import yaml
 from _common import REPO, parser, positive_float, write_json
+
+from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
 DESIGN_FIXED = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # seed 002's cell rule
@@ -128,12 +135,50 @@ def cost(root: Path, launch_s: float) -> dict[str, Any]:
     }
 
 
-def verdicts(root: Path) -> dict[str, str]:
+def calls(root: Path) -> dict[str, dict[str, Any]]:
+    """Each hypothesis's judgement (analysis/hypotheses.json): verdict, confidence (and, on
+    perturbed cells, what the interval alone says), the number and its interval, or for a ratio
+    that gets no call the denominator tax these cells could not resolve."""
+    doc = json.loads((root / "analysis" / "hypotheses.json").read_text())
     out = {}
-    for line in (root / "analysis" / "verdicts.tsv").read_text().splitlines()[1:]:
-        parts = line.split("\t")
-        if parts[0] in HYPOTHESES:
-            out[parts[0]] = f"{parts[1]} ({parts[2]})" if parts[2] else parts[1]
+    for h in doc["hypotheses"]:
+        if h["id"] not in HYPOTHESES:
+            continue
+        den = h.get("resolution")
+        if den:
+            lo, hi = den["ci"]
+            number = f"{den['denominator']} tax {_pct(den.get('value'))} [{_pct(lo)}, {_pct(hi)}] covers 0"
+        else:
+            number = h["reason"].split(": ")[0] if h["verdict"] in CALLED else ""
+        out[h["id"]] = {
+            "verdict": h["verdict"],
+            "confidence": h.get("confidence"),
+            "interval_confidence": h.get("interval_confidence"),
+            "number": number,
+            "value": h.get("value"),
+            "ci": h.get("ci"),
+        }
+    return out
+
+
+def shown(call: dict[str, Any]) -> str:
+    how = call.get("confidence") or ""
+    if call.get("interval_confidence"):
+        how += f"; interval: {call['interval_confidence']}"
+    return f"{call['verdict']}" + (f" ({how})" if how else "") + (f", {call['number']}" if call["number"] else "")
+
+
+def comparisons(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """Every plan's calls against the first plan's, by compare_calls' kinds."""
+    names = list(rows)
+    out: dict[str, dict[str, list[str]]] = {}
+    for n in names[1:]:
+        kinds: dict[str, list[str]] = {}
+        for h in HYPOTHESES:
+            a, b = rows[names[0]]["calls"].get(h), rows[n]["calls"].get(h)
+            if a and b:
+                kinds.setdefault(compare_calls(a, b)[0], []).append(h)
+        out[n] = kinds
     return out
 
 
@@ -210,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             "computed_in_s": round(compute_s, 1),
             "ref_safe": reference.get("ref_safe"),
             "ref_load": reference.get("ref_load"),
-            "verdicts": verdicts(root),
+            "calls": calls(root),
             "intervals": interval_widths(root),
             "report": str(root / "analysis" / "report.md"),
         }
@@ -222,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     (out / "side_by_side.md").write_text(text, encoding="utf-8")
     write_json(
-        args.json or out / "side_by_side.json", {"config": args.config, "launch_s": args.launch_s, "plans": rows}
+        args.json or out / "side_by_side.json",
+        {"config": args.config, "launch_s": args.launch_s, "plans": rows, "against_first": comparisons(rows)},
     )
     return 0
 
@@ -262,18 +308,36 @@ def render(rows: dict[str, dict[str, Any]], launch_s: float) -> str:
         ),
     ]
     for h in HYPOTHESES:
-        calls = {n: rows[n]["verdicts"].get(h, "-") for n in names}
-        base = calls[names[0]].split(" ")[0]
-        lines.append(
-            f"| {h} | "
-            + " | ".join(
-                c if n == names[0] else f"{c} ({'same call' if c.split(' ')[0] == base else 'DIFFERENT call'})"
-                for n, c in calls.items()
-            )
-            + " |"
-        )
+        first_call = first["calls"].get(h)
+        cells = []
+        for n in names:
+            call = rows[n]["calls"].get(h)
+            text = "-" if call is None else shown(call).replace("|", "/")
+            if n != names[0] and call and first_call:
+                text += f" (**{compare_calls(first_call, call)[1]}**)"
+            cells.append(text)
+        lines.append(f"| {h} | " + " | ".join(cells) + " |")
+    kinds = comparisons(rows)
+    lines.append(
+        f"| calls against the {titles[names[0]]} | - | " + " | ".join(_tally(kinds[n]) for n in names[1:]) + " |"
+    )
     lines.append(line("computed here in", lambda r: f"{r['computed_in_s']:.0f} s"))
     return "\n".join(lines) + "\n"
+
+
+def _tally(kinds: dict[str, list[str]]) -> str:
+    words = {
+        "same": "same call",
+        "same_no_call": "no call in either",
+        "opposite_within_noise": "opposite sides, neither confident",
+        "different": "DIFFERENT",
+        "contradicts": "CONTRADICTS",
+    }
+    return "; ".join(f"{words[k]}: {', '.join(kinds[k])}" for k in words if kinds.get(k))
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
 
 
 def _pp(value: float | None) -> str:

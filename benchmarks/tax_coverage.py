@@ -9,7 +9,8 @@ variant's first launch, batch-means p90 intervals, the taxes' delta-method combi
 cells: the intervals before launch-aware ones) and the launch method (analysis/launch_intervals.py:
 paired by request, every launch, the launch-to-launch variance in the interval). Per tax and per
 hypothesis: how often the interval covers the true value, the median half-width, how often the
-call agrees with the true verdict. Virtual time: no server, no HTTP; the statistics, not the
+call agrees with the true verdict, how often it makes no call (inconclusive) where the truth makes
+one, and how often it makes the opposite call (wrong). Virtual time: no server, no HTTP; the statistics, not the
 instruments.
 
     ctax benchmark tax_coverage --seeds 200 --jobs 2                 # bias 0 and 0.05, two launches
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 cover = "-" if h["coverage"] is None else f"{h['coverage']:.1%}"
                 print(
                     f"  {'':16}{hid:10} true {oracle['hypotheses'][hid]['verdict']:>10}: interval covers "
-                    f"{h['covered']}/{h['with_ci']} ({cover}), calls agree {h['agrees']}/{h['n']}, "
-                    f"confident {h['confident']}/{h['n']}"
+                    f"{h['covered']}/{h['with_ci']} ({cover}), calls agree {h['agrees']}/{h['n']} "
+                    f"(no call {h['no_call']}, wrong {h['wrong']}), confident {h['confident']}/{h['n']}"
                 )
     print("\n" + render(runs, args.replicates))
     write_json(args.json, {"config": args.config, "truth": oracle, "coverage": {str(sd): c for sd, c in runs.items()}})
@@ -162,7 +163,7 @@ def render(runs: dict[float, dict], replicates: int) -> str:
     median half-width and hypotheses."""
     lines = [
         "| launch bias (sd of log) | intervals | launches per variant | all taxes covered | per tax | "
-        "median half-width | H1-H3 intervals cover | calls agree |",
+        "median half-width | H1-H3 intervals cover | calls agree (no call, wrong) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for sd, cov in runs.items():
@@ -175,6 +176,7 @@ def render(runs: dict[float, dict], replicates: int) -> str:
             hyps = summary["hypotheses"].values()
             covered, judged = sum(h["covered"] for h in hyps), sum(h["with_ci"] for h in hyps)
             agree, n = sum(h["agrees"] for h in hyps), sum(h["n"] for h in hyps)
+            no_call, wrong = sum(h["no_call"] for h in hyps), sum(h["wrong"] for h in hyps)
             name = "reference (one launch, two cells)" if method == "reference" else "launch (paired)"
             if not per:
                 lines.append(f"| {sd:g} | {name} | - | no interval | - | - | - | - |")
@@ -184,7 +186,8 @@ def render(runs: dict[float, dict], replicates: int) -> str:
                 f"| **{total['coverage']:.1%}** ({total['covered']:,} / {total['with_ci']:,}) "
                 f"| {min(per):.1%}-{max(per):.1%} "
                 f"| {halves[0] * 100:.1f}-{halves[-1] * 100:.1f} pp "
-                f"| {f'{covered / judged:.1%}' if judged else '-'} | {f'{agree} / {n}' if n else '-'} |"
+                f"| {f'{covered / judged:.1%}' if judged else '-'} "
+                f"| {f'{agree} / {n} ({no_call}, {wrong})' if n else '-'} |"
             )
     return "\n".join(lines)
 
