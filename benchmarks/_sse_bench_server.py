@@ -11,7 +11,11 @@ All streams share one ticker (one timer per interval, not one per stream), which
 due stream's next token. Its own truth goes to `--log` (JSONL, one line per request when it
 ends, flushed every second and at exit): request id, path, whether the Authorization header
 matched, receive time, the monotonic time just before the first and the last token's write,
-tokens written. Prints `ready http(s)://127.0.0.1:PORT` when listening. POST `/…/completions`
+tokens written. The receive time is the kernel's (SO_TIMESTAMPNS, through the load generator's own
+StampedTransport): the moment the request's last bytes reached this host's TCP stack, not when
+this busy loop got to them — at 33,000 writes/s one tick of the ticker takes milliseconds, and
+a user-space stamp then put the server's own lag into every client's "TTFT excess". Over TLS the
+read is stamped when it runs. Prints `ready http(s)://127.0.0.1:PORT` when listening. POST `/…/completions`
 and `/…/chat/completions`; `GET /health`; anything else 404; a bad key 401.
 """
 
@@ -22,6 +26,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -29,6 +34,8 @@ from typing import IO
 
 import httptools
 import uvloop
+
+from connector_tax.loadgen.http import StampedTransport
 
 
 class Stream:
@@ -181,6 +188,7 @@ class Protocol(asyncio.Protocol):
         self.server = server
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self._t_read = 0  # the time of the read being parsed: the kernel's, where it gives one
         self._reset()
 
     def _reset(self) -> None:
@@ -191,7 +199,11 @@ class Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:  # TLS: uvloop's transport, stamped here
+        self.stamped_data_received(time.monotonic_ns(), data)
+
+    def stamped_data_received(self, t_ns: int, data: bytes) -> None:
+        self._t_read = t_ns
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -207,7 +219,7 @@ class Protocol(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        now = time.monotonic_ns()
+        now = self._t_read  # the request's arrival: when its last bytes reached the host
         path = self.url.decode("latin-1").split("?")[0]
         method = self.parser.get_method()
         headers, body = self.headers, b"".join(self.body)
@@ -260,8 +272,26 @@ async def serve(args: argparse.Namespace) -> None:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(args.tls_cert, args.tls_key)
     loop = asyncio.get_running_loop()
-    srv = await loop.create_server(lambda: Protocol(server), args.host, args.port, ssl=tls, backlog=4096)
-    port = srv.sockets[0].getsockname()[1]
+    if tls is not None:
+        srv = await loop.create_server(lambda: Protocol(server), args.host, args.port, ssl=tls, backlog=4096)
+        port = srv.sockets[0].getsockname()[1]
+    else:
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        listener = socket.create_server((args.host, args.port), family=family, backlog=4096)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                StampedTransport(loop, conn, Protocol(server))
+
+        loop.add_reader(listener.fileno(), accept)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"ready {'https' if tls else 'http'}://{host}:{port}", flush=True)
     stop = loop.create_future()
@@ -277,7 +307,11 @@ async def serve(args: argparse.Namespace) -> None:
     task = loop.create_task(flusher())
     await stop
     task.cancel()
-    srv.close()
+    if tls is not None:
+        srv.close()
+    else:
+        loop.remove_reader(listener.fileno())
+        listener.close()
     if log is not None:
         log.close()
 

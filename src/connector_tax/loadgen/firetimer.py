@@ -7,8 +7,9 @@ itself: a timerfd armed in nanoseconds wakes the loop a spin before the target, 
 worker spins the rest.
 
 The spin goes through the loop: each pass hands back to it (call_soon) until the last
-BLIND_SPIN_NS, so responses that arrive meanwhile are stamped when they arrive, not when the
-spin ends (a blind 1 ms spin put the TTFT-fidelity p99 at ~1 ms). Only the last stretch is a
+BLIND_SPIN_NS, so responses that arrive meanwhile are read, not left until the spin ends (a
+blind 1 ms spin put the TTFT-fidelity p99 at ~1 ms when reads were stamped in user space; the
+kernel stamps them now, except over TLS). Only the last stretch is a
 plain busy-wait, so that no other callback can start right before the send; it is longer than
 the worker's usual callbacks (a 64-event read takes ~70 µs), so one that starts before it
 still ends in time.

@@ -1,7 +1,12 @@
 """A minimal HTTP/1.1 client on asyncio.Protocol with httptools parsing and keep-alive pooling.
 
-Arrival times are stamped in data_received, before any parsing, so every first-token and
-chunk time is the moment its bytes reached Python. The body bytes of one read are joined into
+Arrival times come from the kernel: a plain-TCP connection reads with recvmsg and takes each
+read's time from its SO_TIMESTAMPNS stamp, the moment the read's last segment reached this
+host's TCP stack (StampedTransport). So a first token's time does not include how late the
+worker got to its socket — the client's own scheduling, the one error a load generator adds to
+what it measures, is out of TTFT and ITL, on a busy host as on a quiet one. Where the kernel
+gives no stamp (TLS, which uvloop's SSL transport reads; a platform without SO_TIMESTAMPNS),
+data_received stamps the read itself, before any parsing. The body bytes of one read are joined into
 one (arrival_ns, bytes) entry, however many HTTP chunks they held, so the SSE reader handles a
 read's events in one pass (a 64-event read parsed chunk by chunk cost ~150 µs of the worker's
 loop, time in which a due request could not be fired). The request's task drains everything
@@ -14,15 +19,36 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import httptools
 
+# SO_TIMESTAMPNS (Linux; Python's socket module does not name it; 35 in asm-generic, x86 and arm):
+# every read returns, as ancillary data, the CLOCK_REALTIME time at which the last segment it
+# holds was received. Elsewhere StampedTransport stamps the read itself.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_TIMESPEC = struct.Struct("qq")
+_monotonic_ns = time.monotonic_ns
+_time_ns = time.time_ns
+READ_SIZE = 256 * 1024
+
 
 class ConnectionClosed(Exception):
     pass
+
+
+class StampedProtocol(Protocol):
+    """What StampedTransport hands its reads to: asyncio.Protocol's calls, each read with its time."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def stamped_data_received(self, t_ns: int, data: bytes) -> None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
 
 
 class StreamSink(Protocol):
@@ -144,7 +170,10 @@ class HttpConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        now = time.monotonic_ns()
+        self.stamped_data_received(time.monotonic_ns(), data)
+
+    def stamped_data_received(self, now: int, data: bytes) -> None:
+        """A read that arrived at `now` (CLOCK_MONOTONIC ns): the kernel's stamp, or data_received's."""
         if self._before_read is not None:
             self._before_read()
         try:
@@ -267,6 +296,7 @@ class ConnectionPool:
         self.max_connections = max_connections
         self.spare = spare
         self._idle: list[HttpConnection] = []
+        self._live: set[HttpConnection] = set()  # every open connection, idle or not: close() ends them all
         self._open = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._connecting = 0
@@ -331,15 +361,21 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             error: OSError | None = None
-            for _, addr in await self._resolve():
+            for family, addr in await self._resolve():
                 try:
-                    _, conn = await loop.create_connection(
-                        lambda: HttpConnection(self._lost, self.before_read),
-                        addr,
-                        self.port,
-                        ssl=self.tls,
-                        server_hostname=self.host if self.tls else None,
-                    )
+                    if self.tls is not None:  # uvloop's SSL transport: data_received stamps each read
+                        _, conn = await loop.create_connection(
+                            lambda: HttpConnection(self._lost, self.before_read),
+                            addr,
+                            self.port,
+                            ssl=self.tls,
+                            server_hostname=self.host,
+                        )
+                    else:
+                        conn = await StampedTransport.connect(
+                            loop, family, addr, self.port, HttpConnection(self._lost, self.before_read)
+                        )
+                    self._live.add(conn)
                     return conn
                 except OSError as exc:
                     error = exc
@@ -358,6 +394,7 @@ class ConnectionPool:
 
     def _lost(self, conn: HttpConnection) -> None:
         self._open -= 1
+        self._live.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
         self._wake_one()
@@ -376,6 +413,139 @@ class ConnectionPool:
     def close(self) -> None:
         for task in self._stocking:
             task.cancel()
-        for conn in self._idle:
+        for conn in list(self._live):
             conn.abort()
         self._idle.clear()
+
+
+def realtime_offset() -> int:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC, now, in ns: the wall clock read between two monotonic
+    reads, against their midpoint (reading one clock before the other biased every stamp by the
+    gap, ~150 ns early, which put a first token before the server's own stamp of its write); a
+    bracket an interruption stretched past 2 µs is read again, once."""
+    m1 = _monotonic_ns()
+    r = _time_ns()
+    m2 = _monotonic_ns()
+    if m2 - m1 > 2_000:
+        m1 = _monotonic_ns()
+        r = _time_ns()
+        m2 = _monotonic_ns()
+    return r - ((m1 + m2) >> 1)
+
+
+class StampedTransport(asyncio.Transport):
+    """A plain-TCP transport that reads with recvmsg and hands each read to its protocol with
+    the kernel's receive time of the read's last segment (SO_TIMESTAMPNS), as CLOCK_MONOTONIC.
+
+    The stamp is CLOCK_REALTIME; it is moved to CLOCK_MONOTONIC by the two clocks' offset read
+    at the same read (so a slewing wall clock costs nothing; a stepped one could put a stamp
+    after the read itself, and a stamp is never allowed later than the moment the read ran).
+    Several segments in one read (the worker was late, or the server wrote faster than the
+    worker read) all take the last one's stamp, as a user-space stamp would give them all the
+    read's time. Writes go straight to the socket; what it does not take waits for writability.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol) -> None:
+        super().__init__()
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._pending: list[bytes] = []  # written while the socket was full
+        self._closing = False
+        self._kernel_stamps = SO_TIMESTAMPNS is not None
+        if self._kernel_stamps:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            except OSError:
+                self._kernel_stamps = False
+        protocol.connection_made(self)
+        loop.add_reader(self._fd, self._on_readable)
+
+    @classmethod
+    async def connect(
+        cls, loop: asyncio.AbstractEventLoop, family: int, addr: str, port: int, protocol: HttpConnection
+    ) -> HttpConnection:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, (addr, port))
+        except BaseException:
+            sock.close()
+            raise
+        cls(loop, sock, protocol)
+        return protocol
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        if not data:
+            self._lose(None)  # the server closed it
+            return
+        now = time.monotonic_ns()
+        if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:  # SCM_TIMESTAMPNS == SO_TIMESTAMPNS
+            sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
+            stamp = sec * 1_000_000_000 + nsec - realtime_offset()
+            if stamp < now:
+                now = stamp
+        self._protocol.stamped_data_received(now, data)
+
+    # -- asyncio.Transport ------------------------------------------------------------------
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        if self._closing:
+            return
+        if self._pending:
+            self._pending.append(data)
+            return
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._loop.call_soon(self._lose, exc)  # as asyncio's transports: never inside write()
+            return
+        if sent < len(data):
+            self._pending.append(data[sent:])
+            self._loop.add_writer(self._fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        data = b"".join(self._pending)
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        self._pending = [data[sent:]] if sent < len(data) else []
+        if not self._pending:
+            self._loop.remove_writer(self._fd)
+
+    def abort(self) -> None:
+        self._lose(None)
+
+    def close(self) -> None:
+        self._lose(None)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self._sock if name == "socket" else default
+
+    def _lose(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if self._pending:
+            self._loop.remove_writer(self._fd)
+            self._pending = []
+        self._sock.close()
+        self._loop.call_soon(self._protocol.connection_lost, exc)
