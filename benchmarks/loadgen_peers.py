@@ -18,7 +18,8 @@ word-level tokenizer built here.
   process the client ran while 10 % to 90 % of its requests reached the server, over those
   requests (start-up, ramp and drain outside: vLLM's bench spends seconds importing torch);
   `--repeats` runs each, in turn, the median. CPU time is robust on a noisy host where latency
-  is not. Goal: ctax <= 1/3 of the best peer's CPU per chunk.
+  is not. Goal: ctax <= 1/3 of the best peer's CPU per chunk. Beside them, not a peer: a bare uvloop
+  reader (_floor_reader.py) at the same load, the floor of reading each chunk as it arrives.
 - capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
   `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
   client still passing run once at each, in turn (the machine's other load falls on all alike),
@@ -61,6 +62,7 @@ from _peer_clients import (
     find_peers,
     run_aiperf,
     run_ctax,
+    run_floor,
     run_guidellm,
     run_vllm,
 )
@@ -319,6 +321,9 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
     return res
 
 
+FLOOR = "bare reader (floor)"
+
+
 def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     """Each client's own CPU per request and per streamed chunk at the same open-loop load
     (`--cpu-rate` req/s Poisson, 16-token prompts, 64-token streams, `--seconds` of requests):
@@ -357,6 +362,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         ),
         "guidellm": lambda: run_guidellm(ctx, {"kind": "poisson", "rate": [rate]}, seconds, 16, tokens),
         "aiperf": lambda: run_aiperf(ctx, rate, n, 16, tokens, seconds * 3 + 240),
+        FLOOR: lambda: run_floor(ctx, rate, seconds, seconds + 60),
     }
     missing = {"vllm bench serve": ctx.vllm, "guidellm": ctx.guidellm, "aiperf": ctx.aiperf}
     alive = [name for name in clients if missing.get(name, True) is not None]
@@ -380,7 +386,9 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
             "cpu_ms_per_request": None if per is None else round(per, 4),
             "cpu_us_per_chunk": None if per is None else round(per * 1e3 / tokens, 3),
         }
-    peers = [v["cpu_us_per_chunk"] for name, v in res.items() if name != "ctax" and v.get("cpu_us_per_chunk")]
+    peers = [
+        v["cpu_us_per_chunk"] for name, v in res.items() if name not in ("ctax", FLOOR) and v.get("cpu_us_per_chunk")
+    ]
     mine = (res.get("ctax") or {}).get("cpu_us_per_chunk")
     res["ratio_to_best_peer"] = round(mine / min(peers), 3) if mine and peers else None
     res["rate_rps"], res["tokens"] = rate, tokens
@@ -471,6 +479,10 @@ def table(r: dict[str, Any]) -> str:
         )
         rows.append(
             f"| ctax / best peer, CPU per chunk | <= 0.333 | {c.get('ratio_to_best_peer')} |" + " |" * (len(names) - 1)
+        )
+        rows.append(
+            "| a bare uvloop reader at the same load (stamps each read, parses nothing: the floor of reading "
+            f"each chunk as it arrives) | — | {cost(c.get(FLOOR))} |" + " |" * (len(names) - 1)
         )
     get = lambda d, *ks: [(d or {}).get(n, "—") for n in names] if not ks else [ks[0](d.get(n)) for n in names]  # noqa: E731
     if "capacity" in r:
