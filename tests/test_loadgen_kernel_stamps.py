@@ -47,16 +47,19 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     return client, server
 
 
-def test_a_late_read_keeps_the_time_its_bytes_arrived() -> None:
+def _late_read(payload: bytes, busy_s: float) -> tuple[int, int, int, list[tuple[int, bytes]]]:
+    """The server sends `payload`; the loop is busy for `busy_s` before it can read. Returns the
+    monotonic times around the send, the time the read could start, and the reads."""
+
     async def main() -> tuple[int, int, int, list[tuple[int, bytes]]]:
         loop = asyncio.get_running_loop()
         client, server = _pair()
         rec = Recorder()
         StampedTransport(loop, client, rec)  # type: ignore[arg-type]
         before = time.monotonic_ns()
-        server.send(b"first token")
+        server.send(payload)
         after = time.monotonic_ns()
-        time.sleep(0.05)  # the worker is busy: the loop gets to the socket 50 ms late
+        time.sleep(busy_s)  # the worker is busy: the loop gets to the socket this late
         read_from = time.monotonic_ns()
         for _ in range(100):
             await asyncio.sleep(0.001)
@@ -66,7 +69,11 @@ def test_a_late_read_keeps_the_time_its_bytes_arrived() -> None:
         rec.transport.close()  # type: ignore[union-attr]
         return before, after, read_from, rec.reads
 
-    before, after, read_from, reads = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_late_read_keeps_the_time_its_bytes_arrived() -> None:
+    before, after, read_from, reads = _late_read(b"first token", 0.05)
     assert [data for _, data in reads] == [b"first token"]
     t = reads[0][0]
     # Stamped inside the server's send(), to within the two clocks' offset read (sub-µs), not
@@ -77,24 +84,7 @@ def test_a_late_read_keeps_the_time_its_bytes_arrived() -> None:
 
 def test_without_a_kernel_stamp_the_read_is_stamped_when_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http, "SO_TIMESTAMPNS", None)
-
-    async def main() -> tuple[int, list[tuple[int, bytes]]]:
-        loop = asyncio.get_running_loop()
-        client, server = _pair()
-        rec = Recorder()
-        StampedTransport(loop, client, rec)  # type: ignore[arg-type]
-        server.send(b"x")
-        time.sleep(0.02)
-        read_from = time.monotonic_ns()
-        for _ in range(100):
-            await asyncio.sleep(0.001)
-            if rec.reads:
-                break
-        server.close()
-        rec.transport.close()  # type: ignore[union-attr]
-        return read_from, rec.reads
-
-    read_from, reads = asyncio.run(main())
+    _, _, read_from, reads = _late_read(b"x", 0.02)
     assert reads and reads[0][0] >= read_from
 
 
