@@ -453,12 +453,11 @@ class StampedTransport(asyncio.Transport):
         self._protocol = protocol
         self._pending: list[bytes] = []  # written while the socket was full
         self._closing = False
-        self._kernel_stamps = SO_TIMESTAMPNS is not None
-        if self._kernel_stamps:
+        if SO_TIMESTAMPNS is not None:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             except OSError:
-                self._kernel_stamps = False
+                pass  # no stamp comes with the reads: _on_readable stamps them itself
         protocol.connection_made(self)
         loop.add_reader(self._fd, self._on_readable)
 
