@@ -1,4 +1,4 @@
-"""FireTimer: never early, a spin sized by the request rate, and I/O served during the spin."""
+"""FireTimer: never early, a spin sized by the request rate and the host's wake-ups, and I/O served during the spin."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 
 import uvloop
 
+from connector_tax.loadgen import firetimer
 from connector_tax.loadgen.firetimer import BLIND_SPIN_NS, RUN_DUE_NS, FireTimer, spin_window
 
 
@@ -22,6 +23,52 @@ def test_spin_window_is_a_share_of_the_mean_gap_within_bounds() -> None:
 
 def _run(coro_fn):  # type: ignore[no-untyped-def]
     return uvloop.run(coro_fn())
+
+
+def test_the_spin_follows_the_recent_wake_ups_within_the_budget() -> None:
+    us = 1_000
+
+    async def main() -> list[int]:
+        timer = FireTimer(asyncio.get_running_loop())
+        budget = 1_000 * us
+        seen = []
+        for late in (30, 20, 40, 25, 35, 30, 20):  # too few wake-ups seen: the whole budget
+            timer._wake_late.append(late * us)
+        seen.append(timer.spin_for(budget))
+        timer._wake_late.append(30 * us)  # 8: 2 x the 4th latest (30) + 50 µs
+        seen.append(timer.spin_for(budget))
+        timer._wake_late.append(5_000 * us)  # one stalled wake-up: the 4th latest is still 30
+        seen.append(timer.spin_for(budget))
+        timer._wake_late.extend([600 * us] * 4)  # wake-ups grow late: up to the budget, no further
+        seen.append(timer.spin_for(budget))
+        timer._wake_late.extend([1 * us] * firetimer.WAKE_MEMORY)  # a quiet host: never below the floor
+        seen.append(timer.spin_for(budget))
+        seen.append(timer.spin_for(50 * us))  # nor above a budget smaller than the floor
+        timer.close()
+        return seen
+
+    assert _run(main) == [1_000 * us, 110 * us, 110 * us, 1_000 * us, firetimer.MIN_ADAPTIVE_SPIN_NS, 50 * us]
+
+
+def test_each_timer_wake_up_is_measured_and_sets_the_next_spin() -> None:
+    # Real wake-ups of the timerfd, 5 ms apart: each one's lateness is kept (never negative), and
+    # the spin of the requests after them comes from those, not from the budget alone.
+    async def main() -> tuple[list[int], int, int]:
+        loop = asyncio.get_running_loop()
+        timer = FireTimer(loop, spin_ns=2_000_000, min_spin_ns=2_000_000)
+        for _ in range(firetimer.WAKE_MEMORY_MIN + 2):
+            target = time.monotonic_ns() + 5_000_000
+            fired = loop.create_future()
+            timer.at(target, lambda f=fired: f.set_result(time.monotonic_ns()))
+            assert await asyncio.wait_for(fired, 60) >= target
+        spin = timer.spin_for(2_000_000)
+        late = list(timer._wake_late)
+        timer.close()
+        return late, spin, max(firetimer.MIN_ADAPTIVE_SPIN_NS, 2 * sorted(late)[-4] + firetimer.SPIN_PAD_NS)
+
+    late, spin, expected = _run(main)
+    assert len(late) == firetimer.WAKE_MEMORY_MIN + 2 and min(late) >= 0
+    assert spin == min(2_000_000, expected)
 
 
 def test_fires_never_early_and_in_order_at_poisson_like_gaps() -> None:

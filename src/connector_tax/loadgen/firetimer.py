@@ -14,13 +14,20 @@ plain busy-wait, so that no other callback can start right before the send; it i
 the worker's usual callbacks (a 64-event read takes ~70 µs), so one that starts before it
 still ends in time.
 
-How long to spin is a CPU budget, not a constant: `spin_share` of the mean time between this
-worker's requests (a moving average, so a Poisson schedule's short gaps get the same spin as
-its long ones), within [min_spin_ns, spin_ns]. At 100 req/s that is the full 1 ms (10 % of a
-core), which covers nearly every late wake-up; at 1,000 req/s it is the 200 µs floor, where
-the 1 ms bar leaves room for late wakes and a longer spin would eat the core the worker needs
-for its responses. Where timerfd is missing (not Linux) the loop's own timer (1 ms
-granularity) with a 1.5 ms spin stands in.
+How long to spin is sized by how late this host's wake-ups are, within a CPU budget. The
+budget: `spin_share` of the mean time between this worker's requests (a moving average, so a
+Poisson schedule's short gaps get the same spin as its long ones), within [min_spin_ns,
+spin_ns] — at 100 req/s the full 1 ms (10 % of a core), at 1,000 req/s the 200 µs floor, where
+a longer spin would eat the core the worker needs for its responses. Within the budget the
+spin is only as long as the wake-ups need: each timer wake-up's lateness (when the loop ran it
+minus the time it was armed for: the kernel's wake-up and the loop's own lag alike) is kept for
+the last WAKE_MEMORY wake-ups, and the spin is WAKE_MARGIN times the WAKE_QUANTILE_RANK-th
+latest of them (~p95: one stalled wake-up does not set it) plus SPIN_PAD_NS, never below
+MIN_ADAPTIVE_SPIN_NS. On a quiet host the wake-ups are 20–60 µs late and the spin ~130 µs
+instead of 1 ms, which was a fifth of ctax's CPU at 50 req/s (docs/performance.md); on a busy
+one they grow late and the spin grows with them, up to the budget, from the next request on.
+Until WAKE_MEMORY_MIN wake-ups are seen the budget stands. Where timerfd is missing (not Linux)
+the loop's own timer (1 ms granularity) with a 1.5 ms spin stands in, unadapted.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import heapq
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 
 from connector_tax.loadgen.timing import wait_until
@@ -63,6 +71,12 @@ GAP_WEIGHT = 0.05  # moving average of the gaps: ~20 requests of memory
 BLIND_SPIN_NS = 200_000
 MIN_BLIND_SPIN_NS = 20_000
 RUN_DUE_NS = 20_000  # run_due() (before each read) fires what is due within one read's handling
+WAKE_MEMORY = 64  # timer wake-ups whose lateness sizes the spin (~1.3 s at 50 req/s)
+WAKE_MEMORY_MIN = 8  # fewer seen: the budget's full spin
+WAKE_QUANTILE_RANK = 4  # the 4th latest of them
+WAKE_MARGIN = 2  # the spin covers twice that...
+SPIN_PAD_NS = 50_000  # ...plus this
+MIN_ADAPTIVE_SPIN_NS = 100_000
 
 
 def spin_window(mean_gap_ns: float, spin_ns: int, spin_share: float, min_spin_ns: int) -> int:
@@ -97,6 +111,8 @@ class FireTimer:
         # of the worker's core, while run_due() before every read catches a due send anyway.
         self.blind_ns = BLIND_SPIN_NS
         self._handle: asyncio.TimerHandle | None = None
+        self._armed_ns = -1  # the wake-up the timerfd is armed for (-1: none)
+        self._wake_late: deque[int] = deque(maxlen=WAKE_MEMORY)  # ns late, of the last wake-ups
         if self._fd >= 0:
             loop.add_reader(self._fd, self._on_timer)
 
@@ -112,6 +128,7 @@ class FireTimer:
         else:
             spin = spin_window(self._mean_gap_ns, self.spin_ns, self.spin_share, self.min_spin_ns)
             self.blind_ns = spin_window(self._mean_gap_ns, BLIND_SPIN_NS, self.spin_share, MIN_BLIND_SPIN_NS)
+        spin = self.spin_for(spin)
         heapq.heappush(self._heap, (t_ns, next(self._seq), t_ns - spin, callback))
         if self._spinning:
             return  # the spin under way reaches it
@@ -120,8 +137,17 @@ class FireTimer:
         elif self._heap[0][0] == t_ns:
             self._arm(t_ns - spin)
 
+    def spin_for(self, budget_ns: int) -> int:
+        """The spin within `budget_ns`: as long as recent wake-ups were late, with a margin."""
+        late = self._wake_late
+        if len(late) < WAKE_MEMORY_MIN:
+            return budget_ns
+        need = WAKE_MARGIN * sorted(late)[-WAKE_QUANTILE_RANK] + SPIN_PAD_NS
+        return min(budget_ns, max(MIN_ADAPTIVE_SPIN_NS, need))
+
     def _arm(self, wake_ns: int) -> None:
         if self._fd >= 0:
+            self._armed_ns = wake_ns
             value = _Itimerspec(_Timespec(0, 0), _Timespec(wake_ns // 1_000_000_000, wake_ns % 1_000_000_000))
             self._libc.timerfd_settime(self._fd, TFD_TIMER_ABSTIME, ctypes.byref(value), None)
         else:
@@ -135,7 +161,11 @@ class FireTimer:
             try:
                 os.read(self._fd, 8)
             except BlockingIOError:
-                pass
+                pass  # not expired after all: no wake-up to measure
+            else:
+                if self._armed_ns >= 0:
+                    self._wake_late.append(max(0, time.monotonic_ns() - self._armed_ns))
+                    self._armed_ns = -1
         if not self._spinning:
             self._spin()
 
