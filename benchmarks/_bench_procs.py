@@ -72,13 +72,13 @@ class SteadyCpu:
 
     def __init__(self, requests: Any, exclude: set[int], interval_s: float = 0.25) -> None:
         self.requests, self.exclude, self.interval_s = requests, exclude, interval_s
-        self.samples: list[tuple[float, int, float]] = []
+        self.samples: list[tuple[float, int, float, float]] = []  # time, requests, CPU, of it user
         self._known = {p.pid for p in _CHILDREN}
-        self._cpu: dict[int, float] = {}
+        self._cpu: dict[int, tuple[float, float]] = {}  # pid: (user + system, user)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_cpu(self) -> float:
+    def _tree_cpu(self) -> tuple[float, float]:
         roots = [p.pid for p in _CHILDREN if p.pid not in self._known and p.pid not in self.exclude]
         for pid in roots:
             try:
@@ -89,15 +89,16 @@ class SteadyCpu:
             for proc in procs:
                 try:
                     t = proc.cpu_times()
-                    self._cpu[proc.pid] = max(self._cpu.get(proc.pid, 0.0), t.user + t.system)
+                    if t.user + t.system >= self._cpu.get(proc.pid, (0.0, 0.0))[0]:
+                        self._cpu[proc.pid] = (t.user + t.system, t.user)
                 except psutil.Error:
                     continue
-        return sum(self._cpu.values())
+        return sum(c for c, _ in self._cpu.values()), sum(u for _, u in self._cpu.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.samples.append((time.monotonic(), int(self.requests()), self._tree_cpu()))
+                self.samples.append((time.monotonic(), int(self.requests()), *self._tree_cpu()))
             except Exception:  # noqa: BLE001 - a failed look is a missing sample, not a failed run
                 continue
 
@@ -121,6 +122,8 @@ class SteadyCpu:
             "window_s": round(hi[0] - lo[0], 2),
             "cpu_s": round(hi[2] - lo[2], 3),
             "cpu_ms_per_request": round((hi[2] - lo[2]) / (hi[1] - lo[1]) * 1e3, 4),
+            # In the client's own code (user) and in the kernel for it (system: wake-ups, reads, sends).
+            "user_ms_per_request": round((hi[3] - lo[3]) / (hi[1] - lo[1]) * 1e3, 4),
             "cpu_s_whole_run": round(self.samples[-1][2], 3),
             "requests_whole_run": total,
         }
