@@ -35,9 +35,9 @@ def test_the_spin_follows_the_recent_wake_ups_within_the_budget() -> None:
         for late in (30, 20, 40, 25, 35, 30, 20):  # too few wake-ups seen: the whole budget
             timer._wake_late.append(late * us)
         seen.append(timer.spin_for(budget))
-        timer._wake_late.append(30 * us)  # 8: 2 x the 4th latest (30) + 50 µs
+        timer._wake_late.append(30 * us)  # 8: 2 x the 2nd latest (35) + 50 µs
         seen.append(timer.spin_for(budget))
-        timer._wake_late.append(5_000 * us)  # one stalled wake-up: the 4th latest is still 30
+        timer._wake_late.append(5_000 * us)  # one stalled wake-up: the 2nd latest is 40
         seen.append(timer.spin_for(budget))
         timer._wake_late.extend([600 * us] * 4)  # wake-ups grow late: up to the budget, no further
         seen.append(timer.spin_for(budget))
@@ -47,7 +47,8 @@ def test_the_spin_follows_the_recent_wake_ups_within_the_budget() -> None:
         timer.close()
         return seen
 
-    assert _run(main) == [1_000 * us, 110 * us, 110 * us, 1_000 * us, firetimer.MIN_ADAPTIVE_SPIN_NS, 50 * us]
+    assert firetimer.WAKE_QUANTILE_RANK == 2
+    assert _run(main) == [1_000 * us, 120 * us, 130 * us, 1_000 * us, firetimer.MIN_ADAPTIVE_SPIN_NS, 50 * us]
 
 
 def test_each_timer_wake_up_is_measured_and_sets_the_next_spin() -> None:
@@ -64,7 +65,8 @@ def test_each_timer_wake_up_is_measured_and_sets_the_next_spin() -> None:
         spin = timer.spin_for(2_000_000)
         late = list(timer._wake_late)
         timer.close()
-        return late, spin, max(firetimer.MIN_ADAPTIVE_SPIN_NS, 2 * sorted(late)[-4] + firetimer.SPIN_PAD_NS)
+        need = firetimer.WAKE_MARGIN * sorted(late)[-firetimer.WAKE_QUANTILE_RANK] + firetimer.SPIN_PAD_NS
+        return late, spin, max(firetimer.MIN_ADAPTIVE_SPIN_NS, need)
 
     late, spin, expected = _run(main)
     assert len(late) == firetimer.WAKE_MEMORY_MIN + 2 and min(late) >= 0
