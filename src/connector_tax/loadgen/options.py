@@ -52,7 +52,8 @@ class LoadgenOptions:
     # The worker wakes up to spin_us before a request's time and spins the rest, which absorbs
     # the wake-up latency (up to ~1 ms at the tail on a virtual CPU); spin_share caps that spin
     # at this share of the mean time between the worker's requests (floor 200 µs), so it costs
-    # ~10 % of a core at 100 req/s instead of all of it at 1,000 req/s.
+    # at most ~10 % of a core at 100 req/s instead of all of it at 1,000 req/s. Within that cap
+    # the spin is only as long as the worker's recent timer wake-ups were late (firetimer.py).
     spin_us: float = 1000.0
     spin_share: float = 0.1
     seed: int = 0
