@@ -387,8 +387,8 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
             "runs": done,
             "cpu_ms_per_request": None if per is None else round(per, 4),
             "cpu_us_per_chunk": None if per is None else round(per * 1e3 / tokens, 3),
-            # The client's own code alone; the rest is the kernel's work for it (wake-ups, reads),
-            # which is this host's price of a read and the same for every client that reads.
+            # The client's own code alone; the rest is the kernel's work for it (wake-ups, reads,
+            # sends, connections), priced by this host's kernel rather than by the client's code.
             "user_us_per_chunk": None if user is None else round(user * 1e3 / tokens, 3),
         }
     clients = {name: v for name, v in res.items() if isinstance(v, dict)}
