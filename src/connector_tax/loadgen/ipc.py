@@ -1,29 +1,22 @@
-"""Messages between the load generator's main process and its workers (pickled tuples).
+"""Messages between the load generator's main process and its workers: typed msgspec Structs,
+sent as MessagePack.
 
 Only what the records need crosses IPC: a compact request spec one way, timestamps, counts,
-status and the inter-chunk gaps the other way — never the chunks themselves.
+status and the inter-chunk gaps the other way — never the chunks themselves. Each message is
+a tagged Struct; a side decodes only the messages it may receive (`to_worker`, `to_main`), so a
+stray message is an error, not a silent misreading. MessagePack of array-like Structs, not
+pickle: a result packed and unpacked in 0.6 µs against 8 µs (pickle runs a frozen slots
+dataclass's __setstate__ in Python), ~25 µs each way on the worker's cold path.
 """
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import dataclass
 from typing import Any
 
-# main -> worker
-FIRE = "fire"  # (FIRE, RequestSpec, t_scheduled_ns): sent ahead, fired at t_scheduled_ns
-CANCEL_ALL = "cancel"  # (CANCEL_ALL, reason): abort everything in flight (drain timeout)
-SET_CELL = "cell"  # (SET_CELL, chunk_log_path | None): per-cell side files
-STOP = "stop"  # (STOP,)
-# worker -> main
-READY = "ready"  # (READY, worker_id, pid, its scheduling class: priority.PriorityState.describe())
-RESULT = "result"  # (RESULT, RequestResult)
-CELL_SET = "cell_set"  # (CELL_SET, worker_id): side files switched
-BYE = "bye"  # (BYE, worker_id)
+import msgspec
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSpec:
+class RequestSpec(msgspec.Struct, frozen=True, array_like=True):
     index: int
     request_id: str
     input_len: int
@@ -36,8 +29,7 @@ class RequestSpec:
     prompt_key: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestResult:
+class RequestResult(msgspec.Struct, frozen=True, array_like=True):
     index: int
     worker: int
     t_send_ns: int | None
@@ -56,9 +48,58 @@ class RequestResult:
     usage_completion_tokens: int | None = None  # what the server's usage said, if it said
 
 
-def pack(message: tuple[Any, ...]) -> bytes:
-    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+class _Message(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    pass
 
 
-def unpack(data: bytes) -> tuple[Any, ...]:
-    return pickle.loads(data)
+# main -> worker
+class Fire(_Message):
+    """Sent ahead; the worker fires it at t_scheduled_ns."""
+
+    spec: RequestSpec
+    t_scheduled_ns: int
+
+
+class CancelAll(_Message):
+    """Abort everything in flight (drain timeout); `reason` becomes each request's error."""
+
+    reason: str
+
+
+class SetCell(_Message):
+    """Per-cell side files: the chunk log's path, or None."""
+
+    chunk_log: str | None
+
+
+class Stop(_Message):
+    pass
+
+
+# worker -> main
+class Ready(_Message):
+    worker_id: int
+    pid: int
+    priority: dict[str, Any] | None  # its scheduling class: priority.PriorityState.describe()
+
+
+class Result(_Message):
+    result: RequestResult
+
+
+class CellSet(_Message):
+    """The worker switched its side files (the answer to SetCell)."""
+
+    worker_id: int
+
+
+class Bye(_Message):
+    worker_id: int
+
+
+ToWorker = Fire | CancelAll | SetCell | Stop
+ToMain = Ready | Result | CellSet | Bye
+
+pack = msgspec.msgpack.Encoder().encode
+to_worker = msgspec.msgpack.Decoder(ToWorker).decode
+to_main = msgspec.msgpack.Decoder(ToMain).decode

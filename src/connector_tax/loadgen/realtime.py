@@ -283,9 +283,9 @@ class RealTimeRun:
         )
 
     # -- results (receiver thread) ----------------------------------------------------
-    def on_message(self, message: tuple[Any, ...]) -> None:
-        if message[0] == ipc.RESULT:
-            self.collector.on_result(message[1])
+    def on_message(self, message: ipc.ToMain) -> None:
+        if type(message) is ipc.Result:
+            self.collector.on_result(message.result)
 
     # -- drain ------------------------------------------------------------------------
     def _drain(self, short: bool) -> None:
@@ -298,7 +298,7 @@ class RealTimeRun:
         while self.collector.awaiting(live()) and time.monotonic() < start + total - grace:
             time.sleep(0.005)
         if self.collector.awaiting(live()):
-            self.gen.pool.broadcast((ipc.CANCEL_ALL, f"drain timeout after {total:g} s"))
+            self.gen.pool.broadcast(ipc.CancelAll(f"drain timeout after {total:g} s"))
             while self.collector.awaiting(live()) and time.monotonic() < start + total:
                 time.sleep(0.005)
         lost = self.collector.take_pending()
