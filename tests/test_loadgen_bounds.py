@@ -18,7 +18,7 @@ from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.sketch import REL_ERR, Quantiles
+from connector_tax.loadgen.sketch import PENDING, REL_ERR, Quantiles
 from connector_tax.loadgen.stats import RequestStats
 
 MS = 1_000_000
@@ -44,6 +44,25 @@ def test_quantiles_exact_under_the_cap_and_within_the_stated_error_past_it() -> 
         rank = max(0, int(np.ceil(q / 100 * len(exact))) - 1)
         assert abs(got - exact[rank]) <= REL_ERR * exact[rank] * 1.0001, q
     assert capped.nbytes() < 600_000  # the 10k buffer + buckets, whatever the count
+
+
+@pytest.mark.parametrize("n", [1, PENDING - 1, PENDING, 3 * PENDING + 5])
+def test_values_added_one_at_a_time_count_as_soon_as_they_are_added(n: int) -> None:
+    # add() holds values before they reach the numpy state; every reading must see them.
+    values = np.random.default_rng(n).exponential(3.0, n)
+    q = Quantiles(exact_cap=2 * PENDING)  # past the cap for the largest n: the histogram too
+    for v in values:
+        q.add(float(v))
+    assert q.count == n and q.total == pytest.approx(values.sum())
+    assert q.min == values.min() and q.max == values.max()
+    assert q.exact == (n <= 2 * PENDING)
+    got = q.percentiles([50, 99])
+    want = np.percentile(values, [50, 99])
+    assert got == pytest.approx(want, rel=1e-12 if q.exact else 2 * REL_ERR)
+    other = Quantiles(exact_cap=2 * PENDING)
+    other.add(1e6)  # held in `other`, not yet in its numpy state
+    q.merge(other)
+    assert q.count == n + 1 and q.max == 1e6
 
 
 def test_merge_adds_counts() -> None:

@@ -16,6 +16,7 @@ instrument's own view, and says which one it is (`exact` in `describe()`).
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -24,6 +25,7 @@ _GAMMA = (1 + REL_ERR) / (1 - REL_ERR)
 _LOG_GAMMA = math.log(_GAMMA)
 DEFAULT_EXACT_CAP = 100_000
 _FOLD_BLOCK = 65_536
+PENDING = 4096  # values added one at a time, held before they reach the numpy state
 
 
 class Quantiles:
@@ -33,38 +35,61 @@ class Quantiles:
         self.exact_cap = exact_cap
         self._buf = np.empty(min(exact_cap, 1024), dtype=np.float64)
         self._n_buf = 0
-        self.count = 0
-        self.total = 0.0
-        self.min = math.inf
-        self.max = -math.inf
+        self._count = 0
+        self._total = 0.0
+        self._min = math.inf
+        self._max = -math.inf
         self._hist: dict[int, int] | None = None  # bucket -> count, once past the cap
         self._zeros = 0  # values <= 0 (gaps of tokens that arrived in one read)
+        self._pending = array("d")  # added, not yet in the state above
+
+    # Every reading of the state takes in the pending values first.
+    @property
+    def count(self) -> int:
+        self._absorb()
+        return self._count
+
+    @property
+    def total(self) -> float:
+        self._absorb()
+        return self._total
+
+    @property
+    def min(self) -> float:
+        self._absorb()
+        return self._min
+
+    @property
+    def max(self) -> float:
+        self._absorb()
+        return self._max
 
     @property
     def exact(self) -> bool:
+        self._absorb()
         return self._hist is None
 
     def add(self, value: float) -> None:
-        if self._n_buf == len(self._buf):
-            self._make_room(1)
-        self._buf[self._n_buf] = value
-        self._n_buf += 1
-        self.count += 1
-        self.total += value
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
+        pending = self._pending
+        pending.append(value)
+        if len(pending) >= PENDING:
+            self._absorb()
+
+    def _absorb(self) -> None:
+        if self._pending:
+            values = np.array(self._pending, dtype=np.float64)
+            self._pending = array("d")
+            self.extend(values)
 
     def extend(self, values: np.ndarray) -> None:
         n = len(values)
         if not n:
             return
         values = values.astype(np.float64, copy=False)
-        self.count += n
-        self.total += float(values.sum())
-        self.min = min(self.min, float(values.min()))
-        self.max = max(self.max, float(values.max()))
+        self._count += n
+        self._total += float(values.sum())
+        self._min = min(self._min, float(values.min()))
+        self._max = max(self._max, float(values.max()))
         while n:
             if self._n_buf == len(self._buf):
                 self._make_room(n)
@@ -103,7 +128,9 @@ class Quantiles:
 
     def merge(self, other: Quantiles) -> None:
         """Add another state's values (exact while both fit, else via the histogram)."""
-        if other.exact:
+        self._absorb()
+        other._absorb()
+        if other._hist is None:
             self.extend(other._buf[: other._n_buf].copy())
             return
         if self._hist is None:
@@ -113,13 +140,14 @@ class Quantiles:
         for k, c in (other._hist or {}).items():
             self._hist[k] = self._hist.get(k, 0) + c
         self._zeros += other._zeros
-        self.count += other.count - len(other_values)
-        self.total += other.total - float(other_values.sum())
-        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self._count += other._count - len(other_values)
+        self._total += other._total - float(other_values.sum())
+        self._min, self._max = min(self._min, other._min), max(self._max, other._max)
         self.extend(other_values.copy())
 
     def percentiles(self, qs: list[float]) -> list[float]:
-        if not self.count:
+        self._absorb()
+        if not self._count:
             return []
         if self._hist is None:
             return [float(v) for v in np.percentile(self._buf[: self._n_buf], qs)]
@@ -131,10 +159,10 @@ class Quantiles:
         cum = np.cumsum(counts)
         out = []
         for q in qs:
-            rank = min(self.count - 1, max(0, math.ceil(q / 100 * self.count) - 1))
+            rank = min(self._count - 1, max(0, math.ceil(q / 100 * self._count) - 1))
             value = float(reps[int(np.searchsorted(cum, rank, side="right"))])
-            out.append(min(max(value, self.min), self.max))
+            out.append(min(max(value, self._min), self._max))
         return out
 
     def nbytes(self) -> int:
-        return int(self._buf.nbytes) + 16 * len(self._hist or ())
+        return int(self._buf.nbytes) + 16 * len(self._hist or ()) + 8 * PENDING

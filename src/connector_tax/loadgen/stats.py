@@ -31,6 +31,7 @@ QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
 # at most ~10 of a 30 s window's 30,000 requests, and the bins cost 400 bytes per second of cell
 # (1 ms bins would be 8 KB per second of cell, 4.8 MB for 10 minutes).
 BIN_NS = 10_000_000
+ITL_PENDING = 16_384  # gaps (uint32 µs) held before they reach the ITL Quantiles
 
 
 def _describe(q: Quantiles) -> dict[str, Any]:
@@ -104,7 +105,10 @@ class RequestStats:
         self.token_mismatch = 0  # ok requests whose usage disagreed with the chunks counted
         self.unmatched = 0
         q = lambda: Quantiles(exact_cap)  # noqa: E731
-        self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness = q(), q(), q(), q(), q(), q()
+        self.ttft, self.ttft_sched, self.tpot, self.e2e, self._itl, self.lateness = q(), q(), q(), q(), q(), q()
+        # A result's gaps, as the worker sent them (µs), held until there are many: converting
+        # 63 gaps to ms with numpy cost more per result than the rest of its statistics.
+        self._itl_us = array("I")
         self.sched, self.sent = _Span(), _Span()
         self.sched_post = _Bins(base_ns)  # post-warm-up scheduled times
         self.done_ok = _Bins(base_ns)  # completion times of ok requests
@@ -136,11 +140,25 @@ class RequestStats:
         if last and send:
             self.e2e.add((last - send) / 1e6)
         if itl_us:
-            self.itl.extend(np.frombuffer(itl_us, dtype=np.uint32) / 1e3)
+            self._itl_us.frombytes(itl_us)
+            if len(self._itl_us) >= ITL_PENDING:
+                self._take_itl()
+
+    @property
+    def itl(self) -> Quantiles:
+        self._take_itl()
+        return self._itl
+
+    def _take_itl(self) -> None:
+        if self._itl_us:
+            gaps_ms = np.frombuffer(self._itl_us, dtype=np.uint32) / 1e3
+            self._itl_us = array("I")
+            self._itl.extend(gaps_ms)
 
     def nbytes(self) -> int:
         qs = (self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness)
-        return sum(q.nbytes() for q in qs) + 4 * (len(self.sched_post.counts) + len(self.done_ok.counts))
+        held = 4 * (len(self.sched_post.counts) + len(self.done_ok.counts) + ITL_PENDING)
+        return sum(q.nbytes() for q in qs) + held
 
     def summary(
         self,
