@@ -449,13 +449,21 @@ def realtime_offset() -> int:
     return r - ((m1 + m2) >> 1)
 
 
+# The offset as last read, and when: reads within OFFSET_TTL_NS of it use it again. A slewing
+# wall clock moves it at most 500 ppm (adjtimex's bound), 1 µs in 2 ms; a stepped one is caught
+# by never letting a stamp be later than its read. Reading it per read was three clock reads and
+# a call on every token's path.
+OFFSET_TTL_NS = 2_000_000
+_offset = [0, -OFFSET_TTL_NS - 1]
+
+
 class StampedTransport(asyncio.Transport):
     """A plain-TCP transport that reads with recvmsg and hands each read to its protocol with
     the kernel's receive time of the read's last segment (SO_TIMESTAMPNS), as CLOCK_MONOTONIC.
 
     The stamp is CLOCK_REALTIME; it is moved to CLOCK_MONOTONIC by the two clocks' offset read
-    at the same read (so a slewing wall clock costs nothing; a stepped one could put a stamp
-    after the read itself, and a stamp is never allowed later than the moment the read ran).
+    within OFFSET_TTL_NS of the read (a slewing wall clock costs ≤ 1 µs; a stepped one could put
+    a stamp after the read itself, and a stamp is never allowed later than the moment the read ran).
     Several segments in one read (the worker was late, or the server wrote faster than the
     worker read) all take the last one's stamp, as a user-space stamp would give them all the
     read's time. Writes go straight to the socket; what it does not take waits for writability.
@@ -505,10 +513,14 @@ class StampedTransport(asyncio.Transport):
             self._lose(None)  # the server closed it
             return
         data = bytes(self._view[:size])
-        now = time.monotonic_ns()
+        now = _monotonic_ns()
         if ancillary and ancillary[0][1] == SO_TIMESTAMPNS:  # SCM_TIMESTAMPNS == SO_TIMESTAMPNS
             sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
-            stamp = sec * 1_000_000_000 + nsec - realtime_offset()
+            offset, read_at = _offset
+            if now - read_at > OFFSET_TTL_NS:
+                offset = realtime_offset()
+                _offset[:] = offset, now
+            stamp = sec * 1_000_000_000 + nsec - offset
             if stamp < now:
                 now = stamp
         self._protocol.stamped_data_received(now, data)

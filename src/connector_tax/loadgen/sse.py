@@ -168,7 +168,17 @@ class SSEReader:
             and data.count(b"\n") == 2
             and b"\r" not in data
         ):
-            self._handle(t_ns, [data[6:-2] if data[5:6] == b" " else data[5:-2]])
+            payload = data[6:-2] if data[5:6] == b" " else data[5:-2]
+            # Inline, one frame: one plain text chunk, the reading of nearly every token.
+            if not self.done:
+                try:
+                    chunk = _decode(payload)
+                except ValueError:  # not a chunk, or [DONE]: the general handling says which
+                    chunk = None
+                if chunk is not None and chunk.usage is None and chunk.error is None and _has_text(chunk):
+                    self._arrived(t_ns, 1)
+                    return
+            self._handle(t_ns, [payload])
             return
         if self._cr or b"\r" in data:
             data = self._normalize(data)
