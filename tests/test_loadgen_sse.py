@@ -361,3 +361,33 @@ def test_bulk_reads_keep_gaps_between_reads() -> None:
     assert reader.chunks == 5 and reader.done and reader.error is None
     assert list(reader.gaps_us) == [0, 0, 3000, 0]
     assert reader.times == [1_000_000] * 3 + [4_000_000] * 2
+
+
+# -- one whole event per read (the fast path: decoded and counted in place) ------------------
+ONE_EVENT_READS = [
+    completion_chunk(" a"),
+    chat_chunk({"role": "assistant", "content": ""}),  # not a token
+    chat_chunk({"content": " b"}),
+    completion_chunk(" c").replace('"usage":null', '"usage":{"prompt_tokens":3,"completion_tokens":2}'),
+    _compact({"error": {"message": "boom"}}),  # an error, not a token
+    "not json",
+    _compact({"choices": "wrong shape"}),
+    completion_chunk("", "length"),
+    usage_chunk(),
+    "[DONE]",
+    completion_chunk(" after done"),  # ignored
+]
+
+
+@pytest.mark.parametrize("cut", range(len(ONE_EVENT_READS) + 1))
+def test_one_whole_event_per_read_is_handled_as_the_general_path_handles_it(cut: int) -> None:
+    # Every prefix of the list, each event its own read, against the same reads through the
+    # general path: the same tokens, usage, done flag, error and token times.
+    payloads = ONE_EVENT_READS[:cut]
+    apart = read([sse(p) for p in payloads], [1_000 * (k + 1) for k in range(cut)], keep_times=True)
+    together = SSEReader(keep_times=True)
+    for k, p in enumerate(payloads):  # a comment after each event: the general path, same times
+        together.feed(1_000 * (k + 1), sse(p) + b": comment\n\n")
+    together.finish()
+    assert outcome(apart) == outcome(together)
+    assert apart.times == together.times and apart.gaps_us.tolist() == together.gaps_us.tolist()
