@@ -106,8 +106,9 @@ class RequestStats:
         self.unmatched = 0
         q = lambda: Quantiles(exact_cap)  # noqa: E731
         self.ttft, self.ttft_sched, self.tpot, self.e2e, self._itl, self.lateness = q(), q(), q(), q(), q(), q()
-        # A result's gaps, as the worker sent them (µs), held until there are many: converting
-        # 63 gaps to ms with numpy cost more per result than the rest of its statistics.
+        # A result's gaps, as the worker sent them (µs), held until there are many: converted and
+        # extended one result at a time, they were part of the ~100 µs a result's statistics
+        # took on the receiver thread (sketch.py holds single values the same way, as doubles).
         self._itl_us = array("I")
         self.sched, self.sent = _Span(), _Span()
         self.sched_post = _Bins(base_ns)  # post-warm-up scheduled times
