@@ -63,16 +63,20 @@ def on_signal(signum: int, _frame: Any) -> None:
 
 # -- a client's own CPU ---------------------------------------------------------------------
 class SteadyCpu:
-    """A client's CPU per request while its load is steady: every `interval_s`, the CPU seconds of
-    every process it spawned (`spawn` after start(), the server excluded; a process that ended
-    keeps its last reading) and the server's count of requests received. The cost is the CPU
-    between the samples where 10 % and 90 % of the run's requests had arrived, over the requests
-    between them: start-up (vLLM's bench imports torch: seconds of CPU), ramp and drain fall
-    outside. CPU time is what a busy host distorts least."""
+    """A client's CPU per request and per streamed chunk while its load is steady: every
+    `interval_s`, the CPU seconds of every process it spawned (`spawn` after start(), the server
+    excluded; a process that ended keeps its last reading) and the server's counts (`stats()`:
+    streams ended, "requests", and token chunks written, "chunks"). The cost is the CPU between
+    the samples where 10 % and 90 % of the run's requests had ended, over the requests and over
+    the chunks the server wrote between them — chunks counted, not assumed from the streams'
+    length, so a client that cuts streams short is priced by what it read: start-up (vLLM's
+    bench imports torch: seconds of CPU), ramp and drain fall outside. CPU time is what a busy
+    host distorts least."""
 
-    def __init__(self, requests: Any, exclude: set[int], interval_s: float = 0.25) -> None:
-        self.requests, self.exclude, self.interval_s = requests, exclude, interval_s
-        self.samples: list[tuple[float, int, float, float]] = []  # time, requests, CPU, of it user
+    def __init__(self, stats: Any, exclude: set[int], interval_s: float = 0.25) -> None:
+        self.stats, self.exclude, self.interval_s = stats, exclude, interval_s
+        # time, requests, chunks, CPU, of it user
+        self.samples: list[tuple[float, int, int, float, float]] = []
         self._known = {p.pid for p in _CHILDREN}
         self._cpu: dict[int, tuple[float, float]] = {}  # pid: (user + system, user)
         self._stop = threading.Event()
@@ -98,7 +102,10 @@ class SteadyCpu:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.samples.append((time.monotonic(), int(self.requests()), *self._tree_cpu()))
+                counts = self.stats()
+                self.samples.append(
+                    (time.monotonic(), int(counts["requests"]), int(counts["chunks"]), *self._tree_cpu())
+                )
             except Exception:  # noqa: BLE001 - a failed look is a missing sample, not a failed run
                 continue
 
@@ -115,16 +122,20 @@ class SteadyCpu:
         total = r1 - r0
         lo = next((s for s in self.samples if s[1] >= r0 + 0.1 * total), None)
         hi = next((s for s in reversed(self.samples) if s[1] <= r0 + 0.9 * total), None)
-        if lo is None or hi is None or hi[1] <= lo[1]:
+        if lo is None or hi is None or hi[1] <= lo[1] or hi[2] <= lo[2]:
             return {"error": f"no steady window ({total} requests)"}
+        requests, chunks, cpu, user = hi[1] - lo[1], hi[2] - lo[2], hi[3] - lo[3], hi[4] - lo[4]
         return {
-            "requests": hi[1] - lo[1],
+            "requests": requests,
+            "chunks": chunks,
             "window_s": round(hi[0] - lo[0], 2),
-            "cpu_s": round(hi[2] - lo[2], 3),
-            "cpu_ms_per_request": round((hi[2] - lo[2]) / (hi[1] - lo[1]) * 1e3, 4),
+            "cpu_s": round(cpu, 3),
+            "cpu_ms_per_request": round(cpu / requests * 1e3, 4),
+            "cpu_us_per_chunk": round(cpu / chunks * 1e6, 3),
             # In the client's own code (user) and in the kernel for it (system: wake-ups, reads, sends).
-            "user_ms_per_request": round((hi[3] - lo[3]) / (hi[1] - lo[1]) * 1e3, 4),
-            "cpu_s_whole_run": round(self.samples[-1][2], 3),
+            "user_ms_per_request": round(user / requests * 1e3, 4),
+            "user_us_per_chunk": round(user / chunks * 1e6, 3),
+            "cpu_s_whole_run": round(self.samples[-1][3], 3),
             "requests_whole_run": total,
         }
 

@@ -1,8 +1,8 @@
 """The floor of any client that reads each streamed chunk as it arrives: a bare uvloop Protocol
-that sends the same requests as the CPU-cost cells (Poisson, 16-token prompts, 64-token
+that sends the same requests as the CPU-cost cells (Poisson, 16-token prompts, `--tokens`-token
 streams, one connection per request), stamps each read and keeps its bytes, and parses nothing.
 
-    python benchmarks/_floor_reader.py URL RATE SECONDS [--seed N]
+    python benchmarks/_floor_reader.py URL RATE SECONDS [--tokens 64] [--seed N]
 
 Its CPU per chunk is what waking for a read costs on this host (the kernel's wake-up, epoll,
 recv and one Python callback), which no load generator that times chunks as they arrive can go
@@ -21,7 +21,11 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-BODY = json.dumps({"model": "bench-model", "prompt": list(range(16)), "max_tokens": 64, "stream": True}).encode()
+
+def body(tokens: int) -> bytes:
+    return json.dumps(
+        {"model": "bench-model", "prompt": list(range(16)), "max_tokens": tokens, "stream": True}
+    ).encode()
 
 
 class Reader(asyncio.Protocol):
@@ -45,18 +49,19 @@ class Reader(asyncio.Protocol):
             self.done.set_result(len(self.reads))
 
 
-async def one(host: str, port: int, n: int) -> int:
+async def one(host: str, port: int, n: int, payload: bytes) -> int:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"X-Request-Id: floor-{n}\r\nContent-Length: {len(BODY)}\r\n\r\n"
+        f"X-Request-Id: floor-{n}\r\nContent-Length: {len(payload)}\r\n\r\n"
     )
-    await loop.create_connection(lambda: Reader(head.encode() + BODY, done), host, port)
+    await loop.create_connection(lambda: Reader(head.encode() + payload, done), host, port)
     return await done
 
 
-async def main(url: str, rate: float, seconds: float, seed: int) -> None:
+async def main(url: str, rate: float, seconds: float, tokens: int, seed: int) -> None:
+    payload = body(tokens)
     parts = urlsplit(url)
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
@@ -66,7 +71,7 @@ async def main(url: str, rate: float, seconds: float, seed: int) -> None:
         if t >= seconds:
             break
         await asyncio.sleep(max(0.0, start + t - time.monotonic()))
-        tasks.append(loop.create_task(one(parts.hostname or "127.0.0.1", parts.port or 80, len(tasks))))
+        tasks.append(loop.create_task(one(parts.hostname or "127.0.0.1", parts.port or 80, len(tasks), payload)))
     reads = await asyncio.gather(*tasks)
     print(json.dumps({"requests": len(reads), "reads_per_request": round(sum(reads) / max(1, len(reads)), 2)}))
 
@@ -76,7 +81,8 @@ if __name__ == "__main__":
     p.add_argument("url")
     p.add_argument("rate", type=float)
     p.add_argument("seconds", type=float)
+    p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    uvloop.run(main(a.url, a.rate, a.seconds, a.seed))
+    uvloop.run(main(a.url, a.rate, a.seconds, a.tokens, a.seed))
     sys.exit(0)

@@ -156,9 +156,17 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float, tokens: int 
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
 
-def run_floor(ctx: SimpleNamespace, rate: float, seconds: float, limit_s: float) -> dict[str, Any]:
+def run_floor(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, limit_s: float) -> dict[str, Any]:
     """The bare reader (_floor_reader.py): the per-read floor, not a peer."""
-    cmd = [sys.executable, str(HERE / "_floor_reader.py"), ctx.server.url, f"{rate:g}", f"{seconds:g}"]
+    cmd = [
+        sys.executable,
+        str(HERE / "_floor_reader.py"),
+        ctx.server.url,
+        f"{rate:g}",
+        f"{seconds:g}",
+        "--tokens",
+        str(tokens),
+    ]
     output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
     try:
         return json.loads(output.strip().splitlines()[-1])

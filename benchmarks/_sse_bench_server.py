@@ -126,7 +126,8 @@ class Server:
         self.streams: list[Stream] = []
         self.loop = asyncio.get_running_loop()
         self._ticking = False
-        self.requests = 0
+        self.requests = 0  # streams ended (whole or cut short)
+        self.chunks = 0  # token chunks written, over every stream
 
     def start(self, stream: Stream) -> None:
         self.streams.append(stream)
@@ -150,6 +151,7 @@ class Server:
             s.t_last = t
             s.n += 1
             s.left -= 1
+            self.chunks += 1
             if s.left > 0:
                 s.transport.write(_chunked(s.token))
                 s.due += self.interval_ns
@@ -225,7 +227,10 @@ class Protocol(asyncio.Protocol):
         headers, body = self.headers, b"".join(self.body)
         self._reset()
         if method == b"GET" and path in ("/health", "/stats"):
-            self._reply(200, b'{"requests": %d, "active": %d}' % (self.server.requests, len(self.server.streams)))
+            srv = self.server
+            self._reply(
+                200, b'{"requests": %d, "active": %d, "chunks": %d}' % (srv.requests, len(srv.streams), srv.chunks)
+            )
             return
         if method != b"POST" or not path.endswith("/completions"):
             self._reply(404, b'{"error": {"message": "not found"}}')

