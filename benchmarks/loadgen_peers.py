@@ -15,12 +15,13 @@ word-level tokenizer built here.
 
 - cpu: each client's own CPU per request and per streamed chunk at the same load (`--cpu-rate`
   req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams (64), `--seconds` of requests):
-  the CPU of every
-  process the client ran while 10 % to 90 % of its requests reached the server, over those
-  requests (start-up, ramp and drain outside: vLLM's bench spends seconds importing torch);
-  `--repeats` runs each, in turn, the median. CPU time is robust on a noisy host where latency
-  is not. Goal: ctax <= 1/3 of the best peer's CPU per chunk. Beside them, not a peer: a bare uvloop
-  reader (_floor_reader.py) at the same load, the floor of reading each chunk as it arrives.
+  the CPU of every process the client ran while 10 % to 90 % of its requests ended, over those
+  requests and over the chunks the server wrote meanwhile (start-up, ramp and drain outside:
+  vLLM's bench spends seconds importing torch); `--repeats` runs each, in turn, the median. CPU
+  time is robust on a noisy host where latency is not. Long streams price each chunk, short ones
+  each request too. Goal: ctax <= 1/3 of the best peer's CPU per chunk. Beside them, not a peer:
+  a bare uvloop reader (_floor_reader.py) at the same load, the floor of reading each chunk as
+  it arrives.
 - capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
   `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
   client still passing run once at each, in turn (the machine's other load falls on all alike),
@@ -325,13 +326,20 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
 FLOOR = "bare reader (floor)"
 
 
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    """The median of `key` over the runs that have it (a failed run has none)."""
+    values = [run[key] for run in runs if run.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     """Each client's own CPU per request and per streamed chunk at the same open-loop load
-    (`--cpu-rate` req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams, `--seconds` of requests):
-    the CPU of every process the client ran, between the moments 10 % and 90 % of its requests
-    had reached the server, over those requests (_bench_procs.SteadyCpu): start-up, ramp and
-    drain fall outside. Clients run one after another, in turn, `--repeats` times; the median
-    stands. CPU time is robust on a noisy host where latency is not."""
+    (`--cpu-rate` req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams, `--seconds` of
+    requests): the CPU of every process the client ran, between the moments 10 % and 90 % of its
+    requests had ended, over those requests and the chunks the server wrote meanwhile
+    (_bench_procs.SteadyCpu): start-up, ramp and drain fall outside. Clients run one after
+    another, in turn, `--repeats` times; the median stands. CPU time is robust on a noisy host
+    where latency is not."""
     a = ctx.args
     rate, tokens, seconds = a.cpu_rate, a.cpu_tokens, a.seconds
     n = int(rate * seconds)
@@ -382,21 +390,16 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
             runs[name].append(cost)
             print(f"  cpu {name:<17} {rate:g}/s: {json.dumps(cost)}", flush=True)
     for name, done in runs.items():
-
-        def median(key: str, runs: list[dict[str, Any]] = done) -> float | None:
-            values = [c[key] for c in runs if c.get(key) is not None]
-            return statistics.median(values) if values else None
-
         res[name] = {
             "runs": done,
-            "cpu_ms_per_request": median("cpu_ms_per_request"),
+            "cpu_ms_per_request": median_of(done, "cpu_ms_per_request"),
             # Over the chunks the server wrote in the window, not requests x tokens: a client
             # that cuts streams short is priced by what it read.
-            "cpu_us_per_chunk": median("cpu_us_per_chunk"),
+            "cpu_us_per_chunk": median_of(done, "cpu_us_per_chunk"),
             # The client's own code alone; the rest is the kernel's work for it (wake-ups, reads,
             # sends, connections), priced by this host's kernel rather than by the client's code.
-            "user_us_per_chunk": median("user_us_per_chunk"),
-            "chunks_per_request": median("chunks_per_request"),
+            "user_us_per_chunk": median_of(done, "user_us_per_chunk"),
+            "chunks_per_request": median_of(done, "chunks_per_request"),
         }
     clients = {name: v for name, v in res.items() if isinstance(v, dict)}
     for key, ratio in (("cpu_us_per_chunk", "ratio_to_best_peer"), ("user_us_per_chunk", "user_ratio_to_best_peer")):

@@ -44,16 +44,24 @@ from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 
 
+LATENCIES = {"held": 0, "off": None}  # the CPU-latency limit (µs), or None: left alone
+SPINS = {"adaptive": LoadgenOptions.spin_us, "off": 0.0}  # the worker's spin budget (µs), or none
+
+
 @dataclass(frozen=True)
 class Arm:
-    """What one side of a side-by-side sets: the CPU-latency limit (None: left alone) and the spin."""
+    """One side of a side by side: the CPU-latency limit and the spin, by their names."""
 
-    cpu_latency_us: int | None
-    spin_us: float
+    latency: str
+    spin: str
 
+    @property
+    def name(self) -> str:
+        return f"cpu latency {self.latency}, spin {self.spin}"
 
-def arm_name(latency: str, spin: str) -> str:
-    return f"cpu latency {latency}, spin {spin}"
+    @property
+    def tag(self) -> str:  # in the cells' labels and file names
+        return f"{self.latency}-{self.spin}"
 
 
 def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
@@ -132,8 +140,8 @@ def run(
         inflight_cap=4096,
         timeout_s=60,
         seed=1,
-        cpu_latency_us=arm.cpu_latency_us,
-        spin_us=arm.spin_us,
+        cpu_latency_us=LATENCIES[arm.latency],
+        spin_us=SPINS[arm.spin],
     )
     cell = Cell(
         phase="bench",
@@ -147,7 +155,7 @@ def run(
         cpu0 = generator_cpu_s(set(servers))
         summary = gen.run_cell(cell, out)
         cpu = generator_cpu_s(set(servers)) - cpu0
-    if arm.cpu_latency_us is not None and not summary["cpu_latency"]["held"]:
+    if LATENCIES[arm.latency] is not None and not summary["cpu_latency"]["held"]:
         print(f"warning: {summary['cpu_latency']['detail']}", flush=True)
     records = [json.loads(line) for line in open(out / f"requests_bench_{label}.jsonl")]
     return records, cpu * 1e3 / max(1, len(records))
@@ -257,19 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cpus = plan_affinity(1).server_cpus if args.server_cpus == "plan" else ()
     print(f"servers on CPUs {list(cpus) or 'any'}; load generator plan: {plan_affinity(1)}", flush=True)
-    latencies = {"held": 0, "off": None}
-    spins = {"adaptive": LoadgenOptions.spin_us, "off": 0.0}
     arms = {
-        arm_name(latency, spin): Arm(latencies[latency], spins[spin])
-        for latency in (list(latencies) if args.cpu_latency == "both" else [args.cpu_latency])
-        for spin in (list(spins) if args.spin == "both" else [args.spin])
+        arm.name: arm
+        for arm in (
+            Arm(latency, spin)
+            for latency in (list(LATENCIES) if args.cpu_latency == "both" else [args.cpu_latency])
+            for spin in (list(SPINS) if args.spin == "both" else [args.spin])
+        )
     }
     names = list(arms)
     rows: dict[str, list[dict[str, tuple]]] = {name: [] for name in names}
     for rep in range(args.repeats):
         # Alternate which goes first, so that a slow minute of the shared machine hits both.
         for name in names if rep % 2 == 0 else names[::-1]:
-            rows[name].append(measure(f"{name.replace(' ', '-')}-{rep}", cpus, args.seconds, arms[name]))
+            rows[name].append(measure(f"{arms[name].tag}-{rep}", cpus, args.seconds, arms[name]))
             print(
                 f"repeat {rep} [{name}]: "
                 + ", ".join(f"{k} {tuple(round(v, 1) for v in row)}" for k, row in rows[name][-1].items()),
