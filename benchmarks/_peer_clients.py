@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from _bench_guidellm import TOKENIZER_SCRIPT
 from _bench_procs import kill_tree, spawn
@@ -167,6 +169,33 @@ def run_floor(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, li
         "--tokens",
         str(tokens),
     ]
+    output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
+    try:
+        return json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": output.strip()[-300:]}
+
+
+def build_floor_c(tmp: Path) -> tuple[Path | None, str]:
+    """_floor_reader.c built with the host's C compiler (cc -O2), or None and why not."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "skipped: no C compiler (cc)"
+    exe = tmp / "floor_reader_c"
+    done = subprocess.run(
+        [cc, "-O2", "-o", str(exe), str(HERE / "_floor_reader.c"), "-lm"], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return None, f"skipped: {cc} failed: {done.stderr.strip()[-200:]}"
+    return exe, f"built with {cc}"
+
+
+def run_floor_c(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, limit_s: float) -> dict[str, Any]:
+    """The bare C reader (_floor_reader.c): the per-read floor without Python, not a peer."""
+    if ctx.floor_c is None:
+        return {"error": "skipped"}
+    url = urlsplit(ctx.server.url)
+    cmd = [str(ctx.floor_c), url.hostname or "127.0.0.1", str(url.port), f"{rate:g}", f"{seconds:g}", str(tokens), "0"]
     output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
     try:
         return json.loads(output.strip().splitlines()[-1])

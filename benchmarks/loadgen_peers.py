@@ -21,7 +21,8 @@ word-level tokenizer built here.
   time is robust on a noisy host where latency is not. Long streams price each chunk, short ones
   each request too. Goal: ctax <= 1/3 of the best peer's CPU per chunk. Beside them, not a peer:
   a bare uvloop reader (_floor_reader.py) at the same load, the floor of reading each chunk as
-  it arrives.
+  it arrives in Python, and a bare C epoll reader (_floor_reader.c, built with the host's cc;
+  skipped without one), the floor without Python.
 - capacity: 16-token prompts, 64-token streams, constant arrivals (ctax `fixed`, guidellm
   `constant`, vLLM burstiness 1000), `--seconds` measured per rate; rates stepped up with every
   client still passing run once at each, in turn (the machine's other load falls on all alike),
@@ -60,11 +61,13 @@ from _common import comma_list, parser, pct, positive_float, positive_int, write
 from _peer_clients import (
     TOKENS,
     BenchServer,
+    build_floor_c,
     find_aiperf,
     find_peers,
     run_aiperf,
     run_ctax,
     run_floor,
+    run_floor_c,
     run_guidellm,
     run_vllm,
 )
@@ -324,6 +327,7 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
 
 
 FLOOR = "bare reader (floor)"
+FLOOR_C = "bare C reader (floor)"
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -372,8 +376,10 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         "guidellm": lambda: run_guidellm(ctx, {"kind": "poisson", "rate": [rate]}, seconds, 16, tokens),
         "aiperf": lambda: run_aiperf(ctx, rate, n, 16, tokens, seconds * 3 + 240),
         FLOOR: lambda: run_floor(ctx, rate, tokens, seconds, seconds + 60),
+        FLOOR_C: lambda: run_floor_c(ctx, rate, tokens, seconds, seconds + 60),
     }
-    missing = {"vllm bench serve": ctx.vllm, "guidellm": ctx.guidellm, "aiperf": ctx.aiperf}
+    ctx.floor_c, ctx.notes[FLOOR_C] = build_floor_c(ctx.tmp)  # before any CPU is counted
+    missing = {"vllm bench serve": ctx.vllm, "guidellm": ctx.guidellm, "aiperf": ctx.aiperf, FLOOR_C: ctx.floor_c}
     alive = [name for name in clients if missing.get(name, True) is not None]
     res: dict[str, Any] = {name: {"skipped": ctx.notes[name]} for name in clients if name not in alive}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in alive}
@@ -403,7 +409,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         }
     clients = {name: v for name, v in res.items() if isinstance(v, dict)}
     for key, ratio in (("cpu_us_per_chunk", "ratio_to_best_peer"), ("user_us_per_chunk", "user_ratio_to_best_peer")):
-        peers = [v[key] for name, v in clients.items() if name not in ("ctax", FLOOR) and v.get(key)]
+        peers = [v[key] for name, v in clients.items() if name not in ("ctax", FLOOR, FLOOR_C) and v.get(key)]
         mine = clients.get("ctax", {}).get(key)
         res[ratio] = round(mine / min(peers), 3) if mine and peers else None
     res["rate_rps"], res["tokens"] = rate, tokens
@@ -509,6 +515,10 @@ def table(r: dict[str, Any]) -> str:
         rows.append(
             "| a bare uvloop reader at the same load (stamps each read, parses nothing: the floor of reading "
             f"each chunk as it arrives) | — | {cost(c.get(FLOOR))} |" + " |" * (len(names) - 1)
+        )
+        rows.append(
+            "| a bare C epoll reader at the same load (one recv per readable socket: the floor without "
+            f"Python) | — | {cost(c.get(FLOOR_C))} |" + " |" * (len(names) - 1)
         )
     get = lambda d, *ks: [(d or {}).get(n, "—") for n in names] if not ks else [ks[0](d.get(n)) for n in names]  # noqa: E731
     if "capacity" in r:
