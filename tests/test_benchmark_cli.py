@@ -227,3 +227,36 @@ def test_the_benchmark_server_counts_each_chunk_it_writes(tmp_path: Path) -> Non
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_bare_c_reader_reads_whole_streams(tmp_path: Path, isolated_imports: None) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    from _peer_clients import build_floor_c
+
+    exe, note = build_floor_c(tmp_path)
+    if exe is None:
+        pytest.skip(note)  # the benchmark skips it the same way, and says so
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "_sse_bench_server.py"), "--port", "0", "--token-interval-ms", "0.2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = (proc.stdout.readline() if proc.stdout else "").split()[1]
+        port = url.rsplit(":", 1)[1]
+        done = subprocess.run(
+            [str(exe), "127.0.0.1", port, "40", "1", "7", "3"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        with urllib.request.urlopen(url + "/stats", timeout=10) as r:
+            stats = json.loads(r.read())
+        assert out["requests"] == stats["requests"] > 10  # ~40 in 1 s, each read to its end
+        assert stats["chunks"] == 7 * stats["requests"]
+        assert 1 <= out["reads_per_request"] <= 8
+        bad = subprocess.run([str(exe), "localhost", port, "1", "1", "1", "1"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "HOST" in bad.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
