@@ -158,6 +158,14 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float, tokens: int 
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
 
+def _last_json(output: str) -> dict[str, Any]:
+    """A floor reader's result: the JSON of its last line, or its output's end as the error."""
+    try:
+        return json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": output.strip()[-300:]}
+
+
 def run_floor(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, limit_s: float) -> dict[str, Any]:
     """The bare reader (_floor_reader.py): the per-read floor, not a peer."""
     cmd = [
@@ -169,11 +177,7 @@ def run_floor(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, li
         "--tokens",
         str(tokens),
     ]
-    output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
-    try:
-        return json.loads(output.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": output.strip()[-300:]}
+    return _last_json(_finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s))
 
 
 def build_floor_c(tmp: Path) -> tuple[Path | None, str]:
@@ -196,11 +200,7 @@ def run_floor_c(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, 
         return {"error": "skipped"}
     url = urlsplit(ctx.server.url)
     cmd = [str(ctx.floor_c), url.hostname or "127.0.0.1", str(url.port), f"{rate:g}", f"{seconds:g}", str(tokens), "0"]
-    output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
-    try:
-        return json.loads(output.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": output.strip()[-300:]}
+    return _last_json(_finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s))
 
 
 def run_guidellm(

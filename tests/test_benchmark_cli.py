@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -206,27 +207,44 @@ def test_steady_cpu_prices_the_chunks_the_server_wrote(isolated_imports: None) -
     assert cost["cpu_ms_per_request"] == pytest.approx(cost["cpu_s"] / cost["requests"] * 1e3, rel=0.01)
 
 
-def test_the_benchmark_server_counts_each_chunk_it_writes(tmp_path: Path) -> None:
+@contextmanager
+def bench_server(token_interval_ms: float) -> Iterator[str]:
+    """The peers benchmark's SSE server on a free port: its URL."""
     proc = subprocess.Popen(
-        [sys.executable, str(BENCHMARKS / "_sse_bench_server.py"), "--port", "0", "--token-interval-ms", "0.1"],
+        [
+            sys.executable,
+            str(BENCHMARKS / "_sse_bench_server.py"),
+            "--port",
+            "0",
+            "--token-interval-ms",
+            str(token_interval_ms),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        url = (proc.stdout.readline() if proc.stdout else "").split()[1]
+        yield (proc.stdout.readline() if proc.stdout else "").split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def server_stats(url: str) -> dict[str, int]:
+    with urllib.request.urlopen(url + "/stats", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_the_benchmark_server_counts_each_chunk_it_writes() -> None:
+    with bench_server(0.1) as url:
         for tokens in (3, 7):
             body = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": tokens, "stream": True}).encode()
             request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=10) as r:
                 assert b'"completion_tokens": %d}' % tokens in r.read()
         time.sleep(0.1)
-        with urllib.request.urlopen(url + "/stats", timeout=10) as r:
-            stats = json.loads(r.read())
+        stats = server_stats(url)
         assert stats["requests"] == 2 and stats["chunks"] == 10
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_the_bare_c_reader_reads_whole_streams(tmp_path: Path, isolated_imports: None) -> None:
@@ -236,27 +254,16 @@ def test_the_bare_c_reader_reads_whole_streams(tmp_path: Path, isolated_imports:
     exe, note = build_floor_c(tmp_path)
     if exe is None:
         pytest.skip(note)  # the benchmark skips it the same way, and says so
-    proc = subprocess.Popen(
-        [sys.executable, str(BENCHMARKS / "_sse_bench_server.py"), "--port", "0", "--token-interval-ms", "0.2"],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        url = (proc.stdout.readline() if proc.stdout else "").split()[1]
+    with bench_server(0.2) as url:
         port = url.rsplit(":", 1)[1]
         done = subprocess.run(
             [str(exe), "127.0.0.1", port, "40", "1", "7", "3"], capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 0, done.stderr
         out = json.loads(done.stdout)
-        with urllib.request.urlopen(url + "/stats", timeout=10) as r:
-            stats = json.loads(r.read())
+        stats = server_stats(url)
         assert out["requests"] == stats["requests"] > 10  # ~40 in 1 s, each read to its end
         assert stats["chunks"] == 7 * stats["requests"]
         assert 1 <= out["reads_per_request"] <= 8
         bad = subprocess.run([str(exe), "localhost", port, "1", "1", "1", "1"], capture_output=True, text=True)
         assert bad.returncode == 2 and "HOST" in bad.stderr
-    finally:
-        proc.terminate()
-        proc.wait(10)
