@@ -112,10 +112,10 @@ def test_results_are_matched_by_cell_and_request_id(tmp_path: Path) -> None:
     assert not col.pending and stats.counts["ok"] == 1
     col.writer.close()
     records = read_records(path)
-    assert [r["status"] for r in records] == ["error", "error", "ok"]
-    assert records[0]["error"] == "unmatched result from cell 's_c#1' index 0: another cell run"
-    assert records[1]["error"].startswith("unmatched result from cell 's_c#2' index 0: no request")
-    assert records[2]["cell"] == "s_c#2" and records[2]["t_scheduled_ns"] == 5
+    assert [r.status for r in records] == ["error", "error", "ok"]
+    assert records[0].error == "unmatched result from cell 's_c#1' index 0: another cell run"
+    assert records[1].error.startswith("unmatched result from cell 's_c#2' index 0: no request")
+    assert records[2].cell == "s_c#2" and records[2].t_scheduled_ns == 5
     summary = stats.summary({"cell": "c"}, 0, 100, {}, default_validity())
     assert summary["counts"]["unmatched"] == 2 and summary["counts"]["ok"] == 1
     assert "unmatched_results 2.0 > 0" in summary["validity"]["reasons"]

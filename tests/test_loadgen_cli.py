@@ -82,7 +82,7 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
         assert float(m["ttft"]) == pytest.approx(summary["latency_ms"]["ttft"]["p50"], abs=0.005)
         assert summary["rate"] == float(cell[1:3])
         assert summary["cpu_latency"] == {"requested_us": None, "held": False, "detail": "not requested"}
-        assert all(r["status"] == "ok" and r["prompt_tokens"] == 64 for r in records)
+        assert all(r.status == "ok" and r.prompt_tokens == 64 for r in records)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"{kind}_cli_{cell}.{ext}" for cell in cells for kind, ext in (("requests", "jsonl"), ("summary", "json"))
     )

@@ -18,8 +18,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from connector_tax.contract.records import ENGINE_STEP_FIELDS, STEP_FIELDS, WORKER_STEP_FIELDS, StepRecord
 from connector_tax.contract.records import STEP_LOG_ENV as PACKAGE_STEP_LOG_ENV
 from connector_tax.launch import steptiming
 from connector_tax.launch.vllm import STEP_LOG_ENV as LAUNCH_STEP_LOG_ENV
@@ -30,18 +32,8 @@ if str(REPO) not in sys.path:  # patches/ is imported by dotted path from the re
 
 from patches import engine_hooks, step_timing  # noqa: E402
 
-DESIGN_FIELDS = [
-    "t_ns",
-    "step_id",
-    "step_duration_us",
-    "build_meta_us",
-    "get_finished_us",
-    "start_load_kv_us",
-    "num_running",
-    "num_waiting",
-    "prefill_tokens",
-    "decode_tokens",
-]
+# The package's step record (patches/ may not import it: these tests tie the two together).
+DESIGN_FIELDS = list(STEP_FIELDS)
 
 
 # --------------------------------------------------------------------------- fakes
@@ -182,7 +174,11 @@ class FakeEngine:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The records as written, each checked to decode as the package's StepRecord."""
+    lines = path.read_text().splitlines()
+    for line in lines:
+        msgspec.json.decode(line, type=StepRecord)
+    return [json.loads(line) for line in lines]
 
 
 # --------------------------------------------------------------------------- in-process
@@ -205,6 +201,15 @@ def test_required_instance_names_match_the_package_reader():
     assert step_timing.SCHEDULER_CONNECTOR_INSTANCES == steptiming.SCHEDULER_CONNECTOR_INSTANCES
     assert step_timing.WORKER_CONNECTOR_INSTANCES == steptiming.WORKER_CONNECTOR_INSTANCES
     assert tuple(DESIGN_FIELDS) == step_timing.RECORD_FIELDS
+
+
+def test_the_instrumentations_record_fields_are_the_package_step_records():
+    """patches/targets.py spells the step record's fields itself (it runs inside vLLM and may not
+    import the package): each kind of record it writes is the contract's, field for field."""
+    assert step_timing.RECORD_FIELDS == STEP_FIELDS
+    assert step_timing.ENGINE_FIELDS == ENGINE_STEP_FIELDS
+    assert step_timing.WORKER_FIELDS == WORKER_STEP_FIELDS
+    assert set(ENGINE_STEP_FIELDS) | set(WORKER_STEP_FIELDS) <= set(StepRecord.__struct_fields__)
 
 
 def instrumented(tmp_path: Path, prompts: list[int], connector: bool = True, runner=v1_worker_step):

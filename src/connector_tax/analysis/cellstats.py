@@ -24,31 +24,29 @@ from connector_tax.analysis.quantiles import cdf_grid, summarize
 from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
 from connector_tax.analysis.streams import stream_stats
 from connector_tax.config import PHASE_A
+from connector_tax.contract.records import MetricsSample, RequestRecord, StepRecord, columns
 
-REQUEST_FIELDS = {
-    "t_scheduled_ns": "int",
-    "t_send_ns": "int",
-    "t_first_token_ns": "int",
-    "t_last_token_ns": "int",
-    "completion_tokens": "int",
-    "warmup": "bool",
-    "status": "str",
-}
-METRIC_FIELDS = {
-    "t_ns": "int",
-    METRIC_NAMES["waiting"]: "float",
-    METRIC_NAMES["running"]: "float",
-    METRIC_NAMES["kv_usage"]: "float",
-}
-STEP_FIELDS_READ = {
-    "t_ns": "int",
-    "step_duration_us": "float",
-    "build_meta_us": "float",
-    "get_finished_us": "float",
-    "start_load_kv_us": "float",
-    "engine_step_us": "float",
-    "worker_step_us": "float",
-}
+REQUEST_FIELDS = columns(
+    RequestRecord,
+    "t_scheduled_ns",
+    "t_send_ns",
+    "t_first_token_ns",
+    "t_last_token_ns",
+    "completion_tokens",
+    "warmup",
+    "status",
+)
+METRIC_FIELDS = columns(MetricsSample, "t_ns", *METRIC_NAMES.values())
+STEP_FIELDS_READ = columns(
+    StepRecord,
+    "t_ns",
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "engine_step_us",
+    "worker_step_us",
+)
 # step_duration_us is the design's step (Scheduler.schedule() entry to exit): the step tax and
 # figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
 STEP_STATS = (
@@ -167,7 +165,8 @@ def request_stats(
             row.update({f"{m}_{k}": v for k, v in summarize(np.empty(0)).items()})
         return row, (None, None), {}
     r = read_columns(
-        cell.path("requests"), {**REQUEST_FIELDS, "request_id": "str"} if series is not None else REQUEST_FIELDS
+        cell.path("requests"),
+        {**REQUEST_FIELDS, **columns(RequestRecord, "request_id")} if series is not None else REQUEST_FIELDS,
     )
     status = r["status"]
     post = ~r["warmup"]

@@ -28,11 +28,12 @@ H4_MAX_REL_DEV = 0.30  # |multi - (mooncake + lmcache)| / multi <= 0.30: additiv
 SC7_MAX_HOURS = 6.0
 
 CONFIDENCE = 0.95
+# The /metrics samples the analysis reads, by their file names (contract.records.MetricsSample).
 METRIC_NAMES = {
     "waiting": "vllm:num_requests_waiting",
     "running": "vllm:num_requests_running",
     "kv_usage": "vllm:kv_cache_usage_perc",
 }
 
-STEP_FIELDS = ("step_duration_us", "build_meta_us", "get_finished_us", "start_load_kv_us")
+# The connector hooks a step's callback time adds up (contract.records.STEP_TIMINGS less the step).
 CALLBACK_FIELDS = ("build_meta_us", "get_finished_us", "start_load_kv_us")

@@ -16,42 +16,33 @@ background work (NIXL's progress thread spins at idle). Analysis reads files, ne
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.config import PHASE_A
+from connector_tax.contract.records import ProcessSample, ThreadSample, decode_lines
 
 TOP = 5  # threads per configuration and state in the aggregate and the report
 BUSY_PCT = 20.0  # % of one core: a thread this busy at idle is doing work of its own
 
 
-def _samples(path: Path) -> list[dict[str, Any]]:
-    out = []
+def _samples(path: Path) -> list[ThreadSample]:
+    """The file's samples that saw the server (an error line, or one with no process, is left out)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        return [s for s in decode_lines(path, ThreadSample) if s.procs and s.error is None]
+    except (OSError, ValueError):
         return []
-    for line in lines:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # a truncated last line
-        if isinstance(doc, dict) and doc.get("procs") and "error" not in doc:
-            out.append(doc)
-    return out
 
 
-def _role(proc: dict[str, Any], root: int) -> str:
-    name = str(proc.get("name") or "")
-    if proc.get("pid") == root:
+def _role(proc: ProcessSample, root: int) -> str:
+    if proc.pid == root:
         return "API server"
-    if name.startswith("VLLM::EngineCor"):
+    if proc.name.startswith("VLLM::EngineCor"):
         return "EngineCore"
-    if name.startswith("VLLM::Worker"):
+    if proc.name.startswith("VLLM::Worker"):
         return "Worker"
-    return name or "?"
+    return proc.name or "?"
 
 
 def usage(path: Path) -> dict[str, Any] | None:
@@ -60,34 +51,34 @@ def usage(path: Path) -> dict[str, Any] | None:
     if len(samples) < 2:
         return None
     first, last = samples[0], samples[-1]
-    seconds = (last["t_ns"] - first["t_ns"]) / 1e9
+    seconds = (last.t_ns - first.t_ns) / 1e9
     if seconds <= 0:
         return None
-    tck = float(last.get("clk_tck") or 100)
-    root = min(int(p["pid"]) for p in first["procs"])
-    before = {(p["pid"], t["tid"]): t["user"] + t["system"] for p in first["procs"] for t in p["threads"]}
+    tck = float(last.clk_tck or 100)
+    root = min(p.pid for p in first.procs)
+    before = {(p.pid, t.tid): t.user + t.system for p in first.procs for t in p.threads}
     cores: dict[tuple[int, int], set[int]] = {}
     for s in samples:
-        for p in s["procs"]:
-            for t in p["threads"]:
-                cores.setdefault((p["pid"], t["tid"]), set()).add(int(t["core"]))
+        for p in s.procs:
+            for t in p.threads:
+                cores.setdefault((p.pid, t.tid), set()).add(t.core)
     threads = []
-    for p in last["procs"]:
+    for p in last.procs:
         role = _role(p, root)
-        for t in p["threads"]:
-            key = (p["pid"], t["tid"])
-            ticks = t["user"] + t["system"] - before.get(key, 0)  # a thread born in the span: all of it
+        for t in p.threads:
+            key = (p.pid, t.tid)
+            ticks = t.user + t.system - before.get(key, 0)  # a thread born in the span: all of it
             threads.append(
                 {
                     "process": role,
-                    "pid": p["pid"],
-                    "tid": t["tid"],
-                    "thread": t["name"],
-                    "main": t["tid"] == p["pid"],
-                    "started_by": t.get("started_by"),
+                    "pid": p.pid,
+                    "tid": t.tid,
+                    "thread": t.name,
+                    "main": t.tid == p.pid,
+                    "started_by": t.started_by,
                     "cpu_pct": round(100.0 * ticks / tck / seconds, 1),
                     "cores": sorted(cores.get(key, set())),
-                    "allowed": p.get("cpus"),
+                    "allowed": p.cpus,
                 }
             )
     threads.sort(key=lambda t: -t["cpu_pct"])

@@ -35,34 +35,37 @@ import pandas as pd
 from connector_tax.analysis.cellstats import join_worker_records
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Measurement, Study, StudyRefused, load_study
+from connector_tax.contract.records import RequestRecord, StepRecord, columns
 
 
 class CalibrationError(ValueError):
     """The input cannot be calibrated from (or checked against); str() is one line."""
 
 
-STEP_FIELDS = {
-    "t_ns": "int",
-    "step_duration_us": "float",
-    "build_meta_us": "float",
-    "get_finished_us": "float",
-    "start_load_kv_us": "float",
-    "engine_step_us": "float",
-    "worker_step_us": "float",
-    "num_running": "float",
-    "num_waiting": "float",
-    "prefill_tokens": "float",
-    "decode_tokens": "float",
-}
-REQUEST_FIELDS = {
-    "t_send_ns": "int",
-    "t_first_token_ns": "int",
-    "t_last_token_ns": "int",
-    "completion_tokens": "int",
-    "input_len": "int",
-    "warmup": "bool",
-    "status": "str",
-}
+# Counts are read as floats (NaN where a record cannot know them): the fit does arithmetic on them.
+_STEP_COUNTS = ("num_running", "num_waiting", "prefill_tokens", "decode_tokens")
+STEP_FIELDS = columns(
+    StepRecord,
+    "t_ns",
+    "step_duration_us",
+    "build_meta_us",
+    "get_finished_us",
+    "start_load_kv_us",
+    "engine_step_us",
+    "worker_step_us",
+    *_STEP_COUNTS,
+    floats=_STEP_COUNTS,
+)
+REQUEST_FIELDS = columns(
+    RequestRecord,
+    "t_send_ns",
+    "t_first_token_ns",
+    "t_last_token_ns",
+    "completion_tokens",
+    "input_len",
+    "warmup",
+    "status",
+)
 # Busy-loop gaps longer than this are the engine waiting for work, not its loop's own time.
 MAX_GAP_US = 50_000.0
 

@@ -316,16 +316,16 @@ class RealTimeRun:
         path. This one reads every record back (memory in proportion to the cell: opt-in)."""
         events = list(self.events)
         for r in read_records(self.files.requests):
-            rid = r["request_id"]
-            events.append((r["t_scheduled_ns"], f"LOADGEN_ISSUE_CALLED {rid}"))
-            if r["t_send_ns"]:
-                events.append((r["t_send_ns"], f"HTTP_REQUEST_ISSUED {rid}"))
-            if r["t_first_token_ns"]:
-                events.append((r["t_first_token_ns"], f"FIRST_CHUNK {rid}"))
-            if r["t_last_token_ns"]:
-                events.append((r["t_last_token_ns"], f"COMPLETE {rid} {r['status']}"))
-            elif r["status"] != "ok":
-                events.append((r["t_scheduled_ns"], f"COMPLETE {rid} {r['status']}"))
+            rid = r.request_id
+            events.append((r.t_scheduled_ns, f"LOADGEN_ISSUE_CALLED {rid}"))
+            if r.t_send_ns:
+                events.append((r.t_send_ns, f"HTTP_REQUEST_ISSUED {rid}"))
+            if r.t_first_token_ns:
+                events.append((r.t_first_token_ns, f"FIRST_CHUNK {rid}"))
+            if r.t_last_token_ns:
+                events.append((r.t_last_token_ns, f"COMPLETE {rid} {r.status}"))
+            elif r.status != "ok":
+                events.append((r.t_scheduled_ns, f"COMPLETE {rid} {r.status}"))
         events.append((self.rules.warm_end, "STOP_WARMUP"))
         with open(self.files.events, "w", encoding="utf-8") as f:
             for t_ns, text in sorted(events):

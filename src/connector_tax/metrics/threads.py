@@ -22,16 +22,16 @@ file per thread per sample (about 100 threads for vLLM on CPU).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import psutil
+
+from connector_tax.contract.records import ProcessSample, ThreadCpu, ThreadSample, encode_line
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -53,7 +53,7 @@ def _stat(path: str) -> tuple[str, list[str]] | None:
 _PPID, _UTIME, _STIME, _PROCESSOR = 4 - 3, 14 - 3, 15 - 3, 39 - 3
 
 
-def sample_process(pid: int, labels: dict[str, str] | None = None) -> dict[str, Any] | None:
+def sample_process(pid: int, labels: dict[str, str] | None = None) -> ProcessSample | None:
     """One process's threads now; None if it is gone."""
     head = _stat(f"/proc/{pid}/stat")
     if head is None:
@@ -73,27 +73,20 @@ def sample_process(pid: int, labels: dict[str, str] | None = None) -> dict[str, 
         if st is None or len(st[1]) <= _PROCESSOR:
             continue
         tname, tf = st
-        entry: dict[str, Any] = {
-            "tid": tid,
-            "name": tname,
-            "user": int(tf[_UTIME]),
-            "system": int(tf[_STIME]),
-            "core": int(tf[_PROCESSOR]),
-        }
-        if labels and str(tid) in labels:
-            entry["started_by"] = labels[str(tid)]
-        threads.append(entry)
-    return {"pid": pid, "ppid": int(fields[_PPID]), "name": name, "cpus": cpus, "threads": threads}
+        started_by = labels.get(str(tid)) if labels else None
+        threads.append(ThreadCpu(tid, tname, int(tf[_UTIME]), int(tf[_STIME]), int(tf[_PROCESSOR]), started_by))
+    return ProcessSample(pid, int(fields[_PPID]), name, cpus, threads)
 
 
-def sample_tree(root: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """Every thread of `root` and its descendants, as one record (without t_ns)."""
+def sample_tree(root: int, labels: dict[str, str] | None = None) -> ThreadSample:
+    """Every thread of `root` and its descendants, now, as one record."""
+    t_ns = time.monotonic_ns()
     try:
         pids = [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
     except psutil.Error as exc:
-        return {"clk_tck": CLK_TCK, "error": f"{type(exc).__name__}: {exc}", "procs": []}
+        return ThreadSample(t_ns, CLK_TCK, error=f"{type(exc).__name__}: {exc}")
     procs = [p for p in (sample_process(pid, labels) for pid in pids) if p is not None]
-    return {"clk_tck": CLK_TCK, "procs": procs}
+    return ThreadSample(t_ns, CLK_TCK, procs)
 
 
 class ThreadSampler:
@@ -118,7 +111,7 @@ class ThreadSampler:
 
     def __enter__(self) -> ThreadSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._out = open(self.path, "w", encoding="utf-8")
+        self._out = open(self.path, "wb")
         self._thread.start()
         return self
 
@@ -134,8 +127,7 @@ class ThreadSampler:
             labels = self.labels()
         except Exception:  # noqa: BLE001 - a label is a nicety, a sample is not
             labels = {}
-        line = {"t_ns": time.monotonic_ns(), **sample_tree(self.root_pid, labels)}
-        self._out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._out.write(encode_line(sample_tree(self.root_pid, labels)))
         self._out.flush()
         self.samples += 1
 

@@ -34,6 +34,7 @@ from typing import IO, Any
 from connector_tax.atomic import write_json
 from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
+from connector_tax.contract.records import encode_line
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
@@ -101,7 +102,7 @@ class VirtualTimeRun:
         # (heap of (time, index, request) on its way), its tokens the client `egress` after their step.
         self.api = ApiDelays(settings.api, opts.seed ^ zlib.crc32(cell.key.encode()))
         self.on_the_way: list[tuple[int, int, SimRequest]] = []
-        self.steps: IO[str] = open(files.engine_step, "w", encoding="utf-8")
+        self.steps: IO[bytes] = open(files.engine_step, "wb")
         self.metrics: IO[str] = open(files.metrics, "w", encoding="utf-8")
         self.tokens = {"prompt": 0, "generation": 0}
         labels = ",".join(f'{k}="{v}"' for k, v in cache_config_labels(self.core).items())
@@ -194,7 +195,7 @@ class VirtualTimeRun:
             return False
         self.sample_until(self.now, result)
         # Stamped at its start, as the instrumentation and the real-time runner stamp a step.
-        self.steps.write(json.dumps(step_record(result, self.now), separators=(",", ":")) + "\n")
+        self.steps.write(encode_line(step_record(result, self.now)))
         end = self.now + int(result.cost.duration_us * 1000)
         self.now += int(result.cost.period_us * 1000)  # the step, then the engine loop's gap
         self.tokens["prompt"] += result.prefill_tokens

@@ -9,10 +9,9 @@ worker records.
 
 from __future__ import annotations
 
-import json
 from typing import IO
 
-from connector_tax.contract.records import STEP_LOG_ENV
+from connector_tax.contract.records import STEP_LOG_ENV, StepRecord, encode_line
 from connector_tax.sim.engine import StepResult
 
 __all__ = ["STEP_LOG_ENV", "StepLog", "step_record"]
@@ -22,36 +21,36 @@ def _us(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def step_record(result: StepResult, t_ns: int) -> dict[str, object]:
+def step_record(result: StepResult, t_ns: int) -> StepRecord:
     """One step: the design's fields, then what only the simulator knows."""
     cost = result.cost
-    return {
-        "t_ns": t_ns,
-        "step_id": result.step_id,
-        "step_duration_us": _us(cost.schedule_us),
-        "build_meta_us": _us(cost.build_meta_us),
-        "get_finished_us": _us(cost.get_finished_us),
-        "start_load_kv_us": _us(cost.start_load_kv_us),
-        "num_running": result.num_running,
-        "num_waiting": result.num_waiting,
-        "prefill_tokens": result.prefill_tokens,
-        "decode_tokens": result.decode_tokens,
-        "engine_step_us": _us(cost.duration_us),
-        "forward_us": _us(cost.forward_us),
-        "num_preempted": result.num_preempted,
-        "kv_cache_usage": round(result.kv_cache_usage, 6),
-        "source": "sim",
-    }
+    return StepRecord(
+        t_ns=t_ns,
+        step_id=result.step_id,
+        step_duration_us=_us(cost.schedule_us),
+        build_meta_us=_us(cost.build_meta_us),
+        get_finished_us=_us(cost.get_finished_us),
+        start_load_kv_us=_us(cost.start_load_kv_us),
+        num_running=result.num_running,
+        num_waiting=result.num_waiting,
+        prefill_tokens=result.prefill_tokens,
+        decode_tokens=result.decode_tokens,
+        engine_step_us=_us(cost.duration_us),
+        forward_us=_us(cost.forward_us),
+        num_preempted=result.num_preempted,
+        kv_cache_usage=round(result.kv_cache_usage, 6),
+        source="sim",
+    )
 
 
 class StepLog:
     """Appends one line per step and flushes it, so a crash loses no completed step."""
 
     def __init__(self, path: str) -> None:
-        self._file: IO[str] = open(path, "a", encoding="utf-8")
+        self._file: IO[bytes] = open(path, "ab")
 
     def write(self, result: StepResult, t_ns: int) -> None:
-        self._file.write(json.dumps(step_record(result, t_ns), separators=(",", ":")) + "\n")
+        self._file.write(encode_line(step_record(result, t_ns)))
         self._file.flush()
 
     def close(self) -> None:
