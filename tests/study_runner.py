@@ -111,9 +111,9 @@ def sealed_cells(folder: Path, config: dict[str, Any]) -> dict[str, str | None]:
             for replicate in range(1, study.workload.replicates + 1):
                 for cell in planned_cells(study, variant["name"], launch_phase, reference, replicate):
                     files = layout.phase(variant["name"], cell.phase, replicate).cell(cell.label)
-                    summary = read_summary(files) or {}
+                    summary = read_summary(files)
                     key = f"{launch_label(variant['name'], replicate)}/{cell.key}"
-                    out[key] = summary.get("sealed") if summary.get("complete") else None
+                    out[key] = summary.sealed if summary is not None and summary.complete else None
     return out
 
 

@@ -81,7 +81,7 @@ def test_both_clocks_send_every_variant_the_same_requests(tmp_path):
     cell = dataclasses.replace(base, shape=mix, duration_s=2.0, min_completed=5, warmup_s=0.5)
     plain_summary, plain = _virtual(tmp_path, "plain", cell)
     _, mooncake = _virtual(tmp_path, "mooncake_both", cell)
-    assert plain_summary["traffic_seed"] == cell.seed and plain_summary["replicate"] == 1
+    assert plain_summary.traffic_seed == cell.seed and plain_summary.replicate == 1
     sent = [(r["t_scheduled_ns"] - T0, r["input_len"], r["output_len"]) for r in plain]
     assert sent == [(r["t_scheduled_ns"] - T0, r["input_len"], r["output_len"]) for r in mooncake]
     assert len({s[1] for s in sent}) == 2  # the mix drew both shapes

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from study_runner import TINY, write_config
 from synthetic_study import SyntheticSpec, write_study
@@ -27,6 +28,7 @@ from connector_tax.analysis.saturation import cell_criteria, reference_rates
 from connector_tax.config import PHASE_A, default_saturation, default_validity, load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex, read_summary, verify_cell
+from connector_tax.contract.summary import CellSummary, HostReport, Verdict, to_builtins, write_summary
 from connector_tax.metrics.host import not_measured
 from connector_tax.pipeline.gate import SELF_STARVED, judge, perturbation, remeasure_reason
 from connector_tax.pipeline.measure import measure
@@ -40,7 +42,7 @@ def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
     return {"name": name, "value": value, "threshold": threshold, "passed": value <= threshold}
 
 
-def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> dict[str, Any]:
+def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> CellSummary:
     failed = [c for c in checks if not c["passed"]]
     summary: dict[str, Any] = {
         "validity": {
@@ -52,7 +54,7 @@ def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float |
         "complete": True,
     }
     if others is None:
-        summary["host"] = not_measured("virtual time")
+        summary["host"] = msgspec.to_builtins(not_measured("virtual time"))
     else:
         busy = others > V.max_others_cpu_frac
         summary["host"] = {
@@ -63,7 +65,7 @@ def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float |
             "checks": [_check("others_cpu_frac", others, V.max_others_cpu_frac), _check("steal_frac", 0.0, 0.05)],
             "reasons": [f"host busy: others_cpu_frac {others} > 0.1"] if busy else [],
         }
-    return summary
+    return msgspec.convert(summary, CellSummary)
 
 
 # --------------------------------------------------------------------------- the gate
@@ -72,31 +74,31 @@ def _summary(*checks: dict[str, Any], others: float | None = 0.01, peak: float |
 def test_a_busy_host_makes_a_punctual_cell_invalid_and_is_a_perturbation() -> None:
     s = _summary(_check("lateness_gap_frac", 0.01, 0.1), others=0.45)
     v = judge(s, V)
-    assert v["instrument_valid"] is True and v["host_busy"] is True and v["valid"] is False
-    assert v["reasons"] == ["host busy: others_cpu_frac 0.45 > 0.1"]
-    assert v["perturbation"] == pytest.approx(4.5)
+    assert v.instrument_valid is True and v.host_busy is True and v.valid is False
+    assert v.reasons == ["host busy: others_cpu_frac 0.45 > 0.1"]
+    assert v.perturbation == pytest.approx(4.5)
     assert remeasure_reason(s).startswith("perturbed: host busy")
 
 
 def test_a_quiet_host_and_a_punctual_instrument_pass() -> None:
     s = _summary(_check("lateness_gap_frac", 0.01, 0.1), _check("lateness_ttft_frac", 0.003, 0.02))
     v = judge(s, V)
-    assert v["valid"] and v["host_busy"] is False and v["perturbation"] == 0.0
+    assert v.valid and v.host_busy is False and v.perturbation == 0.0
     assert remeasure_reason(s) is None
 
 
 def test_virtual_time_has_no_host_and_no_fake_number() -> None:
     s = _summary(_check("lateness_gap_frac", 0.0, 0.1), others=None)
     v = judge(s, V)
-    assert v["valid"] and v["host_busy"] is None
-    assert not any(c["name"].startswith("host_") for c in v["checks"])
-    assert s["host"] == {"measured": False, "why": "virtual time", "busy": None, "reasons": [], "checks": []}
+    assert v.valid and v.host_busy is None
+    assert not any(c.name.startswith("host_") for c in v.checks)
+    assert s.host == HostReport(measured=False, why="virtual time", busy=None, reasons=[], checks=[])
 
 
 def test_the_servers_own_errors_are_not_measured_again() -> None:
     s = _summary(_check("error_frac", 0.3, 0.01))
     judge(s, V)
-    assert s["validity"]["valid"] is False and remeasure_reason(s) is None
+    assert s.validity.valid is False and remeasure_reason(s) is None
     # ...and a cell that is late as well as erroring is not either: the errors would stay
     s = _summary(_check("error_frac", 0.3, 0.01), _check("lateness_gap_frac", 0.5, 0.1))
     judge(s, V)
@@ -108,35 +110,38 @@ def test_an_instrument_late_on_an_otherwise_quiet_host_is_not_measured_again() -
     # the reason, and neither another attempt nor the next run would find anything else
     s = _summary(_check("lateness_gap_frac", 2.5, 0.1), _check("lateness_ttft_frac", 1.0, 0.02), others=0.02)
     v = judge(s, V)
-    assert v["valid"] is False and v["host_busy"] is False and v["perturbation"] > 1
-    assert v["reasons"][-1] == SELF_STARVED and remeasure_reason(s) is None
-    assert judge(s, V)["reasons"].count(SELF_STARVED) == 1  # judged again: said once
+    assert v.valid is False and v.host_busy is False and v.perturbation > 1
+    assert v.reasons[-1] == SELF_STARVED and remeasure_reason(s) is None
+    assert judge(s, V).reasons.count(SELF_STARVED) == 1  # judged again: said once
     # the same lateness on a busy host, beside a burst the cell's average hides, or where no host
     # was measured, is measured again
     assert remeasure_reason(_judged(_check("lateness_gap_frac", 2.5, 0.1), others=0.5)).startswith("perturbed")
     burst = _judged(_check("lateness_gap_frac", 2.5, 0.1), others=0.04, peak=0.9)
-    assert burst["validity"]["host_busy"] is False and remeasure_reason(burst).startswith("perturbed")
+    assert burst.validity.host_busy is False and remeasure_reason(burst).startswith("perturbed")
     unmeasured = _summary(_check("lateness_gap_frac", 2.5, 0.1))
-    del unmeasured["host"]
+    unmeasured.host = None
     judge(unmeasured, V)
     assert remeasure_reason(unmeasured).startswith("perturbed: lateness_gap_frac")
 
 
-def _judged(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> dict[str, Any]:
+def _judged(*checks: dict[str, Any], others: float | None = 0.01, peak: float | None = None) -> CellSummary:
     s = _summary(*checks, others=others, peak=peak)
     judge(s, V)
     return s
 
 
 def test_perturbation_is_the_worst_multiple_of_a_bound() -> None:
-    v = {
-        "checks": [
-            _check("lateness_ttft_frac", 0.1, 0.02),  # 5x
-            _check("host_others_cpu_frac", 0.3, 0.1),  # 3x
-            _check("unissued", 2, 0),  # 1 + 2
-            _check("error_frac", 0.5, 0.01),  # not a perturbation
-        ]
-    }
+    v = msgspec.convert(
+        {
+            "checks": [
+                _check("lateness_ttft_frac", 0.1, 0.02),  # 5x
+                _check("host_others_cpu_frac", 0.3, 0.1),  # 3x
+                _check("unissued", 2, 0),  # 1 + 2
+                _check("error_frac", 0.5, 0.01),  # not a perturbation
+            ]
+        },
+        Verdict,
+    )
     assert perturbation(v) == pytest.approx(5.0)
 
 
@@ -146,7 +151,7 @@ def test_perturbation_is_the_worst_multiple_of_a_bound() -> None:
 class ScriptedRunner:
     """A runner whose cells come out as scripted: per cell label, one summary per attempt."""
 
-    def __init__(self, script: dict[str, list[dict[str, Any]]]) -> None:
+    def __init__(self, script: dict[str, list[CellSummary]]) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.runs: list[str] = []
 
@@ -163,9 +168,9 @@ class ScriptedRunner:
 
     def run(self, cell, staging, t0_ns, precision, give_up, waiting):  # noqa: ANN001
         self.runs.append(cell.label)
-        summary = json.loads(json.dumps(self.script[cell.label].pop(0)))
+        summary = msgspec.convert(msgspec.to_builtins(self.script[cell.label].pop(0)), CellSummary)  # a copy
         staging.requests.write_text('{"request_id": "x"}\n')
-        staging.summary.write_text(json.dumps(summary))
+        write_summary(staging.summary, summary)
         staging.host.write_text('{"t_ns": 1}\n')
         return summary, None
 
@@ -196,12 +201,12 @@ def test_a_perturbed_cell_is_measured_again_and_the_least_perturbed_attempt_stan
     runner = _run(tiny, {"r4": [busy(0.5), busy(0.2), busy(0.9)], "r8": [busy(0.4), quiet]})
     assert runner.runs == ["r4", "r4", "r4", "r8", "r8"]
     folder = layout.phase("plain", PHASE_A)
-    r4 = read_summary(folder.cell("r4"))
+    r4 = to_builtins(read_summary(folder.cell("r4")))
     assert r4["validity"]["valid"] is False and r4["host"]["others_cpu_frac"] == 0.2  # attempt 2 stands
     assert [a["attempt"] for a in r4["attempts"]] == [1, 2, 3]
     assert r4["attempts"][0]["measured_again_because"].startswith("perturbed: host busy")
     assert verify_cell(folder.cell("r4"))[0] and folder.cell("r4").host.exists()
-    r8 = read_summary(folder.cell("r8"))
+    r8 = to_builtins(read_summary(folder.cell("r8")))
     assert r8["validity"]["valid"] is True and len(r8["attempts"]) == 2
     aside = sorted(p.name for p in folder.superseded_root.iterdir())
     assert [n.split(".")[1] for n in aside] == ["perturbed-1", "perturbed-3", "perturbed-1"]

@@ -25,6 +25,7 @@ from connector_tax.config import (
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
 from connector_tax.contract.index import IndexEntry, PhaseIndex, read_index, seal_cell, verify_cell
+from connector_tax.contract.summary import SUMMARY_SCHEMA, FileCount, decode_summary, to_builtins
 from connector_tax.loadgen.shapes import ShapeSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,10 +150,8 @@ def test_a_sealed_cell_vouches_for_its_files_and_their_sizes(tmp_path) -> None:
     layout = StudyLayout(tmp_path / "study")
     staging, final = _staged_cell(layout)
     summary = seal_cell(staging, final, "f" * 64)
-    assert summary["files"]["requests"]["records"] == 2 and summary["files"]["engine_step"] == {
-        "bytes": 0,
-        "records": 0,
-    }
+    assert summary.files is not None
+    assert summary.files["requests"].records == 2 and summary.files["engine_step"] == FileCount(0, 0)
     assert not staging.folder.exists() and not staging.folder.parent.exists()
     assert {p.name for p in final.existing()} == {
         "requests_phase_a_r4.jsonl",
@@ -203,3 +202,27 @@ def test_the_index_round_trips_and_rejects_another_schema(tmp_path) -> None:
     assert doc["cells_run"] == ["phase_a/r4"] and doc["simulated"] is True
     path.write_text(json.dumps({**doc, "schema": "something/else"}))
     assert read_index(path) is None
+
+
+def _held(written: object, back: object) -> bool:
+    """Every key and value of `written` is in `back` (which may have more keys: new defaults)."""
+    if isinstance(written, dict) and isinstance(back, dict):
+        return all(k in back and _held(v, back[k]) for k, v in written.items())
+    if isinstance(written, list) and isinstance(back, list):
+        return len(written) == len(back) and all(_held(a, b) for a, b in zip(written, back))
+    return written == back
+
+
+def test_a_summary_sealed_before_the_typed_record_reads_whole() -> None:
+    """A sealed summary as the pipeline wrote it before CellSummary existed (a simulated Phase A
+    cell): it decodes, every field it holds comes back unchanged, and a summary with fewer fields
+    (an older writer) or more (a newer one) decodes too."""
+    raw = (Path(__file__).parent / "data" / "sealed_summary_before_types.json").read_bytes()
+    summary = decode_summary(raw)
+    assert summary.schema == SUMMARY_SCHEMA and summary.complete and summary.files is not None
+    assert summary.validity.host_busy is True and summary.host is not None and summary.host.busy  # a busy host
+    assert _held(json.loads(raw), to_builtins(summary))  # every value written comes back
+    old = decode_summary(json.dumps({"complete": True, "counts": {"ok": 2}, "a_field_from_later": 1}))
+    assert old.counts.ok == 2 and old.counts.error == 0 and old.validity.valid and old.host is None
+    with pytest.raises(ValueError, match="not a cell summary"):
+        decode_summary(json.dumps({"counts": {"ok": "two"}}))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from connector_tax.config import Cell, default_validity
+from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
@@ -89,7 +90,7 @@ def test_cell_state_is_flat_in_the_number_of_requests() -> None:
         assert stats.itl.count == n * 63 and not stats.itl.exact
         sizes.append(stats.nbytes())
     assert sizes[1] <= sizes[0] * 1.1, sizes
-    summary = stats.summary({"cell": "c"}, 0, 60_000 * MS, {}, default_validity())
+    summary = to_builtins(stats.summary({"cell": "c"}, 0, 60_000 * MS, {}, default_validity()))
     assert summary["latency_ms"]["itl"]["p50"] == pytest.approx(1.0, rel=REL_ERR)
     assert summary["latency_ms"]["itl"]["approx_rel_err"] == REL_ERR
     assert summary["latency_ms"]["ttft"]["p99"] == pytest.approx(5.0 - 0.001, rel=REL_ERR)
@@ -116,7 +117,7 @@ def test_results_are_matched_by_cell_and_request_id(tmp_path: Path) -> None:
     assert records[0].error == "unmatched result from cell 's_c#1' index 0: another cell run"
     assert records[1].error.startswith("unmatched result from cell 's_c#2' index 0: no request")
     assert records[2].cell == "s_c#2" and records[2].t_scheduled_ns == 5
-    summary = stats.summary({"cell": "c"}, 0, 100, {}, default_validity())
+    summary = to_builtins(stats.summary({"cell": "c"}, 0, 100, {}, default_validity()))
     assert summary["counts"]["unmatched"] == 2 and summary["counts"]["ok"] == 1
     assert "unmatched_results 2.0 > 0" in summary["validity"]["reasons"]
 
@@ -151,6 +152,7 @@ def test_a_rate_the_generator_cannot_issue_ends_on_the_wall_clock(tmp_path: Path
             tmp_path,
         )
         took = time.monotonic() - t
+    summary = to_builtins(summary)
     # planned end + drain timeout, + 5 s for a loaded host's set-up and scheduling: issuing all
     # 600,000 requests instead would take tens of seconds
     assert took < 0.3 + 1.0 + 5.0, took

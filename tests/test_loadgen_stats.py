@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from connector_tax.config import Validity, default_validity, load_config
+from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.records import RequestRecord
 from connector_tax.loadgen.stats import summarize
 
@@ -21,7 +22,7 @@ def _ok(i: int, t_send: int, e2e: int | None) -> RequestRecord:
 
 
 def _summary(records: list[RequestRecord]) -> dict:
-    return summarize({"cell": "c"}, records, [], 0, 1000 * MS, {}, default_validity())
+    return to_builtins(summarize({"cell": "c"}, records, [], 0, 1000 * MS, {}, default_validity()))
 
 
 def test_completions_counted_over_the_window_shifted_by_the_median_e2e() -> None:
@@ -49,7 +50,7 @@ def _late(rate: float, late_us: float, ttft_ms: float, n: int = 200) -> dict:
         send = sched + int(late_us * 1e3)
         first = send + int(ttft_ms * MS)
         records.append(RequestRecord(f"r-{i}", sched, send, first, first + MS, 8, 4, 0, False, "ok", None, 8, 4))
-    return summarize({"cell": "c", "rate": rate}, records, [], 0, n * gap, {}, default_validity())
+    return to_builtins(summarize({"cell": "c", "rate": rate}, records, [], 0, n * gap, {}, default_validity()))
 
 
 def _check(summary: dict, name: str) -> dict:
@@ -101,7 +102,7 @@ def test_no_absolute_lateness_bound_unless_configured() -> None:
         )
         for i in range(100)
     ]
-    judged = summarize({"cell": "c", "rate": 16}, records, [], 0, 100 * gap, {}, strict)
+    judged = to_builtins(summarize({"cell": "c", "rate": 16}, records, [], 0, 100 * gap, {}, strict))
     assert not _check(judged, "lateness_p99_us")["passed"]
 
 

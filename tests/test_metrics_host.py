@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import psutil
 import pytest
 
@@ -142,7 +143,7 @@ def test_a_real_busy_process_is_seen_as_contention() -> None:
         with HostSampler(None, Study(job.pid), 0.5, default_validity()) as sampler:
             time.sleep(2.0)
         after = sum(psutil.Process(hog.pid).cpu_times()[:2])
-        report = sampler.report()
+        report = msgspec.to_builtins(sampler.report())
     finally:
         hog.kill()
         job.kill()

@@ -10,6 +10,7 @@ import pytest
 
 from connector_tax.config import Cell
 from connector_tax.contract.layout import CellFiles
+from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.virtual_run import VirtualTimeRun
@@ -27,7 +28,7 @@ def run(tmp_path: Path, cell: Cell, enough=lambda: True, give_up=lambda: False, 
     files = CellFiles(tmp_path / cell.label, cell.phase, cell.label)
     waiting: list[tuple[float, float]] = []
     options = LoadgenOptions(url="virtual:", model="m", seed=3, **opts)
-    summary = VirtualTimeRun(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0).run()
+    summary = to_builtins(VirtualTimeRun(settings(), cell, options, files, T0, enough, give_up, waiting, 1.0).run())
     records = [json.loads(line) for line in files.requests.read_text().splitlines()]
     return summary, records, files, waiting
 

@@ -11,6 +11,7 @@ import msgspec
 from sim_server import MODEL
 
 from connector_tax.config import Cell
+from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.records import read_records
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
 
@@ -52,7 +53,7 @@ def options(url: str, **kw: Any) -> LoadgenOptions:
 
 def run(gen: LoadGenerator, out: Path, label: str, **kw: Any) -> tuple[dict, list[dict]]:
     cell = Cell(**{"phase": "s", "label": label, "shape": SHAPE, "warmup_s": 0.0, **kw})
-    summary = gen.run_cell(cell, out)
+    summary = to_builtins(gen.run_cell(cell, out))
     records = [msgspec.structs.asdict(r) for r in read_records(out / f"requests_s_{label}.jsonl")]
     assert json.loads((out / f"summary_s_{label}.json").read_text()) == summary
     return summary, records

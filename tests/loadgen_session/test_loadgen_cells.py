@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 from loadgen_common import (
     RECORD_KEYS,
@@ -209,7 +210,7 @@ def test_pinning_is_given_back_so_the_next_generator_plans_the_same(sims: dict[s
 def test_summary_says_whether_the_cpu_latency_limit_held(basic: tuple[dict, list[dict]], gen) -> None:
     summary, _ = basic
     held = summary["cpu_latency"]
-    assert held == gen.cpu_latency.state.describe()
+    assert held == msgspec.to_builtins(gen.cpu_latency.state.describe())
     assert held["requested_us"] == 0
     # Root may still be refused the device (a container's device policy): either outcome is
     # fine, as long as the summary says which.

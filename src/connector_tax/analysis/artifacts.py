@@ -73,7 +73,7 @@ def runtime_of(study: Any) -> dict[str, Any]:
         "scope": "phase runs (run.json started/finished); preflight and analysis not included",
     }
     cells = [c.summary for run in study.runs.values() for c in run.cells if c.summary]
-    if cells and all(s.get("clock") == "virtual" for s in cells):
+    if cells and all(s.clock == "virtual" for s in cells):
         # The study took seconds here; what it models is its cells' time on the modelled hardware.
-        out["simulated_cell_hours"] = sum(float(s.get("wall_s") or 0.0) for s in cells) / 3600.0
+        out["simulated_cell_hours"] = sum(s.wall_s or 0.0 for s in cells) / 3600.0
     return out

@@ -25,6 +25,7 @@ from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
 from connector_tax.analysis.streams import stream_stats
 from connector_tax.config import PHASE_A
 from connector_tax.contract.records import MetricsSample, RequestRecord, StepRecord, columns
+from connector_tax.contract.summary import Percentiles, Rates
 
 REQUEST_FIELDS = columns(
     RequestRecord,
@@ -307,25 +308,24 @@ def _f(value: Any) -> float | None:
 
 
 def summary_fields(cell: Measurement, fallback: dict[str, Any]) -> dict[str, Any]:
-    s = cell.summary or {}
-    rates = s.get("rates") if isinstance(s.get("rates"), dict) else {}
-    validity = s.get("validity") if isinstance(s.get("validity"), dict) else {}
-    itl = ((s.get("latency_ms") or {}).get("itl") or {}) if isinstance(s.get("latency_ms"), dict) else {}
-    requested = _f(rates.get("requested_rps")) or cell.rate
+    s = cell.summary
+    rates = s.rates if s is not None else Rates()
+    itl = s.latency_ms.itl if s is not None else Percentiles()
+    requested = rates.requested_rps or cell.rate
     row: dict[str, Any] = {
-        "valid": bool(validity["valid"]) if "valid" in validity else None,
-        "validity_reasons": "; ".join(str(x) for x in validity.get("reasons") or []),
-        "complete": bool(s["complete"]) if "complete" in s else None,
+        "valid": s.validity.valid if s is not None else None,
+        "validity_reasons": "; ".join(s.validity.reasons) if s is not None else "",
+        "complete": s.complete if s is not None else None,
         "requested_rps": requested,
-        "offered_rps": _f(rates.get("offered_in_window_rps")),
-        "achieved_dispatch_rps": _f(rates.get("achieved_dispatch_rps")),
-        "effective_rps": _f(rates.get("effective_throughput_rps")),
-        "throughput_ratio": _f(rates.get("throughput_ratio")),
+        "offered_rps": rates.offered_in_window_rps,
+        "achieved_dispatch_rps": rates.achieved_dispatch_rps,
+        "effective_rps": rates.effective_throughput_rps,
+        "throughput_ratio": rates.throughput_ratio,
         "rates_source": "summary",
-        "itl_ms_n": itl.get("n"),
-        "itl_ms_p50": _f(itl.get("p50")),
-        "itl_ms_p90": _f(itl.get("p90")),
-        "itl_ms_p99": _f(itl.get("p99")),
+        "itl_ms_n": itl.n if s is not None else None,
+        "itl_ms_p50": itl.p50,
+        "itl_ms_p90": itl.p90,
+        "itl_ms_p99": itl.p99,
     }
     if row["effective_rps"] is None and fallback:
         row.update(
@@ -336,16 +336,16 @@ def summary_fields(cell: Measurement, fallback: dict[str, Any]) -> dict[str, Any
         )
         if row["offered_rps"]:
             row["throughput_ratio"] = row["effective_rps"] / row["offered_rps"]
-    host = s.get("host") if isinstance(s.get("host"), dict) else {}
-    attempts = s.get("attempts") if isinstance(s.get("attempts"), list) else []
+    host = s.host if s is not None else None
+    measured = host is not None and host.measured
     row.update(
-        host_measured=host.get("measured") if host else None,
-        host_busy=host.get("busy") if host.get("measured") else None,
-        host_others_cpu_frac=_f(host.get("others_cpu_frac")),
-        host_others_cores_max=_f(host.get("others_cores_max")),
-        host_steal_frac=_f(host.get("steal_frac")),
-        host_run_queue_mean=_f(host.get("run_queue_mean")),
-        attempts=len(attempts) or (1 if s else None),
+        host_measured=host.measured if host is not None else None,
+        host_busy=host.busy if host is not None and measured else None,
+        host_others_cpu_frac=host.others_cpu_frac if host is not None else None,
+        host_others_cores_max=host.others_cores_max if host is not None else None,
+        host_steal_frac=host.steal_frac if host is not None else None,
+        host_run_queue_mean=host.run_queue_mean if host is not None else None,
+        attempts=(len(s.attempts) or 1) if s is not None else None,
     )
     if row["effective_rps"] is None:
         row["rates_source"] = None
@@ -384,7 +384,7 @@ def cell_row(
         backend=backend,
         simulated=simulated,
         run_status=run_status,
-        fingerprint=(cell.summary or {}).get("fingerprint"),
+        fingerprint=cell.summary.fingerprint if cell.summary is not None else None,
     )
     req, window, fallback = request_stats(cell, series)
     row.update(req)

@@ -45,7 +45,8 @@ from connector_tax.config import (
 )
 from connector_tax.contract import CellFiles, StudyLayout, phase_folder
 from connector_tax.contract.fingerprint import canonical, cell_settings, differences, fingerprint, launch_settings
-from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, verify_cell
+from connector_tax.contract.index import COMPLETE, PRUNED, PhaseIndex, read_index, read_summary, verify_cell
+from connector_tax.contract.summary import CellSummary
 
 # Launch settings the config determines (argv and server versions are facts of the launch).
 _CONFIG_LAUNCH_KEYS = ("backend", "model", "variant", "server", "sim", "vllm", "openai")
@@ -64,7 +65,7 @@ class Measurement:
     label: str
     files: CellFiles
     planned: Cell
-    summary: dict[str, Any] | None = None
+    summary: CellSummary | None = None
 
     @property
     def folder(self) -> Path:
@@ -209,7 +210,7 @@ def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None
 
 def _usable(
     config: dict[str, Any], index: PhaseIndex, cell: Cell, files: CellFiles, where: str
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[CellSummary | None, str | None]:
     """(sealed summary, None) for a usable cell, (None, why) for one that is not; raises
     StudyRefused when the cell on record was planned with other settings."""
     entry = index.cell(cell.phase, cell.label)
@@ -228,7 +229,7 @@ def _usable(
     ok, why = verify_cell(files, entry.fingerprint)
     if not ok:
         return None, f"incomplete: {why}"
-    return read_json(files.summary), None
+    return read_summary(files), None
 
 
 def _ignored(

@@ -233,7 +233,7 @@ def check(
     overlap = [
         c.key
         for c in measured_cells
-        if fitted.get((c.variant, c.phase, c.label)) == (c.summary or {}).get("fingerprint")
+        if c.summary is not None and fitted.get((c.variant, c.phase, c.label)) == c.summary.fingerprint
     ]
     result = CheckResult(
         study=study.name,

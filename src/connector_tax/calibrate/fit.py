@@ -311,7 +311,7 @@ def _timing(data: StudyData) -> dict[str, Any]:
                 skip_jobs.append(s)
                 continue
             cells = [c for c in data.cells if c.variant == name and LAUNCH_OF[c.phase] == phase]
-            walls = sum(float(c.summary.get("wall_s") or 0.0) for c in cells)
+            walls = sum(c.summary.wall_s or 0.0 for c in cells)
             overheads.append(s - walls - CELL_FIXED_S * len(cells))
     out: dict[str, Any] = {"source": f"study {data.study.name} on {platform.node()}"}
     if launched:

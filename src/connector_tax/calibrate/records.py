@@ -36,6 +36,7 @@ from connector_tax.analysis.cellstats import join_worker_records
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Measurement, Study, StudyRefused, load_study
 from connector_tax.contract.records import RequestRecord, StepRecord, columns
+from connector_tax.contract.summary import CellSummary
 
 
 class CalibrationError(ValueError):
@@ -79,7 +80,7 @@ class CellData:
     shape: tuple[int, int] | None
     steps: pd.DataFrame
     requests: pd.DataFrame
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: CellSummary = field(default_factory=CellSummary)
 
     @property
     def key(self) -> str:
@@ -256,11 +257,9 @@ def read_study(results_dir: Path, purpose: str = "calibration", simulated_ok: bo
         requests = _requests(cell)
         _context(steps, requests, cell.shape, block_size)
         _api(steps, requests)
-        summary = cell.summary or {}
+        summary = cell.summary or CellSummary()
         cells.append(
-            CellData(
-                cell.variant, cell.phase, cell.label, summary.get("fingerprint"), cell.shape, steps, requests, summary
-            )
+            CellData(cell.variant, cell.phase, cell.label, summary.fingerprint, cell.shape, steps, requests, summary)
         )
     if not cells:
         raise CalibrationError(f"{results_dir}: the engine-step records hold no engine step")

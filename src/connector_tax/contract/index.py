@@ -19,9 +19,9 @@ from typing import Any
 
 from connector_tax.atomic import write_json
 from connector_tax.contract.layout import CELL_RECORDS, CellFiles, now_iso
+from connector_tax.contract.summary import SUMMARY_SCHEMA, CellSummary, FileCount, read_summary_file, write_summary
 
 INDEX_SCHEMA = "connector-tax/run-index/3"  # 3: `variant` (was `config`)
-SUMMARY_SCHEMA = "connector-tax/cell-summary/2"
 
 # Cell states in the index. A pruned cell was not measured on purpose (Phase A, past the
 # configuration's knee): a final state, like complete, never retried.
@@ -127,38 +127,37 @@ def read_index(path: Path) -> PhaseIndex | None:
         return None
 
 
-def _measure(path: Path) -> dict[str, int]:
+def _measure(path: Path) -> FileCount:
     """Size and record (line) count of a closed file, after it reached the disk."""
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
         records = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
-    return {"bytes": path.stat().st_size, "records": records}
+    return FileCount(path.stat().st_size, records)
 
 
-def read_summary(files: CellFiles) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(files.summary.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+def read_summary(files: CellFiles) -> CellSummary | None:
+    """The cell's summary, or None if it is absent or not one (of any age: see contract.summary)."""
+    return read_summary_file(files.summary)
 
 
 def seal_cell(
     staging: CellFiles,
     final: CellFiles,
     fingerprint: str,
+    summary: CellSummary | None = None,
     *,
     status: str = COMPLETE,
     reason: str | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Move a measured cell from staging into its phase folder, summary last (with `extra`
-    facts of the measurement added). Returns the summary.
+) -> CellSummary:
+    """Move a measured cell from staging into its phase folder, summary last: `summary` (the
+    measuring loop's, with what it added to the load generator's), else the one in staging.
+    Returns the sealed summary.
 
     status "failed" keeps the records for a person to read but the cell is not complete."""
-    summary = {**(read_summary(staging) or {}), **(extra or {})}
+    if summary is None:
+        summary = read_summary(staging) or CellSummary(phase=staging.phase, cell=staging.label)
     final.folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, dict[str, int]] = {}
+    files: dict[str, FileCount] = {}
     for kind in CELL_RECORDS:
         src = staging.path(kind)
         if not src.exists():
@@ -167,19 +166,17 @@ def seal_cell(
     side = [p for p in staging.existing() if p.name not in {staging.path(k).name for k in (*CELL_RECORDS, "summary")}]
     for src in [staging.path(k) for k in CELL_RECORDS] + side:
         os.replace(src, final.folder / src.name)
-    complete = status == COMPLETE and bool(summary.get("complete", True))
+    complete = status == COMPLETE and summary.complete is not False
     if status == COMPLETE and not complete:
         status, reason = FAILED, reason or "the load generator did not finish the cell"
-    summary.update(
-        schema=SUMMARY_SCHEMA,
-        fingerprint=fingerprint,
-        files=files,
-        complete=complete,
-        status=status,
-        reason=reason,
-        sealed=now_iso(),
-    )
-    write_json(final.summary, summary)
+    summary.schema = SUMMARY_SCHEMA
+    summary.fingerprint = fingerprint
+    summary.files = files
+    summary.complete = complete
+    summary.status = status
+    summary.reason = reason
+    summary.sealed = now_iso()
+    write_summary(final.summary, summary)
     shutil.rmtree(staging.folder, ignore_errors=True)
     try:
         staging.folder.parent.rmdir()  # .staging/ itself, once no cell is in flight
@@ -194,14 +191,14 @@ def verify_cell(files: CellFiles, fingerprint: str | None = None) -> tuple[bool,
     summary = read_summary(files)
     if summary is None:
         return False, "no summary" if not files.summary.exists() else "unreadable summary"
-    if summary.get("schema") != SUMMARY_SCHEMA:
+    if summary.schema != SUMMARY_SCHEMA:
         return False, "summary was not sealed by the pipeline"
-    if not summary.get("complete"):
-        return False, f"{summary.get('status') or 'incomplete'}: {summary.get('reason') or 'not complete'}"
-    if fingerprint is not None and summary.get("fingerprint") != fingerprint:
+    if not summary.complete:
+        return False, f"{summary.status or 'incomplete'}: {summary.reason or 'not complete'}"
+    if fingerprint is not None and summary.fingerprint != fingerprint:
         return False, "measured with other settings (fingerprint differs)"
-    vouched = summary.get("files")
-    if not isinstance(vouched, dict) or set(vouched) != set(CELL_RECORDS):
+    vouched = summary.files
+    if vouched is None or set(vouched) != set(CELL_RECORDS):
         return False, "summary does not list its files"
     for kind, expected in vouched.items():
         path = files.path(kind)
@@ -209,8 +206,8 @@ def verify_cell(files: CellFiles, fingerprint: str | None = None) -> tuple[bool,
             size = path.stat().st_size
         except OSError:
             return False, f"{path.name} is missing"
-        if size != expected.get("bytes"):
-            return False, f"{path.name} has {size} bytes, its summary says {expected.get('bytes')}"
+        if size != expected.bytes:
+            return False, f"{path.name} has {size} bytes, its summary says {expected.bytes}"
     return True, ""
 
 

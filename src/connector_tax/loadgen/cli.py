@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config.cells import Cell
+from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen.options import check_cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
@@ -329,17 +330,17 @@ def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> N
         bar.close()
 
 
-def _line(summary: dict[str, Any]) -> str:
-    ttft, tpot = summary["latency_ms"]["ttft"], summary["latency_ms"]["tpot"]
-    rates, counts = summary["rates"], summary["counts"]
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    valid = "valid" if summary["validity"]["valid"] else "INVALID: " + "; ".join(summary["validity"]["reasons"])
+def _line(summary: CellSummary) -> str:
+    ttft, tpot = summary.latency_ms.ttft, summary.latency_ms.tpot
+    rates, counts, v = summary.rates, summary.counts, summary.validity
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    valid = "valid" if v.valid else "INVALID: " + "; ".join(v.reasons)
     return (
-        f"{summary['cell']}: ok={counts['ok']} err={counts['error']} timeout={counts['timeout']} "
-        f"dropped={counts['dropped']} achieved={fmt(rates['achieved_dispatch_rps'])}/s "
-        f"TTFT p50/p90/p99={fmt(ttft['p50'])}/{fmt(ttft['p90'])}/{fmt(ttft['p99'])} ms "
-        f"TPOT p50/p90={fmt(tpot['p50'])}/{fmt(tpot['p90'])} ms "
-        f"lateness p99={fmt(summary['lateness_us']['p99'])} us [{valid}]"
+        f"{summary.cell}: ok={counts.ok} err={counts.error} timeout={counts.timeout} "
+        f"dropped={counts.dropped} achieved={fmt(rates.achieved_dispatch_rps)}/s "
+        f"TTFT p50/p90/p99={fmt(ttft.p50)}/{fmt(ttft.p90)}/{fmt(ttft.p99)} ms "
+        f"TPOT p50/p90={fmt(tpot.p50)}/{fmt(tpot.p90)} ms "
+        f"lateness p99={fmt(summary.lateness_us.p99)} us [{valid}]"
     )
 
 

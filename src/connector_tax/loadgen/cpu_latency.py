@@ -21,8 +21,10 @@ import os
 import select
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from connector_tax.contract.summary import CpuLatency
 
 PM_QOS_DEVICE = Path("/dev/cpu_dma_latency")
 HOLDER_START_S = 10.0  # a loaded host may take seconds to start a Python process
@@ -35,8 +37,8 @@ class CpuLatencyState:
     held: bool
     detail: str  # how it came out, for summaries
 
-    def describe(self) -> dict[str, object]:
-        return asdict(self)
+    def describe(self) -> CpuLatency:
+        return CpuLatency(self.requested_us, self.held, self.detail)
 
 
 class CpuLatencyHold:

@@ -11,9 +11,9 @@ dataclass's __setstate__ in Python), ~25 µs each way on the worker's cold path.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+
+from connector_tax.contract.summary import Priority
 
 
 class RequestSpec(msgspec.Struct, frozen=True, array_like=True):
@@ -80,7 +80,7 @@ class Stop(_Message):
 class Ready(_Message):
     worker_id: int
     pid: int
-    priority: dict[str, Any] | None  # its scheduling class: priority.PriorityState.describe()
+    priority: Priority | None  # its scheduling class: priority.PriorityState.describe()
 
 
 class Result(_Message):

@@ -27,7 +27,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+
+from connector_tax.contract.summary import Priority
 
 
 @dataclass
@@ -36,8 +37,8 @@ class PriorityState:
     applied: bool = False
     why: str | None = None
 
-    def describe(self) -> dict[str, Any]:
-        return {"requested": self.requested, "applied": self.applied, "why": self.why}
+    def describe(self) -> Priority:
+        return Priority(self.requested, self.applied, self.why)
 
 
 def set_fifo(priority: int | None, inherit: bool) -> PriorityState:

@@ -16,9 +16,9 @@ from pathlib import Path
 from threading import Event
 from typing import Any
 
-from connector_tax.atomic import write_json
 from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
+from connector_tax.contract.summary import CellSummary, RtPriority, write_summary
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
@@ -76,7 +76,7 @@ class RealTimeRun:
         self.seed = cell.seed if cell.seed is not None else self.opts.seed
 
     # -- issuing (session thread) -----------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CellSummary:
         pool = self.gen.pool
         writer = RecordWriter(self.files.requests)
         self.stats = RequestStats(time.monotonic_ns(), self.opts.summary_exact_cap)
@@ -124,28 +124,27 @@ class RealTimeRun:
             unissued=self.unissued,
             overrun_ms=overrun_ms,
         )
-        summary["cell_id"] = self.cell_id
-        summary["wall_s"] = round(wall, 3)
-        summary["drain_budget_s"] = round(self.rules.drain_budget_s(), 3)
-        summary["cpu_latency"] = self.gen.cpu_latency.state.describe()
-        summary["rt_priority"] = {**priority.describe(), "workers": list(pool.worker_priority)}
-        summary["extended"] = self.rules.extended(self.t_issue_end)
-        summary["summary_state_bytes"] = self.stats.nbytes()
+        summary.cell_id = self.cell_id
+        summary.wall_s = round(wall, 3)
+        summary.drain_budget_s = round(self.rules.drain_budget_s(), 3)
+        summary.cpu_latency = self.gen.cpu_latency.state.describe()
+        summary.rt_priority = RtPriority(
+            priority.requested, priority.applied, priority.why, workers=list(pool.worker_priority)
+        )
+        summary.extended = self.rules.extended(self.t_issue_end)
+        summary.summary_state_bytes = self.stats.nbytes()
         if not pool.alive():
-            summary["validity"]["valid"] = False
-            summary["validity"]["reasons"].append("load generator worker died")
+            summary.validity.invalidate("load generator worker died")
         receive_errors = pool.receive_errors - self.receive_errors_before
         if receive_errors:  # their requests were recorded as errors by the drain ("no result from worker")
-            summary["validity"]["valid"] = False
-            summary["validity"]["reasons"].append(
+            summary.validity.invalidate(
                 f"{receive_errors} worker messages could not be handled (first: {pool.first_receive_errors[0]})"
             )
         stopped = interrupted or ("stopped" if self.gen.stop_event.is_set() else None)
         if stopped:
-            summary["validity"]["valid"] = False
-            summary["validity"]["reasons"].append(f"cell {stopped} before its end")
-        summary["complete"] = stopped is None
-        write_json(self.files.summary, summary)
+            summary.validity.invalidate(f"cell {stopped} before its end")
+        summary.complete = stopped is None
+        write_summary(self.files.summary, summary)
         if self.opts.events_log:
             self._write_events()
         if interrupted:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from connector_tax.config.cells import Cell
+from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen.collect import Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import LoadgenOptions, check_cell
@@ -74,7 +74,7 @@ class LoadGenerator:
         out_dir: Path,
         enough: Callable[[], bool] | None = None,
         give_up: Callable[[], bool] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CellSummary:
         """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
         min-completed, up to its max duration, until it says True; `give_up` ends it at once,
         min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from connector_tax.config import Validity
+from connector_tax.contract.summary import CellSummary, Check, Counts, Latencies, Percentiles, Rates, Verdict
 from connector_tax.loadgen.records import RequestRecord
 from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP, Quantiles
 
@@ -34,18 +35,14 @@ BIN_NS = 10_000_000
 ITL_PENDING = 16_384  # gaps (uint32 µs) held before they reach the ITL Quantiles
 
 
-def _describe(q: Quantiles) -> dict[str, Any]:
+def _describe(q: Quantiles) -> Percentiles:
     if not q.count:
-        return {"n": 0, "mean": None, **{k: None for k in QUANTILES}}
-    values = q.percentiles(list(QUANTILES.values()))
-    out: dict[str, Any] = {"n": q.count, "mean": round(q.total / q.count, 4)}
-    out.update({k: round(v, 4) for k, v in zip(QUANTILES, values)})
-    if not q.exact:
-        out["approx_rel_err"] = 0.005
-    return out
+        return Percentiles()
+    p50, p90, p99 = (round(v, 4) for v in q.percentiles(list(QUANTILES.values())))
+    return Percentiles(q.count, round(q.total / q.count, 4), p50, p90, p99, None if q.exact else 0.005)
 
 
-def percentiles(values: np.ndarray | list[float]) -> dict[str, Any]:
+def percentiles(values: np.ndarray | list[float]) -> Percentiles:
     q = Quantiles(max(1, len(values)))
     q.extend(np.asarray(values, dtype=np.float64))
     return _describe(q)
@@ -170,7 +167,8 @@ class RequestStats:
         thresholds: Validity,
         unissued: int = 0,
         overrun_ms: float = 0.0,
-    ) -> dict[str, Any]:
+    ) -> CellSummary:
+        """`cell`: the cell's own fields (config.cells.Cell.describe)."""
         count = dict(self.counts)
         post = self.records - self.warmup
         scheduled_rate, achieved_rate = self.sched.rate(), self.sent.rate()
@@ -183,6 +181,7 @@ class RequestStats:
         offered = self.sched_post.between(t_warmup_end_ns, t_issue_end_ns) / window_s
         lat = _describe(self.lateness)
         lat_max = self.lateness.max if self.lateness.count else 0.0
+        lat.max = _round(lat_max)
         rate_error = abs(achieved_rate - scheduled_rate) / scheduled_rate if scheduled_rate and achieved_rate else 0.0
         sent_post = count["ok"] + count["error"] + count["timeout"]
         error_frac = (count["error"] + count["timeout"]) / sent_post if sent_post else 0.0
@@ -203,42 +202,45 @@ class RequestStats:
         min_completed = cell.get("min_completed")
         if min_completed:
             checks.append(_check("min_completed_shortfall", max(0, min_completed - count["ok"]), 0))
-        failed = [c for c in checks if not c["passed"]]
-        return {
+        failed = [c for c in checks if not c.passed]
+        return CellSummary(
             **cell,
-            "counts": {
-                "scheduled": self.records,
-                "warmup": self.warmup,
-                "post_warmup": post,
-                **count,
-                "unissued": unissued,
-                "unmatched": self.unmatched,
-                "token_count_mismatch": self.token_mismatch,
-            },
-            "rates": {
-                "requested_rps": cell.get("rate"),
-                "scheduled_rps": _round(scheduled_rate),
-                "achieved_dispatch_rps": _round(achieved_rate),
-                "offered_in_window_rps": _round(offered),
-                "effective_throughput_rps": _round(effective),
-                "throughput_ratio": _round(effective / offered) if offered else None,
-                "completion_window_shift_ms": _round(shift / 1e6),
-            },
-            "latency_ms": {
-                "ttft": _describe(self.ttft),
-                "ttft_from_scheduled": _describe(self.ttft_sched),
-                "tpot": _describe(self.tpot),
-                "e2e": _describe(self.e2e),
-                "itl": _describe(self.itl),
-            },
-            "lateness_us": {**lat, "max": _round(lat_max)},
-            "cpu_frac": {k: _round(v) for k, v in cpu_frac.items()},
-            "validity": {
-                "valid": not failed,
-                "reasons": [f"{c['name']} {c['value']} > {c['threshold']}" for c in failed],
-                "checks": checks,
-            },
-        }
+            counts=Counts(
+                scheduled=self.records,
+                warmup=self.warmup,
+                post_warmup=post,
+                ok=count["ok"],
+                error=count["error"],
+                timeout=count["timeout"],
+                dropped=count["dropped"],
+                unissued=unissued,
+                unmatched=self.unmatched,
+                token_count_mismatch=self.token_mismatch,
+            ),
+            rates=Rates(
+                requested_rps=cell.get("rate"),
+                scheduled_rps=_round(scheduled_rate),
+                achieved_dispatch_rps=_round(achieved_rate),
+                offered_in_window_rps=_round(offered),
+                effective_throughput_rps=_round(effective),
+                throughput_ratio=_round(effective / offered) if offered else None,
+                completion_window_shift_ms=_round(shift / 1e6),
+            ),
+            latency_ms=Latencies(
+                ttft=_describe(self.ttft),
+                ttft_from_scheduled=_describe(self.ttft_sched),
+                tpot=_describe(self.tpot),
+                e2e=_describe(self.e2e),
+                itl=_describe(self.itl),
+            ),
+            lateness_us=lat,
+            cpu_frac={k: _round(v) for k, v in cpu_frac.items()},
+            validity=Verdict(
+                valid=not failed,
+                reasons=[f"{c.name} {c.value} > {c.threshold}" for c in failed],
+                checks=checks,
+            ),
+        )
 
 
 def summarize(
@@ -249,7 +251,7 @@ def summarize(
     t_issue_end_ns: int,
     cpu_frac: dict[str, float],
     thresholds: Validity,
-) -> dict[str, Any]:
+) -> CellSummary:
     """The summary of records held in a list (tests, re-summaries); the cell streams instead."""
     stats = RequestStats(min((r.t_scheduled_ns for r in records), default=0))
     for r in records:
@@ -260,13 +262,13 @@ def summarize(
 
 
 def lateness_checks(
-    lateness: dict[str, Any], lateness_max: float, rate: float | None, ttft_p90_ms: float | None, t: Validity
-) -> list[dict[str, Any]]:
+    lateness: Percentiles, lateness_max: float, rate: float | None, ttft_p90_ms: float | None, t: Validity
+) -> list[Check]:
     """Send lateness judged by its effect: p99 against the mean gap between arrivals (the arrival
     process), p90 against TTFT p90 (the bias of what is measured); the worst single send; an
     absolute p99 bound only when the config sets one. A ratio with no denominator (closed loop,
     no TTFT) is not judged: the cell's other checks speak for it."""
-    p90, p99 = lateness.get("p90") or 0.0, lateness.get("p99") or 0.0
+    p90, p99 = lateness.p90 or 0.0, lateness.p99 or 0.0
     checks = []
     if rate:
         checks.append(_check("lateness_gap_frac", p99 / (1e6 / rate), t.max_lateness_gap_frac))
@@ -282,5 +284,5 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
-    return {"name": name, "value": _round(value), "threshold": threshold, "passed": bool(value <= threshold)}
+def _check(name: str, value: float, threshold: float) -> Check:
+    return Check(name, _round(value), threshold, bool(value <= threshold))

@@ -20,11 +20,12 @@ import signal
 import ssl
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 import uvloop
 import zmq
 
+from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.affinity import apply_affinity, pin_helper_threads
 from connector_tax.loadgen.firetimer import FireTimer
@@ -89,7 +90,7 @@ def _die_with_parent() -> None:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig, priority: dict[str, Any] | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, priority: Priority | None = None) -> None:
         self.cfg = cfg
         self.priority = priority
         target = parse_url(cfg.url, cfg.body.endpoint)

@@ -18,12 +18,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psutil
 import uvloop
 import zmq
 
+from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.affinity import AffinityPlan, apply_affinity, plan_affinity
 from connector_tax.loadgen.priority import raised
@@ -64,7 +64,7 @@ class WorkerPool:
             self._ctx = zmq.Context()
             self._results = self._ctx.socket(zmq.PULL)
         self._results.bind(f"ipc://{self._dir}/results")
-        self.worker_priority: list[dict[str, Any] | None] = [None] * n_workers
+        self.worker_priority: list[Priority | None] = [None] * n_workers
         self._pushes: list[zmq.Socket] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._handler: Handler | None = None

@@ -38,7 +38,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import msgspec
+
 from connector_tax.config import Validity
+from connector_tax.contract.summary import HostReport
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SOURCE = "/proc/<pid>/stat per process, /proc/stat (steal, procs_running), /proc/pressure/cpu"
@@ -272,7 +275,7 @@ def summarize(intervals: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """A cell's host report from its intervals (first snapshot to last)."""
     items = list(intervals)
     if not items:
-        return not_measured("no host snapshot was taken")
+        return msgspec.to_builtins(not_measured("no host snapshot was taken"))
     wall = sum(i["wall_s"] for i in items)
     cpus = items[-1]["cpus"]
     per_class = {c: sum(i["cpu_s"][c] for i in items) for c in CLASSES}
@@ -309,9 +312,9 @@ def summarize(intervals: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def not_measured(why: str) -> dict[str, Any]:
+def not_measured(why: str) -> HostReport:
     """The report of a cell that has no host to measure (virtual time), or none that was measured."""
-    return {"measured": False, "why": why, "busy": None, "reasons": [], "checks": []}
+    return HostReport(measured=False, why=why)
 
 
 class HostSampler:
@@ -384,9 +387,9 @@ class HostSampler:
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
             out.flush()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> HostReport:
         """The cell's host report (judged against the validity bounds when it was given them)."""
         report = summarize(self.intervals)
         if report["measured"] and self.validity is not None:
             judge(report, self.validity)
-        return report
+        return msgspec.convert(report, HostReport)

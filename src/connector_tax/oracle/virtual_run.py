@@ -29,12 +29,12 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
-from connector_tax.atomic import write_json
 from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.records import encode_line
+from connector_tax.contract.summary import CellSummary, write_summary
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord
@@ -252,7 +252,7 @@ class VirtualTimeRun:
         self.steps.close()
         self.metrics.close()
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CellSummary:
         """Run the cell to its end; its records and summary land in `files`. Returns the summary."""
         cell, opts = self.cell, self.opts
         wall0 = time.monotonic()
@@ -283,14 +283,12 @@ class VirtualTimeRun:
         finally:
             self.close()
         summary = self.stats.summary(cell.describe(), self.rules.warm_end, t_issue_end, {}, opts.validity)
-        summary.update(
-            cell_id=f"{self.name}#virtual",
-            clock="virtual",
-            wall_s=round((self.now - self.t0) / _NS, 3),
-            compute_s=round(time.monotonic() - wall0, 3),
-            drain_budget_s=round(self.rules.drain_budget_s(), 3),
-            extended=self.rules.extended(t_issue_end),
-            complete=True,
-        )
-        write_json(self.files.summary, summary)
+        summary.cell_id = f"{self.name}#virtual"
+        summary.clock = "virtual"
+        summary.wall_s = round((self.now - self.t0) / _NS, 3)
+        summary.compute_s = round(time.monotonic() - wall0, 3)
+        summary.drain_budget_s = round(self.rules.drain_budget_s(), 3)
+        summary.extended = self.rules.extended(t_issue_end)
+        summary.complete = True
+        write_summary(self.files.summary, summary)
         return summary

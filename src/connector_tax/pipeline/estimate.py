@@ -102,10 +102,9 @@ def cell_seconds(study: StudyConfig, cell: Cell) -> float:
 def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
     """The cell's time in an earlier run of the study: its sealed wall time, 0 if it was pruned."""
     folder = layout.phase(name, cell.phase, cell.replicate)
-    summary = read_summary(folder.cell(cell.label)) or {}
-    wall = summary.get("wall_s")
-    if summary.get("complete") and isinstance(wall, (int, float)):
-        return float(wall) + CELL_FIXED_S
+    summary = read_summary(folder.cell(cell.label))
+    if summary is not None and summary.complete and summary.wall_s is not None:
+        return summary.wall_s + CELL_FIXED_S
     index = read_index(folder.index)
     entry = index.cell(cell.phase, cell.label) if index is not None else None
     return 0.0 if entry is not None and entry.status == PRUNED else None

@@ -21,12 +21,14 @@ exactly what the busy one could not.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+import msgspec
 
 from connector_tax.config import Validity
 from connector_tax.contract.index import read_summary
 from connector_tax.contract.layout import CellFiles
+from connector_tax.contract.summary import AttemptNote, CellSummary, Verdict
 
 # Checks whose failure a busy host or a late instrument explains, and a new attempt may not repeat.
 PERTURBATIONS = (
@@ -52,36 +54,35 @@ def _perturbing(name: str) -> bool:
     return name in PERTURBATIONS or name.startswith("cpu_frac_")
 
 
-def judge(summary: dict[str, Any], validity: Validity) -> dict[str, Any]:
+def judge(summary: CellSummary, validity: Validity) -> Verdict:
     """The summary's `validity` with the host's checks added (in place, and returned): valid only
     when the instrument passed and the host was not busy. `instrument_valid` and `host_busy`
     keep the two apart (host_busy None: no host was measured, a virtual-time cell)."""
-    v = summary.setdefault("validity", {"valid": True, "reasons": [], "checks": []})
-    host = summary.get("host") or {}
-    v["instrument_valid"] = bool(v.get("valid", True))
-    checks = [c for c in v.get("checks") or [] if not str(c.get("name", "")).startswith("host_")]
-    reasons = [r for r in v.get("reasons") or [] if not str(r).startswith("host busy") and r != SELF_STARVED]
-    if host.get("measured"):
-        for c in host.get("checks") or []:
-            checks.append({**c, "name": f"host_{c['name']}"})
-        reasons += host.get("reasons") or []
-    v["checks"], v["reasons"] = checks, reasons
-    v["host_busy"] = host.get("busy") if host.get("measured") else None
-    v["valid"] = v["instrument_valid"] and not v["host_busy"]
-    v["perturbation"] = perturbation(v)
+    v, host = summary.validity, summary.host
+    v.instrument_valid = v.valid
+    checks = [c for c in v.checks if not c.name.startswith("host_")]
+    reasons = [r for r in v.reasons if not r.startswith("host busy") and r != SELF_STARVED]
+    measured = host is not None and host.measured
+    if host is not None and measured:
+        checks += [msgspec.structs.replace(c, name=f"host_{c.name}") for c in host.checks]
+        reasons += host.reasons
+    v.checks, v.reasons = checks, reasons
+    v.host_busy = host.busy if host is not None and measured else None
+    v.valid = v.instrument_valid and not v.host_busy
+    v.perturbation = perturbation(v)
     if self_starved(summary):
         reasons.append(SELF_STARVED)
     return v
 
 
-def perturbation(validity: dict[str, Any]) -> float:
+def perturbation(validity: Verdict) -> float:
     """How far past its bound the worst timing or host check went, as a multiple of the bound
     (1.0: at the bound; a count bound of 0 reads 1 + the count past it); 0 with none failed."""
     worst = 0.0
-    for c in validity.get("checks") or []:
-        if c.get("passed", True) or not _perturbing(str(c.get("name", ""))):
+    for c in validity.checks:
+        if c.passed or not _perturbing(c.name):
             continue
-        value, bound = float(c.get("value") or 0.0), float(c.get("threshold") or 0.0)
+        value, bound = float(c.value or 0.0), float(c.threshold or 0.0)
         worst = max(worst, value / bound if bound > 0 else 1.0 + value)
     return round(worst, 4)
 
@@ -91,40 +92,40 @@ def perturbation(validity: dict[str, Any]) -> float:
 QUIET_PEAK_CORES = 0.25
 
 
-def self_starved(summary: dict[str, Any]) -> bool:
+def self_starved(summary: CellSummary) -> bool:
     """The instrument was late or short of CPU while the host, measured, was quiet outside the
     study, even in its busiest second: the study's own processes took the CPU (on the 2-core host,
     vLLM's three busy processes starved a load generator in the fair class: the CPU study's 8 req/s
     cells 0.35-1.1 s late in each of three attempts, others' busiest second 0.02 cores). Measuring
     again finds the same; the cell stands invalid. A burst from outside is measured again."""
-    v = summary.get("validity") or {}
-    host = summary.get("host") or {}
-    peak = host.get("others_cores_max")
+    host = summary.host
     return (
-        bool(host.get("measured"))
-        and host.get("busy") is False
-        and peak is not None
-        and peak < QUIET_PEAK_CORES
-        and not v.get("instrument_valid", True)
+        host is not None
+        and host.measured
+        and host.busy is False
+        and host.others_cores_max is not None
+        and host.others_cores_max < QUIET_PEAK_CORES
+        and summary.validity.instrument_valid is False
     )
 
 
-def remeasure_reason(summary: dict[str, Any]) -> str | None:
+def remeasure_reason(summary: CellSummary) -> str | None:
     """Why this attempt is to be measured again, or None: only perturbations from outside the
     study qualify (a busy host, or an instrument late where the host was not measured)."""
-    v = summary.get("validity") or {}
-    if v.get("valid", True) or self_starved(summary):
+    v = summary.validity
+    if v.valid or self_starved(summary):
         return None
-    failed = [c for c in v.get("checks") or [] if not c.get("passed", True)]
-    if not failed or not all(_perturbing(str(c.get("name", ""))) for c in failed):
+    failed = [c for c in v.checks if not c.passed]
+    if not failed or not all(_perturbing(c.name) for c in failed):
         return None
-    return "perturbed: " + "; ".join(v.get("reasons") or [c["name"] for c in failed])
+    return "perturbed: " + "; ".join(v.reasons or [c.name for c in failed])
 
 
 def stands_perturbed(files: CellFiles) -> str | None:
     """Why a sealed cell is to be measured again by the next run: it stands perturbed (every
     attempt failed the gate for a reason a quieter host may not repeat). None: keep it."""
-    why = remeasure_reason(read_summary(files) or {})
+    summary = read_summary(files)
+    why = None if summary is None else remeasure_reason(summary)
     return None if why is None else f"stands {why} after every attempt; measured again"
 
 
@@ -134,27 +135,25 @@ class Attempt:
 
     number: int
     staging: CellFiles
-    summary: dict[str, Any]
+    summary: CellSummary
     failure: str | None
-    extra: dict[str, Any] = field(default_factory=dict)
     set_aside: str | None = None  # why a new attempt was made after this one
 
     @property
     def valid(self) -> bool:
-        return self.failure is None and bool((self.summary.get("validity") or {}).get("valid", True))
+        return self.failure is None and self.summary.validity.valid
 
-    def describe(self) -> dict[str, Any]:
-        v = self.summary.get("validity") or {}
-        host = self.summary.get("host") or {}
-        return {
-            "attempt": self.number,
-            "valid": self.valid,
-            "perturbation": v.get("perturbation"),
-            "reasons": list(v.get("reasons") or []) + ([self.failure] if self.failure else []),
-            "host_busy": v.get("host_busy"),
-            "others_cpu_frac": host.get("others_cpu_frac"),
-            "measured_again_because": self.set_aside,
-        }
+    def describe(self) -> AttemptNote:
+        v, host = self.summary.validity, self.summary.host
+        return AttemptNote(
+            attempt=self.number,
+            valid=self.valid,
+            perturbation=v.perturbation,
+            reasons=list(v.reasons) + ([self.failure] if self.failure else []),
+            host_busy=v.host_busy,
+            others_cpu_frac=host.others_cpu_frac if host is not None else None,
+            measured_again_because=self.set_aside,
+        )
 
 
 def choose(attempts: list[Attempt]) -> Attempt:
@@ -166,4 +165,4 @@ def choose(attempts: list[Attempt]) -> Attempt:
     valid = [a for a in attempts if a.valid]
     if valid:
         return valid[-1]
-    return min(attempts, key=lambda a: (a.summary.get("validity") or {}).get("perturbation") or math.inf)
+    return min(attempts, key=lambda a: a.summary.validity.perturbation or math.inf)

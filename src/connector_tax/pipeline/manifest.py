@@ -75,18 +75,19 @@ def host_of(layout: StudyLayout, index: PhaseIndex) -> dict[str, Any]:
     for c in index.cells:
         if c.status != COMPLETE:
             continue
-        summary = read_summary(layout.phase(index.variant, c.phase, index.replicate).cell(c.label)) or {}
-        host = summary.get("host") or {}
-        validity = summary.get("validity") or {}
-        if host.get("measured"):
-            busy += bool(host.get("busy"))
-            others.append(float(host.get("others_cpu_frac") or 0.0))
-            steal.append(float(host.get("steal_frac") or 0.0))
-        elif host:
+        summary = read_summary(layout.phase(index.variant, c.phase, index.replicate).cell(c.label))
+        if summary is None:
+            continue
+        host = summary.host
+        if host is not None and host.measured:
+            busy += bool(host.busy)
+            others.append(host.others_cpu_frac or 0.0)
+            steal.append(host.steal_frac or 0.0)
+        elif host is not None:
             virtual += 1
-        if validity.get("valid") is False:
-            perturbed[c.key] = "; ".join(validity.get("reasons") or [])
-        again += len(summary.get("attempts") or []) > 1
+        if not summary.validity.valid:
+            perturbed[c.key] = "; ".join(summary.validity.reasons)
+        again += len(summary.attempts) > 1
     if others:
         word = f"measured per cell ({len(others)} cells)"
     elif virtual:

@@ -27,10 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from connector_tax.config import PHASE_A, Cell, Saturation, Validity
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, move_aside, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
+from connector_tax.contract.summary import CellSummary
 from connector_tax.pipeline.gate import Attempt, choose, judge, remeasure_reason
 from connector_tax.pipeline.plan import CellPlan
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
@@ -43,11 +46,10 @@ class ServerDied(RuntimeError):
     """The server failed more often than a launch may restart it."""
 
 
-def _verdict(summary: dict[str, Any], failure: str | None) -> tuple[str, str | None]:
+def _verdict(summary: CellSummary, failure: str | None) -> tuple[str, str | None]:
     if failure:
         return FAILED, failure
-    counts = summary.get("counts") or {}
-    if counts.get("post_warmup", 0) > 0 and counts.get("ok", 0) == 0:
+    if summary.counts.post_warmup > 0 and summary.counts.ok == 0:
         return FAILED, "no request succeeded"
     return COMPLETE, None
 
@@ -147,15 +149,21 @@ def _measure_cell(
         dest = move_aside(
             a.staging.existing(),
             folder.superseded(cell.label, f"{tag}-{a.number}"),
-            {"cell": cell.key, "attempt": a.number, "reason": why, "stands": stands.number, "attempts": history},
+            {
+                "cell": cell.key,
+                "attempt": a.number,
+                "reason": why,
+                "stands": stands.number,
+                "attempts": msgspec.to_builtins(history),
+            },
         )
         _rmdir(a.staging.folder)
         note = next((e for e in index.superseded if e.get("cell") == cell.key and e.get("attempt") == a.number), None)
         if note is None:
             index.superseded.append(note := {"cell": cell.key, "attempt": a.number, "reason": why})
         note["to"] = str(dest)
-    stands.extra["attempts"] = history
-    seal_measured(index, planned, stands.staging, folder.cell(cell.label), stands.summary, stands.failure, stands.extra)
+    stands.summary.attempts = history
+    seal_measured(index, planned, stands.staging, folder.cell(cell.label), stands.summary, stands.failure)
     return stands.failure
 
 
@@ -181,10 +189,8 @@ def _attempt(
     )
     summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
     judge(summary, validity)
-    extra = {**precision.describe(summary, guard), "host": summary.get("host"), "validity": summary["validity"]}
-    if "rt_priority" in summary:  # with the runner's share of it (the phase job's own threads)
-        extra["rt_priority"] = summary["rt_priority"]
-    return Attempt(number, staging, summary, failure, extra)
+    precision.describe(summary, guard)
+    return Attempt(number, staging, summary, failure)
 
 
 def _rmdir(folder: Any) -> None:
@@ -199,16 +205,15 @@ def seal_measured(
     planned: CellPlan,
     staging: CellFiles,
     final: CellFiles,
-    summary: dict[str, Any],
+    summary: CellSummary,
     failure: str | None,
-    extra: dict[str, Any],
 ) -> None:
     """Seal a measured cell (failed with `failure` if there was one) and note it in the index."""
     cell = planned.cell
     status, reason = _verdict(summary, failure)
-    sealed = seal_cell(staging, final, planned.fingerprint, status=status, reason=reason, extra=extra)
+    sealed = seal_cell(staging, final, planned.fingerprint, summary, status=status, reason=reason)
     entry = index.cell(cell.phase, cell.label)
     if entry is not None:
-        entry.status = COMPLETE if sealed["complete"] else FAILED
-        entry.reason = sealed.get("reason")
-        entry.counts = {k: v["records"] for k, v in sealed["files"].items()}
+        entry.status = COMPLETE if sealed.complete else FAILED
+        entry.reason = sealed.reason
+        entry.counts = {k: v.records for k, v in (sealed.files or {}).items()}

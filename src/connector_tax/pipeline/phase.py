@@ -147,8 +147,8 @@ def _pairer(layout: StudyLayout, study: StudyConfig):
         if cell.precision_of != "tax":
             return None
         files = layout.phase(study.baseline, cell.phase, cell.replicate).cell(cell.label)
-        summary = read_summary(files) or {}
-        return files.requests if summary.get("complete") and files.requests.is_file() else None
+        summary = read_summary(files)
+        return files.requests if summary is not None and summary.complete and files.requests.is_file() else None
 
     return pair_with
 

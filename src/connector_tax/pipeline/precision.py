@@ -31,6 +31,7 @@ import numpy as np
 
 from connector_tax.analysis.batchmeans import relative_half_width, t975
 from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES, Series, paired_log_ratio
+from connector_tax.contract.summary import CellSummary
 
 CHECK_S = 1.0
 
@@ -181,17 +182,17 @@ class PrecisionWatch:
         while not self._stop.wait(CHECK_S):
             self.check()
 
-    def describe(self, summary: dict[str, Any], guard: OverloadGuard | None = None) -> dict[str, Any]:
-        """Why the cell ended, for its sealed summary."""
+    def describe(self, summary: CellSummary, guard: OverloadGuard | None = None) -> None:
+        """Why the cell ended, into its summary (sealed with it)."""
         overloaded = guard is not None and guard.waiting_p50 is not None and guard.waiting_p50 > guard.threshold
         taxes = self.baseline is not None
-        if summary.get("complete") is False:
+        if summary.complete is False:
             why = "stopped"
-        elif overloaded:
+        elif overloaded and guard is not None:
             why = (
                 f"ended at its floor: saturated at this rate (waiting p50 {guard.waiting_p50:g} > "
                 f"{guard.threshold:g}); left out of H5/H6"
-            )  # type: ignore[union-attr]
+            )
         elif self.target is None:
             why = "duration floor and min-completed"
         elif taxes and self.reached and not self.exhausted:
@@ -204,11 +205,9 @@ class PrecisionWatch:
             why = "cap reached (max_duration_s) before the precision target"
         if self.unpaired:
             why += "; no baseline cell to pair with, so its own p90s set its length"
-        return {
-            "stop_reason": why,
-            "overloaded": overloaded,
-            "precision_target": self.target,
-            "precision_of": "tax" if taxes else "p90",
-            "paired_with": self.paired_with,
-            "precision": {k: None if v is None else round(v, 4) for k, v in self.widths.items()},
-        }
+        summary.stop_reason = why
+        summary.overloaded = overloaded
+        summary.precision_target = self.target
+        summary.precision_of = "tax" if taxes else "p90"
+        summary.paired_with = self.paired_with
+        summary.precision = {k: None if v is None else round(v, 4) for k, v in self.widths.items()}

@@ -66,10 +66,8 @@ def saturated(
 
 def valid(layout: StudyLayout, name: str, planned: CellPlan) -> bool:
     """Did the cell pass the validity gate (a sealed summary that does not say otherwise)?"""
-    summary = (
-        read_summary(layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label)) or {}
-    )
-    return (summary.get("validity") or {}).get("valid") is not False
+    summary = read_summary(layout.phase(name, planned.cell.phase, planned.cell.replicate).cell(planned.cell.label))
+    return summary is None or summary.validity.valid
 
 
 def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[CellPlan]) -> str | None:

@@ -58,18 +58,19 @@ def decide(layout: StudyLayout, plan: LaunchPlan) -> tuple[list[IndexEntry], lis
             ok, why = False, perturbed
         entry = IndexEntry(cell.phase, cell.label, planned.fingerprint, planned.settings)
         if ok:
-            summary = read_summary(files) or {}
+            summary = read_summary(files)
             entry.status, entry.reused = "complete", True
-            entry.counts = {k: v["records"] for k, v in (summary.get("files") or {}).items()}
+            entry.counts = {k: v.records for k, v in ((summary.files if summary else None) or {}).items()}
         elif files.existing():
-            old = read_summary(files) or {}
+            old = read_summary(files)
+            old_fp = old.fingerprint if old is not None else None
             dest = layout.phase(plan.name, cell.phase, plan.replicate).superseded(
-                cell.label, _why_tag(why, old.get("fingerprint"), planned.fingerprint)
+                cell.label, _why_tag(why, old_fp, planned.fingerprint)
             )
             why_doc = {
                 "cell": cell.key,
                 "reason": why,
-                "fingerprint": old.get("fingerprint"),
+                "fingerprint": old_fp,
                 "replaced_by": planned.fingerprint,
             }
             move_aside(files.existing(), dest, why_doc)

@@ -26,6 +26,7 @@ from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
+from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
@@ -61,7 +62,7 @@ class Launched(Protocol):
         precision: PrecisionWatch,
         give_up: Callable[[], bool],
         waiting: Waiting,
-    ) -> tuple[dict[str, Any], str | None]: ...
+    ) -> tuple[CellSummary, str | None]: ...
 
 
 class Runner(Protocol):
@@ -191,7 +192,7 @@ class _ServerLaunch:
         precision: PrecisionWatch,
         give_up: Callable[[], bool],
         waiting: Waiting,
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[CellSummary, str | None]:
         threads = self._threads(staging)
         host = HostSampler(staging.host, self.study, METRICS_INTERVAL_S, self.gen.options.validity)
         # The samplers share the sending thread's GIL: with the load generator real-time, they are too.
@@ -203,8 +204,9 @@ class _ServerLaunch:
         ):
             with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
-        summary["rt_priority"]["process"] = priority.describe()
-        summary["host"] = host.report()
+        if summary.rt_priority is not None:
+            summary.rt_priority.process = priority.describe()
+        summary.host = host.report()
         self.splitter.split(t0_ns, time.monotonic_ns(), staging.engine_step)
         # A dead load-generator worker lost the requests it held: the cell is redone, on a fresh pool.
         failure = watch.failure or (None if self.gen.pool.alive() else "a load generator worker died during the cell")
@@ -256,7 +258,7 @@ class VirtualRunner:
         precision: PrecisionWatch,
         give_up: Callable[[], bool],
         waiting: Waiting,
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[CellSummary, str | None]:
         print(f"  {cell.key}: computing in virtual time", flush=True)
         summary = VirtualTimeRun(
             self.settings,
@@ -269,5 +271,5 @@ class VirtualRunner:
             waiting=waiting,
             metrics_interval_s=METRICS_INTERVAL_S,
         ).run()
-        summary["host"] = not_measured(VIRTUAL_HOST)
+        summary.host = not_measured(VIRTUAL_HOST)
         return summary, None
