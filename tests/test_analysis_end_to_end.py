@@ -294,6 +294,9 @@ def test_tidy_tables_hold_what_the_json_holds(study):
         ]
         assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(metrics["ttft_p90"]["value"])
         assert row["rate"].iloc[0] == safe["rate"]
+    # every row says its unit: relative taxes and microsecond differences share the value column
+    assert set(taxes.query("metric == 'ttft_p90'")["unit"]) == {"relative"}
+    assert set(taxes.query("metric == 'step_p50_us'")["unit"]) <= {"us"} and taxes["unit"].notna().all()
     shapes = taxes.query("phase == 'phase_b'")
     assert set(shapes["point"]) == set(agg["taxes"]["phase_b"]["cells"])
     assert (shapes["input_len"].notna() & shapes["output_len"].notna()).all()

@@ -23,6 +23,7 @@ from connector_tax.config import (
     validate_config,
 )
 from connector_tax.contract import StudyLayout
+from connector_tax.contract.estimate import Estimate, unit_of
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
 from connector_tax.contract.index import IndexEntry, PhaseIndex, read_index, seal_cell, verify_cell
 from connector_tax.contract.summary import SUMMARY_SCHEMA, FileCount, decode_summary, to_builtins
@@ -226,3 +227,14 @@ def test_a_summary_sealed_before_the_typed_record_reads_whole() -> None:
     assert old.counts.ok == 2 and old.counts.error == 0 and old.validity.valid and old.host is None
     with pytest.raises(ValueError, match="not a cell summary"):
         decode_summary(json.dumps({"counts": {"ok": "two"}}))
+
+
+def test_an_estimate_reads_its_interval_and_unit_from_the_analysis_document() -> None:
+    est = Estimate.of({"value": 0.12, "ci": [0.05, 0.2], "note": "paired"}, unit_of("ttft_p90"))
+    assert (est.value, est.lo, est.hi, est.unit, est.note) == (0.12, 0.05, 0.2, "relative", "paired")
+    assert Estimate.of({"value": 3.0, "ci": [None, 4.0]}, unit_of("step_p50_us")).interval is None
+    assert unit_of("step_p50_us") == "us"
+    with pytest.raises(ValueError, match="no unit"):
+        unit_of("ttft_p99")
+    den = {"denominator": "multi", "value": 0.01, "ci": [-0.02, 0.04], "half_width": 0.03, "why": "covers 0"}
+    assert Estimate.of({"value": None, "ci": None, "unresolved": den}, "ratio").unresolved.half_width == 0.03

@@ -14,11 +14,13 @@ from typing import Any
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.quantiles import combine, tax_combination
 from connector_tax.config import PHASE_B
+from connector_tax.contract.estimate import RELATIVE, Estimate
 
 
 def ci_of(est: dict[str, Any] | None) -> list[float] | None:
-    ci = (est or {}).get("ci")
-    return list(ci) if ci and None not in ci else None
+    """The estimate's 95% interval, or None where it has none (contract.estimate reads it)."""
+    interval = Estimate.of(est, RELATIVE).interval
+    return list(interval) if interval else None
 
 
 def div_interval(num: list[float], den: list[float]) -> list[float] | None:

@@ -4,7 +4,8 @@ Parquet (typed, for pandas/polars/DuckDB).
     aggregate.csv / .parquet  one row per measured cell: its identity, run status, validity,
                               rates, latency percentiles with their intervals, step statistics
     taxes.csv / .parquet      one row per (phase, point, configuration, metric): the tax against
-                              the baseline with its interval, and the two p90s (or p50s) it came from
+                              the baseline with its interval and its unit (relative: 0.12 is +12 %;
+                              us: a difference in microseconds), and the two p90s (or p50s) it came from
 
 A researcher's own question is a group-by away, e.g.
 `pd.read_parquet("taxes.parquet").query("metric == 'ttft_p90'").pivot(index="variant", columns="point", values="value")`.
@@ -20,6 +21,7 @@ import pandas as pd
 
 from connector_tax.analysis.cellstats import COLUMNS
 from connector_tax.atomic import write_atomic
+from connector_tax.contract.estimate import Estimate, unit_of
 
 TAX_COLUMNS = [
     "phase",
@@ -30,6 +32,7 @@ TAX_COLUMNS = [
     "variant",
     "baseline",
     "metric",
+    "unit",
     "value",
     "ci_lo",
     "ci_hi",
@@ -48,10 +51,10 @@ def cells_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shape: tuple[Any, Any]) -> list[dict]:
     out = []
     for config, metrics in (entry.get("variants") or {}).items():
-        for metric, est in metrics.items():
-            ci = est.get("ci") or (None, None)
-            x = est.get("x_p90", est.get("x_p50"))
-            base = est.get("base_p90", est.get("base_p50"))
+        for metric, doc in metrics.items():
+            est = Estimate.of(doc, unit_of(metric))
+            x = doc.get("x_p90", doc.get("x_p50"))
+            base = doc.get("base_p90", doc.get("base_p50"))
             out.append(
                 {
                     "phase": phase,
@@ -62,13 +65,14 @@ def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shap
                     "variant": config,
                     "baseline": baseline,
                     "metric": metric,
-                    "value": est.get("value"),
-                    "ci_lo": ci[0],
-                    "ci_hi": ci[1],
+                    "unit": est.unit,
+                    "value": est.value,
+                    "ci_lo": est.lo,
+                    "ci_hi": est.hi,
                     "x": x,
                     "base": base,
-                    "x_n": est.get("x_n", est.get("x_steps")),
-                    "base_n": est.get("base_n", est.get("base_steps")),
+                    "x_n": doc.get("x_n", doc.get("x_steps")),
+                    "base_n": doc.get("base_n", doc.get("base_steps")),
                 }
             )
     return out
