@@ -31,7 +31,7 @@ from connector_tax.contract.index import PhaseIndex, read_summary, verify_cell
 from connector_tax.contract.summary import CellSummary, HostReport, Verdict, to_builtins, write_summary
 from connector_tax.metrics.host import not_measured
 from connector_tax.pipeline.gate import SELF_STARVED, judge, perturbation, remeasure_reason
-from connector_tax.pipeline.measure import measure
+from connector_tax.pipeline.measure import Policies, measure
 from connector_tax.pipeline.plan import launch_plan, retry_token
 from connector_tax.pipeline.resume import decide
 
@@ -190,7 +190,9 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _run(tiny, script, suspect=lambda planned, files: None) -> ScriptedRunner:
     study, plan, layout, index = tiny
     runner = ScriptedRunner(script)
-    measure(runner, layout, index, plan.cells, lambda: None, study.saturation, study.validity, suspect=suspect)
+    measure(
+        runner, layout, index, plan.cells, lambda: None, Policies(study.saturation, study.validity, suspect=suspect)
+    )
     return runner
 
 
@@ -222,7 +224,7 @@ def test_attempts_are_bounded_by_the_config(tiny, tmp_path: Path) -> None:
     study, plan, layout, index = tiny
     one = study.validity.replace(attempts=1)
     runner = ScriptedRunner({"r4": [_summary(others=0.9)], "r8": [_summary(others=0.9)]})
-    measure(runner, layout, index, plan.cells, lambda: None, study.saturation, one)
+    measure(runner, layout, index, plan.cells, lambda: None, Policies(study.saturation, one))
     assert runner.runs == ["r4", "r8"]
 
 

@@ -273,3 +273,31 @@ def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == "ctax bench: argument --rate: -1 must be > 0\n"
     assert not (tmp_path / "x").exists()
+
+
+def test_the_request_defaults_are_written_once_in_the_schema() -> None:
+    """`ctax bench`'s flags, the load generator's options and a study config that leaves the
+    request settings out all get the schema's defaults (config.load.default_request)."""
+    from connector_tax.config import default_request, load_study
+    from connector_tax.loadgen.options import LoadgenOptions
+
+    schema = default_request()
+    parser = bench_cli.OneLineParser(prog="ctax bench")
+    bench_cli.add_bench_arguments(parser)
+    flags = vars(parser.parse_args(["--url", "http://127.0.0.1:1", "--model", "m", "--rate", "1"]))
+    options = LoadgenOptions(url="http://127.0.0.1:1", model="m")
+    assert (flags["inflight_cap"], flags["timeout"], flags["endpoint"], flags["prompt"]) == (
+        schema.inflight_cap,
+        schema.timeout_s,
+        schema.endpoint,
+        schema.prompt,
+    )
+    assert (options.inflight_cap, options.timeout_s, options.endpoint, options.prompt) == (
+        schema.inflight_cap,
+        schema.timeout_s,
+        schema.endpoint,
+        schema.prompt,
+    )
+    assert (options.temperature, options.ignore_eos) == (schema.temperature, schema.ignore_eos)
+    tiny = load_study(REPO / "configs" / "test-tiny.yaml")
+    assert LoadgenOptions.of_study(tiny, "virtual:").inflight_cap == tiny.raw["workload"]["inflight_cap"]

@@ -37,7 +37,7 @@ from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.calibrate.records import CalibrationError, open_study, read_study
 from connector_tax.calibrate.speed import at_speed, launch_speeds
-from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, find_variant
+from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig, find_variant
 from connector_tax.config.profile import EngineProfile, check_model, read_profile
 from connector_tax.contract.layout import CellFiles
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
@@ -266,7 +266,8 @@ def check(
                         connector = find_variant(config, variant).get("connector")
                         path = at_speed(profile, variant, connector, speeds[launch], root / "profiles")
                         launch_config = _virtual_config(study.settings.raw, read_profile(path))
-                    runners[launch] = VirtualRunner(launch_config, find_variant(launch_config, variant))
+                    launch_study = StudyConfig.from_mapping(launch_config)
+                    runners[launch] = VirtualRunner(launch_study, launch_study.variant(variant))
                 runner = runners[launch]
                 virtual = replay(cell, config, root / variant / cell.phase, runner)
                 row, _ = cell_row(virtual, backend="sim", simulated=True, run_status="ok", step_timing_available=True)

@@ -3,6 +3,7 @@
 load_config(path) -> dict        the validated mapping, every schema default filled
 load_study(path) -> StudyConfig  the same, as typed read-only objects (config.study)
 default_validity() -> Validity   the validity gate's bounds as the schema sets them (no config)
+default_request() -> Request     the request settings as the schema sets them (the load generator's defaults)
 cells                            phases, cell labels and the cells a study plans (config.cells)
 """
 
@@ -28,6 +29,7 @@ from connector_tax.config.errors import ConfigError
 from connector_tax.config.load import (
     check_file,
     default_config_path,
+    default_request,
     default_saturation,
     default_validity,
     find_variant,
@@ -36,7 +38,7 @@ from connector_tax.config.load import (
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import Saturation, StudyConfig, Validity, Variant
+from connector_tax.config.study import Model, Request, Saturation, StudyConfig, Validity, Variant
 
 __all__ = [
     "LAUNCH_OF",
@@ -47,12 +49,15 @@ __all__ = [
     "PHASE_B_PRIME",
     "Cell",
     "ConfigError",
+    "Model",
+    "Request",
     "Saturation",
     "StudyConfig",
     "Validity",
     "Variant",
     "check_file",
     "default_config_path",
+    "default_request",
     "default_saturation",
     "default_validity",
     "find_variant",

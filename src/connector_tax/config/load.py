@@ -8,6 +8,7 @@ line naming the key path (config.errors).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import sys
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from jsonschema import Draft202012Validator, validators
 from connector_tax import resources
 from connector_tax.config.checks import add_aa_control, check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
-from connector_tax.config.study import Saturation, StudyConfig, Validity
+from connector_tax.config.study import Request, Saturation, StudyConfig, Validity
 
 
 def schema_path() -> Path:
@@ -150,6 +151,15 @@ def section_defaults(section: str) -> dict:
     return filled[section]
 
 
+@functools.lru_cache(maxsize=1)
+def default_request() -> Request:
+    """The request settings as the schema sets them when a config leaves them out: the load
+    generator's own defaults (loadgen.options, `ctax bench`), written once, in the schema."""
+    with schema_path().open(encoding="utf-8") as fh:
+        keys = yaml.safe_load(fh)["$defs"]["workload"]["properties"]
+    return Request.from_mapping({k: keys[k]["default"] for k in Request.KEYS})
+
+
 def default_saturation() -> Saturation:
     """The saturation criteria as the schema sets them when a config leaves them out."""
     return Saturation(**section_defaults("saturation"))
@@ -162,8 +172,8 @@ def default_validity() -> Validity:
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    """`load_config`, as the typed objects of config.study."""
-    return StudyConfig.from_mapping(load_config(path))
+    """`load_config`, as the typed objects of config.study (which remember `path`)."""
+    return dataclasses.replace(StudyConfig.from_mapping(load_config(path)), source=Path(path))
 
 
 def find_variant(config: dict, name: str) -> dict:

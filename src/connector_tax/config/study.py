@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
@@ -38,6 +39,43 @@ class Precision:
 
 
 @dataclass(frozen=True)
+class Request:
+    """What each request asks and how long it may take (the `workload` keys the load generator
+    sends by); the schema's defaults are the load generator's (config.load.default_request)."""
+
+    endpoint: str  # completions | chat
+    prompt: str  # token_ids | text
+    temperature: float
+    ignore_eos: bool
+    inflight_cap: int
+    timeout_s: float  # workload.request_timeout_s
+
+    KEYS = ("endpoint", "prompt", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
+
+    @classmethod
+    def from_mapping(cls, workload: Mapping[str, Any]) -> Request:
+        return cls(
+            workload["endpoint"],
+            workload["prompt"],
+            float(workload["temperature"]),
+            workload["ignore_eos"],
+            workload["inflight_cap"],
+            float(workload["request_timeout_s"]),
+        )
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    served_name: str | None
+
+    @property
+    def served(self) -> str:
+        """The name requests carry: the served name when the server is given one."""
+        return self.served_name or self.name
+
+
+@dataclass(frozen=True)
 class PhaseA:
     rates: tuple[float, ...]
     shape: Mapping[str, Any]
@@ -50,6 +88,7 @@ class Workload:
     duration_s: float
     min_completed: int
     request_timeout_s: float
+    request: Request
     arrival: Arrival
     precision: Precision
     phase_a: PhaseA
@@ -128,6 +167,12 @@ class Variant:
     connector: Mapping[str, Any] | None
     raw: Mapping[str, Any]
 
+    @property
+    def host(self) -> str | None:
+        """Its own server.host, where it overrides the study's."""
+        server = self.raw.get("server") or {}
+        return server.get("host")
+
 
 def baseline_name(config: Mapping[str, Any]) -> str:
     """plain if the study has it, else its first variant (the analysis's default baseline)."""
@@ -146,6 +191,10 @@ class StudyConfig:
     validity: Validity
     loadgen: LoadgenSettings
     raw: Mapping[str, Any]
+    model: Model = Model("", None)
+    host: str = "127.0.0.1"  # server.host: where the study's servers bind and are reached
+    api_key_env: str | None = None  # backend openai: the variable holding the API key
+    source: Path | None = None  # the file it was read from (a server it launches reads it too)
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> StudyConfig:
@@ -162,6 +211,7 @@ class StudyConfig:
                 duration_s=workload["duration_s"],
                 min_completed=workload["min_completed"],
                 request_timeout_s=workload["request_timeout_s"],
+                request=Request.from_mapping(workload),
                 arrival=Arrival(workload["arrival"]["process"], float(workload["arrival"]["gamma_shape"])),
                 precision=Precision(
                     workload["precision"]["target"],
@@ -179,6 +229,9 @@ class StudyConfig:
             validity=Validity.from_mapping(config["validity"]),
             loadgen=LoadgenSettings(**config["loadgen"]),
             raw=config,
+            model=Model(config["model"]["name"], config["model"].get("served_name")),
+            host=config["server"]["host"],
+            api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
         )
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from connector_tax.config import Validity, default_validity
+from connector_tax.config import StudyConfig, Validity, default_request, default_validity
 from connector_tax.config.cells import Cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.shapes import ShapeSampler
@@ -27,17 +27,22 @@ def check_cell(cell: Cell) -> None:
             raise ValueError(f"shape: input {longest} is over the load generator's limit of {POOL_TOKENS - 1}")
 
 
+# What a request asks and how long it may take, by default: the study config schema's defaults,
+# written there once (a study's cells and `ctax bench` send the same requests).
+_REQUEST = default_request()
+
+
 @dataclass(frozen=True)
 class LoadgenOptions:
     url: str
     model: str
-    endpoint: str = "completions"
-    prompt: str = "token_ids"
-    temperature: float = 0.0
-    ignore_eos: bool = True
+    endpoint: str = _REQUEST.endpoint
+    prompt: str = _REQUEST.prompt
+    temperature: float = _REQUEST.temperature
+    ignore_eos: bool = _REQUEST.ignore_eos
     workers: int = 1
-    inflight_cap: int = 256
-    timeout_s: float = 600.0
+    inflight_cap: int = _REQUEST.inflight_cap
+    timeout_s: float = _REQUEST.timeout_s
     drain_timeout_s: float = 30.0
     # ...plus this much per output token of the longest request issued, up to timeout_s: a request
     # sent at the end of a cell needs its whole stream, and 1,024 tokens at a loaded TPOT take
@@ -75,6 +80,28 @@ class LoadgenOptions:
     # Latency values a cell's summary keeps exactly; past this, percentiles are within 0.5 %
     # (sketch.py). The JSONL records are always complete.
     summary_exact_cap: int = DEFAULT_EXACT_CAP
+
+    @classmethod
+    def of_study(cls, study: StudyConfig, url: str) -> LoadgenOptions:
+        """The options a study's cells run with, against the server at `url`."""
+        request, loadgen = study.workload.request, study.loadgen
+        return cls(
+            url=url,
+            model=study.model.served,
+            endpoint=request.endpoint,
+            prompt=request.prompt,
+            temperature=request.temperature,
+            ignore_eos=request.ignore_eos,
+            inflight_cap=request.inflight_cap,
+            timeout_s=request.timeout_s,
+            seed=study.seed,
+            workers=loadgen.workers,
+            affinity=loadgen.affinity,
+            cpu_latency_us=loadgen.cpu_latency_us,
+            rt_priority=loadgen.rt_priority,
+            validity=study.validity,
+            api_key_env=study.api_key_env,
+        )
 
     def check(self) -> None:
         """ValueError naming the option, before any worker starts."""

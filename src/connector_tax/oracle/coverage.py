@@ -103,7 +103,7 @@ def _cell(job: tuple[dict[str, Any], str, Cell, int, int, CoverageSettings]) -> 
         load,
         warmup + cs.requests,
         seed_for(seed, load, replicate),  # common random numbers: one traffic per (seed, load, replicate)
-        ignore_eos=config["workload"].get("ignore_eos", True),
+        ignore_eos=config["workload"]["ignore_eos"],  # the schema fills it
     ).after(warmup)
     row = cell_row(run, name, load, replicate)
     index = np.arange(run.ttft_ms.size)

@@ -81,7 +81,7 @@ def _replicate(
         load,
         ts.warmup + ts.requests,
         seed_for(ts.seed, load, rep),
-        ignore_eos=config["workload"].get("ignore_eos", True),
+        ignore_eos=config["workload"]["ignore_eos"],  # the schema fills it
     ).after(ts.warmup)
     return name, load.key, rep, {"ttft_ms": run.ttft_ms.astype(np.float32), "tpot_ms": run.tpot_ms.astype(np.float32)}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +59,36 @@ def _verdict(summary: CellSummary, failure: str | None) -> tuple[str, str | None
 Suspect = Callable[[CellPlan, CellFiles], str | None]
 
 
+def _never(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Policies:
+    """What the measuring loop asks of the study about a phase's cells, in one place: the
+    saturation thresholds (the overload guard) and the validity gate; `prune`: why a cell, when
+    its turn comes, is not worth measuring (recorded as pruned); `pair_with`: the baseline's
+    sealed requests a cell that stops on its taxes is paired with; `suspect`: why a valid attempt
+    must be measured once more before it counts. pipeline.phase makes the study's."""
+
+    saturation: Saturation
+    validity: Validity
+    prune: Callable[[CellPlan], str | None] = _never
+    pair_with: Callable[[Cell], Path | None] = _never
+    suspect: Suspect = _never
+
+
 def measure(
     runner: Runner,
     layout: StudyLayout,
     index: PhaseIndex,
     todo: list[CellPlan],
     save: Callable[[], None],
-    saturation: Saturation,
-    validity: Validity,
-    prune: Callable[[CellPlan], str | None] = lambda planned: None,
-    pair_with: Callable[[Cell], Path | None] = lambda cell: None,
-    suspect: Suspect = lambda planned, files: None,
+    policies: Policies,
 ) -> None:
-    """Measure `todo` in order, launching again after a failure; a cell `prune` gives a reason
-    for, when its turn comes, is recorded as pruned, not measured; `pair_with` names the baseline's
-    sealed requests a cell that stops on its taxes is paired with."""
+    """Measure `todo` in order, launching again after a failure, by the phase's `policies`."""
     pending = list(todo)
+    prune = policies.prune
     prune_from(index, pending, prune)
     if not pending:
         return
@@ -83,9 +98,7 @@ def measure(
             with runner.launch(index, save) as launched:
                 while pending and failure is None:
                     planned = pending.pop(0)
-                    failure = _measure_cell(
-                        layout, index, planned, launched, saturation, validity, suspect, save, pair_with(planned.cell)
-                    )
+                    failure = _measure_cell(layout, index, planned, launched, policies, save)
                     prune_from(index, pending, prune)
                     save()
             if failure is None:
@@ -110,28 +123,25 @@ def _measure_cell(
     index: PhaseIndex,
     planned: CellPlan,
     launched: Any,
-    saturation: Saturation,
-    validity: Validity,
-    suspect: Suspect,
+    policies: Policies,
     save: Callable[[], None],
-    pair_with: Path | None = None,
 ) -> str | None:
     """Measure one cell until an attempt passes the gate (or the attempts are spent), seal the
     one that stands, set the others aside; returns why the server failed during it, if it did."""
     cell = planned.cell
+    validity = policies.validity
+    pair_with = policies.pair_with(cell)
     folder = layout.phase(index.variant, cell.phase, index.replicate)
     attempts: list[Attempt] = []
     suspected = False
     for number in range(1, validity.attempts + 1):
-        attempt = _attempt(
-            folder.staging(cell.label, number), planned, launched, saturation, validity, number, pair_with
-        )
+        attempt = _attempt(folder.staging(cell.label, number), planned, launched, policies, number, pair_with)
         attempts.append(attempt)
         if attempt.failure is not None or number == validity.attempts:
             break
         why = remeasure_reason(attempt.summary)
         if why is None and attempt.valid and not suspected:
-            why = suspect(planned, attempt.staging)
+            why = policies.suspect(planned, attempt.staging)
             suspected = why is not None
         if why is None:
             break
@@ -171,8 +181,7 @@ def _attempt(
     staging: CellFiles,
     planned: CellPlan,
     launched: Any,
-    saturation: Saturation,
-    validity: Validity,
+    policies: Policies,
     number: int,
     pair_with: Path | None = None,
 ) -> Attempt:
@@ -185,10 +194,13 @@ def _attempt(
     precision = PrecisionWatch(staging.requests, cell.precision_target, pair_with)
     # Phase B and B' cells end at their floor when saturated, unless the study turned it off.
     guard = OverloadGuard(
-        waiting, t0 / 1e9 + cell.warmup_s, saturation.waiting_p50_max, cell.phase != PHASE_A and cell.overload_guard
+        waiting,
+        t0 / 1e9 + cell.warmup_s,
+        policies.saturation.waiting_p50_max,
+        cell.phase != PHASE_A and cell.overload_guard,
     )
     summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
-    judge(summary, validity)
+    judge(summary, policies.validity)
     precision.describe(summary, guard)
     return Attempt(number, staging, summary, failure)
 

@@ -28,7 +28,7 @@ from connector_tax.config import (
     PHASE_B_PRIME,
     Cell,
     StudyConfig,
-    find_variant,
+    Variant,
     launch_label,
     launch_order,
     load_study,
@@ -37,7 +37,7 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
-from connector_tax.pipeline.measure import ServerDied, measure
+from connector_tax.pipeline.measure import Policies, ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
@@ -110,13 +110,26 @@ def _final_status(index: PhaseIndex) -> str:
 
 
 def run_phase(
-    config_path: str, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
+    study: StudyConfig, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
 ) -> PhaseIndex:
     """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all.
     replicate: which of the study's workload.replicates launches of this variant and phase."""
     with cpu_lease(cpus) as leased:
-        index = _run_phase(config_path, name, launch_phase, leased, replicate)
+        index = _run_phase(study, study.variant(name), launch_phase, leased, replicate)
     return index
+
+
+def policies(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex) -> Policies:
+    """The study's policies for one launch's cells: its saturation and validity settings, Phase A
+    pruning past the knee and Phase B' on saturated shapes, pairing with the baseline, and a
+    second look at a knee that criterion 3 alone would make."""
+    return Policies(
+        study.saturation,
+        study.validity,
+        prune=_pruner(layout, study, name, plan, index),
+        pair_with=_pairer(layout, study),
+        suspect=_suspect(layout, study, name, plan, index),
+    )
 
 
 def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
@@ -172,18 +185,16 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
 
 
 def _run_phase(
-    config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
+    study: StudyConfig, variant: Variant, launch_phase: str, leased: list[int] | None, replicate: int = 1
 ) -> PhaseIndex:
-    study = load_study(config_path)
-    config = study.raw
-    variant = find_variant(config, name)
+    name, config = variant.name, dict(study.raw)
     if not 1 <= replicate <= study.workload.replicates:
         raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
     layout = StudyLayout.of(study.study)
     folder = layout.phase(name, launch_phase, replicate)
     folder.folder.mkdir(parents=True, exist_ok=True)
     reference = read_reference(layout) if launch_phase == PHASE_B else None
-    plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
+    plan = launch_plan(str(study.source), study, name, launch_phase, reference, replicate)
     previous = read_index(folder.index)
     index = PhaseIndex(
         study=study.study,
@@ -201,7 +212,7 @@ def _run_phase(
         cpus_leased=leased,
         placement=placement_record(),
         served_by=served_by(config, plan.launch["server_versions"]),
-        mooncake_transport=mooncake_transport(config, variant),
+        mooncake_transport=mooncake_transport(config, dict(variant.raw)),
     )
     skip = _preflight_reason(layout, name)
     if skip:
@@ -222,29 +233,18 @@ def _run_phase(
         folder.config_json,
         {
             "study": study.study,
-            "variant": variant,
-            "workload": config["workload"],
+            "variant": variant.raw,
+            "workload": study.raw["workload"],  # as the config has it: what a person compares
             "launch": plan.launch,
             "code": plan.code,
         },
     )
     write_atomic(folder.env_txt, env_text(study.backend, plan.launch["server_versions"]))
     index.write(folder.index)
-    runner = (
-        VirtualRunner(config, variant) if virtual_clock(config) else ServerRunner(config_path, config, variant, folder)
-    )
+    runner = VirtualRunner(study, variant) if virtual_clock(config) else ServerRunner(study, variant, folder)
     try:
         measure(
-            runner,
-            layout,
-            index,
-            todo,
-            lambda: index.write(folder.index),
-            study.saturation,
-            study.validity,
-            _pruner(layout, study, name, plan, index),
-            _pairer(layout, study),
-            _suspect(layout, study, name, plan, index),
+            runner, layout, index, todo, lambda: index.write(folder.index), policies(layout, study, name, plan, index)
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
         index.reason = str(exc)
@@ -286,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         _say(f"{args.variant} {args.phase}: {exc}")
         return 2
-    settings = load_study(args.config)
+    study = load_study(args.config)
     who = launch_label(args.variant, args.replicate)
-    if not 1 <= args.replicate <= settings.workload.replicates:
-        parser.error(f"argument --replicate: {args.replicate} is not in 1..{settings.workload.replicates}")
-    layout = StudyLayout.of(settings.study)
+    if not 1 <= args.replicate <= study.workload.replicates:
+        parser.error(f"argument --replicate: {args.replicate} is not in 1..{study.workload.replicates}")
+    study.variant(args.variant)  # ConfigError naming the variant, before anything is locked
+    layout = StudyLayout.of(study.study)
     lock_path = layout.phase(args.variant, args.phase, args.replicate).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_json.unlink(missing_ok=True)  # an earlier job's: this one has not ended yet
         with AncestorWatch():
-            index = run_phase(args.config, args.variant, args.phase, args.cpus or None, args.replicate)
+            index = run_phase(study, args.variant, args.phase, args.cpus or None, args.replicate)
         write_json(job_json, {"launch_id": index.launch_id, "status": index.status, "finished": index.finished})
     except KeyboardInterrupt as exc:
         _say(f"{who} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")

@@ -81,7 +81,7 @@ def launch_plan(
     variant = find_variant(config, name)
     argv = launch_argv(config_path, config, variant, _PLAN_PORT)
     launch = launch_settings(config, variant, argv, server_versions(config))
-    code = code_versions(config["backend"])
+    code = code_versions(study.backend)
     cells = []
     for cell in planned_cells(study, name, launch_phase, reference, replicate):
         settings = cell_settings(config, cell)

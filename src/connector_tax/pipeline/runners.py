@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from connector_tax.config import Validity
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
@@ -71,45 +71,23 @@ class Runner(Protocol):
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Any: ...
 
 
-def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
-    workload = config["workload"]
-    loadgen = config["loadgen"]
-    return LoadgenOptions(
-        url=url,
-        model=config["model"].get("served_name") or config["model"]["name"],
-        endpoint=workload["endpoint"],
-        prompt=workload["prompt"],
-        temperature=workload["temperature"],
-        ignore_eos=workload["ignore_eos"],
-        inflight_cap=workload["inflight_cap"],
-        timeout_s=workload["request_timeout_s"],
-        seed=config["seed"],
-        workers=loadgen["workers"],
-        affinity=loadgen["affinity"],
-        cpu_latency_us=loadgen["cpu_latency_us"],
-        rt_priority=loadgen["rt_priority"],
-        validity=Validity.from_mapping(config["validity"]),
-        api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
-    )
-
-
-def _launch_seed(config: dict[str, Any], index: PhaseIndex) -> int:
+def _launch_seed(study: StudyConfig, index: PhaseIndex) -> int:
     """This launch's seed: its variant, phase, replicate and how many relaunches came before it."""
-    return launch_seed(config["seed"], index.variant, index.phase, index.replicate, len(index.restarts))
+    return launch_seed(study.seed, index.variant, index.phase, index.replicate, len(index.restarts))
 
 
 class ServerRunner:
     """Real time: the variant's server (vLLM, `ctax sim`, or an external one), the load
     generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
 
-    def __init__(self, config_path: str, config: dict[str, Any], variant: dict[str, Any], folder: PhaseLayout) -> None:
-        self.config_path, self.config, self.variant, self.folder = config_path, config, variant, folder
+    def __init__(self, study: StudyConfig, variant: Variant, folder: PhaseLayout) -> None:
+        self.study, self.variant, self.folder = study, variant, folder
         self.gpu: str | None = None
         self._lease: Any = None
 
     def __enter__(self) -> ServerRunner:
         drop_raw_logs(self.folder.raw_steps)  # an earlier launch's cells are sealed or will be redone
-        self._lease = gpu_lease(self.config["backend"], device=device(self.config))
+        self._lease = gpu_lease(self.study.backend, device=device(dict(self.study.raw)))
         self.gpu = self._lease.__enter__()
         return self
 
@@ -120,23 +98,25 @@ class ServerRunner:
 
     @contextmanager
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[_ServerLaunch]:
-        config, variant, backend = self.config, self.variant, self.config["backend"]
+        study, backend = self.study, self.study.backend
+        # The launchers read the sections they pass on to a server (server, sim, vllm) themselves.
+        config, variant = dict(study.raw), dict(self.variant.raw)
         index.gpu = gpu_description(self.gpu, backend)
-        host = variant.get("server", {}).get("host") or config["server"]["host"]
+        host = self.variant.host or study.host
         port = free_port(host, block=3 if backend == "vllm" else 1)
         raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
         raw.parent.mkdir(parents=True, exist_ok=True)
-        spec = launch_spec(self.config_path, config, variant, port, str(raw) if backend != "openai" else None)
+        spec = launch_spec(str(study.source), config, variant, port, str(raw) if backend != "openai" else None)
         if self.gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
-            spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(config, index))
+            spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(study, index))
         url = spec.url or f"http://{host}:{port}"
         index.launch_command = spec.argv
         index.server_env = dict(spec.env)
         if backend == "vllm":
             index.workarounds = workarounds(config, variant)
-        options = loadgen_options(config, url)
+        options = LoadgenOptions.of_study(study, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
         with ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server:
@@ -156,7 +136,7 @@ class ServerRunner:
                 }
             with LoadGenerator(options) as gen:
                 yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
-            available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
+            available, reason = step_timing_status(raw, backend, self.variant.connector is not None)
             index.step_timing_available, index.step_timing_reason = available, reason
 
 
@@ -232,10 +212,10 @@ class VirtualRunner:
     (oracle.virtual_run). A cell's `wall_s` is its virtual duration (what it would take on the
     modelled hardware), `compute_s` what computing it took here."""
 
-    def __init__(self, config: dict[str, Any], variant: dict[str, Any]) -> None:
-        self.config, self.variant = config, variant
-        self.settings = resolve(config, variant, {})
-        self.options = loadgen_options(config, "virtual:")
+    def __init__(self, study: StudyConfig, variant: Variant) -> None:
+        self.study, self.variant = study, variant
+        self.settings = resolve(dict(study.raw), dict(variant.raw), {})
+        self.options = LoadgenOptions.of_study(study, "virtual:")
 
     def __enter__(self) -> VirtualRunner:
         return self
@@ -247,7 +227,7 @@ class VirtualRunner:
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[VirtualRunner]:
         index.launch_command = None
         index.step_timing_available, index.step_timing_reason = True, None  # the engine model writes every step
-        self.settings = resolve(self.config, self.variant, {}, _launch_seed(self.config, index))
+        self.settings = resolve(dict(self.study.raw), dict(self.variant.raw), {}, _launch_seed(self.study, index))
         yield self
 
     def run(
