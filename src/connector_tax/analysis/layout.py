@@ -22,6 +22,7 @@ name (a configuration or cell removed from the config, superseded/ cells) are li
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,7 @@ def _read_config(layout: StudyLayout) -> StudyConfig:
         raise StudyRefused(f"{where}: {exc}") from None
 
 
-def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None:
+def _check_launch(config: Mapping[str, Any], index: PhaseIndex, where: str) -> None:
     if index.study != config["study"]:
         raise StudyRefused(f"{where}: results of study {index.study!r}, not {config['study']!r}")
     if index.backend != config["backend"]:
@@ -209,7 +210,7 @@ def _check_launch(config: dict[str, Any], index: PhaseIndex, where: str) -> None
 
 
 def _usable(
-    config: dict[str, Any], index: PhaseIndex, cell: Cell, files: CellFiles, where: str
+    config: Mapping[str, Any], index: PhaseIndex, cell: Cell, files: CellFiles, where: str
 ) -> tuple[CellSummary | None, str | None]:
     """(sealed summary, None) for a usable cell, (None, why) for one that is not; raises
     StudyRefused when the cell on record was planned with other settings."""

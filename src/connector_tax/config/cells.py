@@ -220,7 +220,7 @@ def phase_b_shapes(study: StudyConfig) -> list[dict[str, Any]]:
 
 def runs_phase_b_prime(study: StudyConfig, name: str, reference: dict[str, Any]) -> bool:
     prime = study.workload.phase_b_prime
-    return bool(prime) and name in prime["variants"] and reference.get("ref_load") != reference.get("ref_safe")
+    return prime is not None and name in prime["variants"] and reference.get("ref_load") != reference.get("ref_safe")
 
 
 def phase_b_cells(study: StudyConfig, name: str, reference: dict[str, Any], replicate: int = 1) -> list[Cell]:
@@ -286,7 +286,7 @@ def launch_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[tuple[
     return order
 
 
-def check_labels(config: dict[str, Any]) -> tuple[str, str] | None:
+def check_labels(config: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key path, problem) of the first pair of cells that would share a label, else None."""
     workload = config["workload"]
     seen: dict[str, int] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
@@ -14,7 +15,7 @@ from connector_tax.config.vllm_rules import check_settings
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
-def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None:
+def _check_connector(conn: dict[str, Any], where: str, inside_multi: bool = False) -> None:
     kind = conn["type"]
     if kind == "multi":
         if inside_multi:
@@ -42,7 +43,7 @@ def _check_connector(conn: dict, where: str, inside_multi: bool = False) -> None
         raise ConfigError(f"{where}.module_path", f"only allowed when type is custom (type is {kind})")
 
 
-def _shape_requests(shape: dict) -> list[tuple[int, int]]:
+def _shape_requests(shape: dict[str, Any]) -> list[tuple[int, int]]:
     if "mix" in shape:
         return [(e["input"], e["output"]) for e in shape["mix"]]
     if "pattern" in shape:
@@ -50,7 +51,7 @@ def _shape_requests(shape: dict) -> list[tuple[int, int]]:
     return [(shape["input"], shape["output"])]
 
 
-def _check_lengths(config: dict) -> None:
+def _check_lengths(config: dict[str, Any]) -> None:
     """Every request must fit the context window of every config that serves it; otherwise
     vLLM answers 400 to each one and a whole cell is silently empty."""
     limits = [("server.max_model_len", config["server"]["max_model_len"])]
@@ -81,7 +82,7 @@ AA_SUFFIX = "_aa"
 _COPIED = ("connector", "server", "sim", "env")
 
 
-def add_aa_control(config: dict) -> None:
+def add_aa_control(config: dict[str, Any]) -> None:
     """workload.aa_control: the baseline again as a variant of its own (`<baseline>_aa`), unless the
     study names an A/A control already; every A/A control gets its source's settings (copied, so
     that a re-validated config stays the same) and its place in Phase B' beside its source."""
@@ -115,7 +116,7 @@ def add_aa_control(config: dict) -> None:
             prime["variants"].append(variant["name"])
 
 
-def check_semantics(config: dict) -> None:
+def check_semantics(config: dict[str, Any]) -> None:
     first_index: dict[str, int] = {}
     for i, variant in enumerate(config["variants"]):
         name = variant["name"]

@@ -11,9 +11,9 @@ import copy
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from jsonschema import Draft202012Validator, validators
@@ -32,13 +32,15 @@ def default_config_path() -> Path:
     return resources.path("configs/default.yaml")
 
 
-def _extend_with_default(cls: type) -> type:
+def _extend_with_default(cls: Any) -> Any:  # jsonschema's validator classes carry no types
     """A validator that fills `default:` values in as it validates, like Snakemake's
     validate(set_default=True), except that it copies each default (a shared `{}` default
     would otherwise be aliased between configs) and never touches a non-mapping."""
     validate_properties = cls.VALIDATORS["properties"]
 
-    def set_defaults(validator: Any, properties: dict, instance: Any, schema: dict) -> Iterator:
+    def set_defaults(
+        validator: Any, properties: dict[str, Any], instance: Any, schema: dict[str, Any]
+    ) -> Iterator[Any]:
         if validator.is_type(instance, "object"):
             for key, subschema in properties.items():
                 if isinstance(subschema, dict) and "default" in subschema and key not in instance:
@@ -58,7 +60,7 @@ def _validator() -> Any:
     return _DefaultFillingValidator(schema)
 
 
-def _renamed(config: dict) -> None:
+def _renamed(config: Mapping[str, Any]) -> None:
     """Keys an earlier version of this tool read, named for what replaced them."""
     prime = (config.get("workload") or {}).get("phase_b_prime")
     for where, section in (("configs", config), ("workload.phase_b_prime.configs", prime)):
@@ -66,7 +68,7 @@ def _renamed(config: dict) -> None:
             raise ConfigError(where, "is now called variants (each a server variant: a connector plus its overrides)")
 
 
-def validate_config(config: dict) -> dict:
+def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A validated copy of `config` with the schema's defaults filled in; raises ConfigError."""
     if not isinstance(config, dict):
         raise ConfigError("(top level)", f"expected a mapping of study settings, got {type_word(config)}")
@@ -85,7 +87,7 @@ class _StrictLoader(yaml.SafeLoader):
     last one silently, so a second `phase_a:` would quietly replace the first."""
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[str, Any]:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
@@ -99,7 +101,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
                 key_node.start_mark,
             )
         seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
+    # A config's keys are strings (the schema's properties); yaml types them as any hashable.
+    return cast(dict[str, Any], loader.construct_mapping(node, deep=deep))
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -127,7 +130,7 @@ def _read_yaml(path: Path, label: str) -> Any:
         raise ConfigError(None, f"YAML syntax error: {exc}", file=label) from None
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path) -> dict[str, Any]:
     """Read, validate and default-fill a study config file; raises ConfigError (one line,
     prefixed with the file name as given)."""
     label = str(path)
@@ -140,15 +143,16 @@ def load_config(path: str | Path) -> dict:
         raise exc.in_file(label) from None
 
 
-def section_defaults(section: str) -> dict:
+def section_defaults(section: str) -> dict[str, Any]:
     """A top-level section of the config with only the schema's defaults (e.g. `saturation`)."""
     with schema_path().open(encoding="utf-8") as fh:
         schema = yaml.safe_load(fh)
-    filled: dict = {}
+    filled: dict[str, Any] = {}
     _DefaultFillingValidator({"type": "object", "properties": {section: schema["properties"][section]}}).validate(
         filled
     )
-    return filled[section]
+    section_filled: dict[str, Any] = filled[section]
+    return section_filled
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,11 +180,12 @@ def load_study(path: str | Path) -> StudyConfig:
     return dataclasses.replace(StudyConfig.from_mapping(load_config(path)), source=Path(path))
 
 
-def find_variant(config: dict, name: str) -> dict:
+def find_variant(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     """The `configs` entry called `name`."""
     for variant in config["variants"]:
         if variant["name"] == name:
-            return variant
+            found: dict[str, Any] = variant
+            return found
     known = ", ".join(v["name"] for v in config["variants"])
     raise ConfigError("variants", f"no variant named {name!r} (known: {known})")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -21,7 +22,7 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 _NOT_MEASURED = ("ready_timeout_s",)
 
 
-def merged_server(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+def merged_server(config: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
     """The study's `server` with a variant's overrides; extra_args of both, in order; without
     the settings that cannot change a measurement."""
     overrides = variant.get("server") or {}

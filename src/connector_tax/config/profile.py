@@ -30,6 +30,7 @@ A term the data could not identify is 0 in the numbers (and 1 for a scale) and s
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,13 +287,13 @@ def dump_profile(profile: EngineProfile) -> str:
     return yaml.safe_dump(profile.as_dict(), sort_keys=False, default_flow_style=None, width=120)
 
 
-def model_names(config: dict[str, Any]) -> set[str]:
+def model_names(config: Mapping[str, Any]) -> set[str]:
     """The names a study's model goes by (its path or id, and the served name)."""
     model = config.get("model") or {}
     return {n for n in (model.get("name"), model.get("served_name")) if n}
 
 
-def check_model(profile: EngineProfile, config: dict[str, Any], where: str = "sim.profile") -> None:
+def check_model(profile: EngineProfile, config: Mapping[str, Any], where: str = "sim.profile") -> None:
     """A profile fitted on one model says nothing about another: ConfigError if the study's
     model is not among the profile's."""
     if not model_names(config) & set(profile.models):
@@ -303,7 +304,7 @@ def check_model(profile: EngineProfile, config: dict[str, Any], where: str = "si
         )
 
 
-def check_study_profile(config: dict[str, Any]) -> EngineProfile | None:
+def check_study_profile(config: Mapping[str, Any]) -> EngineProfile | None:
     """For a config naming `sim.profile`: the profile, read and matched to the study's model."""
     name = (config.get("sim") or {}).get("profile")
     if not name:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
@@ -37,12 +38,12 @@ MANAGED_FLAGS = {
 CPU_BLOCK_MULTIPLE = 32
 
 
-def device(config: dict[str, Any]) -> str:
+def device(config: Mapping[str, Any]) -> str:
     """ "cuda" (a GPU host, the default) or "cpu" for backend vllm; "cuda" for other backends
     (they lease nothing anyway)."""
     if config.get("backend") != "vllm":
         return "cuda"
-    return (config.get("vllm") or {}).get("device", "cuda")
+    return str((config.get("vllm") or {}).get("device", "cuda"))
 
 
 def check_server(server: dict[str, Any], where: str) -> None:
@@ -62,7 +63,7 @@ def check_extra_args(extra_args: list[str], where: str) -> None:
             raise ConfigError(where, f"{flag} is set by the launch from {MANAGED_FLAGS[flag]}; set that instead")
 
 
-def check_settings(config: dict[str, Any]) -> None:
+def check_settings(config: Mapping[str, Any]) -> None:
     """What a launch would refuse, checked when the config loads (ConfigError, one line):
     extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
     check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import platform
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def normalize_argv(argv: list[str], port: int | None, paths: dict[str, str]) -> 
 
 
 def launch_settings(
-    config: dict[str, Any], variant: dict[str, Any], argv: list[str], server_versions: dict[str, Any]
+    config: Mapping[str, Any], variant: Mapping[str, Any], argv: list[str], server_versions: dict[str, Any]
 ) -> dict[str, Any]:
     backend = config["backend"]
     out: dict[str, Any] = {
@@ -117,7 +118,7 @@ def _settings_in_use(section: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in section.items() if not (k in _OFF_UNLESS_SET and v == _OFF_UNLESS_SET[k])}
 
 
-def cell_settings(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
+def cell_settings(config: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     workload = config["workload"]
     return {
         **cell.settings(),

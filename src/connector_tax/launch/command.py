@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,8 @@ from connector_tax.serving.spec import LaunchSpec
 
 def launch_spec(
     config_path: str | Path,
-    config: dict[str, Any],
-    variant: dict[str, Any],
+    config: Mapping[str, Any],
+    variant: Mapping[str, Any],
     port: int,
     step_log: str | None = None,
 ) -> LaunchSpec:

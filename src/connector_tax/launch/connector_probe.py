@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from connector_tax.launch.paths import tools_dir
@@ -25,7 +26,7 @@ from connector_tax.launch.paths import tools_dir
 LIBRARIES = ("mooncake", "nixl", "lmcache")  # connector types named after their library
 
 
-def libraries(variant: dict[str, Any]) -> list[str]:
+def libraries(variant: Mapping[str, Any]) -> list[str]:
     """The libraries a variant's connector loads, in vLLM's order (a MultiConnector's children)."""
     connector = variant.get("connector") or {}
     found = [connector.get("type")] + [child.get("type") for child in connector.get("children") or []]

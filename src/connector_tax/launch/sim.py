@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ from connector_tax.serving.spec import LaunchSpec
 
 def sim_command(
     config_path: str | Path,
-    config: dict[str, Any],
-    variant: dict[str, Any],
+    config: Mapping[str, Any],
+    variant: Mapping[str, Any],
     port: int,
     step_log: str | None = None,
 ) -> LaunchSpec:

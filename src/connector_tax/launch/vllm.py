@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,11 @@ _LMCACHE_DEFAULT_ENV = {
 # --------------------------------------------------------------------------- settings
 
 
-def _vllm_settings(config: dict[str, Any]) -> dict[str, Any]:
+def _vllm_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     return config.get("vllm") or {}
 
 
-def hma_policy(config: dict[str, Any]) -> str:
+def hma_policy(config: Mapping[str, Any]) -> str:
     """How the hybrid KV cache manager is set in every launch of this study, for the manifest:
     "disabled" (--disable-hybrid-kv-cache-manager on every launch, plain included: like for
     like) or "auto" (vLLM decides per launch: it turns HMA off for connectors without
@@ -94,12 +95,12 @@ def hma_policy(config: dict[str, Any]) -> str:
     return _vllm_settings(config).get("hybrid_kv_cache_manager", "disabled")
 
 
-def step_timing_enabled(config: dict[str, Any]) -> bool:
+def step_timing_enabled(config: Mapping[str, Any]) -> bool:
     """Whether launches load patches/ (the step log is written only when a path is given)."""
     return bool(_vllm_settings(config).get("step_timing", True))
 
 
-def _variant_where(config: dict[str, Any], variant: dict[str, Any]) -> str:
+def _variant_where(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
     for i, v in enumerate(config.get("variants", [])):
         if v is variant or v.get("name") == variant.get("name"):
             return f"variants[{i}]"
@@ -177,7 +178,7 @@ def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str | None:
+def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
     """How this variant's Mooncake connector moves KV, for the run record: "tcp", "rdma
     (mlx5_0)", or None when it has no Mooncake connector."""
     if "mooncake" not in _connector_kinds(variant.get("connector")):
@@ -193,12 +194,12 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 
-def workarounds(config: dict[str, Any], variant: dict[str, Any]) -> list[str]:
+def workarounds(config: Mapping[str, Any], variant: Mapping[str, Any]) -> list[str]:
     """What the launch of `variant` changes in vLLM's behaviour to run at all (disclosed)."""
     return vllm_cpu.workarounds(config, _connector_kinds(variant.get("connector")))
 
 
-def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any] | None:
+def kv_transfer_config(config: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any] | None:
     """The --kv-transfer-config object of a variant; None for plain vLLM (no connector)."""
     connector = variant.get("connector")
     if not connector:
@@ -210,7 +211,7 @@ def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[
 # --------------------------------------------------------------------------- argv and env
 
 
-def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
+def vllm_argv(config: Mapping[str, Any], variant: Mapping[str, Any], port: int) -> list[str]:
     """The exact `vllm serve` command line of a variant on `port`."""
     _check_port(port)
     server = merged_server(config, variant)
@@ -267,7 +268,7 @@ def vllm_argv(config: dict[str, Any], variant: dict[str, Any], port: int) -> lis
     return argv
 
 
-def model_path(config: dict[str, Any]) -> str:
+def model_path(config: Mapping[str, Any]) -> str:
     """model.name as `vllm serve` gets it: a hub id as written; with model.local a folder,
     relative to the repository root unless absolute, that must exist (checked here, before any
     launch: a missing dummy-weight model is a one-line error, not a server that dies)."""
@@ -286,7 +287,9 @@ def model_path(config: dict[str, Any]) -> str:
     return str(path)
 
 
-def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_log: str | None = None) -> dict[str, str]:
+def vllm_env(
+    config: Mapping[str, Any], variant: Mapping[str, Any], port: int, step_log: str | None = None
+) -> dict[str, str]:
     """The environment a launch sets (on top of the caller's)."""
     ports = side_ports(port)
     settings = _vllm_settings(config)
@@ -318,8 +321,8 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
 
 
 def vllm_command(
-    config: dict[str, Any],
-    variant: dict[str, Any],
+    config: Mapping[str, Any],
+    variant: Mapping[str, Any],
     port: int,
     step_log: str | None = None,
 ) -> LaunchSpec:

@@ -25,6 +25,7 @@ The config's vllm.env and a variant's env still win over all of these.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ MOONCAKE_GUARD_ENV = "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"
 MOONCAKE_GUARD = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
 
 
-def cpu_env(config: dict[str, Any], root: Path) -> dict[str, str]:
+def cpu_env(config: Mapping[str, Any], root: Path) -> dict[str, str]:
     cpu = (config.get("vllm") or {}).get("cpu") or {}
     cache_root = cpu.get("cache_root") or str(root / "results" / ".vllm-cache")
     cache = Path(cache_root)
@@ -50,19 +51,19 @@ def cpu_env(config: dict[str, Any], root: Path) -> dict[str, str]:
     }
 
 
-def mooncake_guard(config: dict[str, Any], connector_kinds: set[str]) -> bool:
+def mooncake_guard(config: Mapping[str, Any], connector_kinds: set[str]) -> bool:
     """Whether a launch loads the Mooncake CPU guard: backend vllm on CPU with a Mooncake connector
     (a GPU launch never does; on the host itself the guard also checks torch's answer)."""
     return device(config) == "cpu" and "mooncake" in connector_kinds
 
 
-def workarounds(config: dict[str, Any], connector_kinds: set[str]) -> list[str]:
+def workarounds(config: Mapping[str, Any], connector_kinds: set[str]) -> list[str]:
     """What a launch does to vLLM's behaviour besides measuring it, in the words every output
     shows (run.json `workarounds`, the manifest, the report)."""
     return [MOONCAKE_GUARD] if mooncake_guard(config, connector_kinds) else []
 
 
-def describe(config: dict[str, Any], version: str | None) -> str:
+def describe(config: Mapping[str, Any], version: str | None) -> str:
     """What served a vLLM study, for its report and manifest: e.g. "vLLM 0.32.0 on CPU, dummy
     weights" (never "simulated", never "GPU" when it ran on a CPU)."""
     where = "on CPU" if device(config) == "cpu" else "on GPU"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ def prompt_ids(index: int, input_len: int) -> list[int]:
     return [_UNIQUE_BASE + index] + _FILLER[: input_len - 1]
 
 
-def study_loads(config: dict[str, Any], name: str, reference: dict[str, float]) -> list[Cell]:
+def study_loads(config: Mapping[str, Any], name: str, reference: dict[str, float]) -> list[Cell]:
     """The cells at which the analysis compares variant `name` with the baseline: its Phase A
     cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the study
     config's own cell plan, so the shapes and rates are exactly the study's)."""

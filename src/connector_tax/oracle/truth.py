@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +87,7 @@ def _replicate(
 
 
 def simulate(
-    config: dict[str, Any],
+    config: Mapping[str, Any],
     reference: dict[str, float],
     variants: list[str],
     ts: TruthSettings,
@@ -199,7 +199,7 @@ def _tax_values(taxes: dict[str, Any]) -> dict[tuple[str, str, str], float | Non
 
 
 def truth(
-    config: dict[str, Any],
+    config: Mapping[str, Any],
     reference: dict[str, float],
     variants: list[str] | None = None,
     ts: TruthSettings = TruthSettings(),

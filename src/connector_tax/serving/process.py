@@ -16,8 +16,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,7 +32,7 @@ from connector_tax.serving.spec import LaunchSpec
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
 
-def ready_timeout_s(config: dict, variant: dict) -> float:
+def ready_timeout_s(config: Mapping[str, Any], variant: Mapping[str, Any]) -> float:
     """`server.ready_timeout_s` of the variant, else of the study, else the backend's default."""
     value = (variant.get("server") or {}).get("ready_timeout_s") or config["server"].get("ready_timeout_s")
     return float(value or READY_TIMEOUT_S[config["backend"]])

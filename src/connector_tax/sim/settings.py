@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ class SimSettings:
 
 
 def _calibrated(
-    profile: EngineProfile, sim: dict[str, Any], variant: dict[str, Any]
+    profile: EngineProfile, sim: dict[str, Any], variant: Mapping[str, Any]
 ) -> tuple[HardwareProfile, FittedCosts | None, ApiProfile, str]:
     """The hardware, this variant's fitted costs (None: none fitted) and API delays of a
     calibrated profile, with the config's `sim.hardware` overrides on top."""
@@ -65,7 +66,7 @@ def speed_factor(bias_sd: float, launch_seed: int | None) -> float:
 
 
 def resolve(
-    config: dict[str, Any], variant: dict[str, Any], faults: dict[str, Any], launch_seed: int | None = None
+    config: Mapping[str, Any], variant: Mapping[str, Any], faults: dict[str, Any], launch_seed: int | None = None
 ) -> SimSettings:
     """`config` is a validated study config and `variant` one of its `configs` entries;
     `faults` (from the command line) override the config's own; `launch_seed` draws this launch's
