@@ -212,7 +212,7 @@ class HttpConnection(asyncio.Protocol):
         if resp is not None and resp.complete and resp.sink is not None and not resp.finished:
             resp.finished = True
             if resp.streaming:
-                resp.sink.finish(now)  # type: ignore[union-attr]
+                resp.sink.finish(now)
             resp.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -305,7 +305,7 @@ def summarize(intervals: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "steal_frac": _r(steal / (wall * cpus)),
         "run_queue_mean": _r(sum(running) / len(running), 2),
         "run_queue_max": max(running),
-        "cpu_pressure_some_frac": None if None in pressure else _r(sum(pressure) / wall),  # type: ignore[arg-type]
+        "cpu_pressure_some_frac": None if None in pressure else _r(sum(pressure) / wall),
         "study_cores": {c: _r(per_class[c] / wall) for c in CLASSES if c != "others"},
         "host_busy_cores": _r(busy / wall),
         "unattributed_cores": _r((busy - attributed) / wall),
