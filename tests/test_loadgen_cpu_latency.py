@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from connector_tax.contract.summary import CpuLatency
 from connector_tax.loadgen.cli import OneLineParser, add_bench_arguments
 from connector_tax.loadgen.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
 
@@ -126,7 +127,7 @@ def test_unwritable_device_is_not_an_error(tmp_path: Path) -> None:
 def test_off_touches_nothing(tmp_path: Path) -> None:
     device = tmp_path / "cpu_dma_latency"
     with CpuLatencyHold(None, device=device) as state:
-        assert state.describe() == {"requested_us": None, "held": False, "detail": "not requested"}
+        assert state.describe() == CpuLatency(None, False, "not requested")
     assert not device.exists()
 
 

@@ -8,6 +8,7 @@ from array import array
 import msgspec
 import pytest
 
+from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
 
 
@@ -37,7 +38,7 @@ def test_every_message_to_a_worker_round_trips(message: ipc.ToWorker) -> None:
 
 @pytest.mark.parametrize(
     "message",
-    [ipc.Ready(0, 4242, {"requested": 5, "applied": False, "why": "no root"}), ipc.CellSet(1), ipc.Bye(2)],
+    [ipc.Ready(0, 4242, Priority(5, False, "no root")), ipc.CellSet(1), ipc.Bye(2)],
 )
 def test_every_message_to_the_main_process_round_trips(message: ipc.ToMain) -> None:
     assert ipc.to_main(ipc.pack(message)) == message

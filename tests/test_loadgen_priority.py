@@ -13,6 +13,7 @@ import pytest
 from connector_tax.config import load_config
 from connector_tax.config.cells import Cell
 from connector_tax.contract.fingerprint import cell_settings
+from connector_tax.contract.summary import Priority
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.priority import raised, set_fifo
 
@@ -45,7 +46,7 @@ def test_raised_is_this_thread_only_and_given_back() -> None:
         return seen
 
     seen = _in_thread(inside)
-    assert seen["state"] == {"requested": 5, "applied": True, "why": None}
+    assert seen["state"] == Priority(5, True, None)
     assert (seen["me"], seen["param"]) == (FIFO, 5)
     assert seen["main"] == seen["new thread"] == seen["after"] == os.SCHED_OTHER
     assert "SCHED_OTHER" in seen["new process"]  # a server started from it is never real-time
@@ -62,7 +63,7 @@ def test_inherit_passes_the_class_to_what_is_started_inside() -> None:
 
 
 def test_none_leaves_the_class_alone_and_a_refusal_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert set_fifo(None, inherit=True).describe() == {"requested": None, "applied": False, "why": None}
+    assert set_fifo(None, inherit=True).describe() == Priority(None, False, None)
 
     def refuse(*_: object) -> None:
         raise PermissionError(1, "Operation not permitted")

@@ -18,7 +18,7 @@ from connector_tax.loadgen.options import check_cell
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.shapes import parse_shapes, shape_spec
+from connector_tax.loadgen.shapes import ShapePair, parse_shapes, shape_spec
 from connector_tax.loadgen.urls import parse_url
 
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
@@ -104,7 +104,7 @@ def _url(text: str) -> str:
 
 
 def _seed(text: str) -> int:
-    value = _non_negative(int, "a whole number")(text)
+    value: int = _non_negative(int, "a whole number")(text)
     if value >= 2**63:
         raise argparse.ArgumentTypeError(f"{text} must be < 2^63")
     return value
@@ -134,7 +134,7 @@ def _file(text: str) -> str:
     return text
 
 
-def _shapes(text: str) -> list:
+def _shapes(text: str) -> list[ShapePair]:
     try:
         return parse_shapes(text)
     except ValueError as exc:  # argparse shows only an ArgumentTypeError's own message
@@ -333,7 +333,10 @@ def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> N
 def _line(summary: CellSummary) -> str:
     ttft, tpot = summary.latency_ms.ttft, summary.latency_ms.tpot
     rates, counts, v = summary.rates, summary.counts, summary.validity
-    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
     valid = "valid" if v.valid else "INVALID: " + "; ".join(v.reasons)
     return (
         f"{summary.cell}: ok={counts.ok} err={counts.error} timeout={counts.timeout} "

@@ -99,6 +99,7 @@ class FireTimer:
         self._heap: list[tuple[int, int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         timer = _timerfd()
+        self._libc: ctypes.CDLL | None
         self._fd, self._libc = timer if timer else (-1, None)
         self.min_spin_ns = min(min_spin_ns, spin_ns) if timer else LOOP_TIMER_SPIN_NS
         self.spin_ns = spin_ns if timer else LOOP_TIMER_SPIN_NS
@@ -146,7 +147,7 @@ class FireTimer:
         return min(budget_ns, max(MIN_ADAPTIVE_SPIN_NS, need))
 
     def _arm(self, wake_ns: int) -> None:
-        if self._fd >= 0:
+        if self._libc is not None:  # a timerfd (else -1 and None: the loop's own timer)
             self._armed_ns = wake_ns
             value = _Itimerspec(_Timespec(0, 0), _Timespec(wake_ns // 1_000_000_000, wake_ns % 1_000_000_000))
             self._libc.timerfd_settime(self._fd, TFD_TIMER_ABSTIME, ctypes.byref(value), None)

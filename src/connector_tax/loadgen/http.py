@@ -349,12 +349,12 @@ class ConnectionPool:
             self._waiters.append(waiter)
             await waiter
 
-    async def _resolve(self) -> list[tuple[int, str]]:
+    async def _resolve(self) -> list[tuple[int, str]]:  # (address family, address)
         """The host's addresses, looked up once per pool (as curl does per run), in the
         resolver's order: `localhost` may give ::1 before 127.0.0.1, and each is tried."""
         if not self._addrs:
             infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-            self._addrs = list(dict.fromkeys((family, sockaddr[0]) for family, _, _, _, sockaddr in infos))
+            self._addrs = list(dict.fromkeys((int(family), str(sockaddr[0])) for family, _, _, _, sockaddr in infos))
         return self._addrs
 
     async def _connect(self) -> HttpConnection:

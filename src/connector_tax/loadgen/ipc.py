@@ -49,51 +49,51 @@ class RequestResult(msgspec.Struct, frozen=True, array_like=True):
 
 
 class _Message(msgspec.Struct, frozen=True, array_like=True, tag=True):
-    pass
+    """A message. Each subclass says frozen=True again: msgspec inherits it, mypy does not."""
 
 
 # main -> worker
-class Fire(_Message):
+class Fire(_Message, frozen=True):
     """Sent ahead; the worker fires it at t_scheduled_ns."""
 
     spec: RequestSpec
     t_scheduled_ns: int
 
 
-class CancelAll(_Message):
+class CancelAll(_Message, frozen=True):
     """Abort everything in flight (drain timeout); `reason` becomes each request's error."""
 
     reason: str
 
 
-class SetCell(_Message):
+class SetCell(_Message, frozen=True):
     """Per-cell side files: the chunk log's path, or None."""
 
     chunk_log: str | None
 
 
-class Stop(_Message):
+class Stop(_Message, frozen=True):
     pass
 
 
 # worker -> main
-class Ready(_Message):
+class Ready(_Message, frozen=True):
     worker_id: int
     pid: int
     priority: Priority | None  # its scheduling class: priority.PriorityState.describe()
 
 
-class Result(_Message):
+class Result(_Message, frozen=True):
     result: RequestResult
 
 
-class CellSet(_Message):
+class CellSet(_Message, frozen=True):
     """The worker switched its side files (the answer to SetCell)."""
 
     worker_id: int
 
 
-class Bye(_Message):
+class Bye(_Message, frozen=True):
     worker_id: int
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +70,11 @@ class BodyBuilder:
         self.settings = settings
         self.seed = seed
         self.pool = TokenPool(seed)
-        tail = {"temperature": settings.temperature, "ignore_eos": settings.ignore_eos, "stream": settings.stream}
+        tail: dict[str, Any] = {
+            "temperature": settings.temperature,
+            "ignore_eos": settings.ignore_eos,
+            "stream": settings.stream,
+        }
         if settings.stream:
             tail["stream_options"] = {"include_usage": True}
         self._model = json.dumps(settings.model).encode()
@@ -100,7 +106,7 @@ class BodyBuilder:
         unique, offset, rest = self._layout(request_id, n)
         return unique + (self.pool.ids[offset : offset + rest].tolist() if rest > 0 else [])
 
-    def trace_token_ids(self, blocks: list[tuple[int, int]]) -> bytes:
+    def trace_token_ids(self, blocks: Sequence[tuple[int, int]]) -> bytes:
         """Concatenated fixed blocks: equal hash ids give byte-identical prefix blocks."""
         return b",".join(self.pool.slice(self._offset(-1 - hid, TRACE_BLOCK_TOKENS), n) for hid, n in blocks)
 
@@ -109,7 +115,7 @@ class BodyBuilder:
         words = [request_id] + [_WORDS[(key + k * 13) % len(_WORDS)] for k in range(n - 1)]
         return " ".join(words)
 
-    def body(self, request_id: str, input_len: int, output_len: int, blocks: list[tuple[int, int]] | None) -> bytes:
+    def body(self, request_id: str, input_len: int, output_len: int, blocks: Sequence[tuple[int, int]] | None) -> bytes:
         s = self.settings
         if s.endpoint == "chat" or s.prompt == "text":
             text = self.text(request_id, input_len)

@@ -151,7 +151,7 @@ class RealTimeRun:
             raise KeyboardInterrupt
         return summary
 
-    def _schedule(self, t0: int) -> Iterator[tuple[int, ipc.RequestSpec | None]]:
+    def _schedule(self, t0: int) -> Iterator[tuple[int, ipc.RequestSpec]]:
         """(target time, spec) pairs; a target of -1 means "as soon as the gate allows"."""
         cell = self.cell
         seed = self.seed

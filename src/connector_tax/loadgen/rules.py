@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from connector_tax.config.cells import Cell
+from connector_tax.config.cells import Cell, TraceRequest
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.trace import trace_arrivals
 
@@ -54,7 +54,7 @@ class CellRules:
         self._next_ask = self.issue_end
         self._was_enough = False
 
-    def trace(self) -> tuple:
+    def trace(self) -> tuple[TraceRequest, ...]:
         cell = self.cell
         assert cell.trace is not None
         return cell.trace[: cell.num_requests] if cell.num_requests else cell.trace

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +58,8 @@ def shape_seed(traffic_seed: int) -> int:
 class ShapeSampler:
     """Per-request shapes for one cell, from a config-style shape spec."""
 
-    def __init__(self, spec: dict, seed: int) -> None:
-        if not isinstance(spec, dict):
+    def __init__(self, spec: Mapping[str, Any], seed: int) -> None:
+        if not isinstance(spec, Mapping):
             raise ValueError(f"shape: must be a mapping, got {spec!r}")
         kinds = [k for k in ("mix", "pattern") if k in spec]
         if len(kinds) > 1:
@@ -107,7 +108,7 @@ class ShapeSampler:
         if self.kind == "single":
             return str(self.pairs[0])
         if self.kind == "mix":
-            content: list = [[p.input, p.output, w] for p, w in zip(self.pairs, self.weights)]
+            content: list[list[float]] = [[p.input, p.output, w] for p, w in zip(self.pairs, self.weights)]
         else:
             content = [[p.input, p.output] for p in self.pairs]
         return f"{self.kind}-{_short_hash(content)}"
@@ -141,6 +142,6 @@ def parse_shapes(text: str) -> list[ShapePair]:
     return out
 
 
-def shape_spec(pair: ShapePair) -> dict:
+def shape_spec(pair: ShapePair) -> dict[str, int]:
     """The config-style spec of one pair, for ShapeSampler."""
     return {"input": pair.input, "output": pair.output}

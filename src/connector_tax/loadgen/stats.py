@@ -101,8 +101,9 @@ class RequestStats:
         self.warmup = 0
         self.token_mismatch = 0  # ok requests whose usage disagreed with the chunks counted
         self.unmatched = 0
-        q = lambda: Quantiles(exact_cap)  # noqa: E731
-        self.ttft, self.ttft_sched, self.tpot, self.e2e, self._itl, self.lateness = q(), q(), q(), q(), q(), q()
+        self.ttft, self.ttft_sched, self.tpot, self.e2e, self._itl, self.lateness = (
+            Quantiles(exact_cap) for _ in range(6)
+        )
         # A result's gaps, as the worker sent them (µs), held until there are many: converted and
         # extended one result at a time, they were part of the ~100 µs a result's statistics
         # took on the receiver thread (sketch.py holds single values the same way, as doubles).

@@ -119,6 +119,7 @@ class Worker:
         ctx = zmq.Context()
         self.requests = ctx.socket(zmq.PULL)
         self.requests.connect(self.cfg.requests_addr)
+        self._fd = int(self.requests.getsockopt(zmq.FD))  # the socket's fd: an int on Linux
         self.results = ctx.socket(zmq.PUSH)
         self.results.setsockopt(zmq.SNDHWM, 0)
         self.results.setsockopt(zmq.LINGER, 2000)
@@ -136,13 +137,13 @@ class Worker:
         # at 64 req/s against a saturated server, with ~100 requests in flight).
         gc.freeze()
         self.results.send(ipc.pack(ipc.Ready(self.cfg.worker_id, os.getpid(), self.priority)))
-        loop.add_reader(self.requests.getsockopt(zmq.FD), self._on_readable)
+        loop.add_reader(self._fd, self._on_readable)
         loop.call_later(1.0, self._watchdog)
         self._on_readable()  # messages may have queued before the reader was added
         try:
             await self._stopped
         finally:
-            loop.remove_reader(self.requests.getsockopt(zmq.FD))
+            loop.remove_reader(self._fd)
             self.timer.close()
             tasks = list(self._tasks.values())
             for task in tasks:
@@ -171,7 +172,7 @@ class Worker:
         # The ZMQ fd is edge-triggered: drain everything now, or a message can sit unseen. ZMQ's
         # EVENTS says when nothing is left; ending on zmq.Again built an exception per drain.
         requests = self.requests
-        while requests.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(requests.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 message = ipc.to_worker(requests.recv(zmq.NOBLOCK))
             except zmq.Again:
@@ -257,7 +258,7 @@ class Worker:
                         raise
                     self.pool.release(conn)
                     conn = None
-            assert conn is not None
+            assert conn is not None and response is not None  # the loop breaks with both, or raises
             status_code = response.status
             if not response.streaming:
                 raw = b"".join(chunk for _, chunk in response.chunks)[:MAX_ERROR_BODY]

@@ -65,7 +65,7 @@ class WorkerPool:
             self._results = self._ctx.socket(zmq.PULL)
         self._results.bind(f"ipc://{self._dir}/results")
         self.worker_priority: list[Priority | None] = [None] * n_workers
-        self._pushes: list[zmq.Socket] = []
+        self._pushes: list[zmq.Socket[bytes]] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._handler: Handler | None = None
         # Messages the receiver could not decode or handle: counted, the first few kept, never
@@ -240,7 +240,7 @@ class WorkerPool:
         results = self._results
         # Edge-triggered: everything now. EVENTS says when nothing is left (an exception per
         # drain, zmq.Again, was ~4 % of the main process's CPU under py-spy).
-        while results.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(results.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 data = results.recv(zmq.NOBLOCK)
             except zmq.Again:
