@@ -124,6 +124,14 @@ class Cell:
     def max_duration(self) -> float:
         return self.max_duration_s if self.max_duration_s is not None else 10 * self.duration_s + 60
 
+    @property
+    def rps(self) -> float:
+        """The rate of an open-loop cell (every cell a study plans has one: Phase A's sweep, the
+        reference rate of Phase B and B'); ValueError for one without (closed loop, a trace)."""
+        if self.rate is None:
+            raise ValueError(f"{self.phase}/{self.label}: a cell without an arrival rate")
+        return self.rate
+
     def settings(self) -> dict[str, Any]:
         """What the cell's fingerprint hashes (contract.fingerprint.cell_settings)."""
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def preflight_check(variant: dict[str, Any]) -> str | None:
     return None
 
 
-def preflight_script(config: dict[str, Any], name: str) -> Path | None:
+def preflight_script(config: Mapping[str, Any], name: str) -> Path | None:
     """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
     --only NAME`), or None if the design runs no pre-flight for it."""
     check = preflight_check(find_variant(config, name))

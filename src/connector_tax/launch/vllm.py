@@ -92,7 +92,7 @@ def hma_policy(config: Mapping[str, Any]) -> str:
     "disabled" (--disable-hybrid-kv-cache-manager on every launch, plain included: like for
     like) or "auto" (vLLM decides per launch: it turns HMA off for connectors without
     SupportsHMA, e.g. LMCacheConnectorV1, so configurations are NOT like for like)."""
-    return _vllm_settings(config).get("hybrid_kv_cache_manager", "disabled")
+    return str(_vllm_settings(config).get("hybrid_kv_cache_manager", "disabled"))
 
 
 def step_timing_enabled(config: Mapping[str, Any]) -> bool:
@@ -274,7 +274,7 @@ def model_path(config: Mapping[str, Any]) -> str:
     launch: a missing dummy-weight model is a one-line error, not a server that dies)."""
     model = config["model"]
     if not model.get("local"):
-        return model["name"]
+        return str(model["name"])
     path = Path(model["name"])
     if not path.is_absolute():
         path = resources.workdir() / path

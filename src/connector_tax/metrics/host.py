@@ -213,10 +213,10 @@ def interval(a: Snapshot, b: Snapshot, study: Study) -> dict[str, Any]:
             heir, hops = a.procs[heir].ppid, hops + 1
         already[heir] = already.get(heir, 0.0) + p.own_s + p.children_s
     for pid, q in b.procs.items():
-        p = a.procs.get(pid)
+        was = a.procs.get(pid)
         total = q.own_s + q.children_s
-        if p is not None and p.start == q.start:
-            used = total - p.own_s - p.children_s - already.get(pid, 0.0)
+        if was is not None and was.start == q.start:
+            used = total - was.own_s - was.children_s - already.get(pid, 0.0)
         else:
             used = total  # started since `a`: all of its time is in this interval
         used = max(0.0, used)
@@ -275,7 +275,8 @@ def summarize(intervals: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """A cell's host report from its intervals (first snapshot to last)."""
     items = list(intervals)
     if not items:
-        return msgspec.to_builtins(not_measured("no host snapshot was taken"))
+        empty: dict[str, Any] = msgspec.to_builtins(not_measured("no host snapshot was taken"))
+        return empty
     wall = sum(i["wall_s"] for i in items)
     cpus = items[-1]["cpus"]
     per_class = {c: sum(i["cpu_s"][c] for i in items) for c in CLASSES}

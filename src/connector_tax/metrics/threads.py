@@ -141,7 +141,9 @@ class ThreadSampler:
                 return
 
 
-def record_idle(root_pid: int, path: Path, seconds: float, interval_s: float, labels: Callable[[], dict[str, str]]):
+def record_idle(
+    root_pid: int, path: Path, seconds: float, interval_s: float, labels: Callable[[], dict[str, str]]
+) -> int:
     """Sample an idle server for `seconds` into `path` (written beside it and renamed: a kill leaves
     no half file under its name). Returns the number of samples."""
     tmp = path.with_name(path.name + ".tmp")

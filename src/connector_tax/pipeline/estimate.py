@@ -88,14 +88,14 @@ def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     entries = shape.get("mix") or shape.get("pattern") or [shape]
     inp = max(e["input"] for e in entries)
     out = max(e["output"] for e in entries)
-    chunk = study.raw["server"]["max_num_batched_tokens"]
+    chunk: int = study.raw["server"]["max_num_batched_tokens"]
     prefill = -(-inp // chunk) * hw.step_base_us + inp * hw.prefill_token_us
     decode = out * (hw.step_base_us + hw.decode_seq_us)
-    return (prefill + decode) / 1e6
+    return float(prefill + decode) / 1e6
 
 
 def cell_seconds(study: StudyConfig, cell: Cell) -> float:
-    issue = max(cell.duration_s, cell.min_completed / cell.rate)
+    issue = max(cell.duration_s, cell.min_completed / cell.rps)
     return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + CELL_FIXED_S
 
 

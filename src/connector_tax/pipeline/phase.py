@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from connector_tax.atomic import write_atomic, write_json
@@ -37,7 +38,7 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
-from connector_tax.pipeline.measure import Policies, ServerDied, measure
+from connector_tax.pipeline.measure import Policies, ServerDied, Suspect, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
@@ -132,7 +133,9 @@ def policies(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
     )
 
 
-def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
+def _pruner(
+    layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex
+) -> Callable[[CellPlan], str | None]:
     """Why a cell about to be measured is not worth it (prune.py): Phase A past the knee of the
     complete cells below it; Phase B' on a shape saturated in Phase B."""
 
@@ -141,7 +144,7 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
 
     def check(planned: CellPlan) -> str | None:
         if planned.cell.phase == PHASE_A:
-            return knee(layout, study, name, [p for p in plan.cells if p.cell.rate < planned.cell.rate and complete(p)])
+            return knee(layout, study, name, [p for p in plan.cells if p.cell.rps < planned.cell.rps and complete(p)])
         if planned.cell.phase == PHASE_B_PRIME:
             shape = next(
                 (p for p in plan.cells if p.cell.phase == PHASE_B and p.cell.label == planned.cell.label), None
@@ -152,7 +155,7 @@ def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan
     return check
 
 
-def _pairer(layout: StudyLayout, study: StudyConfig):
+def _pairer(layout: StudyLayout, study: StudyConfig) -> Callable[[Cell], Path | None]:
     """The baseline's sealed requests a cell that stops on its taxes is paired with: its cell of
     the same phase, label and replicate, if complete (else None: the cell stops on its p90s)."""
 
@@ -166,7 +169,7 @@ def _pairer(layout: StudyLayout, study: StudyConfig):
     return pair_with
 
 
-def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
+def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex) -> Suspect:
     """Why a valid Phase A attempt must be measured once more (prune.ttft_growth_only)."""
 
     def check(planned: CellPlan, files: CellFiles) -> str | None:
@@ -176,7 +179,7 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
             p
             for p in plan.cells
             if p.cell.phase == PHASE_A
-            and p.cell.rate < planned.cell.rate
+            and p.cell.rps < planned.cell.rps
             and (index.cell(p.cell.phase, p.cell.label) or IndexEntry("", "", "", {})).status == COMPLETE
         ]
         return ttft_growth_only(layout, study, name, planned, files, done)

@@ -65,7 +65,8 @@ def launch_argv(config_path: str | Path, config: Mapping[str, Any], variant: Map
 
 def read_reference(layout: StudyLayout) -> dict[str, Any] | None:
     try:
-        return json.loads(layout.reference_rates.read_text(encoding="utf-8"))
+        reference: dict[str, Any] = json.loads(layout.reference_rates.read_text(encoding="utf-8"))
+        return reference
     except (OSError, ValueError):
         return None
 
@@ -102,7 +103,7 @@ def pending_cells(layout: StudyLayout, plan: LaunchPlan) -> dict[str, str]:
         if ok:
             continue
         old = index.cell(planned.cell.phase, planned.cell.label) if index else None
-        if old is not None and old.fingerprint != planned.fingerprint:
+        if index is not None and old is not None and old.fingerprint != planned.fingerprint:
             changed = differences(
                 {"launch": index.launch, "cell": old.settings, "code": index.code},
                 {"launch": plan.launch, "cell": planned.settings, "code": plan.code},

@@ -22,6 +22,7 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -42,7 +43,7 @@ def predictable(study: StudyConfig, named_profile: bool) -> str | None:
     return None
 
 
-def virtual_config(study: StudyConfig) -> dict:
+def virtual_config(study: StudyConfig) -> dict[str, Any]:
     """The study as a virtual-time simulated one (same name: it runs in its own scratch folder)."""
     config = copy.deepcopy(dict(study.raw))
     config["backend"] = "sim"

@@ -90,9 +90,10 @@ def script_interpreter(executable: str) -> str | None:
 def _probe(python: str) -> dict[str, Any]:
     text = _run([python, "-c", _PROBE, *SERVER_PACKAGES])
     try:
-        return json.loads(text) if text else {"error": f"{python} did not answer"}
+        found: dict[str, Any] = json.loads(text) if text else {"error": f"{python} did not answer"}
+        return found
     except ValueError:
-        return {"error": f"{python} answered {text[:80]!r}"}
+        return {"error": f"{python} answered {(text or '')[:80]!r}"}
 
 
 def server_versions(config: Mapping[str, Any]) -> dict[str, Any]:

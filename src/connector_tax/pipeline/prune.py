@@ -76,7 +76,7 @@ def knee(layout: StudyLayout, study: StudyConfig, name: str, done: list[CellPlan
     if not done or not study.workload.phase_a.prune_after_knee:
         return None
     top = done[-1]
-    lower = [p for p in done[:-1] if p.cell.rate <= top.cell.rate / 2 + 1e-9 and valid(layout, name, p)]
+    lower = [p for p in done[:-1] if p.cell.rps <= top.cell.rps / 2 + 1e-9 and valid(layout, name, p)]
     fired = saturated(layout, study, name, top, lower[-1] if lower else None)
     return None if fired is None else f"{PRUNED}: saturated at {top.cell.label} ({fired})"
 
@@ -90,7 +90,7 @@ def ttft_growth_only(
     throughput and queue would show a real knee too. `done`: the complete cells below it."""
     if planned.cell.phase != PHASE_A:
         return None
-    lower = [p for p in done if p.cell.rate <= planned.cell.rate / 2 + 1e-9 and valid(layout, name, p)]
+    lower = [p for p in done if p.cell.rps <= planned.cell.rps / 2 + 1e-9 and valid(layout, name, p)]
     if not lower:
         return None
     row = _row(layout, study, name, planned, files)

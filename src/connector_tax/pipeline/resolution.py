@@ -28,7 +28,7 @@ def _half(estimate: dict[str, Any]) -> float | None:
     ci = estimate.get("ci")
     if not ci or None in ci:
         return None
-    return (ci[1] - ci[0]) / 2
+    return float(ci[1] - ci[0]) / 2
 
 
 def resolution(results_dir: Path) -> list[dict[str, Any]]:

@@ -108,7 +108,7 @@ class AncestorWatch:
 
     def _alive(self, pid: int, created: float) -> bool:
         try:
-            return psutil.Process(pid).create_time() == created
+            return bool(psutil.Process(pid).create_time() == created)
         except psutil.Error:
             return False
 

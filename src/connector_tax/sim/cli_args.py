@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
-def _number(kind: type, low: float, high: float | None = None, low_open: bool = False):
+def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
-            value = kind(text)
+            value = float(kind(text))
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
         if value < low or (low_open and value == low) or (high is not None and value > high):
@@ -20,7 +21,7 @@ def _number(kind: type, low: float, high: float | None = None, low_open: bool = 
     return parse
 
 
-FAULT_FLAGS: dict[str, tuple[object, str]] = {
+FAULT_FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "fail_start": (str, "exit at start-up with this reason instead of serving"),
     "slow_start_s": (_number(float, 0), "wait this long before accepting requests"),
     "crash_after_s": (_number(float, 0, low_open=True), "die this many seconds after becoming ready"),

@@ -118,13 +118,17 @@ async def _serve(
         request_log=request_log,
         on_accept=on_accept,
     )
-    app.loop = asyncio.get_running_loop()
+    app.loop = loop = asyncio.get_running_loop()
+
+    def on_death(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(app.mark_engine_dead)
+
     runner = EngineRunner(
         core,
         publish=app.publish,
         on_step=metrics.on_step,
         step_log=step_log,
-        on_death=lambda exc: app.loop.call_soon_threadsafe(app.mark_engine_dead),
+        on_death=on_death,
     )
     runner.start()
     server = uvicorn.Server(
