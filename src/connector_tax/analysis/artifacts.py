@@ -54,7 +54,8 @@ def check_artifacts(study: Any) -> dict[str, Any]:
 
 
 def runtime_of(study: Any) -> dict[str, Any]:
-    starts, ends = [], []
+    starts: list[_dt.datetime] = []
+    ends: list[_dt.datetime] = []
     for run in study.runs.values():
         r = run.run or {}
         for key, bucket in (("started", starts), ("finished", ends)):

@@ -135,7 +135,8 @@ def time_series_stats(
 
 
 def _null(a: np.ndarray) -> np.ndarray:
-    return a == NULL_INT
+    null: np.ndarray = a == NULL_INT
+    return null
 
 
 def _window(t_sched: np.ndarray, post: np.ndarray) -> tuple[int | None, int | None]:
@@ -212,7 +213,7 @@ def request_stats(
 
 
 def metric_stats(cell: Measurement, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None]:
-    row = {k: None for k in _METRICS}
+    row: dict[str, Any] = {k: None for k in _METRICS}
     row["metrics_n"] = 0
     if not cell.has("metrics"):
         return row, None

@@ -15,7 +15,7 @@ def _sc(
     status: str,
     outcome: str | None,
     reason: str,
-    numbers: dict | None = None,
+    numbers: dict[str, Any] | None = None,
     confidence: str | None = None,
 ) -> dict[str, Any]:
     return {
@@ -38,7 +38,7 @@ def _from(
     cid: str,
     title: str,
     outcome: Callable[[dict[str, Any]], str],
-    numbers: Callable[[dict[str, Any]], dict],
+    numbers: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any]:
     """A success criterion that reports one hypothesis's number: met once the number exists."""
     if h["verdict"] == "not_applicable":

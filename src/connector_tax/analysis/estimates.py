@@ -77,7 +77,7 @@ class Taxes:
         return est if est and est.get("value") is not None else None
 
     def missing_reason(self, config: str) -> str:
-        return (self.safe.get("missing") or {}).get(config, "no TTFT p90 tax at ref_safe")
+        return str((self.safe.get("missing") or {}).get(config, "no TTFT p90 tax at ref_safe"))
 
     def phase_b_cells(self) -> dict[str, Any]:
         return (self.doc.get(PHASE_B) or {}).get("cells") or {}

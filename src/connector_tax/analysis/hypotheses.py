@@ -253,7 +253,14 @@ def judge(rule: Rule, taxes: Taxes, configs: list[str], baseline: str | None) ->
     }
 
 
-def mark_perturbed(h: dict[str, Any], rule: Rule, taxes: dict[str, Any], baseline: str, rows, reference) -> None:
+def mark_perturbed(
+    h: dict[str, Any],
+    rule: Rule,
+    taxes: dict[str, Any],
+    baseline: str,
+    rows: list[dict[str, Any]],
+    reference: dict[str, Any],
+) -> None:
     """A call resting on a cell measured while perturbed (or on a ref_safe such cells chose) is
     never "confident": `confidence` says what it rests on, `rests_on` lists the cells."""
     if h["verdict"] in ("not_applicable",):

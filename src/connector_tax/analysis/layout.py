@@ -80,7 +80,7 @@ class Measurement:
 
     @property
     def rate(self) -> float:
-        return self.planned.rate
+        return self.planned.rps
 
     @property
     def shape(self) -> tuple[int, int] | None:
@@ -331,7 +331,7 @@ def load_study(root: Path) -> Study:
     )
 
 
-def _sort_key(cell: Measurement) -> tuple:
+def _sort_key(cell: Measurement) -> tuple[int, float, int, str]:
     if cell.phase == PHASE_A:
         return (0, cell.rate, 0, cell.label)
     if cell.shape is not None:

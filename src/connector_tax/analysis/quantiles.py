@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ def _se(lo: float | None, hi: float | None, log: bool = False) -> float | None:
 
 def ratio_minus_one(
     x: float | None, x_lo: float | None, x_hi: float | None, b: float | None, b_lo: float | None, b_hi: float | None
-) -> dict:
+) -> dict[str, Any]:
     """x / b - 1 with a delta-method 95% CI (log scale)."""
     if x is None or b is None or b <= 0 or x <= 0:
         return {"value": None, "ci": None}
@@ -142,7 +143,7 @@ def ratio_minus_one(
 
 def difference(
     x: float | None, x_lo: float | None, x_hi: float | None, b: float | None, b_lo: float | None, b_hi: float | None
-) -> dict:
+) -> dict[str, Any]:
     """x - b with a 95% CI from the two intervals' standard errors."""
     if x is None or b is None:
         return {"value": None, "ci": None}
@@ -154,7 +155,7 @@ def difference(
     return {"value": value, "ci": [value - _Z[0.95] * s, value + _Z[0.95] * s]}
 
 
-def combine(terms: list[tuple[float, dict]]) -> dict:
+def combine(terms: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
     """sum(coef * term) of {"value", "ci"} estimates, CI from standard errors in quadrature
     (treats the terms as independent; where they share the baseline this overstates the
     uncertainty, i.e. errs towards "inconclusive")."""
@@ -167,7 +168,7 @@ def combine(terms: list[tuple[float, dict]]) -> dict:
     return {"value": value, "ci": [value - _Z[0.95] * s, value + _Z[0.95] * s]}
 
 
-def tax_combination(terms: list[tuple[float, dict]]) -> dict:
+def tax_combination(terms: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
     """sum(coef * tax) for taxes X_i / P - 1 over ONE shared baseline quantile P, by the
     delta method on the raw quantiles (so P's uncertainty enters once, with its true sign):
     d/dX_i = coef_i / P, d/dP = -sum(coef_i X_i) / P^2. Each term needs "x_p90", "x_ci",

@@ -108,7 +108,7 @@ def cell_criteria(
                 vs_ttft_p90_ms=lo_ttft,
                 exact_half=bool(rate is not None and lo_rate is not None and abs(lo_rate - rate / 2) < _EPS),
             )
-            if not c3["exact_half"]:
+            if not c3["exact_half"] and rate is not None:
                 c3["note"] = f"r/2 = {rate / 2:g} not measured; compared with the nearest lower rate {lo_rate:g}"
             if lo_ttft and hi_ttft is not None and lo_ttft > 0:
                 c3["value"] = hi_ttft / lo_ttft
@@ -119,7 +119,7 @@ def cell_criteria(
     fired = [name for name, c in crit.items() if c["fired"]]
     evaluable = [name for name, c in crit.items() if c["fired"] is not None]
     undecided = [name for name, c in crit.items() if c.get("undecided")]
-    out = {"saturated": bool(fired) if evaluable else None, "fired": fired, "criteria": crit}
+    out: dict[str, Any] = {"saturated": bool(fired) if evaluable else None, "fired": fired, "criteria": crit}
     if not fired and undecided:
         # Growth that the intervals can neither show nor rule out: the cell is neither a knee
         # nor a rate below one (never a reference rate); its neighbours decide.
@@ -139,11 +139,11 @@ def _growth_by_intervals(c3: dict[str, Any], row: dict[str, Any], lower: dict[st
     the two cells (too few TTFTs for batch means) the point estimates are compared, and `basis` says so."""
     hi_lo, hi_hi = _num(row.get("ttft_ms_p90_ci_lo")), _num(row.get("ttft_ms_p90_ci_hi"))
     lo_lo, lo_hi = _num(lower.get("ttft_ms_p90_ci_lo")), _num(lower.get("ttft_ms_p90_ci_hi"))
-    if None in (hi_lo, hi_hi, lo_lo, lo_hi) or not lo_lo or lo_lo <= 0 or not lo_hi:
+    if hi_lo is None or hi_hi is None or lo_lo is None or lo_hi is None or lo_lo <= 0 or not lo_hi:
         c3["basis"] = "point estimates (no interval for one of the two cells)"
         c3["fired"] = bool(c3["value"] > threshold)
         return
-    ci = [max(0.0, hi_lo) / lo_hi, hi_hi / lo_lo]  # type: ignore[operator]
+    ci = [max(0.0, hi_lo) / lo_hi, hi_hi / lo_lo]
     c3["ci"], c3["basis"] = ci, "intervals"
     if ci[0] > threshold:
         c3["fired"] = True
@@ -195,14 +195,14 @@ def phase_a_saturation(
     for a variant if any of its launches was saturated there (the reference rates must hold for
     every launch), unsaturated if one was judged and none saturated; `replicates` says each one's."""
     per_launch = phase_a_saturation_by_launch(rows, thresholds, basis)
-    out: dict[str, dict[float, dict[str, Any]]] = {}
+    out: dict[str, dict[float, dict[int, dict[str, Any]]]] = {}  # {variant: {rate: {replicate: verdict}}}
     for (name, replicate), cells in sorted(per_launch.items()):
         for rate, sat in cells.items():
             out.setdefault(name, {}).setdefault(rate, {})[replicate] = sat
     merged: dict[str, dict[float, dict[str, Any]]] = {}
-    for name, cells in out.items():
+    for name, by_rate in out.items():
         merged[name] = {}
-        for rate, by_rep in sorted(cells.items()):
+        for rate, by_rep in sorted(by_rate.items()):
             if len(by_rep) == 1:
                 merged[name][rate] = next(iter(by_rep.values()))
                 continue

@@ -48,7 +48,9 @@ def cells_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=COLUMNS)
 
 
-def _tax_rows(phase: str, point: str, entry: dict[str, Any], baseline: str, shape: tuple[Any, Any]) -> list[dict]:
+def _tax_rows(
+    phase: str, point: str, entry: dict[str, Any], baseline: str | None, shape: tuple[Any, Any]
+) -> list[dict[str, Any]]:
     out = []
     for config, metrics in (entry.get("variants") or {}).items():
         for metric, doc in metrics.items():

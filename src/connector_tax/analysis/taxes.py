@@ -83,7 +83,7 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     )
     step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
     c = "connector_total_us_p50"
-    callback = {"value": _get(x, c), "ci": None}
+    callback: dict[str, Any] = {"value": _get(x, c), "ci": None}
     if callback["value"] is not None and _get(x, f"{c}_ci_lo") is not None and _get(x, f"{c}_ci_hi") is not None:
         callback["ci"] = [_get(x, f"{c}_ci_lo"), _get(x, f"{c}_ci_hi")]
     if callback["value"] is None and step["value"] is not None:
@@ -173,11 +173,14 @@ def _geomean(values: list[float | None]) -> float | None:
 
 
 def pair_taxes(
-    x: dict[str, Any], b: dict[str, Any], launch: LaunchTaxes | None = None, where: tuple[str, ...] = ()
+    x: dict[str, Any],
+    b: dict[str, Any],
+    launch: LaunchTaxes | None = None,
+    where: tuple[str, str, str, str] | None = None,
 ) -> dict[str, Any]:
     """The taxes of variant row x over baseline row b; `launch` (with `where` = (variant,
     baseline, phase, label)) gives the TTFT and TPOT taxes from the requests of every launch."""
-    if launch is not None and where:
+    if launch is not None and where is not None:
         out = {m: launch.tax(*where, metric) for m, metric in (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))}
     else:
         out = {"ttft_p90": latency_tax(x, b, "ttft_ms"), "tpot_p90": latency_tax(x, b, "tpot_ms")}
@@ -247,7 +250,7 @@ def compute_taxes(
                         baseline if b is None else name
                     )
                     continue
-                entry["variants"][name] = pair_taxes(x, b, launch, (name, baseline, PHASE_A, label))
+                entry["variants"][name] = pair_taxes(x, b, launch, (name, baseline, PHASE_A, str(label)))
         out["phase_a"][ref] = entry
     safe, load = out["phase_a"]["ref_safe"]["variants"], out["phase_a"]["ref_load"]["variants"]
     out["amplification"] = {
@@ -264,7 +267,7 @@ def compute_taxes(
             {r["cell"] for r in rows if r["phase"] == phase},
             key=lambda s: (index.get((baseline, phase, s)) or {}).get("input_len") or 0,
         )
-        rates = {r.get("rate") for r in rows if r["phase"] == phase and r.get("rate") is not None}
+        rates = {float(r["rate"]) for r in rows if r["phase"] == phase and r.get("rate") is not None}
         for label in labels:
             b = index.get((baseline, phase, label))
             any_row = next(r for r in rows if r["phase"] == phase and r["cell"] == label)
@@ -291,5 +294,5 @@ def compute_taxes(
                     continue
                 cell["variants"][name] = pair_taxes(x, b, launch, (name, baseline, phase, label))
             cells[label] = cell
-        out[phase] = {"rates": sorted(float(r) for r in rates), "cells": cells}
+        out[phase] = {"rates": sorted(rates), "cells": cells}
     return out

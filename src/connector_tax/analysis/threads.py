@@ -62,7 +62,7 @@ def usage(path: Path) -> dict[str, Any] | None:
         for p in s.procs:
             for t in p.threads:
                 cores.setdefault((p.pid, t.tid), set()).add(t.core)
-    threads = []
+    threads: list[dict[str, Any]] = []
     for p in last.procs:
         role = _role(p, root)
         for t in p.threads:

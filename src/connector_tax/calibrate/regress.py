@@ -186,8 +186,8 @@ def fit_terms(
     for name in names:
         if name in active:
             i = active.index(name)
-            b, s = float(beta[i]), float(se[i])
-            fit.terms[name] = Term(name, b, s, (b - t_crit * s, b + t_crit * s))
+            coef, err = float(beta[i]), float(se[i])
+            fit.terms[name] = Term(name, coef, err, (coef - t_crit * err, coef + t_crit * err))
         else:
             fit.terms[name] = Term(name, 0.0, identified=False, why=dropped.get(name, "not identified"))
     total = float(((y - y.mean()) ** 2).sum())
