@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "truth", help="the simulator's true p90s, taxes and H1-H6 verdicts of a study config (virtual time)"
     )
     add_truth_arguments(truth)
+    # argparse's sub-parsers take no error hook: each one's method is replaced, so that a bad
+    # argument is one line naming the command (mypy flags any assignment to a method).
     truth.error = lambda message: truth.exit(2, f"ctax truth: {message}\n")  # type: ignore[method-assign]
     truth.set_defaults(func=_truth)
 
@@ -213,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="drive a server with the open-loop load generator")
     add_bench_arguments(bench)
-    bench.error = lambda message: bench.exit(2, f"ctax bench: {message}\n")  # type: ignore[method-assign]
+    bench.error = lambda message: bench.exit(2, f"ctax bench: {message}\n")  # type: ignore[method-assign]  # as truth's
     bench.set_defaults(func=_bench)
 
     from connector_tax.pipeline.analyze import add_arguments as add_analyze_arguments
@@ -229,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit the simulator's engine profile from a real study (-o PROFILE), or check one (--check --profile)",
     )
     add_calibrate_arguments(calibrate)
-    calibrate.error = lambda message: calibrate.exit(2, f"ctax calibrate: {message}\n")  # type: ignore[method-assign]
+    calibrate.error = lambda message: calibrate.exit(2, f"ctax calibrate: {message}\n")  # type: ignore[method-assign]  # as truth's
     calibrate.set_defaults(func=_calibrate)
 
     plan = sub.add_parser("plan", help="a study's cells, estimated wall time per stage, GPU-hours, nothing run")

@@ -112,8 +112,8 @@ def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
     den = unresolved(mb, K.MOONCAKE_BOTH)
     if den is not None:
         note = f"mooncake_both's tax is not resolved ({den['why']}): the share is unbounded"
-    elif ci_of(noop):
-        ci = div_interval(ci_of(noop), ci_of(mb))  # type: ignore[arg-type]
+    elif (num := ci_of(noop)) is not None and (over := ci_of(mb)) is not None:
+        ci = div_interval(num, over)
     value = noop["value"] / mb["value"]
     share = {"value": value, "ci": ci, "note": note}
     return {
@@ -139,8 +139,8 @@ def h4_rel_dev(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
     den = unresolved(multi, K.MULTI)
     if den is not None:
         note = f"{K.MULTI}'s tax is not resolved ({den['why']}): the relative deviation is unbounded"
-    elif ci_of(dev):
-        ci = div_interval(ci_of(dev), ci_of(multi))  # type: ignore[arg-type]
+    elif (num := ci_of(dev)) is not None and (over := ci_of(multi)) is not None:
+        ci = div_interval(num, over)
     value = dev["value"] / multi["value"]
     return {
         "value": value,

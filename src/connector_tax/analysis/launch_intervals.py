@@ -226,10 +226,11 @@ def tax_interval(replicates: list[PairedRatio], launch: LaunchVariance) -> dict[
         "launch_sd": None if launch.variance is None else math.sqrt(launch.variance),
         "launch_df": launch.df,
     }
-    if any(r.variance is None for r in replicates):
+    variances = [r.variance for r in replicates if r.variance is not None]
+    if len(variances) < len(replicates):
         out["note"] = TOO_SMALL.replace("its p90", "the p90 of a cell behind it")
         return out
-    within = sum(r.variance for r in replicates) / k**2  # type: ignore[misc]
+    within = sum(variances) / k**2
     df_within = sum(r.df for r in replicates)
     if k < 2 or launch.variance is None:
         between, df_between = 0.0, None

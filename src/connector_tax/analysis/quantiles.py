@@ -185,10 +185,10 @@ def tax_combination(terms: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]
         return combine(terms)
     p = terms[0][1].get("base_p90")
     sp = _se(*(terms[0][1].get("base_ci") or [None, None]))
-    sx = [_se(*(t.get("x_ci") or [None, None])) for _, t in terms]
-    if not p or sp is None or any(s is None for s in sx) or any(t.get("x_p90") is None for _, t in terms):
+    sx = [s for _, t in terms if (s := _se(*(t.get("x_ci") or [None, None]))) is not None]
+    if not p or sp is None or len(sx) < len(terms) or any(t.get("x_p90") is None for _, t in terms):
         return {"value": value, "ci": None}
-    var = sum((c / p) ** 2 * s**2 for (c, _), s in zip(terms, sx))  # type: ignore[operator]
+    var = sum((c / p) ** 2 * s**2 for (c, _), s in zip(terms, sx))
     var += (sum(c * t["x_p90"] for c, t in terms) / p**2) ** 2 * sp**2
     s = math.sqrt(var)
     return {"value": value, "ci": [value - _Z[0.95] * s, value + _Z[0.95] * s]}

@@ -143,7 +143,7 @@ class LaunchTaxes:
         if key not in self._pairs:
             x, b = self.series.get((name, phase, label, r)), self.series.get((baseline, phase, label, r))
             ok = x is not None and b is not None and metric in x and metric in b
-            self._pairs[key] = paired_log_ratio(x[metric], b[metric]) if ok else None  # type: ignore[index]
+            self._pairs[key] = paired_log_ratio(x[metric], b[metric]) if x and b and ok else None
         return self._pairs[key]
 
     def tax(self, name: str, baseline: str, phase: str, label: str, metric: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import copy
 import math
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,8 @@ def compare_taxes(measured: dict[str, Any], predicted: dict[str, Any]) -> list[d
     return out
 
 
-def _virtual_config(config: dict[str, Any], profile: EngineProfile) -> dict[str, Any]:
-    out = copy.deepcopy(config)
+def _virtual_config(config: Mapping[str, Any], profile: EngineProfile) -> dict[str, Any]:
+    out = copy.deepcopy(dict(config))
     out["backend"] = "sim"
     out["sim"] = {**(out.get("sim") or {}), "clock": "virtual", "profile": str(profile.source)}
     out["sim"].pop("hardware_profile", None)

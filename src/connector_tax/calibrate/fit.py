@@ -93,7 +93,8 @@ def baseline_of(data: StudyData) -> str:
 def _connector(data: StudyData, variant: str) -> dict[str, Any] | None:
     for v in data.study.settings.raw["variants"]:
         if v["name"] == variant:
-            return v.get("connector")
+            connector: dict[str, Any] | None = v.get("connector")
+            return connector
     return None
 
 
@@ -295,7 +296,11 @@ def _timing(data: StudyData) -> dict[str, Any]:
 
     layout = StudyLayout(data.study.root)
     status = read_json(layout.preflight_status) or {}
-    launched, skipped, overheads, skip_jobs, total = [], [], [], [], 0.0
+    launched: list[float] = []
+    skipped: list[float] = []
+    overheads: list[float] = []
+    skip_jobs: list[float] = []
+    total = 0.0
     skipped_names = {n: v.get("reason") for n, v in status.items() if isinstance(v, dict) and v.get("status") != "ok"}
     for name in data.study.variants:
         s = _benchmark_s(layout.benchmark(f"preflight_{name}"))
@@ -335,7 +340,7 @@ def _timing(data: StudyData) -> dict[str, Any]:
 
 def _provenance(data: StudyData, baseline: str) -> dict[str, Any]:
     runs = [r for r in data.runs.values() if r]
-    versions = next((r.get("server_versions") for r in runs if r.get("server_versions")), {}) or {}
+    versions: dict[str, Any] = next((r["server_versions"] for r in runs if r.get("server_versions")), {})
     starts = sorted(r["started"] for r in runs if r.get("started"))
     ends = sorted(r["finished"] for r in runs if r.get("finished"))
     return {

@@ -93,7 +93,7 @@ class StudyData:
     cells: list[CellData]
     block_size: int
     kv_cache_blocks: int | None
-    runs: dict[tuple[str, str], dict[str, Any]]
+    runs: dict[tuple[str, str, int], dict[str, Any]]  # (variant, launch phase, replicate): its run.json
 
     @property
     def variants(self) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,13 +37,13 @@ def predicted_step(profile: EngineProfile, variant: VariantProfile | None, steps
         + hw["context_token_us"] * steps["context_tokens"].fillna(0).to_numpy()
     )
     if variant is None:
-        return forward
+        return np.asarray(forward, dtype=float)
     total = forward * variant.forward_scale + variant.extra_us
     running = steps["num_running"].fillna(0).to_numpy()
     blocks = steps["blocks"].fillna(0).to_numpy()
     for terms in variant.hooks.values():
         total = total + terms["fixed_us"] + terms["per_request_us"] * running + terms["per_block_us"] * blocks
-    return total
+    return np.asarray(total, dtype=float)
 
 
 def launch_speeds(profile: EngineProfile, data: StudyData) -> dict[tuple[str, str], float]:
@@ -64,7 +65,9 @@ def launch_speeds(profile: EngineProfile, data: StudyData) -> dict[tuple[str, st
     return out
 
 
-def at_speed(profile: EngineProfile, variant: str, connector: dict | None, speed: float, folder: Path) -> Path:
+def at_speed(
+    profile: EngineProfile, variant: str, connector: dict[str, Any] | None, speed: float, folder: Path
+) -> Path:
     """A copy of the profile whose `variant` runs `speed` times slower, written under `folder`."""
     fitted = profile.variant_for(variant, connector) or VariantProfile(connector=connector)
     slowed = dataclasses.replace(

@@ -106,9 +106,9 @@ def _allowed_cpus() -> list[int]:
 def _perf_of(cpus: list[int], sys_cpu: Path) -> dict[int, int]:
     # One source for every CPU, or none: a max frequency and a CPPC perf level do not compare.
     for rel in ("cpufreq/cpuinfo_max_freq", "acpi_cppc/highest_perf", "cpu_capacity"):
-        vals = {c: _read_int(sys_cpu / f"cpu{c}" / rel) for c in cpus}
-        if all(v is not None for v in vals.values()):
-            return {c: int(v) for c, v in vals.items()}  # type: ignore[arg-type]
+        vals = {c: v for c in cpus if (v := _read_int(sys_cpu / f"cpu{c}" / rel)) is not None}
+        if len(vals) == len(cpus):
+            return vals
     return {c: 0 for c in cpus}
 
 

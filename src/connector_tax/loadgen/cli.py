@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
@@ -35,7 +35,7 @@ _FLAGS = {
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments: one clear line on stderr and exit 2 (no usage dump)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"ctax bench: {message}\n")
 
 
@@ -152,6 +152,8 @@ def _reject_unknown(p: argparse.ArgumentParser) -> None:
             p.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 
+    # argparse has no hook for what to do with unknown arguments: this parser's own method is
+    # replaced (mypy flags any assignment to a method).
     p.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 

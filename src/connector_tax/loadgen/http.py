@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 
@@ -168,7 +168,8 @@ class HttpConnection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # The pool makes every connection over a StampedTransport (_connect), never asyncio's own.
+        self.transport = cast(StampedTransport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.stamped_data_received(time.monotonic_ns(), data)
@@ -191,10 +192,9 @@ class HttpConnection(asyncio.Protocol):
             self._parts.clear()
             if resp is None:
                 pass
-            elif resp.streaming:
-                sink = resp.sink
-                sink.feed(now, body)  # type: ignore[union-attr]
-                if sink.fatal:  # type: ignore[union-attr]
+            elif resp.streaming and (sink := resp.sink) is not None:  # a streaming response has its sink
+                sink.feed(now, body)
+                if sink.fatal:
                     resp.complete = True  # past the sink's bound: stop reading this stream
                     self.abort()
                     resp.wake()
@@ -526,7 +526,9 @@ class StampedTransport(asyncio.Transport):
         self._protocol.stamped_data_received(now, data)
 
     # -- asyncio.Transport ------------------------------------------------------------------
-    def write(self, data: bytes) -> None:  # type: ignore[override]
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not isinstance(data, bytes):  # as asyncio's transports: the caller may reuse its buffer
+            data = bytes(data)
         if self._closing:
             return
         if self._pending:

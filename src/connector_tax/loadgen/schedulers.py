@@ -120,12 +120,13 @@ def arrivals(
         return max_throughput(n)
     if n is not None:
         _check_count(n, kind)
+    checked = _check_rate(rate, kind)  # now, not at the generator's first step
     if kind == "poisson":
-        it = poisson(rate, seed)  # type: ignore[arg-type]  # None is rejected by _check_rate
+        it = poisson(checked, seed)
     elif kind == "gamma":
-        it = gamma(rate, shape, seed)  # type: ignore[arg-type]
+        it = gamma(checked, shape, seed)
     else:
-        it = fixed(rate)  # type: ignore[arg-type]
+        it = fixed(checked)
     return it if n is None else _take(it, n)
 
 

@@ -308,6 +308,7 @@ class SSEReader:
         if self.t_first is None:
             self.t_first = t_ns
         else:
+            # t_last is set with t_first (below): checking one, on this per-read path, is enough.
             self.gaps_us.append(min((t_ns - self.t_last) // 1000, 0xFFFFFFFF))  # type: ignore[operator]
         if tokens > 1:
             self.gaps_us.frombytes(bytes(self.gaps_us.itemsize * (tokens - 1)))

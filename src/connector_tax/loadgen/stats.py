@@ -134,8 +134,9 @@ class RequestStats:
             self.ttft.add((first - send) / 1e6)
         if first:
             self.ttft_sched.add((first - r.t_scheduled_ns) / 1e6)
-        if first and last and (r.completion_tokens or 0) > 1:
-            self.tpot.add((last - first) / 1e6 / (r.completion_tokens - 1))  # type: ignore[operator]
+        tokens = r.completion_tokens or 0
+        if first and last and tokens > 1:
+            self.tpot.add((last - first) / 1e6 / (tokens - 1))
         if last and send:
             self.e2e.add((last - send) / 1e6)
         if itl_us:

@@ -184,6 +184,8 @@ class Worker:
                 self.timer.at(message.t_scheduled_ns, functools.partial(self._fire, spec, self._request_bytes(spec)))
             elif type(message) is ipc.CancelAll:
                 for unsent in self.timer.cancel_all():
+                    # Every callable the timer holds is the partial of _fire made above; its
+                    # first argument is the request (the timer's type says only "a callable").
                     spec = unsent.args[0]  # type: ignore[attr-defined]
                     reason = f"{message.reason} (never sent)"
                     result = self._result(spec, None, SSEReader(), 0, "timeout", reason)

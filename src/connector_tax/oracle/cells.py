@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,7 @@ def seed_for(seed: int, load: Cell, replication: int, config: str = "") -> int:
 
 
 def _arrival_us(load: Cell, n: int, rng: np.random.Generator) -> np.ndarray:
-    mean_us = 1e6 / load.rate
+    mean_us = 1e6 / load.rps
     if load.arrival == "fixed":
         gaps = np.full(n, mean_us)
         gaps[0] = 0.0
@@ -127,7 +127,7 @@ def run_cell(settings: SimSettings, load: Cell, n: int, seed: int, ignore_eos: b
     at_engine = arrival + delays[:, 0]
     order = np.argsort(at_engine, kind="stable")
 
-    def requests():
+    def requests() -> Iterator[tuple[float, SimRequest]]:
         for i in order.tolist():
             inp, out = int(shapes[i, 0]), int(shapes[i, 1])
             req = SimRequest(str(i), prompt_ids(i, inp), out, int(targets[i]))

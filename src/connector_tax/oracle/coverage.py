@@ -35,6 +35,7 @@ from connector_tax.analysis import constants as K
 from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.hypotheses import CALLED
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
+from connector_tax.analysis.taxes import SeriesMap
 from connector_tax.config import PHASE_A, Cell, find_variant
 from connector_tax.config.cells import launch_seed
 from connector_tax.oracle.cells import Latencies, run_cell, seed_for, study_loads
@@ -97,7 +98,7 @@ def _cell(job: tuple[dict[str, Any], str, Cell, int, int, CoverageSettings]) -> 
     variant = find_variant(config, K.PLAIN if name == AA else name)
     settings = resolve(config, variant, {}, launch_seed(seed, name, PHASE_A, replicate))
     warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s
-    warmup = int(round(warmup_s * load.rate))
+    warmup = int(round(warmup_s * load.rps))
     run = run_cell(
         settings,
         load,
@@ -116,7 +117,10 @@ def _covers(ci: list[float] | None, value: float) -> bool | None:
 
 
 def score(
-    rows: list[dict[str, Any]], truth: dict[str, Any], series: dict | None = None, names: list[str] | None = None
+    rows: list[dict[str, Any]],
+    truth: dict[str, Any],
+    series: SeriesMap | None = None,
+    names: list[str] | None = None,
 ) -> dict[str, Any]:
     """One seed's study against the truth: per tax and per hypothesis, the estimate, its
     interval, whether the interval covers the true value and whether the call agrees. `series`
@@ -176,7 +180,7 @@ def run_coverage(
     finally:
         if pool:
             pool.shutdown()
-    per_seed = []
+    per_seed: list[dict[str, Any]] = []
     for seed in seeds:
         mine = [c for c in cells if c["seed"] == seed]
         first = [c["row"] for c in mine if c["row"]["replicate"] == 1 and c["row"]["variant"] != AA]

@@ -72,7 +72,7 @@ class Series:
 
 
 def _replicate(
-    job: tuple[dict[str, Any], str, Cell, int, TruthSettings],
+    job: tuple[Mapping[str, Any], str, Cell, int, TruthSettings],
 ) -> tuple[str, str, int, dict[str, np.ndarray]]:
     config, name, load, rep, ts = job
     settings = resolve(config, find_variant(config, name), {})
@@ -164,7 +164,7 @@ def _with_ci(rule: Rule, ci: list[float] | None) -> Rule:
     return dataclasses.replace(rule, estimate=estimate)
 
 
-def _interval(value: float, reps: list[float]) -> list[float] | None:
+def _interval(value: float, reps: list[float | None]) -> list[float] | None:
     arr = np.asarray([r for r in reps if r is not None and math.isfinite(r)])
     if arr.size < 2:
         return None
@@ -219,12 +219,13 @@ def truth(
     rep_docs = [hypotheses_of(rows, names, reference) for rows in rep_rows]
     taxes, first = hypotheses_of(pooled_rows, names, reference)
     cis = {
-        h: _interval(first[h]["value"], [d[1][h].get("value") for d in rep_docs])
+        h: ci
         for h in first
         if first[h].get("value") is not None
+        and (ci := _interval(first[h]["value"], [d[1][h].get("value") for d in rep_docs])) is not None
     }
     rep_taxes = [_tax_values(d[0]) for d in rep_docs]
-    tax_rows = []
+    tax_rows: list[dict[str, Any]] = []
     for key, value in _tax_values(taxes).items():
         if value is not None:
             tax_rows.append(
@@ -238,7 +239,9 @@ def truth(
             )
     # judged with the oracle's own intervals, of the taxes too: a ratio whose denominator tax
     # the oracle cannot tell from 0 has no true call either
-    tax_cis = {(t["variant"], t["cell"], t["metric"]): t["ci"] for t in tax_rows}
+    tax_cis: dict[tuple[str, str, str], list[float] | None] = {
+        (t["variant"], t["cell"], t["metric"]): t["ci"] for t in tax_rows
+    }
     _, hyps = hypotheses_of(pooled_rows, names, reference, cis, tax_cis=tax_cis)
     cells = [
         {

@@ -171,8 +171,10 @@ class PrecisionWatch:
             if base.n == 0:  # one-token outputs: no TPOT tax to be precise about
                 continue
             pair = paired_log_ratio(Series(rows[:, 1], rows[:, column]), base)
-            ok = pair is not None and pair.variance is not None and pair.n >= MIN_P90_SAMPLES
-            widths[metric.replace("_ms", "_tax")] = t975(max(1, pair.df)) * pair.variance**0.5 if ok else None  # type: ignore[union-attr, operator]
+            width = None
+            if pair is not None and pair.variance is not None and pair.n >= MIN_P90_SAMPLES:
+                width = t975(max(1, pair.df)) * pair.variance**0.5
+            widths[metric.replace("_ms", "_tax")] = width
         self.widths = widths
         # Every baseline request has a partner: more requests cannot tighten the pairs.
         self.exhausted = len(rows) >= self.baseline["ttft_ms"].n

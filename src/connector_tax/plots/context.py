@@ -8,7 +8,7 @@ from connector_tax.config import Saturation, default_saturation
 from connector_tax.plots.style import Palette
 
 # Saturation markers by criterion (the design's); their labels state the study's thresholds.
-CRITERION_MARKERS = {
+CRITERION_MARKERS: dict[str, dict[str, Any]] = {
     "throughput": dict(marker="X", s=70),
     "waiting": dict(marker="s", s=140, facecolors="none", linewidths=1.3),
     "ttft_growth": dict(marker="^", s=190, facecolors="none", linewidths=1.3),
@@ -66,4 +66,5 @@ class Ctx:
                 f"{what}: no baseline config {self.agg.get('baseline_requested')!r} in this study "
                 "(connector-specific figure not applicable)"
             )
-        return self.taxes
+        taxes: dict[str, Any] = self.taxes
+        return taxes

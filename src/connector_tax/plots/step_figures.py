@@ -37,6 +37,7 @@ def fig6(ctx: Ctx) -> Figure:
             + (f": {'; '.join(reasons)}" if reasons else "")
             + ")"
         )
+    assert rate is not None  # lines are keyed by ref_safe's cell: none without it (Skip above)
     fig = new_figure(8.0, 5.0)
     ax = fig.add_subplot()
     for c, values in lines.items():
@@ -57,6 +58,13 @@ def _step_value(entry: dict[str, Any], c: str, key: str) -> dict[str, Any] | Non
     return est if est and est.get("value") is not None else None
 
 
+def _step_tax(entry: dict[str, Any], c: str) -> float:
+    """The step-time tax (us) of a configuration that has one (those in fig 7's `with_steps`)."""
+    est = _step_value(entry, c, "step_p50_us")
+    assert est is not None
+    return float(est["value"])
+
+
 def fig7(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 7")
     safe = taxes["phase_a"].get("ref_safe") or {}
@@ -71,12 +79,12 @@ def fig7(ctx: Ctx) -> Figure:
             f"{NOOP} did not run (or has no step log at ref_safe): framework cost cannot be separated; "
             "the tax is reported as one number per config"
         )
-    fw = _step_value(safe, NOOP, "step_p50_us")["value"]  # type: ignore[index]
+    fw = _step_tax(safe, NOOP)
     names = with_steps
     fig = new_figure(11.0, 4.8)
     ax1, ax2 = fig.subplots(1, 2)
     x = np.arange(len(names))
-    impl = [(_step_value(safe, c, "step_p50_us")["value"] - fw) if c != NOOP else 0.0 for c in names]  # type: ignore[index]
+    impl = [(_step_tax(safe, c) - fw) if c != NOOP else 0.0 for c in names]
     ax1.bar(x, [fw] * len(names), 0.6, color="0.75", hatch="..", edgecolor="0.3", linewidth=0.6)
     ax1.bar(
         x, impl, 0.6, bottom=[fw] * len(names), color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6

@@ -125,7 +125,9 @@ def describe(fig: Figure) -> dict[str, Any]:
                 "legend": [t.get_text() for lg in legends for t in lg.get_texts()],
             }
         )
-    sup = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""  # noqa: SLF001
+    # Matplotlib keeps the suptitle in a private attribute (no public getter before 3.10).
+    suptitle = getattr(fig, "_suptitle", None)
+    sup = suptitle.get_text() if suptitle is not None else ""
     texts = [t.get_text() for t in fig.texts]
     return {"suptitle": sup, "axes": axes, "texts": texts}
 

@@ -185,7 +185,7 @@ def fig5(ctx: Ctx) -> Figure:
     for ax in grid[len(names) :]:
         ax.set_visible(False)
     axes = grid[: len(names)]
-    im = None
+    im: Any = None  # the last panel's image: the colour bar's scale (every panel shares it)
     for ax, c in zip(axes, names):
         g = np.ma.masked_invalid(grids[c])
         im = ax.imshow(g, cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
@@ -216,7 +216,7 @@ def fig8(ctx: Ctx) -> Figure:
     if missing:
         why = "; ".join(f"{c}: {(safe.get('missing') or {}).get(c) or 'not in the study or skipped'}" for c in missing)
         raise Skip(f"H4 needs {', '.join(need)} at ref_safe; missing {why}")
-    h4 = next((h for h in ctx.hyp.get("hypotheses") or [] if h["id"] == "H4"), {})
+    h4: dict[str, Any] = next((h for h in ctx.hyp.get("hypotheses") or [] if h["id"] == "H4"), {})
     fig = new_figure(9.0, 4.8)
     axes = fig.subplots(1, 2)
     for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
