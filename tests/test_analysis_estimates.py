@@ -34,3 +34,23 @@ def test_a_saturated_shape_is_left_out_of_the_trend_and_named():
     h5 = next(h for h in hyp["hypotheses"] if h["id"] == "H5")
     assert h5["verdict"] == "supported"
     assert "shape 32768x64 left out: saturated at ref_safe (plain: throughput;waiting)" in h5["caveats"]
+
+
+def test_a_share_over_a_tax_without_an_interval_has_no_interval() -> None:
+    """H3's share (noop's tax over mooncake_both's): when only the numerator has an interval, the
+    share is a point without one (it raised TypeError, dividing by the missing interval)."""
+    from connector_tax.analysis.estimates import h3_share, h4_rel_dev
+
+    safe = {
+        "variants": {
+            "noop_connector": {"ttft_p90": {"value": 0.05, "ci": [0.01, 0.09]}},
+            "mooncake_both": {"ttft_p90": {"value": 0.2, "ci": None}},
+            "lmcache_only": {"ttft_p90": {"value": 0.1, "ci": None}},
+            "multi_mooncake_lmcache": {"ttft_p90": {"value": 0.4, "ci": None}},
+        }
+    }
+    t = Taxes({"phase_a": {"ref_safe": safe}})
+    share = h3_share(t)
+    assert share is not None and share["value"] == 0.25 and share["ci"] is None
+    dev = h4_rel_dev(t)
+    assert dev is not None and dev["ci"] is None
