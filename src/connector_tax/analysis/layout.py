@@ -39,7 +39,6 @@ from connector_tax.config import (
     Cell,
     ConfigError,
     StudyConfig,
-    find_variant,
     launch_label,
     planned_cells,
     validate_config,
@@ -191,15 +190,15 @@ def _read_config(layout: StudyLayout) -> StudyConfig:
         raise StudyRefused(f"{where}: {exc}") from None
 
 
-def _check_launch(config: Mapping[str, Any], index: PhaseIndex, where: str) -> None:
-    if index.study != config["study"]:
-        raise StudyRefused(f"{where}: results of study {index.study!r}, not {config['study']!r}")
-    if index.backend != config["backend"]:
+def _check_launch(study: StudyConfig, index: PhaseIndex, where: str) -> None:
+    if index.study != study.study:
+        raise StudyRefused(f"{where}: results of study {index.study!r}, not {study.study!r}")
+    if index.backend != study.backend:
         raise StudyRefused(
             f"{where}: measured on backend {index.backend}, the study is backend "
-            f"{config['backend']}: results of two backends are never mixed"
+            f"{study.backend}: results of two backends are never mixed"
         )
-    expected = launch_settings(config, find_variant(config, index.variant), [], {})
+    expected = launch_settings(study.raw, study.variant(index.variant).raw, [], {})  # the fingerprint's own mapping
     recorded = {k: v for k, v in index.launch.items() if k in _CONFIG_LAUNCH_KEYS}
     wanted = {k: v for k, v in expected.items() if k in _CONFIG_LAUNCH_KEYS}
     if canonical(recorded) != canonical(wanted):
@@ -300,7 +299,7 @@ def load_study(root: Path) -> Study:
                 runs[(name, cell.phase, replicate)].problems[cell.label] = "never measured (no run.json index)"
             continue
         where = f"{who}/{launch_phase}"
-        _check_launch(config, index, where)
+        _check_launch(study, index, where)
         for cell in plan:
             files = layout.phase(name, cell.phase, replicate).cell(cell.label)
             summary, why = _usable(config, index, cell, files, f"{who}/{cell.key}")

@@ -20,11 +20,9 @@ the profile was not fitted on (the split: which cells the profile's provenance l
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import sys
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from connector_tax.analysis.taxes import compute_taxes
 from connector_tax.calibrate.records import CalibrationError, open_study, read_study
 from connector_tax.calibrate.speed import at_speed, launch_speeds
 from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig, find_variant
-from connector_tax.config.profile import EngineProfile, check_model, read_profile
+from connector_tax.config.profile import check_model, read_profile
 from connector_tax.contract.layout import CellFiles
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
 from connector_tax.pipeline.runners import VirtualRunner
@@ -162,23 +160,13 @@ def compare_taxes(measured: dict[str, Any], predicted: dict[str, Any]) -> list[d
     return out
 
 
-def _virtual_config(config: Mapping[str, Any], profile: EngineProfile) -> dict[str, Any]:
-    out = copy.deepcopy(dict(config))
-    out["backend"] = "sim"
-    out["sim"] = {**(out.get("sim") or {}), "clock": "virtual", "profile": str(profile.source)}
-    out["sim"].pop("hardware_profile", None)
-    for section in ("vllm", "openai"):
-        out.pop(section, None)
-    return out
-
-
 def _schedule_offsets(path: Path) -> np.ndarray:
     r = read_columns(path, {"t_scheduled_ns": "int"})["t_scheduled_ns"]
     r = np.sort(r[r != NULL_INT])
     return (r - r[0]) if r.size else r
 
 
-def replay(cell: Measurement, config: dict[str, Any], folder: Path, runner: VirtualRunner) -> Measurement:
+def replay(cell: Measurement, folder: Path, runner: VirtualRunner) -> Measurement:
     """The measured cell computed again in virtual time, its records under `folder`."""
     planned = cell.planned
     files = CellFiles(folder, planned.phase, planned.label)
@@ -188,7 +176,7 @@ def replay(cell: Measurement, config: dict[str, Any], folder: Path, runner: Virt
     guard = OverloadGuard(
         waiting,
         _T0_NS / 1e9 + planned.warmup_s,
-        config["saturation"]["waiting_p50_max"],
+        runner.study.saturation.waiting_p50_max,
         planned.phase != PHASE_A and planned.overload_guard,
     )
     with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines are not the check's output
@@ -227,7 +215,7 @@ def check(
     measured_rows = {(r["variant"], r["phase"], r["cell"]): r for r in built["rows"]}
     reference = built["reference"]
     baseline = built.get("baseline")
-    config = _virtual_config(study.settings.raw, profile)
+    config = study.settings.virtual(str(profile.source))
     fitted = {
         (c["variant"], c["phase"], c["cell"]): c.get("fingerprint") for c in profile.provenance.get("cells") or []
     }
@@ -244,7 +232,7 @@ def check(
             "fitted_seed": profile.provenance.get("seed"),
             "fitted_phase_a_rates": profile.provenance.get("phase_a_rates"),
             "checked": study.name,
-            "checked_seed": study.settings.raw.get("seed"),
+            "checked_seed": study.settings.seed,
             "checked_phase_a_rates": study.phase_a_rates,
             "cells_also_fitted": len(overlap),
             "held_out": not overlap,
@@ -266,11 +254,11 @@ def check(
                     if launch in speeds:
                         connector = find_variant(config, variant).get("connector")
                         path = at_speed(profile, variant, connector, speeds[launch], root / "profiles")
-                        launch_config = _virtual_config(study.settings.raw, read_profile(path))
+                        launch_config = study.settings.virtual(str(read_profile(path).source))
                     launch_study = StudyConfig.from_mapping(launch_config)
                     runners[launch] = VirtualRunner(launch_study, launch_study.variant(variant))
                 runner = runners[launch]
-                virtual = replay(cell, config, root / variant / cell.phase, runner)
+                virtual = replay(cell, root / variant / cell.phase, runner)
                 row, _ = cell_row(virtual, backend="sim", simulated=True, run_status="ok", step_timing_available=True)
                 predicted_rows.append(row)
                 measured = measured_rows.get((variant, cell.phase, cell.label), {})

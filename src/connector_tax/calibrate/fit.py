@@ -91,11 +91,8 @@ def baseline_of(data: StudyData) -> str:
 
 
 def _connector(data: StudyData, variant: str) -> dict[str, Any] | None:
-    for v in data.study.settings.raw["variants"]:
-        if v["name"] == variant:
-            connector: dict[str, Any] | None = v.get("connector")
-            return connector
-    return None
+    connector = data.study.settings.variant(variant).connector
+    return None if connector is None else dict(connector)
 
 
 def scheduled(steps: pd.DataFrame) -> pd.DataFrame:
@@ -346,7 +343,7 @@ def _provenance(data: StudyData, baseline: str) -> dict[str, Any]:
     return {
         "study": data.study.name,
         "results_dir": str(data.study.root),
-        "seed": data.study.settings.raw.get("seed"),
+        "seed": data.study.settings.seed,
         "phase_a_rates": data.study.phase_a_rates,
         "served_by": next((r.get("served_by") for r in runs if r.get("served_by")), None),
         "server_versions": versions,
@@ -437,8 +434,8 @@ def calibrate(results_dir: Path, name: str | None = None, simulated_ok: bool = F
         "schedule_request_us": round(schedule.value("schedule_request_us"), 3),
         "step_gap_us": round(float(gap.median()), 1) if gap.size else 0.0,
     }
-    config = data.study.settings.raw
-    models = sorted(model_names(config), key=lambda m: m != (config["model"].get("served_name") or ""))
+    settings = data.study.settings
+    models = sorted(model_names(settings.raw), key=lambda m: m != (settings.model.served_name or ""))
     return EngineProfile(
         name=name or f"{data.study.name}-calibrated",
         kind="calibrated",

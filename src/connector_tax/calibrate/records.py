@@ -248,7 +248,7 @@ def read_study(results_dir: Path, purpose: str = "calibration", simulated_ok: bo
             "the step time cannot be fitted"
         )
     block_size, blocks = _cache_config(measured)
-    block_size = block_size or int(study.settings.raw["server"].get("block_size") or 16)
+    block_size = block_size or int(study.settings.server.get("block_size") or 16)
     cells = []
     for cell in with_steps:
         steps = _steps(cell)

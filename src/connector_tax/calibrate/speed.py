@@ -57,8 +57,8 @@ def launch_speeds(profile: EngineProfile, data: StudyData) -> dict[tuple[str, st
         steps = pd.concat(frames, ignore_index=True)
         tokens = steps["prefill_tokens"].fillna(0) + steps["decode_tokens"].fillna(0)
         steps = steps[steps["step_duration_us"].notna() & (tokens > 0)]
-        config = next(v for v in data.study.settings.raw["variants"] if v["name"] == cell.variant)
-        fitted = profile.variant_for(cell.variant, config.get("connector"))
+        connector = data.study.settings.variant(cell.variant).connector
+        fitted = profile.variant_for(cell.variant, None if connector is None else dict(connector))
         predicted = predicted_step(profile, fitted, steps)
         if len(steps) and predicted.sum() > 0:
             out[key] = float(steps["engine_step_us"].sum() / predicted.sum())

@@ -9,6 +9,7 @@ connectors, shapes) stay mappings: their meaning belongs to the launcher that re
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -168,10 +169,16 @@ class Variant:
     raw: Mapping[str, Any]
 
     @property
+    def server(self) -> Mapping[str, Any]:
+        """Its own `server` overrides (merged over the study's by the launchers)."""
+        server: Mapping[str, Any] = self.raw.get("server") or {}
+        return server
+
+    @property
     def host(self) -> str | None:
         """Its own server.host, where it overrides the study's."""
-        server = self.raw.get("server") or {}
-        return server.get("host")
+        host: str | None = self.server.get("host")
+        return host
 
 
 def baseline_name(config: Mapping[str, Any]) -> str:
@@ -195,6 +202,7 @@ class StudyConfig:
     host: str = "127.0.0.1"  # server.host: where the study's servers bind and are reached
     api_key_env: str | None = None  # backend openai: the variable holding the API key
     source: Path | None = None  # the file it was read from (a server it launches reads it too)
+    vllm_version: str | None = None  # the vLLM the study is designed for (the manifest's, when none is found)
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> StudyConfig:
@@ -232,7 +240,59 @@ class StudyConfig:
             model=Model(config["model"]["name"], config["model"].get("served_name")),
             host=config["server"]["host"],
             api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
+            vllm_version=config.get("vllm_version"),
         )
+
+    @property
+    def server(self) -> Mapping[str, Any]:
+        """The `server` section (vLLM's engine arguments, shared by every variant; each may
+        override them): passed on whole to the launchers, which know its keys."""
+        server: Mapping[str, Any] = self.raw["server"]
+        return server
+
+    @property
+    def sim(self) -> Mapping[str, Any]:
+        """The `sim` section (the simulated server's settings), passed on whole to the simulator."""
+        sim: Mapping[str, Any] = self.raw["sim"]
+        return sim
+
+    @property
+    def device(self) -> str:
+        """ "cuda" (a GPU host) or "cpu" (vLLM's CPU build) for backend vllm; "cuda" otherwise."""
+        from connector_tax.config.vllm_rules import device
+
+        return device(self.raw)
+
+    def virtual(self, profile: str | None = None) -> dict[str, Any]:
+        """This study's config as a simulated one computed in virtual time (same name: it runs
+        in a scratch folder of its own), with the engine `profile` file when one is given (in
+        place of the hand-set hardware profile); the vLLM and external-server sections dropped."""
+        out = copy.deepcopy(dict(self.raw))
+        out["backend"] = "sim"
+        out["sim"] = {**(out.get("sim") or {}), "clock": "virtual"}
+        if profile is not None:
+            out["sim"]["profile"] = profile
+            out["sim"].pop("hardware_profile", None)
+        for section in ("vllm", "openai"):
+            out.pop(section, None)
+        return out
+
+    @property
+    def virtual_clock(self) -> bool:
+        """A simulated study computed in the simulator's virtual time (sim.clock: virtual): no
+        server is launched, each cell is computed (oracle/virtual_run.py)."""
+        return self.backend == "sim" and (self.raw.get("sim") or {}).get("clock") == "virtual"
+
+    @property
+    def openai_url(self) -> str | None:
+        """backend openai: the external server's URL."""
+        return (self.raw.get("openai") or {}).get("url") if self.backend == "openai" else None
+
+    @property
+    def vllm_executable(self) -> str:
+        """backend vllm: the `vllm` console script launches run (the schema's default: `vllm`)."""
+        executable: str = self.raw["vllm"]["executable"]
+        return executable
 
     @property
     def names(self) -> list[str]:

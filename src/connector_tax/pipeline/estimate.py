@@ -29,7 +29,6 @@ from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, launch_lab
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
-from connector_tax.pipeline.provenance import virtual_clock
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
@@ -80,7 +79,7 @@ class Estimate:
 
 def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     """The simulator's profile: a prefill step per chunk of the prompt, then one step per token."""
-    sim = study.raw["sim"]
+    sim = study.sim
     if sim.get("profile"):
         hw = HardwareProfile(**{**read_profile(sim["profile"]).hardware, **(sim.get("hardware") or {})})
     else:
@@ -88,7 +87,7 @@ def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     entries = shape.get("mix") or shape.get("pattern") or [shape]
     inp = max(e["input"] for e in entries)
     out = max(e["output"] for e in entries)
-    chunk: int = study.raw["server"]["max_num_batched_tokens"]
+    chunk: int = study.server["max_num_batched_tokens"]
     prefill = -(-inp // chunk) * hw.step_base_us + inp * hw.prefill_token_us
     decode = out * (hw.step_base_us + hw.decode_seq_us)
     return float(prefill + decode) / 1e6
@@ -136,7 +135,7 @@ def plan_study(
     layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
     notes = [note] if note else []
-    launch = 0.0 if virtual_clock(study.raw) else LAUNCH_S[study.backend]
+    launch = 0.0 if study.virtual_clock else LAUNCH_S[study.backend]
     base = baseline(study)
     out = []
     if timing is not None:

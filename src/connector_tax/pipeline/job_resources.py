@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from connector_tax.config import ConfigError, StudyConfig, find_variant
+from connector_tax.config import ConfigError, StudyConfig
 from connector_tax.pipeline.estimate import plan_study
 from connector_tax.serving.process import ready_timeout_s
 
@@ -43,13 +43,13 @@ def phase_runtime_min(study: StudyConfig, name: str, stage: str) -> int:
 
 def preflight_runtime_min(study: StudyConfig, name: str) -> int:
     """A preflight job's: its server's start-up bound, a gate's verify script, one request."""
-    ready = ready_timeout_s(study.raw, find_variant(study.raw, name))
+    ready = ready_timeout_s(study, study.variant(name))
     return _minutes(ready + (GATE_S if study.backend == "vllm" else 0.0))
 
 
 def job_mem_mb(study: StudyConfig) -> int:
     if study.backend == "vllm":
-        return MEM_MB["vllm_cpu" if study.raw["vllm"]["device"] == "cpu" else "vllm"]
+        return MEM_MB["vllm_cpu" if study.device == "cpu" else "vllm"]
     return MEM_MB[study.backend]
 
 
@@ -57,7 +57,7 @@ def gpus_per_job(study: StudyConfig, asked: object = None) -> int:
     """GPUs each phase and preflight job holds: one for vLLM on GPUs, none otherwise, unless
     asked (`--config gpus_per_job=N`, 0 or 1): a simulated study may ask one per job to rehearse
     a GPU cluster's placement. ConfigError naming the key for anything else."""
-    needs = 1 if study.backend == "vllm" and study.raw["vllm"]["device"] != "cpu" else 0
+    needs = 1 if study.backend == "vllm" and study.device != "cpu" else 0
     if asked is None:
         return 1 if study.backend == "vllm" else 0
     if isinstance(asked, bool) or asked not in (0, 1):

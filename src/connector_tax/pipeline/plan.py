@@ -82,7 +82,7 @@ def launch_plan(
     config = study.raw
     variant = find_variant(config, name)
     argv = launch_argv(config_path, config, variant, _PLAN_PORT)
-    launch = launch_settings(config, variant, argv, server_versions(config))
+    launch = launch_settings(config, variant, argv, server_versions(study))
     code = code_versions(study.backend)
     cells = []
     for cell in planned_cells(study, name, launch_phase, reference, replicate):
@@ -210,7 +210,7 @@ def job_threads(study: StudyConfig) -> int:
     loadgen = 1 + study.loadgen.workers
     if study.backend != "vllm":
         return loadgen + 1
-    return (os.cpu_count() or 1) if study.raw["vllm"]["device"] == "cpu" else loadgen + 4
+    return (os.cpu_count() or 1) if study.device == "cpu" else loadgen + 4
 
 
 def launch_digest(study: StudyConfig, config_path: str | Path, name: str) -> str:
@@ -218,4 +218,4 @@ def launch_digest(study: StudyConfig, config_path: str | Path, name: str) -> str
     config = study.raw
     variant = find_variant(config, name)
     argv = launch_argv(config_path, config, variant, _PLAN_PORT)
-    return short(sha(launch_settings(config, variant, argv, server_versions(config))))
+    return short(sha(launch_settings(config, variant, argv, server_versions(study))))

@@ -18,11 +18,9 @@ profile `ctax calibrate` fitted on that server), or there is nothing to predict 
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -43,22 +41,12 @@ def predictable(study: StudyConfig, named_profile: bool) -> str | None:
     return None
 
 
-def virtual_config(study: StudyConfig) -> dict[str, Any]:
-    """The study as a virtual-time simulated one (same name: it runs in its own scratch folder)."""
-    config = copy.deepcopy(dict(study.raw))
-    config["backend"] = "sim"
-    config["sim"] = {**config.get("sim", {}), "clock": "virtual"}
-    for section in ("vllm", "openai"):
-        config.pop(section, None)
-    return config
-
-
 def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> StudyLayout:
     """Compute the study's Phase A and its baseline's Phase B in virtual time under `workdir`;
     returns the layout of those results. Raises RuntimeError with the log's tail on failure."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "study.yaml"
-    path.write_text(yaml.safe_dump(virtual_config(study), sort_keys=False), encoding="utf-8")
+    path.write_text(yaml.safe_dump(study.virtual(), sort_keys=False), encoding="utf-8")
     layout = StudyLayout(workdir / "results" / study.study)
     names = study.names if study.workload.precision.on_tax else [baseline(study)]
     targets = [f"results/{study.study}/{name}/{PHASE_B}/run.json" for name in names]

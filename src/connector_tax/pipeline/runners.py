@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 
 from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
-from connector_tax.config.vllm_rules import device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
@@ -87,7 +86,7 @@ class ServerRunner:
 
     def __enter__(self) -> ServerRunner:
         drop_raw_logs(self.folder.raw_steps)  # an earlier launch's cells are sealed or will be redone
-        self._lease = gpu_lease(self.study.backend, device=device(dict(self.study.raw)))
+        self._lease = gpu_lease(self.study.backend, device=self.study.device)
         self.gpu = self._lease.__enter__()
         return self
 
@@ -122,7 +121,7 @@ class ServerRunner:
         with ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server:
             index.server_cpus = list(server.cpus) or None
             save()
-            server.wait_ready(ready_timeout_s(config, variant))
+            server.wait_ready(ready_timeout_s(study, self.variant))
             labels = _thread_labels(raw, backend)
             # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
             if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:

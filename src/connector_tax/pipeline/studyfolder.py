@@ -26,13 +26,12 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import psutil
 import yaml
 
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.config import ConfigError, load_config
+from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.serving.lifecycle import exclusive_lock, lock_holder
 
@@ -41,10 +40,10 @@ def staged_config(study: str) -> Path:
     return Path(".snakemake") / "connector-tax" / f"{study}.yaml"
 
 
-def stage_config(config: dict[str, Any]) -> Path:
+def stage_config(study: StudyConfig) -> Path:
     """Write the validated config where the study_config rule reads it, if it changed."""
-    path = staged_config(config["study"])
-    text = yaml.safe_dump(config, sort_keys=False)
+    path = staged_config(study.study)
+    text = yaml.safe_dump(dict(study.raw), sort_keys=False)
     try:
         if path.read_text(encoding="utf-8") == text:
             return path
@@ -54,34 +53,34 @@ def stage_config(config: dict[str, Any]) -> Path:
     return path
 
 
-def check_study_folder(config: dict[str, Any]) -> None:
+def check_study_folder(study: StudyConfig) -> None:
     """Raise ConfigError (one line) if results/<study> holds another backend's results."""
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     try:
         stamp = json.loads(layout.stamp.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if stamp.get("backend") != config["backend"]:
+    if stamp.get("backend") != study.backend:
         raise ConfigError(
             "backend",
             f"{layout.root} holds backend {stamp.get('backend')} results and this run is backend "
-            f"{config['backend']}: give it its own study name (e.g. --config study={config['study']}-{config['backend']})",
+            f"{study.backend}: give it its own study name (e.g. --config study={study.study}-{study.backend})",
         )
 
 
 _held: dict[str, int] = {}
 
 
-def claim_study(config: dict[str, Any]) -> None:
+def claim_study(study: StudyConfig) -> None:
     """Hold the study's lock for the life of this process, or exit with the holder named."""
-    layout = StudyLayout.of(config["study"])
+    layout = StudyLayout.of(study.study)
     fd = exclusive_lock(layout.lock)
     if fd is None:
         sys.exit(
             f"connector-tax: {layout.root} is being run by {lock_holder(layout.lock)}; "
             "wait for it, or stop it, then run again"
         )
-    _held[config["study"]] = fd
+    _held[study.study] = fd
 
 
 def _stop_jobs(signum: int, frame: FrameType | None) -> None:
@@ -107,11 +106,11 @@ def forward_stop_signals() -> None:
         signal.signal(sig, _stop_jobs)
 
 
-def write_study_config(config: dict[str, Any]) -> None:
-    layout = StudyLayout.of(config["study"])
-    check_study_folder(config)
-    write_atomic(layout.study_config, yaml.safe_dump(config, sort_keys=False))
-    write_json(layout.stamp, {"study": config["study"], "backend": config["backend"]})
+def write_study_config(study: StudyConfig) -> None:
+    layout = StudyLayout.of(study.study)
+    check_study_folder(study)
+    write_atomic(layout.study_config, yaml.safe_dump(dict(study.raw), sort_keys=False))
+    write_json(layout.stamp, {"study": study.study, "backend": study.backend})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the staged, validated config")
     args = parser.parse_args(argv)
     try:
-        write_study_config(load_config(args.config))
+        write_study_config(load_study(args.config))
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

@@ -16,15 +16,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent, exclusive_lock, private_dir
 from connector_tax.serving.spec import LaunchSpec
 
@@ -32,10 +31,10 @@ from connector_tax.serving.spec import LaunchSpec
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
 
 
-def ready_timeout_s(config: Mapping[str, Any], variant: Mapping[str, Any]) -> float:
+def ready_timeout_s(study: StudyConfig, variant: Variant) -> float:
     """`server.ready_timeout_s` of the variant, else of the study, else the backend's default."""
-    value = (variant.get("server") or {}).get("ready_timeout_s") or config["server"].get("ready_timeout_s")
-    return float(value or READY_TIMEOUT_S[config["backend"]])
+    value = variant.server.get("ready_timeout_s") or study.server.get("ready_timeout_s")
+    return float(value or READY_TIMEOUT_S[study.backend])
 
 
 # Lines that say why a server could not start better than its last line does: a connector
