@@ -28,7 +28,7 @@ from pathlib import Path
 
 from _common import REPO, parser, positive_float, positive_int, write_json
 
-from connector_tax.config import load_config
+from connector_tax.config import StudyConfig, load_config
 from connector_tax.oracle.coverage import AA, METHODS, CoverageSettings, overall, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     reference = {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
     t0 = time.monotonic()
     names = args.variants.split(",") if args.variants else None
+    study = StudyConfig.from_mapping(config)
     oracle = truth(
-        config,
+        study,
         reference,
         names,
         TruthSettings(
@@ -116,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     t1 = time.monotonic()
-    arrival = config["workload"]["arrival"]
+    arrival = study.workload.arrival
     print(
         f"SIMULATED coverage: {args.config}, ref_safe {reference['ref_safe']:g} / ref_load {reference['ref_load']:g} "
-        f"req/s, arrivals {arrival['process']}"
-        + (f" (shape {arrival['gamma_shape']:g})" if arrival["process"] == "gamma" else "")
+        f"req/s, arrivals {arrival.process}"
+        + (f" (shape {arrival.gamma_shape:g})" if arrival.process == "gamma" else "")
         + f", {args.seeds} seeds x {args.requests}-request cells, {args.replicates} launches per variant"
         + ("" if args.no_aa_control else " and an A/A control")
         + f"; truth {oracle['replications']} x {args.truth_requests} requests ({t1 - t0:.0f} s)",
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             launch_bias_sd=sd,
             aa_control=not args.no_aa_control,
         )
-        cov = run_coverage(config, oracle, cs)
+        cov = run_coverage(study, oracle, cs)
         runs[sd] = cov
         print(f"\nlaunch bias sd {sd:g} ({time.monotonic() - t2:.0f} s)", flush=True)
         for method in METHODS:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from connector_tax.analysis import constants as K
-from connector_tax.config import Cell, find_variant, load_config
+from connector_tax.config import Cell, StudyConfig, find_variant, load_config
 from connector_tax.config.cells import PHASE_A
 from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.truth import TruthSettings, truth
@@ -89,7 +89,7 @@ def test_zero_cost_connectors_have_zero_true_tax(config):
     }
     names = [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.MULTI]
     doc = truth(
-        zero,
+        StudyConfig.from_mapping(zero),
         {"ref_safe": 16.0, "ref_load": 16.0},
         names,
         TruthSettings(requests=400, warmup=50, min_replications=2, max_replications=2),
@@ -104,7 +104,7 @@ def test_zero_cost_connectors_have_zero_true_tax(config):
 
 def test_costs_give_a_positive_ordered_tax(config):
     doc = truth(
-        _small(config),
+        StudyConfig.from_mapping(_small(config)),
         {"ref_safe": 16.0, "ref_load": 16.0},
         [K.NOOP, K.NIXL_BOTH, K.MOONCAKE_BOTH],
         TruthSettings(requests=500, warmup=50, min_replications=2, max_replications=2),
@@ -118,7 +118,7 @@ def test_costs_give_a_positive_ordered_tax(config):
 def test_true_p90_is_stable_across_oracle_seeds(config):
     """Two oracles on independent seeds agree on every p90 to < 1%: the truth is a property of
     the model, not of the draw."""
-    small = _small(config)
+    small = StudyConfig.from_mapping(_small(config))
     ts = TruthSettings(requests=2000, warmup=200, precision=0.005, min_replications=4, max_replications=4, jobs=2)
     docs = [
         truth(

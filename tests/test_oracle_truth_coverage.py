@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from connector_tax.analysis import constants as K
-from connector_tax.config import load_config
+from connector_tax.config import StudyConfig, load_config
 from connector_tax.oracle.coverage import AA, CoverageSettings, overall, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
@@ -37,15 +37,16 @@ def _coverage(
     config["workload"]["phase_b_prime"] = None
     config["workload"]["arrival"] = {"process": process, "gamma_shape": gamma_shape}
     names = names or [K.PLAIN, K.NOOP, K.MOONCAKE_BOTH, K.NIXL_BOTH]
+    study = StudyConfig.from_mapping(config)
     oracle = truth(
-        config,
+        study,
         {"ref_safe": 16.0, "ref_load": 16.0},
         names,
         TruthSettings(requests=2000, warmup=200, min_replications=replications, max_replications=replications, jobs=2),
     )
     # 400 requests: 5 batches of 80; a real cell past its precision target has about as many.
     cs = CoverageSettings(requests=400, seeds=SEEDS, jobs=2, **{"aa_control": False, **settings})
-    return run_coverage(config, oracle, cs)
+    return run_coverage(study, oracle, cs)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from connector_tax.analysis import constants as K
-from connector_tax.config import load_config
+from connector_tax.config import StudyConfig, load_study
 from connector_tax.oracle.coverage import CoverageSettings, run_coverage
 from connector_tax.oracle.truth import TruthSettings, truth
 
@@ -28,8 +28,8 @@ SEEDS = 20
 
 
 @pytest.fixture(scope="module")
-def config() -> dict:
-    return load_config(REPO / "configs" / "default.yaml")
+def config() -> StudyConfig:
+    return load_study(REPO / "configs" / "default.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_default_study_truths_are_far_from_their_thresholds(config, oracle):
     """Spread of each hypothesis's number over SEEDS short studies with cells of the default
     study's size: the true value is >= 3 such 95% half-widths (1.96 sd) from its threshold,
     and every short study's call agrees with the truth."""
-    cell = int(16.0 * config["workload"]["duration_s"])  # requests in a ref_safe cell
+    cell = int(16.0 * config.workload.duration_s)  # requests in a ref_safe cell
     cov = run_coverage(config, oracle, CoverageSettings(requests=cell, seeds=SEEDS, jobs=2, aa_control=False))
     for h in EXPECTED:
         values = [s["reference"]["hypotheses"][h]["value"] for s in cov["seeds"] if h in s["reference"]["hypotheses"]]

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -42,12 +41,10 @@ def prompt_ids(index: int, input_len: int) -> list[int]:
     return [_UNIQUE_BASE + index] + _FILLER[: input_len - 1]
 
 
-def study_loads(config: Mapping[str, Any], name: str, reference: dict[str, float]) -> list[Cell]:
+def study_loads(study: StudyConfig, name: str, reference: dict[str, float]) -> list[Cell]:
     """The cells at which the analysis compares variant `name` with the baseline: its Phase A
     cell at each reference rate (the Phase A shape), and its Phase B and B' cells (the study
     config's own cell plan, so the shapes and rates are exactly the study's)."""
-    workload = config["workload"]
-    study = StudyConfig.from_mapping(config)
     template = phase_a_cells(study)[0]
     cells: dict[str, Cell] = {}
     for key in ("ref_safe", "ref_load"):
@@ -55,7 +52,7 @@ def study_loads(config: Mapping[str, Any], name: str, reference: dict[str, float
         if rate is not None:
             cells[rate_label(rate)] = dataclasses.replace(template, label=rate_label(rate), rate=float(rate))
     out = list(cells.values())
-    if workload.get("phase_b"):
+    if study.workload.phase_b:
         out += phase_b_cells(study, name, reference)
     return out
 

@@ -36,7 +36,7 @@ from connector_tax.analysis.batchmeans import percentile_ci
 from connector_tax.analysis.hypotheses import CALLED
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.analysis.taxes import SeriesMap
-from connector_tax.config import PHASE_A, Cell, find_variant
+from connector_tax.config import PHASE_A, Cell, StudyConfig
 from connector_tax.config.cells import launch_seed
 from connector_tax.oracle.cells import Latencies, run_cell, seed_for, study_loads
 from connector_tax.oracle.truth import hypotheses_of, tax_estimates
@@ -87,24 +87,25 @@ def cell_row(run: Latencies, config: str, load: Cell, replicate: int = 1) -> dic
     return row
 
 
-def _study_config(config: dict[str, Any], cs: CoverageSettings) -> dict[str, Any]:
-    out = copy.deepcopy(config)
-    out["sim"] = {**out.get("sim", {}), "launch_bias_sd": cs.launch_bias_sd}
-    return out
+def _with_launch_bias(study: StudyConfig, cs: CoverageSettings) -> StudyConfig:
+    """The study with the simulator's per-launch speed spread of these coverage settings."""
+    raw = copy.deepcopy(dict(study.raw))
+    raw["sim"] = {**raw.get("sim", {}), "launch_bias_sd": cs.launch_bias_sd}
+    return StudyConfig.from_mapping(raw)
 
 
-def _cell(job: tuple[dict[str, Any], str, Cell, int, int, CoverageSettings]) -> dict[str, Any]:
-    config, name, load, seed, replicate, cs = job
-    variant = find_variant(config, K.PLAIN if name == AA else name)
-    settings = resolve(config, variant, {}, launch_seed(seed, name, PHASE_A, replicate))
-    warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s
+def _cell(job: tuple[StudyConfig, str, Cell, int, int, CoverageSettings]) -> dict[str, Any]:
+    study, name, load, seed, replicate, cs = job
+    variant = study.variant(K.PLAIN if name == AA else name)
+    settings = resolve(study.raw, variant.raw, {}, launch_seed(seed, name, PHASE_A, replicate))
+    warmup_s = study.workload.warmup_s if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rps))
     run = run_cell(
         settings,
         load,
         warmup + cs.requests,
         seed_for(seed, load, replicate),  # common random numbers: one traffic per (seed, load, replicate)
-        ignore_eos=config["workload"]["ignore_eos"],  # the schema fills it
+        ignore_eos=study.workload.request.ignore_eos,
     ).after(warmup)
     row = cell_row(run, name, load, replicate)
     index = np.arange(run.ttft_ms.size)
@@ -159,19 +160,19 @@ def score(
 
 
 def run_coverage(
-    config: dict[str, Any], truth: dict[str, Any], cs: CoverageSettings, progress: Callable[[str], None] | None = None
+    study: StudyConfig, truth: dict[str, Any], cs: CoverageSettings, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """`cs.seeds` short studies at the truth's reference rates, each analysed by both methods and
     scored against the truth."""
-    config = _study_config(config, cs)
+    study = _with_launch_bias(study, cs)
     names, reference = list(truth["variants"]), truth["reference"]
     launched = names + ([AA] if cs.aa_control else [])
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
     jobs = [
-        (config, name, load, seed, replicate, cs)
+        (study, name, load, seed, replicate, cs)
         for seed in seeds
         for name in launched
-        for load in study_loads(config, K.PLAIN if name == AA else name, reference)
+        for load in study_loads(study, K.PLAIN if name == AA else name, reference)
         for replicate in range(1, cs.replicates + 1)
     ]
     pool = ProcessPoolExecutor(cs.jobs) if cs.jobs > 1 else None

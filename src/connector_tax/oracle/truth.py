@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +35,7 @@ from connector_tax.analysis.batchmeans import t975
 from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
 from connector_tax.analysis.taxes import SeriesMap, compute_taxes
-from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, Cell, find_variant
+from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, Cell, StudyConfig
 from connector_tax.oracle.cells import run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
@@ -72,36 +72,34 @@ class Series:
 
 
 def _replicate(
-    job: tuple[Mapping[str, Any], str, Cell, int, TruthSettings],
+    job: tuple[StudyConfig, str, Cell, int, TruthSettings],
 ) -> tuple[str, str, int, dict[str, np.ndarray]]:
-    config, name, load, rep, ts = job
-    settings = resolve(config, find_variant(config, name), {})
+    study, name, load, rep, ts = job
+    settings = resolve(study.raw, study.variant(name).raw, {})
     run = run_cell(
         settings,
         load,
         ts.warmup + ts.requests,
         seed_for(ts.seed, load, rep),
-        ignore_eos=config["workload"]["ignore_eos"],  # the schema fills it
+        ignore_eos=study.workload.request.ignore_eos,
     ).after(ts.warmup)
     return name, load.key, rep, {"ttft_ms": run.ttft_ms.astype(np.float32), "tpot_ms": run.tpot_ms.astype(np.float32)}
 
 
 def simulate(
-    config: Mapping[str, Any],
+    study: StudyConfig,
     reference: dict[str, float],
     variants: list[str],
     ts: TruthSettings,
     progress: Callable[[str], None] | None = None,
 ) -> dict[tuple[str, str], Series]:
     """Replicate every (configuration, load) of the study until the precision is reached."""
-    series = {
-        (name, load.key): Series(name, load) for name in variants for load in study_loads(config, name, reference)
-    }
+    series = {(name, load.key): Series(name, load) for name in variants for load in study_loads(study, name, reference)}
     done, target = 0, min(ts.min_replications, ts.max_replications)
     pool = ProcessPoolExecutor(ts.jobs) if ts.jobs > 1 else None
     try:
         while True:
-            jobs = [(config, s.variant, s.load, r, ts) for s in series.values() for r in range(done, target)]
+            jobs = [(study, s.variant, s.load, r, ts) for s in series.values() for r in range(done, target)]
             results = pool.map(_replicate, jobs) if pool else map(_replicate, jobs)
             for name, key, _rep, arrays in sorted(results, key=lambda x: x[2]):
                 s = series[(name, key)]
@@ -199,7 +197,7 @@ def _tax_values(taxes: dict[str, Any]) -> dict[tuple[str, str, str], float | Non
 
 
 def truth(
-    config: Mapping[str, Any],
+    study: StudyConfig,
     reference: dict[str, float],
     variants: list[str] | None = None,
     ts: TruthSettings = TruthSettings(),
@@ -207,10 +205,10 @@ def truth(
 ) -> dict[str, Any]:
     """The oracle's document: per configuration and load the true p90s, the true taxes and
     the true H1–H6, each with its 95% interval and the margin to the design's threshold."""
-    names = variants or [c["name"] for c in config["variants"]]
+    names = variants or study.names
     if K.PLAIN not in names:
         names = [K.PLAIN, *names]
-    series = simulate(config, reference, names, ts, progress)
+    series = simulate(study, reference, names, ts, progress)
     reps = min(len(s.p90s["ttft_ms"]) for s in series.values())
     pooled_rows = [_row(s, {m: s.value(m) for m in METRICS}, reps * ts.requests) for s in series.values()]
     rep_rows = [
@@ -258,7 +256,7 @@ def truth(
         h["margin"] = margin(h)
     return {
         "simulated": True,
-        "study": config["study"],
+        "study": study.study,
         "reference": reference,
         "variants": names,
         "method": __doc__.split("\n\n")[2].replace("\n", " "),

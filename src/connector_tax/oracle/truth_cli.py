@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from connector_tax.config import StudyConfig
 from connector_tax.oracle.truth import TruthSettings
 
 
@@ -80,12 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the whole document here")
 
 
-def reference_of(args: argparse.Namespace, config: Mapping[str, Any]) -> dict[str, float]:
+def reference_of(args: argparse.Namespace, study: StudyConfig) -> dict[str, float]:
     from connector_tax.contract import StudyLayout
 
     if args.ref_safe is not None:
         return {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
-    path = StudyLayout.of(config["study"]).reference_rates
+    path = StudyLayout.of(study.study).reference_rates
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -129,19 +130,19 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from connector_tax.config import ConfigError, load_config
+    from connector_tax.config import ConfigError, load_study
     from connector_tax.oracle.truth import truth
 
     try:
-        config = load_config(args.config)
-        if config["backend"] != "sim":
-            raise ValueError(f"backend: {config['backend']!r} — only the simulator (backend sim) has a known truth")
-        names = [c["name"] for c in config["variants"]]
+        study = load_study(args.config)
+        if study.backend != "sim":
+            raise ValueError(f"backend: {study.backend!r} — only the simulator (backend sim) has a known truth")
+        names = study.names
         chosen = args.variants.split(",") if args.variants else None
         unknown = [n for n in chosen or [] if n not in names]
         if unknown:
             raise ValueError(f"--variants: {', '.join(unknown)} not in the study (it has {', '.join(names)})")
-        reference = reference_of(args, config)
+        reference = reference_of(args, study)
     except (ConfigError, ValueError) as exc:
         print(f"ctax truth: {exc}", file=sys.stderr)
         return 2
@@ -153,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         jobs=args.jobs,
     )
-    doc = truth(config, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    doc = truth(study, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     print(render(doc), end="")
