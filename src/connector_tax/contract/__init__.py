@@ -33,6 +33,11 @@ labels are `r<rate>` (Phase A) or the shape's label (`4096x256`, `mix-<hash>`,
 `pattern-<hash>`), unique per phase by construction: colliding rates or repeated shapes are a
 config error.
 
+Records (`records`, `summary`, `estimate`): one msgspec Struct per record file (RequestRecord,
+StepRecord, MetricsSample, ThreadSample), the cell summary (CellSummary, every field defaulted so
+that older summaries decode), and an estimate with its interval and unit; writers encode them,
+readers decode them (`decode_lines`, `decode_summary`).
+
 Fingerprint (`fingerprint`): the sha256 of every setting that can change a cell's measurement
 (the launch: backend, model, variant, merged server settings, simulator or vLLM settings, the
 normalized launch argv and the server's versions; the cell: rate, arrival, shape, warm-up,
@@ -51,6 +56,23 @@ listing: it verifies every fingerprint and refuses to mix fingerprints, backends
 superseded and orphan folders are listed in the report and otherwise ignored.
 """
 
+from connector_tax.contract.estimate import Estimate
 from connector_tax.contract.layout import CELL_RECORDS, CellFiles, PhaseLayout, StudyLayout, phase_folder
+from connector_tax.contract.records import MetricsSample, RequestRecord, StepRecord, ThreadSample, decode_lines
+from connector_tax.contract.summary import CellSummary, decode_summary
 
-__all__ = ["CELL_RECORDS", "CellFiles", "PhaseLayout", "StudyLayout", "phase_folder"]
+__all__ = [
+    "CELL_RECORDS",
+    "CellFiles",
+    "CellSummary",
+    "Estimate",
+    "MetricsSample",
+    "PhaseLayout",
+    "RequestRecord",
+    "StepRecord",
+    "StudyLayout",
+    "ThreadSample",
+    "decode_lines",
+    "decode_summary",
+    "phase_folder",
+]
