@@ -6,10 +6,12 @@ import argparse
 from collections.abc import Callable
 
 
-def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
-    def parse(text: str) -> float:
+def _number(
+    kind: type[int] | type[float], low: float, high: float | None = None, low_open: bool = False
+) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
         try:
-            value = float(kind(text))
+            value = kind(text)  # an int flag stays an int (a count of tokens, say)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
         if value < low or (low_open and value == low) or (high is not None and value > high):
