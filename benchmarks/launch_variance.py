@@ -50,6 +50,8 @@ import yaml
 from _common import REPO, parser, positive_float, positive_int, write_json
 from _launch_probe import Probe
 
+from connector_tax.analysis.batchmeans import t975
+
 CONFIGS = ("today", "pinned")
 COMPUTE_CORE = "1"
 
@@ -229,7 +231,7 @@ def analyze(out: Path, order: list[tuple[str, int]]) -> dict[str, Any]:
             x[f"{kind}_steps"], (x[f"{kind}_index"], x[f"{kind}_se"]) = int(logs.size), _index(logs)
     for x in good:
         x.pop("steps")
-    return {"launches": launches, "decomposition": decompose(good)}
+    return {"launches": launches, "decomposition": decompose(good), "aa": aa_widths(good)}
 
 
 def _r2(y: np.ndarray, x: np.ndarray) -> tuple[float, float] | None:
@@ -277,6 +279,36 @@ def decompose(launches: list[dict[str, Any]]) -> dict[str, Any]:
         config_dummy = np.array([1.0 if x["config"] == "pinned" else 0.0 for x in launches])
         fit = _r2(ys, config_dummy)
         out[metric] = {"per_config": per, "candidates": cand, "config_r2": round(fit[0], 3) if fit else None}
+    return out
+
+
+AA_VARIANTS = 7  # the replicated CPU study: six measured variants and the A/A control (df (V-1)(k-1))
+TARGETS = {"ttft_p90_ms": 0.10, "tpot_p90_ms": 0.05}  # issue 40's A/A half-widths at ref_safe
+
+
+def aa_widths(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per configuration and metric: the sd of one launch's log p90 across its launches (every
+    launch the same requests, so this is what two launches of plain differ by: the A/A control's
+    paired log ratio has variance 2 sd²), and the A/A half-width the analysis would give at k
+    launches per variant (analysis/launch_intervals.py: t at (V-1)(k-1) df times sqrt(2 sd²/k)),
+    with the fewest k that reach TARGETS."""
+    out: dict[str, Any] = {}
+    for name in CONFIGS:
+        per: dict[str, Any] = {}
+        for metric, target in TARGETS.items():
+            logs = np.log([x[metric] for x in launches if x["config"] == name])
+            if logs.size < 3:
+                continue
+            sd = float(logs.std(ddof=1))
+            half = {k: math.expm1(t975((AA_VARIANTS - 1) * (k - 1)) * math.sqrt(2 * sd**2 / k)) for k in range(2, 17)}
+            reach = next((k for k, h in half.items() if h <= target), None)
+            per[metric] = {
+                "launch_sd_log": round(sd, 4),
+                "aa_half_width_k2": round(half[2], 4),
+                "launches_for_target": reach,
+                "target": target,
+            }
+        out[name] = per
     return out
 
 
@@ -345,6 +377,13 @@ def render(result: dict[str, Any]) -> str:
             )
         for k, v in sorted(d["candidates"].items(), key=lambda kv: -kv[1]["r2_within_config"]):
             lines.append(f"    {k:32} R² {v['r2_within_config']:.2f}, slope {v['slope_pct_per_unit']:+.2f}% per unit")
+    for name, per in result.get("aa", {}).items():
+        for metric, v in per.items():
+            lines.append(
+                f"A/A {name} {metric}: one launch's sd {100 * v['launch_sd_log']:.1f}% (log), half-width at 2 launches "
+                f"per variant ±{100 * v['aa_half_width_k2']:.1f}% (target ±{100 * v['target']:.0f}%: "
+                f"{v['launches_for_target'] or '>16'} launches)"
+            )
     return "\n".join(lines)
 
 
