@@ -36,10 +36,13 @@ from connector_tax.config.profile import EngineProfile
 
 GOALS = {"ttft_mean": 0.10, "tpot_mean": 0.05, "step": 0.05, "cells_share": 0.90, "p90_inside_share": 0.90}
 MEANS = ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms")
-MIN_STEPS = 200
-# Bin edges [lo, hi): prefill tokens of the step, and sequences decoding in it.
-PREFILL_EDGES = (0, 1, 65, 257, 1025, math.inf)
-DECODE_EDGES = (0, 1, 2, 5, 9, 17, math.inf)
+# A bin's mean step is judged from this many steps: steps scatter ~25 % around their mean and come
+# in correlated runs, so 100 give the mean to about ±5 % (95 %).
+MIN_STEPS = 100
+# Bin edges [lo, hi): prefill tokens of the step, and sequences decoding in it. Coarse in prefill:
+# a study has tens of prefill steps per shape and variant against thousands of decode steps.
+PREFILL_EDGES = (0, 1, 257, math.inf)
+DECODE_EDGES = (0, 1, 2, 5, 9, math.inf)
 _FIELDS = {
     "t_send_ns": "int",
     "t_first_token_ns": "int",
