@@ -253,6 +253,16 @@ def test_unwritable_out_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"ctax bench: --out: cannot create '{blocker / 'sub'}'")
 
 
+def test_nothing_listening_is_one_line_before_any_cell(tmp_path: Path) -> None:
+    # The user's first try against a wrong port: said at once, nothing measured, exit 2.
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", "http://127.0.0.1:1", "--model", "x"]
+    cmd += ["--rate", "1", "--duration", "1", "--out", str(tmp_path / "x")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "ctax bench: --url: nothing answers at http://127.0.0.1:1 (connection refused)\n"
+    assert not list((tmp_path / "x").glob("summary_*"))
+
+
 def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:
     cmd = [
         sys.executable,

@@ -121,3 +121,15 @@ def test_validity_defaults_are_the_schemas_and_a_misspelt_bound_is_an_error() ->
 def test_default_study_fills_the_validity_section() -> None:
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     assert Validity.from_mapping(config["validity"]) == default_validity()
+
+
+def test_a_cell_with_no_measured_request_is_never_valid() -> None:
+    # Every request in the warm-up (a 1 s cell at 1 req/s behind a 10 s warm-up): nothing failed,
+    # nothing was measured.
+    warm = RequestRecord("r-0", 0, 0, MS, 2 * MS, 8, 4, 0, True, "ok", None, 8, 4)
+    summary = _summary([warm])
+    assert summary["counts"]["ok"] == 0
+    assert summary["validity"]["valid"] is False
+    assert summary["validity"]["reasons"] == ["no request measured: none ended ok after the warm-up"]
+    assert _check(summary, "measured_requests_missing")["passed"] is False
+    assert _check(_summary([_ok(0, 0, MS)]), "measured_requests_missing")["passed"] is True

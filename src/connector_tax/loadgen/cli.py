@@ -14,6 +14,7 @@ from typing import Any
 
 from connector_tax.config.cells import Cell
 from connector_tax.loadgen.options import check_cell
+from connector_tax.loadgen.probe import Api, ServerProblem, check_server
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
@@ -378,6 +379,13 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"ctax bench: --out: cannot create {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    try:
+        with Api(options) as api:
+            check_server(api)
+    except ServerProblem as exc:
+        print(f"ctax bench: {exc}", file=sys.stderr)
+        return 2
+    invalid = 0
     with LoadGenerator(options) as gen:
         for cell in cells:
             done = threading.Event()
@@ -389,4 +397,5 @@ def main(args: argparse.Namespace) -> int:
                 done.set()
                 reporter.join()
             print(_line(summary), flush=True)
-    return 0
+            invalid += not summary["validity"]["valid"]
+    return 1 if invalid else 0

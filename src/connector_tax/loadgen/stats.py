@@ -203,6 +203,16 @@ class RequestStats:
         min_completed = cell.get("min_completed")
         if min_completed:
             checks.append(_check("min_completed_shortfall", max(0, min_completed - count["ok"]), 0))
+        # A cell that measured nothing says nothing, whatever else passed: every request in the
+        # warm-up, or none answered (a dead URL, a wrong path or model: all errors).
+        checks.append(
+            _check(
+                "measured_requests_missing",
+                0 if count["ok"] else 1,
+                0,
+                "no request measured: none ended ok after the warm-up",
+            )
+        )
         failed = [c for c in checks if not c["passed"]]
         return {
             **cell,
@@ -235,7 +245,7 @@ class RequestStats:
             "cpu_frac": {k: _round(v) for k, v in cpu_frac.items()},
             "validity": {
                 "valid": not failed,
-                "reasons": [f"{c['name']} {c['value']} > {c['threshold']}" for c in failed],
+                "reasons": [reason(c) for c in failed],
                 "checks": checks,
             },
         }
@@ -282,5 +292,14 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _check(name: str, value: float, threshold: float) -> dict[str, Any]:
-    return {"name": name, "value": _round(value), "threshold": threshold, "passed": bool(value <= threshold)}
+def _check(name: str, value: float, threshold: float, why: str | None = None) -> dict[str, Any]:
+    """A check passes when value <= threshold; `why` words its failure (default: name value > bound)."""
+    check = {"name": name, "value": _round(value), "threshold": threshold, "passed": bool(value <= threshold)}
+    if why is not None:
+        check["why"] = why
+    return check
+
+
+def reason(check: dict[str, Any]) -> str:
+    """A failed check in words: its own, or `name value > threshold`."""
+    return check.get("why") or f"{check['name']} {check['value']} > {check['threshold']}"
