@@ -28,7 +28,8 @@ NUM = r"\d+(?:\.\d+)?"
 SUMMARY_LINE = re.compile(
     rf"(?P<cell>\S+): ok=(?P<ok>\d+) err=(?P<err>\d+) timeout=(?P<timeout>\d+) dropped=(?P<dropped>\d+) "
     rf"achieved=(?P<achieved>{NUM})/s TTFT p50/p90/p99=(?P<ttft>{NUM})/{NUM}/{NUM} ms "
-    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us \[(?P<valid>valid|INVALID: .+)\]"
+    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us "
+    rf"server tokens in/out=(?P<tokens>\d+/\d+|-/-|unchecked \(no usage\)) \[(?P<valid>valid|INVALID: .+)\]"
 )
 PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_flight=\d+ ttft_p50_ms=(\d+\.\d|-)")
 

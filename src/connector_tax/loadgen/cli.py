@@ -29,6 +29,7 @@ _FLAGS = {
     "tls_ca_file": "--cacert",
     "trace": "--trace",
     "shape": "--input-len",
+    "tokenizer": "--tokenizer",
 }
 
 
@@ -195,6 +196,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=_positive(float), default=1.0, help="trace speed-up factor")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     p.add_argument("--prompt", choices=["token_ids", "text"], default="token_ids")
+    p.add_argument(
+        "--tokenizer",
+        type=_nonempty,
+        default="auto",
+        metavar="auto|server|usage|PATH",
+        help="how text and chat prompts get the cell's length by the server's count: auto (/tokenize where the "
+        "server has it, else usage of one-token requests), server, usage, or a tokenizer.json (or its folder)",
+    )
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
     p.add_argument(
@@ -340,8 +349,23 @@ def _line(summary: dict[str, Any]) -> str:
         f"dropped={counts['dropped']} achieved={fmt(rates['achieved_dispatch_rps'])}/s "
         f"TTFT p50/p90/p99={fmt(ttft['p50'])}/{fmt(ttft['p90'])}/{fmt(ttft['p99'])} ms "
         f"TPOT p50/p90={fmt(tpot['p50'])}/{fmt(tpot['p90'])} ms "
-        f"lateness p99={fmt(summary['lateness_us']['p99'])} us [{valid}]"
+        f"lateness p99={fmt(summary['lateness_us']['p99'])} us server tokens in/out={_tokens(summary)} [{valid}]"
     )
+
+
+def _tokens(summary: dict[str, Any]) -> str:
+    """The server's median prompt/completion counts, or why there are none."""
+    usage = summary.get("usage") or {}
+    if usage.get("status") == "unchecked":
+        return "unchecked (no usage)"
+    medians = [((usage.get(f"{k}_tokens") or {}).get("server") or {}).get("median") for k in ("prompt", "completion")]
+    return "/".join("-" if m is None else f"{m:g}" for m in medians)
+
+
+def _flagged(exc: Exception) -> str:
+    """An error naming an option or cell field, as the flag that sets it."""
+    field, sep, rest = str(exc).partition(": ")
+    return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -355,6 +379,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model,
         endpoint=args.endpoint,
         prompt=args.prompt,
+        tokenizer=args.tokenizer,
         workers=args.workers,
         inflight_cap=args.inflight_cap,
         timeout_s=args.timeout,
@@ -382,11 +407,19 @@ def main(args: argparse.Namespace) -> int:
     try:
         with Api(options) as api:
             check_server(api)
-    except ServerProblem as exc:
-        print(f"ctax bench: {exc}", file=sys.stderr)
+        gen = LoadGenerator(options)  # sizes text prompts on this server
+    except (ServerProblem, ValueError) as exc:
+        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        return 2
+    try:
+        for cell in cells:
+            gen.check_cell(cell)
+    except ValueError as exc:
+        gen.pool.close()
+        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
         return 2
     invalid = 0
-    with LoadGenerator(options) as gen:
+    with gen:
         for cell in cells:
             done = threading.Event()
             reporter = threading.Thread(target=_report_progress, args=(gen, cell.label, done), daemon=True)
