@@ -87,11 +87,17 @@ class VllmServer:
             text = r.read().decode()
         out: dict[str, float] = {}
         wanted = {f"{name}_{part}": f"{key}_{part}" for key, name in HISTOGRAMS.items() for part in ("sum", "count")}
-        wanted |= {"vllm:request_success_total": "requests", "vllm:generation_tokens_total": "tokens"}
+        wanted |= {
+            "vllm:request_success_total": "requests",
+            "vllm:generation_tokens_total": "tokens",
+            "vllm:prompt_tokens_total": "prompt_tokens",
+        }
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in wanted:
                     out[wanted[s.name]] = out.get(wanted[s.name], 0.0) + s.value
+        if "prompt_count" not in out:  # no per-request histogram (the simulator): the counters
+            out["prompt_sum"], out["prompt_count"] = out.get("prompt_tokens", 0.0), out.get("requests", 0.0)
         return out
 
     def stats(self) -> dict[str, int]:
@@ -160,8 +166,10 @@ def client_numbers(name: str, out: dict[str, Any]) -> dict[str, Any]:
             "n": out.get("ok"),
             "ttft_mean": stat("time_to_first_token_ms", "mean"),
             "ttft_median": stat("time_to_first_token_ms", "median"),
-            "tpot_mean": stat("time_per_output_token_ms", "mean"),
-            "tpot_median": stat("time_per_output_token_ms", "median"),
+            # Its time_per_output_token_ms divides the whole latency, TTFT included; this is
+            # (latency - TTFT) / (tokens - 1), as vLLM's TPOT and the server's histogram are.
+            "tpot_mean": stat("inter_token_latency_ms", "mean"),
+            "tpot_median": stat("inter_token_latency_ms", "median"),
         }
     agg = out.get("aggregate") or {}
 
@@ -235,12 +243,14 @@ def summarize(rows: list[dict[str, Any]], clients: list[str]) -> dict[str, Any]:
                 "ttft_gap_mean",
                 "ttft_gap_median",
                 "tpot_mean",
+                "tpot_median",
                 "tpot_gap_mean",
                 "tpot_gap_median",
                 "cpu_ms_per_request",
             )
         }
         res[name]["server_ttft"] = _spread([r["server"]["ttft"] for r in mine])
+        res[name]["server_tpot"] = _spread([r["server"]["itl"] for r in mine])
         res[name]["server_prompt_tokens"] = _spread([r["server"]["prompt"] for r in mine])
         res[name]["runs"] = len(mine)
     peers = [n for n in clients if n != "ctax" and res[n]["ttft_gap_mean"]["median"] is not None]
@@ -272,16 +282,17 @@ def table(res: dict[str, Any], clients: list[str]) -> str:
         return f"{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
 
     lines = [
-        "| client | runs | prompt tokens (server) | TTFT mean / median (ms) | server TTFT mean | TTFT gap mean | "
-        "TTFT gap median | TPOT gap mean | CPU ms/request |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| client | runs | prompt tokens (server) | TTFT mean / median (ms) | server TTFT mean | TTFT gap | "
+        "TPOT mean / median | server TPOT mean | TPOT gap | CPU ms/request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in clients:
         r = res[name]
         lines.append(
             f"| {NAMES[name]} | {r['runs']} | {cell(r['server_prompt_tokens'])} | {cell(r['ttft_mean'])} / "
             f"{cell(r['ttft_median'])} | {cell(r['server_ttft'])} | {cell(r['ttft_gap_mean'])} | "
-            f"{cell(r['ttft_gap_median'])} | {cell(r['tpot_gap_mean'])} | {cell(r['cpu_ms_per_request'])} |"
+            f"{cell(r['tpot_mean'])} / {cell(r['tpot_median'])} | {cell(r['server_tpot'])} | "
+            f"{cell(r['tpot_gap_mean'])} | {cell(r['cpu_ms_per_request'])} |"
         )
     if "ttft_gap_ratio" in res:
         g = res["ttft_gap_ratio"]
@@ -315,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     atexit.register(kill_all)
     with tempfile.TemporaryDirectory(prefix="engine-accuracy-") as tmp:
-        model = a.model_dir or Path(tmp) / "tiny-llama"
+        model = a.model_dir.resolve() if a.model_dir else Path(tmp) / "tiny-llama"
         if not a.model_dir:
             tiny = [str(venv / "bin" / "python"), str(REPO / "tools" / "tiny_model.py"), str(model)]
             subprocess.run(tiny, check=True, stdout=subprocess.DEVNULL)
