@@ -1,7 +1,7 @@
-"""A small OpenAI-compatible server for the sizing and server-check tests, in a thread: it counts a
-prompt with a tokenizer the test controls, answers /v1/models, non-streamed one-token requests
-with usage (or without, on cue) and vLLM's /tokenize (or a 404, on cue). Not for streams: the load
-generator's own client tests use mini_http_server.py, whole cells use the simulator."""
+"""A small OpenAI-compatible server for the sizing tests, in a thread: it counts a prompt with a
+tokenizer the test controls, answers /v1/models, one-token requests as a short event stream with
+usage (or without, on cue) and vLLM's /tokenize (or a 404, on cue). Not for the load generator's
+workers: their client tests use mini_http_server.py, whole cells the simulator."""
 
 from __future__ import annotations
 
@@ -58,11 +58,18 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 n = fake.prompt_tokens(body)
                 self._answer(200, {"count": n, "max_model_len": 4096, "tokens": list(range(n))})
             elif self.path in ("/v1/completions", "/v1/chat/completions"):
-                answer: dict[str, Any] = {"id": "x", "choices": [{"index": 0, "text": " a", "finish_reason": "length"}]}
+                # Streamed, as the load generator asks: one token, then usage when reported.
+                events = [{"id": "x", "choices": [{"index": 0, "text": " a", "finish_reason": "length"}]}]
                 if fake.usage:
                     n = fake.prompt_tokens(body)
-                    answer["usage"] = {"prompt_tokens": n, "completion_tokens": 1, "total_tokens": n + 1}
-                self._answer(200, answer)
+                    usage = {"prompt_tokens": n, "completion_tokens": 1, "total_tokens": n + 1}
+                    events.append({"id": "x", "choices": [], "usage": usage})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+                for event in events:
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
             else:
                 self._answer(404, {"detail": "Not Found"})
 

@@ -8,7 +8,9 @@ workers start. The same client asks the server to count prompts (sizing.py).
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -66,20 +68,68 @@ class Api:
         try:
             return self.client.request(method, url, json=body)
         except httpx.ConnectError as exc:
-            raise ServerProblem(f"--url: nothing answers at {self.origin} ({_reason(exc)})") from None
+            raise ServerProblem(_unreachable(self.origin, exc)) from None
         except httpx.TimeoutException:
             raise ServerProblem(f"--url: {url} did not answer within {PROBE_TIMEOUT_S:g} s") from None
         except httpx.HTTPError as exc:
             raise ServerProblem(f"--url: {url}: {_reason(exc)}") from None
 
-    def generate(self, text: str, max_tokens: int = 1) -> httpx.Response:
-        """One small request at the run's endpoint, not streamed: what the server counts and says."""
-        body: dict[str, Any] = {"model": self.options.model, "max_tokens": max_tokens, "temperature": 0}
+    def generate(self, text: str) -> Answer:
+        """One one-token request at the run's endpoint, streamed with usage as the run's are: the
+        server's status, its error in words, and its usage.prompt_tokens (None: not reported)."""
+        body: dict[str, Any] = {"model": self.options.model, "max_tokens": 1, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         if self.options.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
-        return self.post(self.endpoint_url, body)
+        try:
+            with self.client.stream("POST", self.endpoint_url, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    return Answer(response.status_code, error_message(response), None, False)
+                return _read_stream(response)
+        except httpx.ConnectError as exc:
+            raise ServerProblem(_unreachable(self.origin, exc)) from None
+        except httpx.TimeoutException:
+            raise ServerProblem(f"--url: {self.endpoint_url} did not answer within {PROBE_TIMEOUT_S:g} s") from None
+        except httpx.HTTPError as exc:
+            raise ServerProblem(f"--url: {self.endpoint_url}: {_reason(exc)}") from None
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    error: str | None
+    prompt_tokens: int | None  # the stream's usage.prompt_tokens
+    events: bool  # any `data: {...}` event came: an OpenAI-style stream
+
+
+def _read_stream(response: httpx.Response) -> Answer:
+    """The usage of an SSE stream, read line by line (off the hot path: no need for sse.py's care)."""
+    prompt_tokens, events, error = None, False, None
+    for line in response.iter_lines():
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        events = events or isinstance(event, dict)
+        if not isinstance(event, dict):
+            continue
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            prompt_tokens = usage["prompt_tokens"]
+        if isinstance(event.get("error"), dict):
+            error = " ".join(str(event["error"].get("message")).split())[:MESSAGE_CHARS]
+    return Answer(200, error, prompt_tokens, events)
+
+
+def _unreachable(origin: str, exc: Exception) -> str:
+    if "SSL" in str(exc) or "certificate" in str(exc):
+        return f"--url: TLS to {origin} failed: {_reason(exc)} (--cacert FILE, or --insecure)"
+    return f"--url: nothing answers at {origin} ({_reason(exc)})"
 
 
 def _reason(exc: Exception) -> str:
@@ -123,13 +173,13 @@ def check_server(api: Api) -> dict[str, Any]:
     elif listed.status_code in (401, 403):
         raise ServerProblem(f"--api-key-env: {api.models_url} answered {listed.status_code}: {error_message(listed)}")
     answer = api.generate("Hello")
-    if answer.status_code != 200:
-        where = "--url" if answer.status_code in (404, 405) and models is None else f"--endpoint {options.endpoint}"
+    if answer.status != 200 or answer.error:
+        where = "--url" if answer.status in (404, 405) and models is None else f"--endpoint {options.endpoint}"
+        if answer.status in (401, 403):
+            where = "--api-key-env"
         raise ServerProblem(
-            f"{where}: {api.endpoint_url} answered {answer.status_code} to a one-token request: {error_message(answer)}"
+            f"{where}: {api.endpoint_url} answered {answer.status} to a one-token request: {answer.error}"
         )
-    try:
-        usage = answer.json().get("usage") or {}
-    except (ValueError, AttributeError):
-        raise ServerProblem(f"--url: {api.endpoint_url} answered 200 with no JSON: not an OpenAI API") from None
-    return {"models": models, "reports_usage": isinstance(usage, dict) and "prompt_tokens" in usage}
+    if not answer.events:
+        raise ServerProblem(f"--url: {api.endpoint_url} answered 200 with no event stream: not an OpenAI API")
+    return {"models": models, "reports_usage": answer.prompt_tokens is not None}

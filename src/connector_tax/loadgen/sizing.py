@@ -118,18 +118,16 @@ def _tokenize_counter(api: Api, strict: bool) -> Count | None:
 def _usage_counter(api: Api, flag: str) -> Count:
     def count(text: str) -> int:
         answer = api.generate(text)
-        if answer.status_code != 200:
+        if answer.status != 200 or answer.error:
             raise ServerProblem(
-                f"{flag}: {api.endpoint_url} answered {answer.status_code} to a sizing request: {error_message(answer)}"
+                f"{flag}: {api.endpoint_url} answered {answer.status} to a sizing request: {answer.error}"
             )
-        try:
-            usage = answer.json().get("usage") or {}
-            return int(usage["prompt_tokens"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        if answer.prompt_tokens is None:
             raise ServerProblem(
                 f"{flag}: the server reports no usage.prompt_tokens, so it cannot count prompts for the "
                 "load generator: name a tokenizer file (--tokenizer PATH)"
-            ) from None
+            )
+        return answer.prompt_tokens
 
     return count
 
