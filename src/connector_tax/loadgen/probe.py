@@ -22,8 +22,9 @@ PROBE_TIMEOUT_S = 30.0  # a first request may wait for a cold engine's first ste
 MESSAGE_CHARS = 300  # of a server's error, in the one line
 
 
-class ServerProblem(Exception):
-    """What stops a run before it starts, in one line (the flag it concerns first)."""
+class ServerProblem(RuntimeError):
+    """What stops a run before it starts, in one line (the flag it concerns first). A RuntimeError:
+    in a study the phase job writes it down as the reason its cells were not measured."""
 
 
 class Api:
