@@ -52,8 +52,18 @@ from connector_tax.config import find_variant, load_config
 from connector_tax.launch.command import launch_spec
 from connector_tax.serving.process import ServerProcess, free_port
 
-CLIENTS = ("ctax", "vllm", "guidellm", "aiperf")
-NAMES = {"ctax": "ctax", "vllm": "vllm bench serve", "guidellm": "guidellm 0.8.1", "aiperf": "AIPerf 0.13"}
+CLIENTS = ("ctax", "ctax-rt", "ctax-free", "vllm", "guidellm", "aiperf")
+NAMES = {
+    "ctax": "ctax",
+    "ctax-rt": "ctax --rt-priority 10",
+    "ctax-free": "ctax --no-affinity",
+    "vllm": "vllm bench serve",
+    "guidellm": "guidellm 0.8.1",
+    "aiperf": "AIPerf 0.13",
+}
+# ctax as configured: its defaults (its worker pinned to a core of its plan), the real-time class
+# the CPU study configs set, and unpinned (the peers' way).
+CTAX_FLAGS = {"ctax": [], "ctax-rt": ["--rt-priority", "10"], "ctax-free": ["--no-affinity"]}
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
     "itl": "vllm:inter_token_latency_seconds",
@@ -136,7 +146,7 @@ def client_numbers(name: str, out: dict[str, Any]) -> dict[str, Any]:
     """A client's own n, mean and median TTFT and TPOT (ms), from what it wrote."""
     if "error" in out:
         return {"error": str(out["error"])[-300:]}
-    if name == "ctax":
+    if name in CTAX_FLAGS:
         s = out["summary"]
         ttft, tpot = s["latency_ms"]["ttft"], s["latency_ms"]["tpot"]
         return {
@@ -189,10 +199,10 @@ def run_client(ctx: SimpleNamespace, name: str, rep: int) -> dict[str, Any]:
     a = ctx.args
     n = max(1, round(a.rate * a.seconds))
     limit = a.seconds * 3 + 300
-    if name == "ctax":
+    if name in CTAX_FLAGS:
         argv = ["--rate", f"{a.rate:g}", "--arrival", "poisson", "--input-len", str(a.input_len)]
         argv += ["--output-len", str(a.output_len), "--duration", f"{a.seconds:g}", "--warmup", "0"]
-        return run_ctax(ctx, f"acc{rep}", [*argv, "--seed", str(rep)], limit)
+        return run_ctax(ctx, f"{name}{rep}", [*argv, "--seed", str(rep), *CTAX_FLAGS[name]], limit)
     if name == "vllm":
         argv = ["--random-input-len", str(a.input_len), "--num-prompts", str(n), "--request-rate", f"{a.rate:g}"]
         return run_vllm(ctx, [*argv, "--seed", str(rep)], limit, a.output_len)
@@ -211,7 +221,7 @@ def one_run(ctx: SimpleNamespace, name: str, rep: int) -> dict[str, Any]:
     after = server.metrics()
     row: dict[str, Any] = {"client": name, "repeat": rep, "load_1m": round(os.getloadavg()[0], 2)}
     row.update(client_numbers(name, out))
-    row["server"] = server_means(before, after, ctx.probe if name == "ctax" else {})
+    row["server"] = server_means(before, after, ctx.probe if name in CTAX_FLAGS else {})
     row["cpu_ms_per_request"] = cpu.get("cpu_ms_per_request")
     if "ttft_mean" in row and row["server"]["ttft"] is not None and row.get("ttft_mean") is not None:
         srv = row["server"]
@@ -253,25 +263,24 @@ def summarize(rows: list[dict[str, Any]], clients: list[str]) -> dict[str, Any]:
         res[name]["server_tpot"] = _spread([r["server"]["itl"] for r in mine])
         res[name]["server_prompt_tokens"] = _spread([r["server"]["prompt"] for r in mine])
         res[name]["runs"] = len(mine)
-    peers = [n for n in clients if n != "ctax" and res[n]["ttft_gap_mean"]["median"] is not None]
-    if "ctax" in res and peers and res["ctax"]["ttft_gap_mean"]["median"] is not None:
-        best = min(peers, key=lambda n: res[n]["ttft_gap_mean"]["median"])
-        ratio = res["ctax"]["ttft_gap_mean"]["median"] / res[best]["ttft_gap_mean"]["median"]
-        # Per repeat: ctax's gap over the best peer's gap in the same repeat (its spread).
-        per = []
-        for rep in sorted({r["repeat"] for r in rows}):
-            c = [
-                r["ttft_gap_mean"]
-                for r in rows
-                if r["client"] == "ctax" and r["repeat"] == rep and "ttft_gap_mean" in r
-            ]
-            p = [
-                r["ttft_gap_mean"] for r in rows if r["client"] == best and r["repeat"] == rep and "ttft_gap_mean" in r
-            ]
-            if c and p and p[0]:
-                per.append(c[0] / p[0])
-        res["best_peer"] = best
-        res["ttft_gap_ratio"] = {"of_medians": round(ratio, 3), "per_repeat": _spread(per), "goal": 1 / 3}
+    peers = [n for n in clients if n not in CTAX_FLAGS and res[n]["ttft_gap_mean"]["median"] is not None]
+    if not peers:
+        return res
+    best = min(peers, key=lambda n: res[n]["ttft_gap_mean"]["median"])
+    res["best_peer"], res["ttft_gap_ratio"] = best, {}
+
+    def gap(name: str, rep: int) -> float | None:
+        found = [
+            r["ttft_gap_mean"] for r in rows if r["client"] == name and r["repeat"] == rep and "ttft_gap_mean" in r
+        ]
+        return found[0] if found else None
+
+    reps = sorted({r["repeat"] for r in rows})
+    for mine in (n for n in clients if n in CTAX_FLAGS and res[n]["ttft_gap_mean"]["median"] is not None):
+        ratio = res[mine]["ttft_gap_mean"]["median"] / res[best]["ttft_gap_mean"]["median"]
+        # Per repeat: this ctax's gap over the best peer's gap in the same repeat (its spread).
+        per = [c / p for c, p in ((gap(mine, k), gap(best, k)) for k in reps) if c is not None and p]
+        res["ttft_gap_ratio"][mine] = {"of_medians": round(ratio, 3), "per_repeat": _spread(per), "goal": 1 / 3}
     return res
 
 
@@ -294,11 +303,10 @@ def table(res: dict[str, Any], clients: list[str]) -> str:
             f"{cell(r['tpot_mean'])} / {cell(r['tpot_median'])} | {cell(r['server_tpot'])} | "
             f"{cell(r['tpot_gap_mean'])} | {cell(r['cpu_ms_per_request'])} |"
         )
-    if "ttft_gap_ratio" in res:
-        g = res["ttft_gap_ratio"]
+    for mine, g in (res.get("ttft_gap_ratio") or {}).items():
         lines.append(
-            f"\nctax's TTFT gap / the best peer's ({NAMES[res['best_peer']]}): {g['of_medians']} of the medians, "
-            f"per repeat {cell(g['per_repeat'])} (goal <= 0.33)"
+            f"\n{NAMES[mine]}: TTFT gap / the best peer's ({NAMES[res['best_peer']]}): {g['of_medians']} of the "
+            f"medians, per repeat {cell(g['per_repeat'])} (goal <= 0.33)"
         )
     return "\n".join(lines)
 
