@@ -115,7 +115,10 @@ def _tokenize_counter(api: Api, strict: bool) -> Count | None:
     )
 
 
-def _usage_counter(api: Api, flag: str) -> Count:
+NO_USAGE = "so it cannot count prompts for the load generator: name a tokenizer file (--tokenizer PATH)"
+
+
+def _usage_counter(api: Api, flag: str, no_usage: str = NO_USAGE) -> Count:
     def count(text: str) -> int:
         answer = api.generate(text)
         if answer.status != 200 or answer.error:
@@ -123,10 +126,7 @@ def _usage_counter(api: Api, flag: str) -> Count:
                 f"{flag}: {api.endpoint_url} answered {answer.status} to a sizing request: {answer.error}"
             )
         if answer.prompt_tokens is None:
-            raise ServerProblem(
-                f"{flag}: the server reports no usage.prompt_tokens, so it cannot count prompts for the "
-                "load generator: name a tokenizer file (--tokenizer PATH)"
-            )
+            raise ServerProblem(f"{flag}: the server reports no usage.prompt_tokens, {no_usage}")
         return answer.prompt_tokens
 
     return count
@@ -156,7 +156,8 @@ def _file_counter(api: Api, path: str) -> tuple[Count, int | None]:
         return (lambda text: len(tokenizer.encode(text).ids)), None
     # The chat template is the server's: what it adds around a message, measured once.
     local = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
-    template = _usage_counter(api, "--tokenizer")(LEAD) - local(LEAD)
+    measure = _usage_counter(api, "--tokenizer", "so its chat template's tokens cannot be measured: use token ids")
+    template = measure(LEAD) - local(LEAD)
     return (lambda text: local(text) + template), template
 
 
