@@ -68,7 +68,7 @@ def prompt_key(traffic_seed: int, index: int, attempt: int = 1) -> str:
     measured again in the same launch (`attempt` > 1: the validity gate, a suspected knee) sends
     the same schedule and shapes with prompts of its own: the first attempt's prompts are in the
     server's prefix cache, and re-sending them cut the default study's 32 req/s TTFT p90 by
-    ~40 % (7 of 8 KV blocks hit), which hid multi_mooncake_lmcache's knee."""
+    ~20 % (7 of 8 KV blocks hit), which hid multi_mooncake_lmcache's knee."""
     return f"{traffic_seed:x}-{index}" + (f"~{attempt}" if attempt > 1 else "")
 
 
