@@ -149,6 +149,7 @@ class ScriptedRunner:
     def __init__(self, script: dict[str, list[dict[str, Any]]]) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.runs: list[str] = []
+        self.attempts: list[int] = []
 
     def __enter__(self) -> ScriptedRunner:
         return self
@@ -163,6 +164,7 @@ class ScriptedRunner:
 
     def run(self, cell, staging, t0_ns, precision, give_up, waiting):  # noqa: ANN001
         self.runs.append(cell.label)
+        self.attempts.append(cell.attempt)
         summary = json.loads(json.dumps(self.script[cell.label].pop(0)))
         staging.requests.write_text('{"request_id": "x"}\n')
         staging.summary.write_text(json.dumps(summary))
@@ -233,6 +235,7 @@ def test_criterion_3_alone_is_measured_once_more(tiny) -> None:
 
     runner = _run(tiny, {"r4": [quiet, quiet], "r8": [quiet, quiet]}, suspect)
     assert runner.runs == ["r4", "r4", "r8", "r8"] and calls == ["r4", "r8"]  # once per cell, not again
+    assert runner.attempts == [1, 2, 1, 2]  # the runner is told which: a later attempt's prompts are fresh
     _, _, layout, _ = tiny
     aside = sorted(p.name for p in layout.phase("plain", PHASE_A).superseded_root.iterdir())
     assert all(".ttft-growth-1." in n for n in aside)

@@ -83,6 +83,9 @@ def _plan(args: argparse.Namespace) -> int:
         timing = Timing.from_profile(profile.provenance.get("timing") or {}, profile.describe())
     if profile is not None and args.profile:  # the plan's own view of the study: as if the config named it
         study = _with_profile(study, profile)
+    if args.launch_sd and not args.predict:
+        print("ctax plan: --launch-sd: only with --predict (it widens the predicted intervals)", file=sys.stderr)
+        return 2
     if not args.predict:
         estimates, notes = plan_study(study, timing=timing)
         _plan_out(args, study, estimates, notes)
@@ -112,6 +115,15 @@ def _plan(args: argparse.Namespace) -> int:
             return 1
         estimates, notes = plan_study(study, layout, timing=timing)
         resolved = resolution(layout.root)
+    if args.launch_sd:
+        from connector_tax.pipeline.resolution import with_launches
+
+        pooled = {e["variant"] for e in resolved if e["at"].startswith("phase_a")}  # the measured variants
+        with_launches(resolved, args.launch_sd, len(pooled) + 1)
+        notes.append(
+            f"launch-to-launch sd of a log p90 (measured): TTFT {args.launch_sd['ttft_p90']:.3f}, "
+            f"TPOT {args.launch_sd['tpot_p90']:.3f}; half-widths given at k launches per variant"
+        )
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
     if profile is not None:
@@ -125,6 +137,16 @@ def _plan(args: argparse.Namespace) -> int:
     _plan_out(args, study, estimates, notes, resolved)
     print(render_resolution(resolved), end="")
     return 0
+
+
+def _launch_sd(text: str) -> dict[str, float]:
+    try:
+        ttft, tpot = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TTFT,TPOT (two numbers, e.g. 0.08,0.03)") from None
+    if not (0 <= ttft < 5 and 0 <= tpot < 5):
+        raise argparse.ArgumentTypeError(f"{text!r}: each sd must be in [0, 5)")
+    return {"ttft_p90": ttft, "tpot_p90": tpot}
 
 
 def _plan_profile(args: argparse.Namespace, study: Any) -> Any:
@@ -250,8 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine profile (`ctax calibrate`) to plan with instead of the config's: its fitted engine for "
         "--predict, and for a vLLM study the job times it measured on its host",
     )
+    plan.add_argument(
+        "--launch-sd",
+        type=_launch_sd,
+        metavar="TTFT,TPOT",
+        help="with --predict: the measured sd of one launch's log p90 (TTFT, TPOT; `ctax benchmark launch_variance`, "
+        "or a replicated study's taxes' launch_sd): each tax's half-width at k launches per variant",
+    )
     plan.add_argument("--workdir", metavar="DIR", help="keep the prediction's scratch study here (default: removed)")
     plan.add_argument("--json", metavar="FILE", help="also write the estimates here (seconds per stage and job)")
+    plan.error = lambda message: plan.exit(2, f"ctax plan: {message}\n")  # type: ignore[method-assign]
     plan.set_defaults(func=_plan)
 
     steps = "\n".join(f"  {name:13} {text}" for name, (_, text) in PIPELINE_STEPS.items())

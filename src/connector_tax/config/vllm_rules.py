@@ -62,9 +62,50 @@ def check_extra_args(extra_args: list[str], where: str) -> None:
             raise ConfigError(where, f"{flag} is set by the launch from {MANAGED_FLAGS[flag]}; set that instead")
 
 
+def cpu_list(text: str) -> tuple[int, ...]:
+    """A kernel CPU list ("0", "0-1,3") as sorted CPU numbers; ValueError on anything else."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"{text!r} is not a CPU list such as 0 or 0-1,3")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(out))
+
+
+def cpu_placement(config: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(service CPUs, compute CPUs) of a CPU study that pins every server thread
+    (vllm.cpu.service_cpus; serving/placement.py), else None."""
+    cpu = (config.get("vllm") or {}).get("cpu") or {}
+    if device(config) != "cpu" or not cpu.get("service_cpus"):
+        return None
+    return cpu_list(cpu["service_cpus"]), cpu_list(cpu.get("omp_threads_bind", "auto"))
+
+
+def check_placement(config: dict[str, Any]) -> None:
+    """vllm.cpu.service_cpus needs explicit compute cores apart from it."""
+    cpu = (config.get("vllm") or {}).get("cpu") or {}
+    if not cpu.get("service_cpus"):
+        return
+    try:
+        service = cpu_list(cpu["service_cpus"])
+    except ValueError as exc:
+        raise ConfigError("vllm.cpu.service_cpus", str(exc)) from None
+    try:
+        compute = cpu_list(cpu.get("omp_threads_bind", "auto"))
+    except ValueError:
+        raise ConfigError(
+            "vllm.cpu.service_cpus", "needs vllm.cpu.omp_threads_bind as a core list (the compute cores), not auto"
+        ) from None
+    if set(service) & set(compute):
+        raise ConfigError("vllm.cpu.service_cpus", f"{cpu['service_cpus']} overlaps omp_threads_bind {compute}")
+
+
 def check_settings(config: dict[str, Any]) -> None:
     """What a launch would refuse, checked when the config loads (ConfigError, one line):
-    extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects."""
+    extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects, service cores
+    that are not apart from the compute cores."""
+    check_placement(config)
     check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
     for i, variant in enumerate(config["variants"]):
         check_extra_args(

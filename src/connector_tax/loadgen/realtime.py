@@ -181,7 +181,7 @@ class RealTimeRun:
 
     def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
         self.rules.issued(output_len)
-        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else ""
+        key = prompt_key(self.cell.seed, index, self.cell.attempt) if self.cell.seed is not None else ""
         return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id, key)
 
     def _issue_all(self, t0: int) -> None:

@@ -134,7 +134,7 @@ class VirtualTimeRun:
             record.error = "in-flight cap reached"
             self.finish(record)
             return
-        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else record.request_id
+        key = prompt_key(self.cell.seed, index, self.cell.attempt) if self.cell.seed is not None else record.request_id
         ids = _prompts(self.opts.seed).token_id_list(key, input_len)
         tokens = output_len if self.opts.ignore_eos else natural_length(ids, output_len)
         request = SimRequest(record.request_id, ids, output_len, tokens)

@@ -22,6 +22,7 @@ attempt); the others go to superseded/ with the reason each was set aside.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -179,7 +180,10 @@ def _attempt(
     guard = OverloadGuard(
         waiting, t0 / 1e9 + cell.warmup_s, saturation.waiting_p50_max, cell.phase != PHASE_A and cell.overload_guard
     )
-    summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
+    # A later attempt sends fresh prompts: the server's prefix cache holds the earlier ones.
+    summary, failure = launched.run(
+        dataclasses.replace(cell, attempt=number), staging, t0, precision, guard.overloaded, waiting
+    )
     judge(summary, validity)
     extra = {**precision.describe(summary, guard), "host": summary.get("host"), "validity": summary["validity"]}
     if "rt_priority" in summary:  # with the runner's share of it (the phase job's own threads)

@@ -9,16 +9,22 @@ too short for batch means (fewer than 5 batches of 10 requests) will have no int
 its taxes cannot be called, whatever their size, and the plan says so before anything runs.
 
 The predicted cells carry what the profile models (the engine, the API server's delays), not the
-host's own noise, so a real run's intervals are wider: these half-widths are a lower bound.
+host's own noise, so a real run's intervals are wider: these half-widths are a lower bound. With
+a measured launch-to-launch spread (`ctax plan --predict --launch-sd TTFT,TPOT`: the sd of one
+launch's log p90, e.g. from `ctax benchmark launch_variance` or a replicated study's taxes'
+`launch_sd`) each tax's half-width is also given at k launches per variant as the analysis will
+compute it (analysis/launch_intervals.py: variance within/k + 2 sd²/k, Student-t at
+(variants − 1)(k − 1) degrees of freedom), and the fewest launches that reach a target.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis import build
-from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
+from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH, t975
 from connector_tax.analysis.quantiles import ratio_minus_one
 
 METRICS = (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))
@@ -72,6 +78,25 @@ def resolution(results_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+LAUNCHES = (2, 3, 4, 6, 8)
+
+
+def with_launches(entries: list[dict[str, Any]], launch_sd: dict[str, float], variants: int) -> None:
+    """Add to every entry with an interval its half-width at k launches per variant (LAUNCHES),
+    given the sd of one launch's log p90 per metric (`launch_sd`: {"ttft_p90": .., "tpot_p90": ..})
+    and the number of variants the launch variance is pooled over (the A/A control included)."""
+    for e in entries:
+        for name, _ in METRICS:
+            v, sd = e[name], launch_sd.get(name)
+            if v["half_width"] is None or sd is None:
+                continue
+            within = (math.log1p(v["half_width"]) / 1.96) ** 2  # one launch's within-launch variance (log)
+            v["launches"] = {
+                str(k): math.expm1(t975(max(1, (variants - 1) * (k - 1))) * math.sqrt((within + 2 * sd**2) / k))
+                for k in LAUNCHES
+            }
+
+
 def render(entries: list[dict[str, Any]]) -> str:
     if not entries:
         return ""
@@ -90,5 +115,9 @@ def render(entries: list[dict[str, Any]]) -> str:
             else:
                 tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
                 parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
+                if v.get("launches"):
+                    parts[-1] += (
+                        " (with launches: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v["launches"].items()) + ")"
+                    )
         lines.append(f"  {e['at']:28} {e['variant']:38} " + "; ".join(parts))
     return "\n".join(lines) + "\n"

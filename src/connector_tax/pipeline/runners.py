@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from connector_tax.config import Validity
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
-from connector_tax.config.vllm_rules import device
+from connector_tax.config.vllm_rules import cpu_placement, device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
@@ -42,6 +42,7 @@ from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.placement import pin_server_threads, pin_this_process
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.sim.settings import resolve
 
@@ -143,6 +144,10 @@ class ServerRunner:
             index.server_cpus = list(server.cpus) or None
             save()
             server.wait_ready(ready_timeout_s(config, variant))
+            placement = cpu_placement(config) if backend == "vllm" else None
+            if placement and server.proc is not None:  # every server thread but the model's, apart from it
+                threads = pin_server_threads(server.proc.pid, *placement)
+                index.placement = {**(index.placement or {}), "server_threads": threads}
             labels = _thread_labels(raw, backend)
             # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
             if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
@@ -154,8 +159,13 @@ class ServerRunner:
                     "seconds": IDLE_THREADS_S,
                     "samples": samples,
                 }
-            with LoadGenerator(options) as gen:
-                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
+            given_back = pin_this_process(placement[0]) if placement else None  # the load generator too
+            try:
+                with LoadGenerator(options) as gen:
+                    yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
+            finally:
+                if given_back:
+                    pin_this_process(given_back)
             available, reason = step_timing_status(raw, backend, bool(variant.get("connector")))
             index.step_timing_available, index.step_timing_reason = available, reason
 
