@@ -13,6 +13,9 @@ changed every cell's entry on purpose (a cell's settings carry its common-random
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
 config without it keeps its entries (an unset rt_priority is not hashed).
+The default study's `min_completed` 12 -> 64 (a cell too short to bound a p90) changed its cells,
+and the CPU study's `vllm.cpu.service_cpus: "0"` (the server's non-compute threads pinned)
+changed its launches, both on purpose.
 """
 
 from __future__ import annotations
