@@ -136,13 +136,12 @@ def launch_facts(study: Study) -> dict[str, Any]:
     }
 
 
-def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
-    """Everything the outputs are made of, in memory (no file written)."""
-    t0 = time.perf_counter()
-    study = load_study(Path(results_dir))
+def read_cells(study: Study) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]], SeriesMap]:
+    """Every usable cell read once: its aggregate row, the first launches' step CDF grids, and
+    the requests the taxes pair launch by launch (`ctax compare` reads studies through it too)."""
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
-    series: SeriesMap = {}  # every cell's requests: the taxes pair them, launch by launch
+    series: SeriesMap = {}
     for cell in study.cells():
         run = study.run_of(cell.variant, cell.phase, cell.replicate)
         row, grid = cell_row(
@@ -156,6 +155,14 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         rows.append(row)
         if grid is not None and cell.replicate == 1:
             step_cdf.setdefault(cell.variant, {})[cell.key] = grid
+    return rows, step_cdf, series
+
+
+def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
+    """Everything the outputs are made of, in memory (no file written)."""
+    t0 = time.perf_counter()
+    study = load_study(Path(results_dir))
+    rows, step_cdf, series = read_cells(study)
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.settings.saturation
     completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.variants}
