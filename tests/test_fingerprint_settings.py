@@ -12,7 +12,9 @@ changes its entries (the profile file's sha256 is in the launch settings), on pu
 changed every cell's entry on purpose (a cell's settings carry its common-random-numbers
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
-config without it keeps its entries (an unset rt_priority is not hashed).
+config without it keeps its entries (an unset rt_priority is not hashed). Issue 39 made the
+Mooncake CPU guard a declared intervention (`interventions: [mooncake_cpu_guard]` on the CPU
+studies' four Mooncake variants): their launch entries changed on purpose, no cell's did.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ MANIFEST_VERSIONS = (
     "torch_version",
     "connector_tax_sha",
     "workarounds",
+    "interventions",
     "hma",
     "mooncake_transport",
     "gpu",

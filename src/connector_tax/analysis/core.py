@@ -119,20 +119,24 @@ def served_by(study: Study) -> str:
 
 def launch_facts(study: Study) -> dict[str, Any]:
     """What the launches recorded beside their cells, for every output: the connector packages of
-    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    the server's Python and the interventions each configuration declared, by name and in the
+    words of their disclosures (run.json `interventions`, `workarounds`)."""
     from connector_tax.contract.records import connector_packages
 
     packages = sorted(
         {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
     )
     workarounds: dict[str, list[str]] = {}
+    interventions: dict[str, list[str]] = {}
     for (name, *_), r in study.runs.items():
-        for w in (r.run or {}).get("workarounds") or []:
-            if w not in workarounds.setdefault(name, []):
-                workarounds[name].append(w)
+        for key, into in (("workarounds", workarounds), ("interventions", interventions)):
+            for w in (r.run or {}).get(key) or []:
+                if w not in into.setdefault(name, []):
+                    into[name].append(w)
     return {
         "connector_packages": "; ".join(packages) or None,
         "workarounds": {k: v for k, v in workarounds.items() if v},
+        "interventions": {k: v for k, v in interventions.items() if v},
     }
 
 

@@ -126,11 +126,11 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
-    # -- connector packages and workarounds, from the launches (issue 22)
+    # -- connector packages and declared interventions, from the launches
     if agg.get("connector_packages"):
         L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
     for name, items in (agg.get("workarounds") or {}).items():
-        L += [f"- Workaround, `{name}`: {w}" for w in items]
+        L += [f"- Intervention (declared), `{name}`: {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     return L
