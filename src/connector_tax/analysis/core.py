@@ -26,6 +26,7 @@ from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
+from connector_tax.analysis.interventions import effects as intervention_effects
 from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
 from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
@@ -39,7 +40,7 @@ from connector_tax.analysis.saturation import (
     reference_from_rows,
 )
 from connector_tax.analysis.tables import write_tables
-from connector_tax.analysis.taxes import SeriesMap, compute_taxes
+from connector_tax.analysis.taxes import LaunchTaxes, SeriesMap, compute_taxes
 from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A
@@ -190,6 +191,8 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
     taxes = compute_taxes(rows, study.variants, base, reference, series) if base else None
+    # what each declared intervention explains, against the same variant without it
+    effects = intervention_effects(list(study.settings.raw["variants"]), LaunchTaxes(series, rows), taxes)
     for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
         for name in entry.get("missing") or {}:
             pf = study.preflight.get(name) or {}
@@ -248,6 +251,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "rows": rows,
         "reference": reference,
         "taxes": taxes,
+        "intervention_effects": effects,
         "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "variants": step_cdf},
         "artifacts": artifacts,
         "runtime": runtime,
