@@ -128,7 +128,7 @@ def test_the_section_says_what_the_intervention_explains():
     assert "the TPOT p90 tax at phase_a/r8 falls from +120.1 % [+63.5, +196.3] to +5.0 % [-10.0, +20.0]" in text
     assert "it removes 94 % of `nixl_both`'s tax on the log scale" in text
     assert "the idle Nixl thread's CPU from 99 % (server 99 %) to none among the busiest (< 2 %) (server 4 %)" in text
-    assert "4.20 ms | 1.40 ms" in text
+    assert "| phase_a/r8 | engine step p50 | 4.20 ms (tax –) | 1.40 ms (tax –) | -66.7 % (first launches) |" in text
     assert render({**_agg(), "intervention_effects": {}}) == []
 
 

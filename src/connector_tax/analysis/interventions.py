@@ -149,11 +149,12 @@ def render(agg: dict[str, Any]) -> list[str]:
                     f"{_pct(_tax(agg, name, key, metric))} | {_pct(direct.get(metric))} |"
                 )
             eng = [_row(agg, n, key).get("engine_step_us_p50") for n in (partner, name)]
-            out.append(
-                f"| {key} | engine step p50 (first launch) | "
-                + " | ".join("–" if v is None else f"{v / 1000:.2f} ms" for v in eng)
-                + f" | {_pct(_tax(agg, name, key, 'engine_step_p50'))} vs {_pct(_tax(agg, partner, key, 'engine_step_p50'))} (taxes) |"
-            )
+            cells = [
+                "–" if v is None else f"{v / 1000:.2f} ms (tax {_pct(_tax(agg, n, key, 'engine_step_p50'))})"
+                for n, v in zip((partner, name), eng)
+            ]
+            ratio = f"{(eng[1] / eng[0] - 1) * 100:+.1f} % (first launches)" if None not in eng and eng[0] else "–"
+            out.append(f"| {key} | engine step p50 | {cells[0]} | {cells[1]} | {ratio} |")
         for state in ("idle", "load"):
             out.append(
                 f"| {state} | thread CPU | {_thread(agg, partner, state, needle)} | {_thread(agg, name, state, needle)} | |"
