@@ -29,7 +29,7 @@ def figure(doc: dict[str, Any]) -> Figure:
     call; 0 and ± the margin marked."""
     metrics = [m for m in _TITLES if any(r["metric"] == m for r in doc["rows"])]
     labels = sorted({(r["variant"], r["phase"], r["cell"]) for r in doc["rows"]})
-    fig = new_figure(4.2 * max(1, len(metrics)), 1.6 + 0.32 * len(labels))
+    fig = new_figure(4.2 * max(1, len(metrics)), 2.4 + 0.32 * len(labels))
     axes = fig.subplots(1, max(1, len(metrics)), sharey=True, squeeze=False)[0]
     margin = doc["margin"] * 100
     for ax, metric in zip(axes, metrics):
@@ -58,7 +58,7 @@ def figure(doc: dict[str, Any]) -> Figure:
             axes[-1].plot([], [], "o", color=colour, label=call)
     axes[-1].legend(loc="best", fontsize=7, title=f"call (margin ±{margin:g} %)", title_fontsize=7)
     a, b = doc["a"], doc["b"]
-    fig.suptitle(f"B ({b['spec']}) against A ({a['spec']}), 95 % intervals with the launch", fontsize=9)
+    fig.suptitle(f"B = {b['spec']}\nagainst A = {a['spec']}\n(95 % intervals, the launch included)", fontsize=8)
     stamp(fig, doc["simulated"], a["served_by"] if a["served_by"] == b["served_by"] else None)
     return fig
 
