@@ -16,6 +16,8 @@ config without it keeps its entries (an unset rt_priority is not hashed).
 The default study's `min_completed` 12 -> 64 (a cell too short to bound a p90) changed its cells,
 and the CPU study's `vllm.cpu.service_cpus: "0"` (the server's non-compute threads pinned)
 changed its launches, both on purpose.
+Making the Mooncake CPU guard a declared intervention (`interventions: [mooncake_cpu_guard]` on
+the CPU studies' four Mooncake variants) changed their launch entries on purpose, no cell's.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config,
 def test_mooncake_without_the_cpu_guard_fails_with_its_root_cause(cpu_config, tmp_path):
     """What the guard prevents, and what a failed start reports: vLLM's accelerator error, not the
     secondary error of the half-built worker's __del__ ('no attribute async_zmq_ctx')."""
-    server = start(cpu_config, "mooncake_both", tmp_path, {"CONNECTOR_TAX_MOONCAKE_CPU_GUARD": "0"})
+    server = start(cpu_config, "mooncake_both", tmp_path, {"CONNECTOR_TAX_INTERVENTIONS": ""})  # guard not loaded
     try:
         with pytest.raises(ServerStartError) as err:
             server.wait_ready(START_S)

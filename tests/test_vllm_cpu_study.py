@@ -113,6 +113,7 @@ def test_every_launch_has_an_index_that_says_what_served_it(study):
         assert run["step_timing_available"] is True, run["step_timing_reason"]
         assert run["cells"] and all(c["status"] == "complete" for c in run["cells"])
         assert run["workarounds"] == ([GUARD] if name == "mooncake_both" else [])
+        assert run["interventions"] == (["mooncake_cpu_guard"] if name == "mooncake_both" else [])
         assert run["server_versions"]["nixl"] == "1.5.1" and run["server_versions"]["lmcache"] == "0.5.6"
 
 
@@ -131,7 +132,7 @@ def test_like_for_like_binding_and_environment_each_launch_its_own_ports(study):
     assert len(ports) == 2 and len(set(ports)) == 2  # nixl_both's two launches, each its own
     assert {r["server_env"].get("VLLM_MOONCAKE_BOOTSTRAP_PORT") for (n, _), r in runs.items() if n == "mooncake_both"}
     shared = {k for r in runs.values() for k in r["server_env"] if not k.startswith(("VLLM_NIXL", "VLLM_MOONCAKE"))}
-    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"}:
+    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_INTERVENTIONS"}:
         values = {r["server_env"].get(key) for r in runs.values()}
         assert len(values) == 1, (key, values)  # the same environment everywhere else
 

@@ -49,6 +49,12 @@ def _analyze(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from connector_tax.pipeline.compare import main
+
+    return main(args)
+
+
 # `ctax pipeline STEP ...`: the logic behind each Snakemake rule, the same command the rule runs.
 PIPELINE_STEPS = {
     "study-config": (
@@ -243,6 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="statistics, taxes, verdicts and figures from results/<study>")
     add_analyze_arguments(analyze)
     analyze.set_defaults(func=_analyze)
+
+    from connector_tax.pipeline.compare import add_arguments as add_compare_arguments
+
+    compare = sub.add_parser(
+        "compare", help="what changed between two studies (or two variants of one), with launch-aware intervals"
+    )
+    add_compare_arguments(compare)
+    compare.error = lambda message: compare.exit(2, f"ctax compare: {message}\n")  # type: ignore[method-assign]
+    compare.set_defaults(func=_compare)
 
     from connector_tax.calibrate.cli import add_arguments as add_calibrate_arguments
 

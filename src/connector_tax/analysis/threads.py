@@ -151,8 +151,9 @@ def thread_tables(study: Any, reference: dict[str, Any]) -> dict[str, Any]:
     return {"variants": full, "busy_beyond_plain": busy, "top": TOP, "busy_pct": BUSY_PCT}
 
 
-def render(tables: dict[str, Any], configs: list[str]) -> list[str]:
-    """The report's section (Markdown lines); nothing when no thread was sampled."""
+def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[str]] | None = None) -> list[str]:
+    """The report's section (Markdown lines); nothing when no thread was sampled. `advice`: per
+    variant, what to do about its threads busy at idle (interventions.pointers)."""
     found = tables.get("variants") or {}
     if not found:
         return []
@@ -186,6 +187,7 @@ def render(tables: dict[str, Any], configs: list[str]) -> list[str]:
         out.append("")
     busy = tables.get("busy_beyond_plain") or {}
     for name, threads in busy.items():
+        out += [f"- `{name}`: {line}." for line in (advice or {}).get(name, [])]
         for t in threads:
             allowed = ",".join(map(str, t.get("allowed") or []))
             out.append(

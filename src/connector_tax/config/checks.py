@@ -8,8 +8,9 @@ import re
 
 from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
+from connector_tax.config.interventions import check_interventions
 from connector_tax.config.profile import check_study_profile
-from connector_tax.config.vllm_rules import check_settings
+from connector_tax.config.vllm_rules import check_settings, device
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -79,7 +80,7 @@ def _check_lengths(config: dict) -> None:
 
 
 AA_SUFFIX = "_aa"
-_COPIED = ("connector", "server", "sim", "env")
+_COPIED = ("connector", "server", "sim", "env", "interventions")
 
 
 def add_aa_control(config: dict) -> None:
@@ -178,5 +179,6 @@ def check_semantics(config: dict) -> None:
     if config["backend"] != "openai":  # an external server's context window is its own business
         _check_lengths(config)
     check_study_profile(config)  # the file is there, an engine profile, fitted on the study's model
+    check_interventions(config, on_cpu=config["backend"] == "vllm" and device(config) == "cpu")
     if config["backend"] == "vllm":
         check_settings(config)

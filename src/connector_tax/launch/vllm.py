@@ -33,6 +33,8 @@ from typing import Any
 
 from connector_tax import resources
 from connector_tax.config import ConfigError
+from connector_tax.config.interventions import INTERVENTIONS_ENV, disclosures
+from connector_tax.config.interventions import connector_kinds as _connector_kinds
 from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import MANAGED_FLAGS, check_extra_args, check_server, device
 from connector_tax.contract.records import STEP_LOG_ENV
@@ -124,15 +126,6 @@ def side_ports(port: int) -> dict[str, int]:
 # --------------------------------------------------------------------------- kv-transfer-config
 
 
-def _connector_kinds(connector: dict[str, Any] | None) -> set[str]:
-    if not connector:
-        return set()
-    kinds = {connector["type"]}
-    for child in connector.get("children", []):
-        kinds |= _connector_kinds(child)
-    return kinds
-
-
 def _one_connector(conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool) -> dict[str, Any]:
     kind = conn["type"]
     extra = dict(conn.get("extra_config") or {})
@@ -194,8 +187,9 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
 
 
 def workarounds(config: dict[str, Any], variant: dict[str, Any]) -> list[str]:
-    """What the launch of `variant` changes in vLLM's behaviour to run at all (disclosed)."""
-    return vllm_cpu.workarounds(config, _connector_kinds(variant.get("connector")))
+    """What the launch of `variant` changes in vLLM's behaviour (its declared interventions, in
+    the words every output shows)."""
+    return disclosures(variant)
 
 
 def kv_transfer_config(config: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any] | None:
@@ -293,8 +287,8 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     root = repo_root()
     paths = [str(root)]
     kinds = _connector_kinds(variant.get("connector"))
-    guard = vllm_cpu.mooncake_guard(config, kinds)
-    if step_timing_enabled(config) or guard:  # the site hook loads the instrumentation and the guard
+    interventions = list(variant.get("interventions") or [])
+    if step_timing_enabled(config) or interventions:  # the site hook loads both
         paths.append(str(root / "patches" / "site"))
     # Prepended, not replacing: what the caller's environment needs on the path stays there
     # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
@@ -302,8 +296,8 @@ def vllm_env(config: dict[str, Any], variant: dict[str, Any], port: int, step_lo
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
     if device(config) == "cpu":
         env.update(vllm_cpu.cpu_env(config, resources.workdir()))
-    if guard:
-        env[vllm_cpu.MOONCAKE_GUARD_ENV] = "1"
+    if interventions:  # never set otherwise: the site hook loads nothing a variant did not declare
+        env[INTERVENTIONS_ENV] = ",".join(interventions)
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
     if "nixl" in kinds:

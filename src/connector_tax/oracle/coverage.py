@@ -86,16 +86,18 @@ def cell_row(run: Latencies, config: str, load: Cell, replicate: int = 1) -> dic
     return row
 
 
-def _study_config(config: dict[str, Any], cs: CoverageSettings) -> dict[str, Any]:
+def with_launch_bias(config: dict[str, Any], cs: CoverageSettings) -> dict[str, Any]:
     out = copy.deepcopy(config)
     out["sim"] = {**out.get("sim", {}), "launch_bias_sd": cs.launch_bias_sd}
     return out
 
 
-def _cell(job: tuple[dict[str, Any], str, Cell, int, int, CoverageSettings]) -> dict[str, Any]:
-    config, name, load, seed, replicate, cs = job
+def launch_cell(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One launch's cell: (config, variant, load, seed, replicate, settings[, study tag]); the tag
+    gives two studies of one seed launches of their own (compare_coverage.py) and the same traffic."""
+    config, name, load, seed, replicate, cs, *tag = job
     variant = find_variant(config, K.PLAIN if name == AA else name)
-    settings = resolve(config, variant, {}, launch_seed(seed, name, PHASE_A, replicate))
+    settings = resolve(config, variant, {}, launch_seed(seed, "".join(tag) + name, PHASE_A, replicate))
     warmup_s = config["workload"]["warmup_s"] if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rate))
     run = run_cell(
@@ -159,7 +161,7 @@ def run_coverage(
 ) -> dict[str, Any]:
     """`cs.seeds` short studies at the truth's reference rates, each analysed by both methods and
     scored against the truth."""
-    config = _study_config(config, cs)
+    config = with_launch_bias(config, cs)
     names, reference = list(truth["variants"]), truth["reference"]
     launched = names + ([AA] if cs.aa_control else [])
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
@@ -172,7 +174,7 @@ def run_coverage(
     ]
     pool = ProcessPoolExecutor(cs.jobs) if cs.jobs > 1 else None
     try:
-        cells = list(pool.map(_cell, jobs, chunksize=4) if pool else map(_cell, jobs))
+        cells = list(pool.map(launch_cell, jobs, chunksize=4) if pool else map(launch_cell, jobs))
     finally:
         if pool:
             pool.shutdown()

@@ -46,6 +46,7 @@ COLUMNS = [
     "server_versions",
     "connector_packages",
     "workarounds",
+    "interventions",
     "connector_tax_sha",
     "loadgen_code",
     "gpu",
@@ -187,6 +188,7 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
             cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
             launch_command=shlex.join(index.launch_command) if index.launch_command else "",
             workarounds="; ".join(index.workarounds),
+            interventions=" ".join(index.interventions),
             **host_of(layout, index),
         )
         rows.append(row)
@@ -229,7 +231,7 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
         f"- connector packages (the server's Python): {first.get('connector_packages') or '—'}",
     ]
     workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
-    lines += [f"- workaround, {name}: {w}" for name, w in workarounds]
+    lines += [f"- intervention (declared), {name}: {w}" for name, w in workarounds]
     lines += [
         "",
         "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",

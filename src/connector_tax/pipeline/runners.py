@@ -137,6 +137,7 @@ class ServerRunner:
         index.server_env = dict(spec.env)
         if backend == "vllm":
             index.workarounds = workarounds(config, variant)
+            index.interventions = list(variant.get("interventions") or [])
         options = loadgen_options(config, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
