@@ -12,7 +12,10 @@ changes its entries (the profile file's sha256 is in the launch settings), on pu
 changed every cell's entry on purpose (a cell's settings carry its common-random-numbers
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
-config without it keeps its entries (an unset rt_priority is not hashed).
+config without it keeps its entries (an unset rt_priority is not hashed). Issue 35 moved the CPU
+study's (and its held-out twin's) lmcache_only and multi_mooncake_lmcache to LMCache's
+multi-process mode (their launch entries changed on purpose) and added the H20 study's two MP
+variants; `vllm.lmcache_mp` is hashed only for variants that use it, so no other entry changed.
 """
 
 from __future__ import annotations

@@ -119,20 +119,31 @@ def served_by(study: Study) -> str:
 
 def launch_facts(study: Study) -> dict[str, Any]:
     """What the launches recorded beside their cells, for every output: the connector packages of
-    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    the server's Python, the workarounds each configuration's launches needed, which LMCache mode
+    it ran and the sidecars its launch started (run.json)."""
     from connector_tax.contract.records import connector_packages
 
     packages = sorted(
         {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
     )
     workarounds: dict[str, list[str]] = {}
+    modes: dict[str, str] = {}
+    sidecars: dict[str, list[str]] = {}
     for (name, *_), r in study.runs.items():
         for w in (r.run or {}).get("workarounds") or []:
             if w not in workarounds.setdefault(name, []):
                 workarounds[name].append(w)
+        if (r.run or {}).get("lmcache_mode"):
+            modes[name] = r.run["lmcache_mode"]
+        for side in (r.run or {}).get("sidecars") or []:
+            what = f"{side.get('name')}: {side.get('label') or side.get('what')}"
+            if what not in sidecars.setdefault(name, []):
+                sidecars[name].append(what)
     return {
         "connector_packages": "; ".join(packages) or None,
         "workarounds": {k: v for k, v in workarounds.items() if v},
+        "lmcache_modes": modes,
+        "sidecars": {k: v for k, v in sidecars.items() if v},
     }
 
 
