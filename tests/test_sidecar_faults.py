@@ -100,9 +100,8 @@ def test_sidecar_faults_are_recorded_outcomes_and_leave_nothing(sidecar_study) -
     )
     fails = status["mp_fails_to_start"]
     assert fails["status"] == "skip" and fails["reason"] == (
-        "sidecar lmcache_server (simulated LMCache MP server (ctax sim)) exited with code 1: "
-        "RuntimeError: No module named 'lmcache'"
-    )
+        "sidecar lmcache_server (simulated LMCache MP server (ctax sim)) exited with code 1: No module named 'lmcache'"
+    )  # the root cause read from its log, as a server's is
     # A sidecar that dies: the cell it died in failed with the reason and the launch was made again
     # (or, on a host slow enough that it died during the preflight's launch, a SKIP with the same reason).
     crash = "sidecar lmcache_server (simulated LMCache MP server (ctax sim)) exited with code 1: RuntimeError: "
