@@ -115,7 +115,7 @@ def test_cli_config_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(REPO / "configs/h20-qwen3-coder.yaml")
     assert cli.main(["config", "check", path]) == 0
     out, err = capsys.readouterr()
-    assert out == f"ok: {path}: study 'h20-qwen3-coder', 8 variants, backend vllm\n"
+    assert out == f"ok: {path}: study 'h20-qwen3-coder', 10 variants, backend vllm\n"
     assert err == ""
 
 

@@ -18,6 +18,9 @@ and the CPU study's `vllm.cpu.service_cpus: "0"` (the server's non-compute threa
 changed its launches, both on purpose.
 Making the Mooncake CPU guard a declared intervention (`interventions: [mooncake_cpu_guard]` on
 the CPU studies' four Mooncake variants) changed their launch entries on purpose, no cell's.
+Moving the CPU study's (and its held-out twin's) lmcache_only and multi_mooncake_lmcache to
+LMCache's multi-process mode changed their launch entries on purpose and added the H20 study's
+two MP variants; `vllm.lmcache_mp` is hashed only for variants that use it.
 """
 
 from __future__ import annotations

@@ -82,8 +82,13 @@ while IFS= read -r name; do
   mkdir -p "$dir"
   plan="$dir/plan.json"
   "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" --check smoke >"$plan"
+  if ! verify_start_sidecars "$plan" "$config" "$name" "$dir" "$dir/check.log"; then
+    record "$name" FAIL "${SIDECAR_REASON:-a sidecar did not start (see $dir/check.log)}" null
+    failed=1
+    continue
+  fi
   "$PY" -m connector_tax.cli launch-command --config "$config" --variant "$name" --port "$port" \
-    --step-log "$dir/engine_step.jsonl" --script >"$dir/launch.sh"
+    --step-log "$dir/engine_step.jsonl" ${SIDECAR_ARGS[@]+"${SIDECAR_ARGS[@]}"} --script >"$dir/launch.sh"
   set -m
   bash "$dir/launch.sh" >"$dir/server.log" 2>&1 </dev/null &
   pid=$!
@@ -92,6 +97,7 @@ while IFS= read -r name; do
   verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
     --log "$dir/check.log" --server-log "$dir/server.log" --start-timeout "$start_timeout" | tail -n 1)" || true
   verify_stop_group "$pid"
+  verify_stop_sidecars
   has_connector="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["has_connector"])' "$plan")"
   connector_flag="--no-connector"
   [ "$has_connector" = True ] && connector_flag="--connector"

@@ -120,8 +120,9 @@ def served_by(study: Study) -> str:
 
 def launch_facts(study: Study) -> dict[str, Any]:
     """What the launches recorded beside their cells, for every output: the connector packages of
-    the server's Python and the interventions each configuration declared, by name and in the
-    words of their disclosures (run.json `interventions`, `workarounds`)."""
+    the server's Python, the interventions each configuration declared, by name and in the words
+    of their disclosures (run.json `interventions`, `workarounds`), which LMCache mode it ran and
+    the sidecars its launch started."""
     from connector_tax.contract.records import connector_packages
 
     packages = sorted(
@@ -129,15 +130,25 @@ def launch_facts(study: Study) -> dict[str, Any]:
     )
     workarounds: dict[str, list[str]] = {}
     interventions: dict[str, list[str]] = {}
+    modes: dict[str, str] = {}
+    sidecars: dict[str, list[str]] = {}
     for (name, *_), r in study.runs.items():
         for key, into in (("workarounds", workarounds), ("interventions", interventions)):
             for w in (r.run or {}).get(key) or []:
                 if w not in into.setdefault(name, []):
                     into[name].append(w)
+        if (r.run or {}).get("lmcache_mode"):
+            modes[name] = r.run["lmcache_mode"]
+        for side in (r.run or {}).get("sidecars") or []:
+            what = f"{side.get('name')}: {side.get('label') or side.get('what')}"
+            if what not in sidecars.setdefault(name, []):
+                sidecars[name].append(what)
     return {
         "connector_packages": "; ".join(packages) or None,
         "workarounds": {k: v for k, v in workarounds.items() if v},
         "interventions": {k: v for k, v in interventions.items() if v},
+        "lmcache_modes": modes,
+        "sidecars": {k: v for k, v in sidecars.items() if v},
     }
 
 

@@ -133,6 +133,10 @@ def _header(agg: dict[str, Any]) -> list[str]:
         L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
     for name, items in (agg.get("workarounds") or {}).items():
         L += [f"- Intervention (declared), `{name}`: {w}" for w in items]
+    for name, mode in (agg.get("lmcache_modes") or {}).items():
+        L.append(f"- LMCache mode, `{name}`: {mode}")
+    for name, items in (agg.get("sidecars") or {}).items():
+        L += [f"- Sidecar of `{name}` (started before its server, its CPU in the thread tables): {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     return L

@@ -1,6 +1,7 @@
 """Where the server's CPU goes: per-thread CPU of the server's processes, idle and under load.
 
-Reads what metrics/threads.py sampled: `threads_idle.jsonl` of a configuration's Phase A launch
+Reads what metrics/threads.py sampled (the server's processes, and a variant's sidecars marked
+`sidecar`, which get their own total: the LMCache MP server of `lmcache_mp`): `threads_idle.jsonl` of a configuration's Phase A launch
 (the ready server before its first request) and the `threads_<phase>_<cell>.jsonl` of its Phase A
 cell at ref_safe (the cell the taxes use; the lowest complete Phase A cell when there is none at
 ref_safe). A thread's CPU share over a file is its CPU ticks between the first and the last sample
@@ -45,6 +46,8 @@ def _samples(path: Path) -> list[dict[str, Any]]:
 
 def _role(proc: dict[str, Any], root: int) -> str:
     name = str(proc.get("name") or "")
+    if proc.get("sidecar"):  # a process the launch started beside the server (an LMCache MP server)
+        return f"sidecar {proc['sidecar']}"
     if proc.get("pid") == root:
         return "API server"
     if name.startswith("VLLM::EngineCor"):
@@ -64,7 +67,8 @@ def usage(path: Path) -> dict[str, Any] | None:
     if seconds <= 0:
         return None
     tck = float(last.get("clk_tck") or 100)
-    root = min(int(p["pid"]) for p in first["procs"])
+    server = [int(p["pid"]) for p in first["procs"] if not p.get("sidecar")]
+    root = min(server) if server else -1
     before = {(p["pid"], t["tid"]): t["user"] + t["system"] for p in first["procs"] for t in p["threads"]}
     cores: dict[tuple[int, int], set[int]] = {}
     for s in samples:
@@ -91,11 +95,18 @@ def usage(path: Path) -> dict[str, Any] | None:
                 }
             )
     threads.sort(key=lambda t: -t["cpu_pct"])
+    sidecars: dict[str, dict[str, Any]] = {}
+    for t in threads:
+        if t["process"].startswith("sidecar "):
+            entry = sidecars.setdefault(t["process"][len("sidecar ") :], {"total_pct": 0.0, "busiest": t})
+            entry["total_pct"] = round(entry["total_pct"] + t["cpu_pct"], 1)
     return {
         "file": path.name,
         "seconds": round(seconds, 2),
         "samples": len(samples),
-        "total_pct": round(sum(t["cpu_pct"] for t in threads), 1),
+        # the server's processes; each sidecar's CPU apart (their sum is the configuration's)
+        "total_pct": round(sum(t["cpu_pct"] for t in threads if not t["process"].startswith("sidecar ")), 1),
+        "sidecars": sidecars,
         "threads": threads,
     }
 
@@ -161,15 +172,19 @@ def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[st
     out = [
         "## Where the server's CPU goes (per-thread CPU time)",
         "",
-        f"Every thread of the server's processes (API server, EngineCore, Worker), sampled with /metrics; CPU as % "
+        f"Every thread of the server's processes (API server, EngineCore, Worker) and of the processes its launch "
+        f"started beside it (*sidecars*, e.g. the LMCache MP server of `lmcache_mp`), sampled with /metrics; CPU as % "
         f"of one core; *idle*: the ready server before its first request (Phase A launch); *load*: the Phase A cell "
-        f"named. The {tables.get('top', TOP)} busiest threads per configuration, plain's first; `cores`: the cores "
-        "the thread was seen on.",
+        f"named. A sidecar's CPU is part of what its configuration costs. The {tables.get('top', TOP)} busiest "
+        "threads per configuration, plain's first; `cores`: the cores the thread was seen on.",
         "",
     ]
     for state in ("idle", "load"):
         out += [f"### {state.capitalize()}", ""]
-        out += ["| config | cell | server total | busiest threads (CPU % of one core, cores) |", "|---|---|---|---|"]
+        out += [
+            "| config | cell | server total | sidecars (total; busiest thread) | busiest threads (CPU % of one core, cores) |",
+            "|---|---|---|---|---|",
+        ]
         for name in order:
             entry = found.get(name) or {}
             use = entry.get(state)
@@ -181,8 +196,13 @@ def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[st
                 for t in use["threads"]
                 if t["cpu_pct"] >= 1.0
             )
+            sidecars = "; ".join(
+                f"{side} **{v['total_pct']:.1f}%** ({v['busiest']['thread']} {v['busiest']['cpu_pct']:.1f}%)"
+                for side, v in (use.get("sidecars") or {}).items()
+            )
             out.append(
-                f"| `{name}` | {cell} | {use['total_pct']:.0f}% over {use['seconds']:.0f} s | {threads or '–'} |"
+                f"| `{name}` | {cell} | {use['total_pct']:.0f}% over {use['seconds']:.0f} s | {sidecars or '–'} | "
+                f"{threads or '–'} |"
             )
         out.append("")
     busy = tables.get("busy_beyond_plain") or {}

@@ -36,7 +36,7 @@ from connector_tax.config.load import (
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import Saturation, StudyConfig, Validity, Variant
+from connector_tax.config.study import LmcacheServer, Saturation, StudyConfig, Validity, Variant
 
 __all__ = [
     "LAUNCH_OF",
@@ -47,6 +47,7 @@ __all__ = [
     "PHASE_B_PRIME",
     "Cell",
     "ConfigError",
+    "LmcacheServer",
     "Saturation",
     "StudyConfig",
     "Validity",

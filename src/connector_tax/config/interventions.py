@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
+from connector_tax.config.vllm_rules import connector_types
 
 INTERVENTIONS_ENV = "CONNECTOR_TAX_INTERVENTIONS"  # = patches.interventions.INTERVENTIONS_ENV
 
@@ -63,13 +64,6 @@ REGISTRY: dict[str, Intervention] = {
 }
 
 
-def connector_kinds(connector: dict[str, Any] | None) -> set[str]:
-    """The connector types of a variant, a MultiConnector's children included."""
-    if not connector:
-        return set()
-    return {connector["type"]} | {k for child in connector.get("children", []) for k in connector_kinds(child)}
-
-
 def declared(variant: dict[str, Any]) -> list[Intervention]:
     """A checked variant's interventions, in the order it names them."""
     return [REGISTRY[name] for name in variant.get("interventions") or []]
@@ -88,7 +82,7 @@ def check_interventions(config: dict[str, Any], on_cpu: bool) -> None:
     """One line naming the key: an unknown name, one on another backend than vllm, one whose
     connector the variant lacks; and a Mooncake connector on CPU without the guard it needs."""
     for i, variant in enumerate(config["variants"]):
-        kinds = connector_kinds(variant.get("connector"))
+        kinds = connector_types(variant.get("connector"))
         for j, name in enumerate(variant.get("interventions") or []):
             where = f"variants[{i}].interventions[{j}]"
             if name not in REGISTRY:

@@ -122,6 +122,36 @@ class LoadgenSettings:
 
 
 @dataclass(frozen=True)
+class LmcacheServer:
+    """`vllm.lmcache_mp`: the LMCache multi-process server that a connector of type `lmcache_mp`
+    talks to, a sidecar of the launch (launch/lmcache_mp.py). Defaults are the schema's."""
+
+    executable: str | None  # None: the `lmcache` beside vllm.executable (or on PATH)
+    chunk_size: int
+    l1_size_gb: float
+    eviction_policy: str
+    transfer_mode: str  # auto | engine_driven | lmcache_driven
+    ready_timeout_s: float
+    extra_args: tuple[str, ...]
+    env: Mapping[str, str]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LmcacheServer:
+        """From a validated config (the schema filled `vllm.lmcache_mp`)."""
+        section = dict((config.get("vllm") or {})["lmcache_mp"])
+        return cls(
+            executable=section.get("executable"),
+            chunk_size=section["chunk_size"],
+            l1_size_gb=float(section["l1_size_gb"]),
+            eviction_policy=section["eviction_policy"],
+            transfer_mode=section["transfer_mode"],
+            ready_timeout_s=float(section["ready_timeout_s"]),
+            extra_args=tuple(section["extra_args"]),
+            env=dict(section["env"]),
+        )
+
+
+@dataclass(frozen=True)
 class Variant:
     """One configuration of the study: a connector plus any server or simulator override."""
 

@@ -55,6 +55,53 @@ def check_server(server: dict[str, Any], where: str) -> None:
         )
 
 
+# vLLM's block size where server.block_size is not set: the CPU attention backend's, and the GPU's.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+
+def connector_types(connector: dict[str, Any] | None) -> set[str]:
+    """Every connector type a variant's connector holds (a MultiConnector's children included)."""
+    if not connector:
+        return set()
+    return {connector["type"]} | {t for child in connector.get("children") or [] for t in connector_types(child)}
+
+
+# The `lmcache server` flags the launch sets from the config (launch/lmcache_mp.py):
+# vllm.lmcache_mp.extra_args must not set them again.
+LMCACHE_SERVER_FLAGS = {
+    "--host": "server.host",
+    "--port": "the launch's own port for it",
+    "--http-host": "server.host",
+    "--http-port": "the launch's own port for it, + 1",
+    "--chunk-size": "vllm.lmcache_mp.chunk_size",
+    "--l1-size-gb": "vllm.lmcache_mp.l1_size_gb",
+    "--eviction-policy": "vllm.lmcache_mp.eviction_policy",
+    "--supported-transfer-mode": "vllm.lmcache_mp.transfer_mode",
+}
+
+
+def check_lmcache_server(config: dict[str, Any]) -> None:
+    """vllm.lmcache_mp.extra_args may not repeat a flag the launch sets."""
+    for arg in (config.get("vllm") or {}).get("lmcache_mp", {}).get("extra_args") or []:
+        flag = arg.split("=", 1)[0]
+        if flag in LMCACHE_SERVER_FLAGS:
+            raise ConfigError(
+                "vllm.lmcache_mp.extra_args", f"{flag} is set by the launch from {LMCACHE_SERVER_FLAGS[flag]}"
+            )
+
+
+def check_lmcache_chunk(config: dict[str, Any], server: dict[str, Any], where: str) -> None:
+    """LMCache's MP connector refuses a chunk size that is not a multiple of vLLM's block size
+    (the worker dies at start: "LMCache chunk size 16 must be a multiple of 32")."""
+    chunk = (config.get("vllm") or {}).get("lmcache_mp", {}).get("chunk_size")
+    block = server.get("block_size") or DEFAULT_BLOCK_SIZE.get(device(config), 16)
+    if chunk is not None and chunk % block:
+        raise ConfigError(
+            "vllm.lmcache_mp.chunk_size",
+            f"{chunk}: LMCache's chunk size must be a multiple of vLLM's block size ({where}.block_size {block})",
+        )
+
+
 def check_extra_args(extra_args: list[str], where: str) -> None:
     for arg in extra_args:
         flag = arg.split("=", 1)[0]
@@ -104,15 +151,17 @@ def check_placement(config: dict[str, Any]) -> None:
 def check_settings(config: dict[str, Any]) -> None:
     """What a launch would refuse, checked when the config loads (ConfigError, one line):
     extra_args that repeat a flag the launch sets, a CPU block size vLLM rejects, service cores
-    that are not apart from the compute cores."""
+    that are not apart from the compute cores, an LMCache MP chunk size that is not a multiple of
+    the block size."""
     check_placement(config)
     check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
     for i, variant in enumerate(config["variants"]):
         check_extra_args(
             list((variant.get("server") or {}).get("extra_args") or []), f"variants[{i}].server.extra_args"
         )
+        where = "server" if "block_size" not in (variant.get("server") or {}) else f"variants[{i}].server"
         if device(config) == "cpu":
-            check_server(
-                merged_server(config, variant),
-                "server" if "block_size" not in (variant.get("server") or {}) else f"variants[{i}].server",
-            )
+            check_server(merged_server(config, variant), where)
+        if "lmcache_mp" in connector_types(variant.get("connector")):
+            check_lmcache_chunk(config, merged_server(config, variant), where)
+            check_lmcache_server(config)

@@ -99,10 +99,22 @@ def launch_settings(
             # The file's content, not its name: a re-fitted profile re-measures its cells.
             out["sim_profile_sha256"] = _file_sha(profile_path(out["sim"]["profile"]))
     elif backend == "vllm":
-        out["vllm"] = config.get("vllm") or {}
+        out["vllm"] = _vllm_in_use(config.get("vllm") or {}, variant)
     else:
         out["openai"] = config.get("openai") or {}
     return out
+
+
+# vllm sections named after the one connector type that reads them: a variant without that type
+# neither hashes nor re-measures on them (and studies from before a section existed keep their
+# fingerprints).
+_TYPE_SECTIONS = ("lmcache_mp",)
+
+
+def _vllm_in_use(section: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    connector = variant.get("connector") or {}
+    types = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
+    return {k: v for k, v in section.items() if k not in _TYPE_SECTIONS or k in types}
 
 
 def _file_sha(path: Path) -> str:

@@ -76,6 +76,12 @@ class PhaseIndex:
     # without Mooncake): facts for the manifest, the report and the figures, not settings.
     served_by: str | None = None
     mooncake_transport: str | None = None
+    # Which LMCache mode the variant ran ("in-process (LMCacheConnectorV1)", "multi-process
+    # (LMCacheMPConnector + lmcache server, engine_driven)"; None without LMCache), and the
+    # processes its launch started beside the server (serving/sidecar.py: name, what, argv, env,
+    # ports, version, pid), e.g. the LMCache MP server.
+    lmcache_mode: str | None = None
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
     step_timing_available: bool = False
     step_timing_reason: str | None = None
     # What the launch changed in the server's behaviour, in the words every output shows (its

@@ -22,6 +22,7 @@ from connector_tax.contract.records import connector_packages
 from connector_tax.pipeline.provenance import (
     git_sha,
     gpu_description,
+    lmcache_mode,
     mooncake_transport,
     served_by,
     server_versions,
@@ -52,6 +53,8 @@ COLUMNS = [
     "gpu",
     "hma",
     "mooncake_transport",
+    "lmcache_mode",
+    "sidecars",
     "run_position",
     "step_timing_available",
     "step_timing_reason",
@@ -139,6 +142,15 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
     }
 
 
+def _sidecars(index: PhaseIndex | None) -> str:
+    """The processes the launch started beside its server, with their versions and commands:
+    "lmcache_server: LMCache MP server (lmcache 0.5.6): `lmcache server --host ...`"."""
+    return "; ".join(
+        f"{s.get('name')}: {s.get('label') or s.get('what')}: `{shlex.join(s.get('argv') or [])}`"
+        for s in (index.sidecars if index else [])
+    )
+
+
 def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str, Any]]:
     common = {
         "study": config["study"],
@@ -168,6 +180,8 @@ def manifest_rows(config: dict[str, Any], layout: StudyLayout) -> list[dict[str,
             "mooncake_transport": (index.mooncake_transport if index is not None else None)
             or mooncake_transport(config, variant)
             or "",
+            "lmcache_mode": (index.lmcache_mode if index is not None else None) or lmcache_mode(config, variant) or "",
+            "sidecars": _sidecars(index),
         }
         if index is None:
             pre = preflight.get(name, {})
@@ -232,6 +246,10 @@ def render_md(config: dict[str, Any], rows: list[dict[str, Any]], layout: StudyL
     ]
     workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
     lines += [f"- intervention (declared), {name}: {w}" for name, w in workarounds]
+    modes = sorted({(r["variant"], r["lmcache_mode"]) for r in rows if r.get("lmcache_mode")})
+    lines += [f"- LMCache mode, {name}: {mode}" for name, mode in modes]
+    sidecars = sorted({(r["variant"], s) for r in rows for s in (r.get("sidecars") or "").split("; ") if s})
+    lines += [f"- sidecar of {name}: {s}" for name, s in sidecars]
     lines += [
         "",
         "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",

@@ -39,7 +39,7 @@ from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, Pha
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import ServerDied, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by, virtual_clock
+from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_transport, served_by, virtual_clock
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
@@ -61,6 +61,7 @@ _CARRIED = (
     "workarounds",
     "server_env",
     "idle_threads",
+    "sidecars",
 )
 
 
@@ -202,6 +203,7 @@ def _run_phase(
         placement=placement_record(),
         served_by=served_by(config, plan.launch["server_versions"]),
         mooncake_transport=mooncake_transport(config, variant),
+        lmcache_mode=lmcache_mode(config, variant),
     )
     skip = _preflight_reason(layout, name)
     if skip:

@@ -23,11 +23,12 @@ from connector_tax.config import find_variant, load_study
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
-from connector_tax.launch.command import launch_spec
+from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.sidecar import Sidecars
 from connector_tax.serving.slurm import PLACEMENTS, adopt
 
 
@@ -187,7 +188,8 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
     backend = config["backend"]
     host = variant.get("server", {}).get("host") or config["server"]["host"]
     port = free_port(host, block=3 if backend == "vllm" else 1)
-    spec = launch_spec(config_path, config, variant, port)
+    sidecar_ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(config, variant)}
+    spec = launch_spec(config_path, config, variant, port, sidecars=sidecar_ports)
     if backend == "vllm":
         from connector_tax.launch.vllm import preflight_script
 
@@ -205,13 +207,22 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
         with gpu_lease(backend, device=device(config)) as gpu:
             if gpu is not None:
                 spec.env["CUDA_VISIBLE_DEVICES"] = gpu
-            with ServerProcess(spec, url, log_dir) as server:
-                server.wait_ready(ready_timeout_s(config, variant))
+            # Sidecars first (an LMCache MP server): ready before the server starts, stopped after it.
+            with Sidecars(spec.sidecars, log_dir) as sidecars, ServerProcess(spec, url, log_dir) as server:
+                server.wait_ready(ready_timeout_s(config, variant), sidecars.failure)
+                sidecars.check_registered()  # the server's connector reached its sidecar
                 ready_s = time.monotonic() - started
                 _one_streamed_request(server.url, model)
+                if (why := sidecars.failure()) is not None:
+                    raise ServerStartError(why)
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
         return {"variant": name, "status": "skip", "reason": str(exc), "backend": backend}
-    return {"variant": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
+    out = {"variant": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
+    if spec.sidecars:
+        out["sidecars"] = [
+            f"{s.name}: {s.label}, ready" + (" and registered" * bool(s.registered)) for s in spec.sidecars
+        ]
+    return out
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -144,6 +144,17 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
         return None
 
 
+def lmcache_mode(config: dict[str, Any], variant: dict[str, Any]) -> str | None:
+    """Which LMCache mode a variant runs, in words (None without LMCache, or an external server);
+    a simulated one says so."""
+    if config["backend"] == "openai":
+        return None
+    from connector_tax.launch.lmcache_mp import mode
+
+    found = mode(config, variant)
+    return f"{found}, simulated" if found and config["backend"] == "sim" else found
+
+
 def gpu_description(gpu: str | None, backend: str) -> str:
     """The device a job held (its lease), not every GPU on the host."""
     if backend == "sim":

@@ -26,7 +26,7 @@ from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
-from connector_tax.launch.command import launch_spec
+from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
@@ -42,8 +42,9 @@ from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.placement import pin_server_threads, pin_this_process
+from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
+from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
 
 IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
@@ -100,8 +101,8 @@ def _launch_seed(config: dict[str, Any], index: PhaseIndex) -> int:
 
 
 class ServerRunner:
-    """Real time: the variant's server (vLLM, `ctax sim`, or an external one), the load
-    generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
+    """Real time: the variant's server (vLLM, `ctax sim`, or an external one) and its sidecars,
+    the load generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
 
     def __init__(self, config_path: str, config: dict[str, Any], variant: dict[str, Any], folder: PhaseLayout) -> None:
         self.config_path, self.config, self.variant, self.folder = config_path, config, variant, folder
@@ -125,9 +126,12 @@ class ServerRunner:
         index.gpu = gpu_description(self.gpu, backend)
         host = variant.get("server", {}).get("host") or config["server"]["host"]
         port = free_port(host, block=3 if backend == "vllm" else 1)
+        # Each sidecar (an LMCache MP server) on ports of its own, reserved until it stops.
+        sidecar_ports = {name: free_port(host, block=SIDECAR_PORTS) for name in sidecar_names(config, variant)}
         raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
         raw.parent.mkdir(parents=True, exist_ok=True)
-        spec = launch_spec(self.config_path, config, variant, port, str(raw) if backend != "openai" else None)
+        step_log = str(raw) if backend != "openai" else None
+        spec = launch_spec(self.config_path, config, variant, port, step_log, sidecar_ports)
         if self.gpu is not None:
             spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
@@ -141,19 +145,29 @@ class ServerRunner:
         options = loadgen_options(config, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
-        with ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server:
+        # Sidecars first, each ready before vLLM starts (it would wait minutes for an absent one),
+        # stopped after it; placed where the server is.
+        with (
+            Sidecars(spec.sidecars, self.folder.folder, cpus) as sidecars,
+            ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server,
+        ):
             index.server_cpus = list(server.cpus) or None
+            index.sidecars = sidecars.records()
             save()
-            server.wait_ready(ready_timeout_s(config, variant))
+            server.wait_ready(ready_timeout_s(config, variant), sidecars.failure)
+            sidecars.check_registered()
             placement = cpu_placement(config) if backend == "vllm" else None
             if placement and server.proc is not None:  # every server thread but the model's, apart from it
                 threads = pin_server_threads(server.proc.pid, *placement)
+                threads["sidecar_threads"] = sum(pin_sidecar(pid, placement[0]) for pid in sidecars.roots())
                 index.placement = {**(index.placement or {}), "server_threads": threads}
             labels = _thread_labels(raw, backend)
-            # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
+            # Per-thread CPU of the idle server (and its sidecars): once per variant, in its Phase A launch.
             if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
                 idle = self.folder.idle_threads
-                samples = record_idle(server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
+                samples = record_idle(
+                    server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels, sidecars.roots()
+                )
                 index.idle_threads = {
                     "file": idle.name,
                     "launch": f"{index.launch_id}.{len(index.restarts)}",
@@ -163,7 +177,7 @@ class ServerRunner:
             given_back = pin_this_process(placement[0]) if placement else None  # the load generator too
             try:
                 with LoadGenerator(options) as gen:
-                    yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
+                    yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels, sidecars)
             finally:
                 if given_back:
                     pin_this_process(given_back)
@@ -186,14 +200,16 @@ class _ServerLaunch:
         gen: LoadGenerator,
         splitter: StepLogSplitter,
         labels: Callable[[], dict[str, str]],
+        sidecars: Sidecars,
     ) -> None:
         self.name, self.server, self.gen, self.splitter, self.labels = name, server, gen, splitter, labels
+        self.sidecars = sidecars
         # The study's own processes on this host: this job (the load generator's main process) with
-        # its descendants and ancestors, and the server's process group (it runs in its own session).
-        # An external server (backend openai) on this host is found by its port: its CPU is the
-        # server's, not contention.
+        # its descendants and ancestors, the server's process group (it runs in its own session)
+        # and its sidecars' groups. An external server (backend openai) on this host is found by
+        # its port: its CPU is the server's, not contention.
         external = None if server.proc else _local_listener(server.url)
-        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external)
+        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external, sidecars.pgids())
 
     def run(
         self,
@@ -213,7 +229,8 @@ class _ServerLaunch:
             precision,
             threads,
         ):
-            with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+            watch = ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}", beside=self.sidecars.failure)
+            with host, watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
         summary["rt_priority"]["process"] = priority.describe()
         summary["host"] = host.report()
@@ -227,7 +244,9 @@ class _ServerLaunch:
         cell; nothing for an external server (backend openai)."""
         if self.server.proc is None:
             return contextlib.nullcontext()
-        return ThreadSampler(self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels)
+        return ThreadSampler(
+            self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels, self.sidecars.roots()
+        )
 
 
 def _thread_labels(raw: Any, backend: str) -> Callable[[], dict[str, str]]:

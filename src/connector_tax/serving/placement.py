@@ -81,6 +81,25 @@ def pin_server_threads(root_pid: int, service: tuple[int, ...], compute: tuple[i
     }
 
 
+def pin_sidecar(root_pid: int, service: tuple[int, ...]) -> int:
+    """Every thread of a sidecar's process tree (an LMCache server: no model compute of its own)
+    onto the service cores; how many were moved."""
+    try:
+        root = psutil.Process(root_pid)
+        pids = [root_pid] + [p.pid for p in root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    moved = 0
+    for pid in pids:
+        for tid, _ in _threads(pid):
+            try:
+                os.sched_setaffinity(tid, service)
+                moved += 1
+            except OSError:
+                continue
+    return moved
+
+
 def pin_this_process(cpus: tuple[int, ...]) -> tuple[int, ...]:
     """Every thread of the calling process onto `cpus` (processes it starts later inherit them);
     returns what the calling thread could use before, to give back."""
