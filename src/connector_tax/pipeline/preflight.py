@@ -20,12 +20,13 @@ import httpx
 
 from connector_tax.atomic import write_json
 from connector_tax.config import find_variant, load_study
+from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
 from connector_tax.pipeline.plan import launch_digest
-from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.slurm import PLACEMENTS, adopt
@@ -67,6 +68,14 @@ def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
         watchdog.release()
 
 
+def _on_gpu(gpu: Gpu | None, config: dict[str, Any], variant: dict[str, Any]) -> dict[str, str]:
+    """The environment of a launch on `gpu`, once its memory is released (serving.gpus)."""
+    if gpu is None:
+        return {}
+    wait_released(gpu.index, float(merged_server(config, variant).get("gpu_memory_utilization") or 0.0))
+    return gpu_env(gpu.index)
+
+
 def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     host = config["server"]["host"]
@@ -74,7 +83,7 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=device(config)) as gpu:
-            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+            env = {**os.environ, **_on_gpu(gpu, config, find_variant(config, name))}
             run_group(argv, env, timeout_s=ready_timeout_s(config, find_variant(config, name)) + 300)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -203,8 +212,7 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
     started = time.monotonic()
     try:
         with gpu_lease(backend, device=device(config)) as gpu:
-            if gpu is not None:
-                spec.env["CUDA_VISIBLE_DEVICES"] = gpu
+            spec.env.update(_on_gpu(gpu, config, variant))
             with ServerProcess(spec, url, log_dir) as server:
                 server.wait_ready(ready_timeout_s(config, variant))
                 ready_s = time.monotonic() - started
