@@ -65,7 +65,7 @@ marker="$venv/.connector-tax-vllm-gpu.json"
 vpy="$venv/bin/python"
 pins="$VLLM_PIN ${PINS[*]} ${NO_DEPS[*]}"
 if [ "$force" = 0 ] && [ -f "$marker" ] && [ -x "$vpy" ] \
-  && "$vpy" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("pins") == sys.argv[2] else 1)' \
+  && "$vpy" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d.get("pins") == sys.argv[2] and not d.get("problems") else 1)' \
     "$marker" "$pins" 2>/dev/null; then
   echo "$prog: $venv already holds $pins (--force rebuilds it)"
   echo "$vpy"
@@ -108,7 +108,7 @@ installed_s=$((SECONDS - start))
 
 # The check (see the header). Runs in vLLM's Python; prints one JSON line.
 check="$("$vpy" - "$CUDA_MAJOR" <<'PY'
-import ctypes.util, importlib, importlib.metadata as md, importlib.util, json, pathlib, subprocess, sys
+import ctypes.util, importlib, importlib.metadata as md, json, os, pathlib, subprocess, sys
 
 cuda_major = int(sys.argv[1])
 out = {"python": sys.version.split()[0]}
@@ -128,13 +128,16 @@ if not torch.version.cuda or int(torch.version.cuda.split(".")[0]) != cuda_major
 
 
 def unresolved(module):
-    """`ldd`'s 'not found' libraries of the module's own shared objects."""
-    spec = importlib.util.find_spec(module.split(".")[0])
-    root = pathlib.Path(next(iter(spec.submodule_search_locations or [spec.origin]))).parent
+    """`ldd`'s 'not found' libraries of the module's package's shared objects, with the folders
+    the process has once torch is imported (torch/lib, the nvidia-* wheels' lib folders) on the
+    loader's path, as they are when vLLM loads them."""
+    site = pathlib.Path(torch.__file__).parent.parent
+    paths = [str(site / "torch" / "lib"), *map(str, sorted(site.glob("nvidia/**/lib")))]
+    env = {**os.environ, "LD_LIBRARY_PATH": ":".join(paths)}
     name = module.split(".")[0]
     found = set()
-    for so in list(root.glob(f"{name}/*.so")) + list(root.glob(f"{name}/**/*.so")):
-        done = subprocess.run(["ldd", str(so)], capture_output=True, text=True)
+    for so in sorted((site / name).glob("**/*.so")):
+        done = subprocess.run(["ldd", str(so)], capture_output=True, text=True, env=env)
         found |= {line.split()[0] for line in done.stdout.splitlines() if "not found" in line}
     return sorted(found)
 

@@ -78,13 +78,16 @@ def _plan(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
         return 2
+    if args.launch_s is not None and not args.launch_s >= 0:
+        print(f"ctax plan: --launch-s: {args.launch_s} is not a number of seconds (0 or more)", file=sys.stderr)
+        return 2
     timing = None
     if profile is not None and study.backend == "vllm":
         timing = Timing.from_profile(profile.provenance.get("timing") or {}, profile.describe())
     if profile is not None and args.profile:  # the plan's own view of the study: as if the config named it
         study = _with_profile(study, profile)
     if not args.predict:
-        estimates, notes = plan_study(study, timing=timing)
+        estimates, notes = plan_study(study, timing=timing, launch_s=args.launch_s)
         _plan_out(args, study, estimates, notes)
         return 0
     import tempfile
@@ -110,7 +113,7 @@ def _plan(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"ctax plan: {exc}", file=sys.stderr)
             return 1
-        estimates, notes = plan_study(study, layout, timing=timing)
+        estimates, notes = plan_study(study, layout, timing=timing, launch_s=args.launch_s)
         resolved = resolution(layout.root)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
@@ -157,9 +160,9 @@ def _plan_out(
     from connector_tax.atomic import write_json
     from connector_tax.pipeline.estimate import as_dict, render
 
-    print(render(study, estimates, notes, args.gpus), end="")
+    print(render(study, estimates, notes, args.gpus, args.config), end="")
     if args.json:
-        doc = as_dict(study, estimates, notes)
+        doc = as_dict(study, estimates, notes, args.gpus, args.config)
         if resolved is not None:
             doc["resolution"] = resolved
         write_json(Path(args.json), doc)
@@ -236,7 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)"
     )
-    plan.add_argument("--gpus", type=int, default=1, metavar="N", help="also show the wall time on N GPUs side by side")
+    plan.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N GPUs side by side: print the snakemake command that runs N phase jobs at once (its --cores) "
+        "and the wall time with it",
+    )
+    plan.add_argument(
+        "--launch-s",
+        type=float,
+        metavar="SECONDS",
+        help="a server launch's start-up as timed on the host (default: vLLM 150, the simulator 3)",
+    )
     plan.add_argument(
         "--predict",
         action="store_true",
