@@ -8,9 +8,23 @@ from typing import Any
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from connector_tax.config import check_file
+    from connector_tax.config import ConfigError, check_file, load_config
+    from connector_tax.launch.hostcheck import check_host
+    from connector_tax.pipeline.resolution import unbounded_warnings
 
-    return check_file(args.file)
+    if check_file(args.file) != 0:
+        return 2
+    config = load_config(args.file)
+    for line in unbounded_warnings(config):
+        print(f"warning: {line}")
+    if args.static:
+        return 0
+    try:
+        check_host(config)
+    except ConfigError as exc:
+        print(f"{args.file}: on this host: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -97,7 +111,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     from connector_tax.pipeline.predict import predict, predictable
     from connector_tax.pipeline.resolution import render as render_resolution
-    from connector_tax.pipeline.resolution import resolution
+    from connector_tax.pipeline.resolution import resolution, unbounded_cells
 
     raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
     named = "hardware_profile" in (raw.get("sim") or {}) or profile is not None
@@ -115,6 +129,7 @@ def _plan(args: argparse.Namespace) -> int:
             return 1
         estimates, notes = plan_study(study, layout, timing=timing, launch_s=args.launch_s)
         resolved = resolution(layout.root)
+        unbounded = unbounded_cells(layout.root, resolved)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
     if profile is not None:
@@ -126,7 +141,7 @@ def _plan(args: argparse.Namespace) -> int:
         f"(profile {used}); other configurations' Phase B cells at the baseline's lengths"
     )
     _plan_out(args, study, estimates, notes, resolved)
-    print(render_resolution(resolved), end="")
+    print(render_resolution(resolved, unbounded), end="")
     return 0
 
 
@@ -189,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     check = config_sub.add_parser("check", help="validate a study config file")
     check.add_argument("file", help="path to a study config YAML")
+    check.add_argument(
+        "--static",
+        action="store_true",
+        help="the file only; by default a vLLM study on GPUs is also checked against this host "
+        "(model downloaded, PYTORCH_CUDA_ALLOC_CONF, RDMA devices)",
+    )
     check.set_defaults(func=_config_check)
 
     from connector_tax.sim.cli_args import add_sim_arguments

@@ -19,12 +19,13 @@ from typing import Any
 import httpx
 
 from connector_tax.atomic import write_json
-from connector_tax.config import find_variant, load_study
+from connector_tax.config import ConfigError, find_variant, load_study
 from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import launch_spec
+from connector_tax.launch.hostcheck import check_host
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
@@ -259,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         study = load_study(args.config)
         config = study.raw
+        try:  # what this host would fail on minutes into every launch, refused before the first
+            check_host(config)
+        except ConfigError as exc:
+            print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
+            return 2
         out = Path(args.out)
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)

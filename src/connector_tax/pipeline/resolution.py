@@ -14,14 +14,68 @@ host's own noise, so a real run's intervals are wider: these half-widths are a l
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis import build
 from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
 from connector_tax.analysis.quantiles import ratio_minus_one
+from connector_tax.contract import StudyLayout
+from connector_tax.contract.index import read_summary
 
 METRICS = (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))
+NEED = MIN_BATCHES * MIN_PER_BATCH  # requests a cell's p90 needs for any interval
+
+
+def floor_for(rate: float) -> int:
+    """The duration floor (s, a multiple of 10) at which a cell ended at its floor has NEED
+    requests at `rate` but for a two-sigma Poisson shortfall."""
+    return int(math.ceil((NEED + 2 * math.sqrt(NEED)) / rate / 10.0) * 10)
+
+
+def unbounded_warnings(config: dict[str, Any]) -> list[str]:
+    """Before any run (`ctax config check`): Phase B cells that will have no interval if their
+    shape saturates at the reference rate, with the setting that would bound them. The overload
+    guard ends such a cell at its duration floor, with about duration_s x rate requests; the
+    reference rate is one of Phase A's, so the lowest of them is the case to check."""
+    workload = config["workload"]
+    if not workload["phase_b"].get("overload_guard", True):
+        return []
+    rate = min(workload["phase_a"]["rates"])
+    floor = workload["duration_s"]
+    if floor * rate >= NEED + 2 * math.sqrt(NEED):
+        return []
+    return [
+        f"workload.duration_s {floor:g}: a Phase B cell whose shape saturates at its reference rate ends at this "
+        f"floor (workload.phase_b.overload_guard) with about {floor * rate:.0f} requests at {rate:g} req/s (the "
+        f"lowest Phase A rate, a possible ref_safe), fewer than the {NEED} its p90s need for an interval: it cannot "
+        f"be bounded; set workload.duration_s: {floor_for(rate)} (or workload.phase_b.overload_guard: false, "
+        "which runs it saturated to min_completed); `ctax plan --predict` names the cells"
+    ]
+
+
+def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """From a prediction (`ctax plan --predict`): the predicted cells with no interval, why, and
+    the setting that would give each one NEED requests."""
+    layout = StudyLayout(Path(results_dir))
+    baseline = build(Path(results_dir))["aggregate"].get("baseline")
+    out = []
+    for e in entries:
+        if not e["at"].startswith("phase_b") or all(e[name]["half_width"] is not None for name, _ in METRICS):
+            continue
+        phase, label = e["at"].split()
+        summary = read_summary(layout.phase(baseline, phase).cell(label)) or {}
+        rate, floor = summary.get("rate"), summary.get("duration_s")
+        requests = min(e[name]["requests"] or 0 for name, _ in METRICS)
+        why = summary.get("stop_reason") or "too few requests"
+        fix = (
+            f"workload.duration_s: {floor_for(rate)} (it ends at its {floor:g} s floor)"
+            if rate and floor and "floor" in why
+            else f"workload.min_completed: {NEED}"
+        )
+        out.append(f"{e['at']}: {requests} requests ({why}); to bound it: {fix}")
+    return out
 
 
 def _half(estimate: dict[str, Any]) -> float | None:
@@ -72,10 +126,10 @@ def resolution(results_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def render(entries: list[dict[str, Any]]) -> str:
+def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) -> str:
     if not entries:
         return ""
-    need = MIN_BATCHES * MIN_PER_BATCH
+    need = NEED
     lines = [
         "",
         "smallest tax the plan can resolve: 95 % half-width of each tax (predicted cells; the host's own noise",
@@ -91,4 +145,10 @@ def render(entries: list[dict[str, Any]]) -> str:
                 tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
                 parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
         lines.append(f"  {e['at']:28} {e['variant']:38} " + "; ".join(parts))
+    if unbounded:
+        lines += [
+            "",
+            "cells the plan predicts cannot be bounded (no interval on their taxes, known before any GPU time):",
+        ]
+        lines += [f"  {line}" for line in unbounded]
     return "\n".join(lines) + "\n"
