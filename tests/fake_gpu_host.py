@@ -65,7 +65,7 @@ class FakeGpuHost:
         path = self.bin / name
         path.write_text(
             f"#!{sys.executable}\n"
-            f"# a stand-in for {name} on a fake GPU host (tests/fake_gpu/{module}.py)\n"
+            f"# connector-tax stand-in: ctax sim behind `{name}` on a fake GPU host (tests/fake_gpu/{module}.py)\n"
             f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport {module}\nsys.exit({module}.main())\n",
             encoding="utf-8",
         )

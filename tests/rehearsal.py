@@ -1,0 +1,100 @@
+"""The rehearsal of an 8-GPU host, shared by its test (test_rehearsal.py) and its benchmark
+(benchmarks/gpu_rehearsal.py): a scaled-down H20 study, backend vllm, on a fake GPU host
+(fake_gpu_host.py), its `vllm serve` a stand-in that serves with `ctax sim`.
+
+The host: nine fake H20s on two NUMA nodes (GPUs 0-4 on node 0, 5-8 on node 1, 24 fake CPUs a
+node), GPU 1 held by a process outside the study for the whole run, so eight are free for the
+study's eight configurations. A driver gives a dead server's memory back `release_s` later.
+The study: the H20 config's eight configurations, server settings and seed, with cells of
+seconds (two Phase A rates, one Phase B shape, one B' shape) on the simulator's tiny-fast
+profile, so that eight phase jobs fit this 2-core machine side by side.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fake_gpu_host import FakeGpuHost
+from study_runner import LENIENT_VALIDITY
+
+REPO = Path(__file__).resolve().parents[1]
+H20 = REPO / "configs" / "h20-qwen3-coder.yaml"
+BUSY_GPU = "1"
+GPUS = 9
+MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+
+
+def study_config(host: FakeGpuHost) -> dict[str, Any]:
+    config = yaml.safe_load(H20.read_text())
+    config["study"] = "rehearsal-h20"
+    config["sim"] = {"hardware_profile": "tiny-fast"}
+    config["vllm"] = {**config["vllm"], "executable": str(host.bin / "vllm")}
+    config["server"]["ready_timeout_s"] = 120
+    config["workload"] = {
+        **{k: config["workload"][k] for k in ("endpoint", "prompt", "temperature", "ignore_eos")},
+        "warmup_s": 1,
+        "duration_s": 8,
+        "min_completed": 5,
+        "request_timeout_s": 30,
+        "phase_a": {"rates": [2, 4], "shape": {"input": 256, "output": 16}},
+        "phase_b": {"rate": "ref_safe", "inputs": [128], "outputs": [16]},
+        "phase_b_prime": {
+            "rate": "ref_load",
+            "variants": ["plain", "mooncake_both"],
+            "shapes": [{"input": 512, "output": 16}],
+        },
+    }
+    # Thresholds that never fire: the reference rates, so the cells, do not hang on the noise of
+    # eight jobs on two cores; nor does a cell's validity (one attempt each).
+    config["saturation"] = {
+        "throughput_ratio_min": 0.01,
+        "waiting_p50_max": 1000,
+        "ttft_p90_ratio_max": 1000,
+        "min_requests": 1,
+        "min_scrapes": 1,
+    }
+    config["validity"] = copy.deepcopy(LENIENT_VALIDITY)
+    config["loadgen"] = {"workers": 1, "affinity": True, "cpu_latency_us": None}
+    return config
+
+
+def make(folder: Path) -> tuple[FakeGpuHost, Path, dict[str, str]]:
+    """The host, the study config's path, and the environment snakemake runs in."""
+    host = FakeGpuHost(folder / "host", gpus=GPUS, nodes=2, cpus_per_node=24, release_s=3.0)
+    host.hold(BUSY_GPU, 30000)
+    snapshot = folder / "hub" / f"models--{MODEL.replace('/', '--')}" / "snapshots" / "rehearsal"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 16)
+    path = folder / "rehearsal-h20.yaml"
+    path.write_text(yaml.safe_dump(study_config(host), sort_keys=False))
+    env = {**host.env(path), "HF_HUB_CACHE": str(folder / "hub"), "CONNECTOR_TAX_LOCKS": str(folder / "locks")}
+    return host, path, env
+
+
+def placement_table(results: Path) -> list[dict[str, Any]]:
+    """One row per phase job: where it ran, from its run.json."""
+    rows = []
+    for run in sorted(results.glob("*/phase_*/run.json")):
+        doc = json.loads(run.read_text())
+        placed = doc.get("placement") or {}
+        cpus = placed.get("cpus") or []
+        rows.append(
+            {
+                "job": f"{doc['phase']}_{doc['variant']}",
+                "gpu": placed.get("gpu"),
+                "cpus": f"{cpus[0]}-{cpus[-1]}" if cpus and cpus == list(range(cpus[0], cpus[-1] + 1)) else cpus,
+                "numa_node": placed.get("numa_node"),
+                "cpus_numa_node": placed.get("cpus_numa_node"),
+                "gpu_waits_s": placed.get("gpu_waits_s"),
+                "restarts": doc.get("restarts"),
+                "started": doc.get("started"),
+                "finished": doc.get("finished"),
+                "status": doc.get("status"),
+            }
+        )
+    return rows

@@ -1,0 +1,135 @@
+"""The rehearsal of an 8-GPU host, here, without a GPU (marker `rehearsal`; tests/rehearsal.py).
+
+The command `ctax plan --gpus 8` prints runs a scaled-down H20 study (backend vllm, the real
+launch path; `vllm serve` a stand-in serving with `ctax sim`) through `snakemake` on a fake GPU
+host: eight phase jobs side by side, each on its own GPU with CPUs of that GPU's NUMA node, the
+GPU a foreign process holds never used, one server killed mid-phase and relaunched only once
+its GPU's memory was given back, and every cell complete. The plan's wall time against the
+measured one: benchmarks/gpu_rehearsal.py (docs/gpu-host.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from rehearsal import BUSY_GPU, make, placement_table
+from study_runner import REPO, SNAKEMAKE
+
+from connector_tax.config import load_study
+from connector_tax.contract import StudyLayout
+from connector_tax.contract.index import read_index
+
+pytestmark = pytest.mark.rehearsal
+CRASHED = "mooncake_both"
+
+
+def _kill_mid_phase(host, results: Path, stop: threading.Event, killed: list) -> None:
+    """SIGKILL CRASHED's Phase A server once it has sealed a cell (a crash mid-phase)."""
+    run = results / CRASHED / "phase_a" / "run.json"
+    while not stop.wait(0.2):
+        try:
+            doc = json.loads(run.read_text())
+        except (OSError, ValueError):
+            continue
+        if not any(c["status"] == "complete" for c in doc["cells"]):
+            continue
+        holder = next((h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid")), None)
+        if holder is not None:
+            os.kill(holder["pid"], signal.SIGKILL)
+            killed.append(holder)
+            return
+
+
+def _at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def rehearse(folder: Path) -> dict:
+    """Plan, run the planned command, return what a test or benchmark reads of it."""
+    host, config, env = make(folder)
+    env = {**os.environ, **env}
+    plan_json = folder / "plan.json"
+    plan = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", "8"]
+        + ["--json", str(plan_json)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan_json.read_text())
+    command = planned["command"].split()
+    results = folder / "results" / "rehearsal-h20"
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True)
+    killer.start()
+    start = time.time()
+    done = subprocess.run(
+        [*SNAKEMAKE, *command[1:], "--directory", str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=1800,
+    )
+    end = time.time()
+    stop.set()
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = placement_table(results)
+    phases_end = max(_at(r["finished"]) for r in rows)
+    return {
+        "host": host,
+        "config": config,
+        "command": planned["command"],
+        "planned_wall_s": planned["wall_s"],
+        "measured_phases_s": phases_end - start,
+        "measured_all_s": end - start,
+        "rows": rows,
+        "killed": killed,
+        "stdout": done.stdout,
+        "stderr": done.stderr,
+    }
+
+
+def test_eight_configurations_side_by_side_on_a_fake_8_gpu_host(tmp_path: Path) -> None:
+    seen = rehearse(tmp_path)
+    host, rows = seen["host"], seen["rows"]
+    assert seen["command"].startswith("snakemake --cores 48 --resources gpu=8 all --configfile ")
+
+    # Results complete: every planned cell of every launch sealed complete.
+    study = load_study(seen["config"])
+    layout = StudyLayout(tmp_path / "results" / study.study)
+    for name in study.names:
+        for phase in ("phase_a", "phase_b"):
+            index = read_index(layout.index(name, phase))
+            assert index is not None and index.status == "ok", (name, phase, index and index.reason)
+    assert (layout.root / "analysis" / "report.md").is_file()
+
+    # Eight Phase A jobs at once, each on a GPU of its own, never the busy one, with CPUs of its
+    # GPU's NUMA node.
+    phase_a = [r for r in rows if r["job"].startswith("phase_a")]
+    assert len(phase_a) == 8 and len({r["gpu"] for r in phase_a}) == 8
+    assert all(r["gpu"] != BUSY_GPU for r in rows)
+    assert not any(launch["gpu"] == BUSY_GPU for launch in host.state().get("launches", []))
+    spans = [(_at(r["started"]), _at(r["finished"])) for r in phase_a]
+    assert max(sum(a <= t < b for a, b in spans) for t, _ in spans) == 8
+    for r in rows:
+        assert r["numa_node"] == host.node_of(r["gpu"]) and r["cpus_numa_node"] == r["numa_node"], r
+
+    # The server killed mid-phase was relaunched once, after its GPU's memory came back: the
+    # stand-in refuses a start below gpu_memory_utilization x total free, and none was refused.
+    assert len(seen["killed"]) == 1
+    crashed = next(r for r in rows if r["job"] == f"phase_a_{CRASHED}")
+    assert len(crashed["restarts"]) == 1 and crashed["restarts"][0]["gpu_released_after_s"] >= 1.0, crashed
+    assert host.state().get("refused", []) == []
