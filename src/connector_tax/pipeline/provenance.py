@@ -28,6 +28,7 @@ SERVER_PACKAGES = (
     "torch",
     *CONNECTOR_PACKAGES,
     "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime-cu13",
     "nvidia-cuda-runtime",
 )
 
