@@ -14,18 +14,26 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 from fake_gpu_host import FakeGpuHost
-from study_runner import LENIENT_VALIDITY
+from study_runner import LENIENT_VALIDITY, SNAKEMAKE
 
 REPO = Path(__file__).resolve().parents[1]
 H20 = REPO / "configs" / "h20-qwen3-coder.yaml"
 BUSY_GPU = "1"
 GPUS = 9
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+CRASHED = "mooncake_both"  # its Phase A server is killed mid-phase
 
 
 def study_config(host: FakeGpuHost) -> dict[str, Any]:
@@ -98,3 +106,75 @@ def placement_table(results: Path) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _kill_mid_phase(host, results: Path, stop: threading.Event, killed: list) -> None:
+    """SIGKILL CRASHED's Phase A server once it has sealed a cell (a crash mid-phase)."""
+    run = results / CRASHED / "phase_a" / "run.json"
+    while not stop.wait(0.2):
+        try:
+            doc = json.loads(run.read_text())
+        except (OSError, ValueError):
+            continue
+        if not any(c["status"] == "complete" for c in doc["cells"]):
+            continue
+        holder = next((h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid")), None)
+        if holder is not None:
+            os.kill(holder["pid"], signal.SIGKILL)
+            killed.append(holder)
+            return
+
+
+def at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def rehearse(folder: Path, launch_s: float | None = None) -> dict:
+    """Plan (`ctax plan --gpus 8`, with `--launch-s` if given), run the planned command, and return
+    what a test or benchmark reads of it."""
+    host, config, env = make(folder)
+    env = {**os.environ, **env}
+    plan_json = folder / "plan.json"
+    plan = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", "8"]
+        + ["--json", str(plan_json)]
+        + ([] if launch_s is None else ["--launch-s", str(launch_s)]),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan_json.read_text())
+    command = planned["command"].split()
+    results = folder / "results" / "rehearsal-h20"
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True)
+    killer.start()
+    start = time.time()
+    done = subprocess.run(
+        [*SNAKEMAKE, *command[1:], "--directory", str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=1800,
+    )
+    end = time.time()
+    stop.set()
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = placement_table(results)
+    phases_end = max(at(r["finished"]) for r in rows)
+    return {
+        "host": host,
+        "config": config,
+        "command": planned["command"],
+        "planned_wall_s": planned["wall_s"],
+        "measured_phases_s": phases_end - start,
+        "measured_all_s": end - start,
+        "rows": rows,
+        "killed": killed,
+        "stdout": done.stdout,
+        "stderr": done.stderr,
+    }

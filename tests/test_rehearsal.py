@@ -10,96 +10,16 @@ measured one: benchmarks/gpu_rehearsal.py (docs/gpu-host.md).
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
-from rehearsal import BUSY_GPU, make, placement_table
-from study_runner import REPO, SNAKEMAKE
+from rehearsal import BUSY_GPU, CRASHED, at, rehearse
 
 from connector_tax.config import load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import read_index
 
 pytestmark = pytest.mark.rehearsal
-CRASHED = "mooncake_both"
-
-
-def _kill_mid_phase(host, results: Path, stop: threading.Event, killed: list) -> None:
-    """SIGKILL CRASHED's Phase A server once it has sealed a cell (a crash mid-phase)."""
-    run = results / CRASHED / "phase_a" / "run.json"
-    while not stop.wait(0.2):
-        try:
-            doc = json.loads(run.read_text())
-        except (OSError, ValueError):
-            continue
-        if not any(c["status"] == "complete" for c in doc["cells"]):
-            continue
-        holder = next((h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid")), None)
-        if holder is not None:
-            os.kill(holder["pid"], signal.SIGKILL)
-            killed.append(holder)
-            return
-
-
-def _at(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def rehearse(folder: Path) -> dict:
-    """Plan, run the planned command, return what a test or benchmark reads of it."""
-    host, config, env = make(folder)
-    env = {**os.environ, **env}
-    plan_json = folder / "plan.json"
-    plan = subprocess.run(
-        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", "8"]
-        + ["--json", str(plan_json)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert plan.returncode == 0, plan.stderr
-    planned = json.loads(plan_json.read_text())
-    command = planned["command"].split()
-    results = folder / "results" / "rehearsal-h20"
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True)
-    killer.start()
-    start = time.time()
-    done = subprocess.run(
-        [*SNAKEMAKE, *command[1:], "--directory", str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=1800,
-    )
-    end = time.time()
-    stop.set()
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = placement_table(results)
-    phases_end = max(_at(r["finished"]) for r in rows)
-    return {
-        "host": host,
-        "config": config,
-        "command": planned["command"],
-        "planned_wall_s": planned["wall_s"],
-        "measured_phases_s": phases_end - start,
-        "measured_all_s": end - start,
-        "rows": rows,
-        "killed": killed,
-        "stdout": done.stdout,
-        "stderr": done.stderr,
-    }
 
 
 def test_eight_configurations_side_by_side_on_a_fake_8_gpu_host(tmp_path: Path) -> None:
@@ -122,7 +42,7 @@ def test_eight_configurations_side_by_side_on_a_fake_8_gpu_host(tmp_path: Path) 
     assert len(phase_a) == 8 and len({r["gpu"] for r in phase_a}) == 8
     assert all(r["gpu"] != BUSY_GPU for r in rows)
     assert not any(launch["gpu"] == BUSY_GPU for launch in host.state().get("launches", []))
-    spans = [(_at(r["started"]), _at(r["finished"])) for r in phase_a]
+    spans = [(at(r["started"]), at(r["finished"])) for r in phase_a]
     assert max(sum(a <= t < b for a, b in spans) for t, _ in spans) == 8
     for r in rows:
         assert r["numa_node"] == host.node_of(r["gpu"]) and r["cpus_numa_node"] == r["numa_node"], r
