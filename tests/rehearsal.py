@@ -36,8 +36,10 @@ MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 CRASHED = "mooncake_both"  # its Phase A server is killed mid-phase
 
 
-def study_config(host: FakeGpuHost) -> dict[str, Any]:
+def study_config(host: FakeGpuHost, variants: list[str] | None = None) -> dict[str, Any]:
     config = yaml.safe_load(H20.read_text())
+    if variants is not None:
+        config["variants"] = [v for v in config["variants"] if v["name"] in variants]
     config["study"] = "rehearsal-h20"
     config["sim"] = {"hardware_profile": "tiny-fast"}
     config["vllm"] = {**config["vllm"], "executable": str(host.bin / "vllm")}
@@ -70,16 +72,19 @@ def study_config(host: FakeGpuHost) -> dict[str, Any]:
     return config
 
 
-def make(folder: Path) -> tuple[FakeGpuHost, Path, dict[str, str]]:
+def make(
+    folder: Path, gpus: int = GPUS, busy: str | None = BUSY_GPU, variants: list[str] | None = None
+) -> tuple[FakeGpuHost, Path, dict[str, str]]:
     """The host, the study config's path, and the environment snakemake runs in."""
-    host = FakeGpuHost(folder / "host", gpus=GPUS, nodes=2, cpus_per_node=24, release_s=3.0)
-    host.hold(BUSY_GPU, 30000)
+    host = FakeGpuHost(folder / "host", gpus=gpus, nodes=2, cpus_per_node=24, release_s=3.0)
+    if busy is not None:
+        host.hold(busy, 30000)
     snapshot = folder / "hub" / f"models--{MODEL.replace('/', '--')}" / "snapshots" / "rehearsal"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
     (snapshot / "model.safetensors").write_bytes(b"\0" * 16)
     path = folder / "rehearsal-h20.yaml"
-    path.write_text(yaml.safe_dump(study_config(host), sort_keys=False))
+    path.write_text(yaml.safe_dump(study_config(host, variants), sort_keys=False))
     env = {**host.env(path), "HF_HUB_CACHE": str(folder / "hub"), "CONNECTOR_TAX_LOCKS": str(folder / "locks")}
     return host, path, env
 
@@ -129,11 +134,18 @@ def at(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def rehearse(folder: Path, launch_s: float | None = None) -> dict:
-    """Plan (`ctax plan --gpus 8`, with `--launch-s` if given), run the planned command, and return
-    what a test or benchmark reads of it."""
-    host, config, env = make(folder)
-    env = {**os.environ, **env}
+def rehearse(
+    folder: Path,
+    launch_s: float | None = None,
+    gpus: int = GPUS,
+    busy: str | None = BUSY_GPU,
+    variants: list[str] | None = None,
+    slurm_env: dict[str, str] | None = None,
+) -> dict:
+    """Plan (`ctax plan --gpus 8`, with `--launch-s` if given), run the planned command (under
+    SLURM: the slurm-local profile, docs/slurm.md), and return what a test or benchmark reads."""
+    host, config, env = make(folder, gpus, busy, variants)
+    env = {**(slurm_env or os.environ), **env}
     plan_json = folder / "plan.json"
     plan = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", "8"]
@@ -153,8 +165,16 @@ def rehearse(folder: Path, launch_s: float | None = None) -> dict:
     killer = threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True)
     killer.start()
     start = time.time()
+    argv = [*SNAKEMAKE, *command[1:], "--directory", str(folder)]
+    if slurm_env is not None:
+        # The profile's 1 GB: a vLLM phase job asks for 64 GB, more than this node has.
+        names = [v["name"] for v in yaml.safe_load(config.read_text())["variants"]]
+        rules = ["preflight_config"] + [f"{p}_{n}" for n in names for p in ("phase_a", "phase_b")]
+        argv = [*SNAKEMAKE, "--profile", str(REPO / "workflow" / "profiles" / "slurm-local"), "all"]
+        argv += ["--configfile", str(config), "--directory", str(folder)]
+        argv += ["--set-resources", *(f"{r}:mem_mb=1000" for r in rules)]
     done = subprocess.run(
-        [*SNAKEMAKE, *command[1:], "--directory", str(folder)],
+        argv,
         capture_output=True,
         text=True,
         env=env,

@@ -138,7 +138,10 @@ class ServerRunner:
         back seconds after it is gone (serving.gpus)."""
         index.cpus_leased = self.leased.cpus if self.leased else None
         placement = dict(index.placement or {})
-        placement.update(self.leased.record() if self.leased else {"cpus": None})
+        if self.leased is not None:
+            placement.update(self.leased.record())
+        else:  # all of them, or (under SLURM) the allocation's, already in the record
+            placement.setdefault("cpus", None)
         if self.gpu is None:
             index.placement = placement
             return
