@@ -47,7 +47,7 @@ def study_config(host: FakeGpuHost, variants: list[str] | None = None) -> dict[s
     config["workload"] = {
         **{k: config["workload"][k] for k in ("endpoint", "prompt", "temperature", "ignore_eos")},
         "warmup_s": 1,
-        "duration_s": 8,
+        "duration_s": 20,
         "min_completed": 5,
         "request_timeout_s": 30,
         "phase_a": {"rates": [2, 4], "shape": {"input": 256, "output": 16}},

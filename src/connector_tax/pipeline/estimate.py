@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.pipeline.plan import job_threads
 from connector_tax.pipeline.provenance import virtual_clock
+from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
@@ -290,7 +290,7 @@ def render(
     lines += ["", f"run it with {n} phase job{'s' if n > 1 else ''} side by side ({job_threads(study)} threads each):"]
     lines += [f"  {run_command(study, config_path, gpus)}"]
     lines.append(f"wall clock with that command: {wall / 3600:.2f} h ({wall / 60:.1f} min)")
-    cpus = os.cpu_count() or 1
+    cpus = len(topology.leasable_cpus())
     if n > 1 and n * job_threads(study) > cpus:
         lines.append(
             f"note: this host has {cpus} CPUs; the command's jobs lease {n * job_threads(study)} "
