@@ -111,7 +111,7 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     one = float(out.split("total ")[1].split(" h")[0])
     eight = float(out.split("wall clock with that command: ")[1].split(" h")[0])
     assert eight < one / 4
-    assert f"snakemake --cores 48 --resources gpu=8 all --configfile {REPO / 'configs' / 'h20-qwen3-coder.yaml'}" in out
+    assert f"snakemake all --cores 48 --resources gpu=8 --configfile {REPO / 'configs' / 'h20-qwen3-coder.yaml'}" in out
     assert "no reference_rates.json yet" in out
     bad = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.rehearsal
 def test_eight_configurations_side_by_side_on_a_fake_8_gpu_host(tmp_path: Path) -> None:
     seen = rehearse(tmp_path)
     host, rows = seen["host"], seen["rows"]
-    assert seen["command"].startswith("snakemake --cores 48 --resources gpu=8 all --configfile ")
+    assert seen["command"].startswith("snakemake all --cores 48 --resources gpu=8 --configfile ")
 
     # Results complete: every planned cell of every launch sealed complete.
     study = load_study(seen["config"])

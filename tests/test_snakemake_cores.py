@@ -81,13 +81,13 @@ def test_the_command_ctax_plan_prints_runs_one_job_per_gpu(tmp_path: Path) -> No
     )
     assert plan.returncode == 0, plan.stderr
     command = next(line.split() for line in plan.stdout.splitlines() if line.strip().startswith("snakemake "))
-    assert command[:5] == ["snakemake", "--cores", "48", "--resources", "gpu=8"]
-    for cores, expected in (("8", 1), (command[2], 8)):
+    assert command[:6] == ["snakemake", "all", "--cores", "48", "--resources", "gpu=8"]
+    for cores, expected in (("8", 1), (command[3], 8)):
         folder = tmp_path / cores
         folder.mkdir()
         (folder / "Snakefile").write_text(GPU_SNAKEFILE)
         out = subprocess.run(
-            [sys.executable, "-m", "snakemake", "--cores", cores, "--resources", "gpu=8", "--quiet", "all"],
+            [sys.executable, "-m", "snakemake", "all", "--cores", cores, "--resources", "gpu=8", "--quiet"],
             cwd=folder,
             capture_output=True,
             text=True,
@@ -95,3 +95,17 @@ def test_the_command_ctax_plan_prints_runs_one_job_per_gpu(tmp_path: Path) -> No
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert _most_at_once(folder, 8) == expected, f"--cores {cores}"
+
+
+def test_a_target_after_resources_is_read_as_a_resource(tmp_path: Path) -> None:
+    """Why the command puts `all` first: the docs' old `--resources gpu=8 all --configfile ...`
+    does not parse on Snakemake 9 (--resources takes every word up to the next option)."""
+    (tmp_path / "Snakefile").write_text(GPU_SNAKEFILE)
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "8", "--resources", "gpu=8", "all", "-n"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "dictionary update sequence element" in out.stderr

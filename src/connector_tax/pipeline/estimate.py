@@ -249,12 +249,14 @@ def jobs_at_once(study: StudyConfig, gpus: int) -> int:
 def run_command(study: StudyConfig, config_path: str, gpus: int) -> str:
     """The snakemake command that runs `gpus` phase jobs side by side: `--cores` is what that many
     jobs' threads add up to (Snakemake starts a job only when its threads fit in what is left of
-    --cores), `--resources gpu` bounds the GPU jobs."""
+    --cores), `--resources gpu` bounds the GPU jobs. The target comes first: --resources takes
+    every word up to the next option, so a target after it is read as a resource (snakemake 9:
+    "ValueError: dictionary update sequence element")."""
     n = jobs_at_once(study, gpus)
     cores = n * job_threads(study)
     on_gpus = study.backend == "vllm" and study.raw["vllm"]["device"] != "cpu"
     return (
-        f"snakemake --cores {cores}" + (f" --resources gpu={n}" if on_gpus else "") + f" all --configfile {config_path}"
+        f"snakemake all --cores {cores}" + (f" --resources gpu={n}" if on_gpus else "") + f" --configfile {config_path}"
     )
 
 
