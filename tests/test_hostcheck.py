@@ -138,9 +138,9 @@ def test_cells_that_cannot_be_bounded_are_named_with_the_fix() -> None:
     config["workload"]["duration_s"] = 60
     (line,) = unbounded_warnings(config)
     assert line.startswith("workload.duration_s 60: a Phase B cell whose shape saturates")
-    assert "about 30 requests at 0.5 req/s" in line and "set workload.duration_s: 130" in line
-    assert floor_for(0.5) == 130 and floor_for(4) == 20
-    config["workload"]["duration_s"] = 130
+    assert "about 30 requests at 0.5 req/s" in line and "set workload.duration_s: 160" in line
+    assert floor_for(0.5) == 160 and floor_for(4) == 20
+    config["workload"]["duration_s"] = 160
     assert unbounded_warnings(config) == []
     config["workload"]["duration_s"] = 60
     config["workload"]["phase_b"]["overload_guard"] = False

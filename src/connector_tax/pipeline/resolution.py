@@ -5,7 +5,7 @@ time (predict.py). The analysis's own code then gives each predicted cell its ba
 interval and each Phase A tax its delta-method interval, as it will for the real cells; a Phase
 B shape, computed for the baseline only, is judged by the tax of the baseline's cell against
 itself (a zero tax), whose interval is the smallest tax that shape can tell from none. A cell
-too short for batch means (fewer than 5 batches of 10 requests) will have no interval at all:
+with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all:
 its taxes cannot be called, whatever their size, and the plan says so before anything runs.
 
 The predicted cells carry what the profile models (the engine, the API server's delays), not the
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis import build
-from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH
+from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES
 from connector_tax.analysis.quantiles import ratio_minus_one
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import read_summary
 
 METRICS = (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))
-NEED = MIN_BATCHES * MIN_PER_BATCH  # requests a cell's p90 needs for any interval
+NEED = MIN_P90_SAMPLES  # requests a cell's latency p90 needs for any interval (analysis/launch_intervals.py)
 
 
 def floor_for(rate: float) -> int:
@@ -140,7 +140,9 @@ def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) ->
         for name, _ in METRICS:
             v = e[name]
             if v["half_width"] is None:
-                parts.append(f"{name} no interval ({v['requests'] or 0} requests in a cell; batch means need {need})")
+                parts.append(
+                    f"{name} no interval ({v['requests'] or 0} requests in a cell; a p90 interval needs {need})"
+                )
             else:
                 tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
                 parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
