@@ -47,10 +47,11 @@ def main() -> int:
     seen = rehearse(folder, launch_s=args.launch_s)
     predicted, phases, whole = seen["planned_wall_s"], seen["measured_phases_s"], seen["measured_all_s"]
     print(f"command: {seen['command']}")
-    print(table(seen["rows"]))
+    print(table(seen["first"]))
     print(
         f"wall time: ctax plan predicted {predicted:.0f} s; measured {phases:.0f} s to the last phase job's end "
-        f"({(predicted - phases) / phases:+.0%}), {whole:.0f} s for the whole command (analysis included)"
+        f"({(predicted - phases) / phases:+.0%}), {whole:.0f} s for the whole command (analysis included); "
+        f"the same command again, for the cell the crash cut short: {seen['rerun_s']:.0f} s"
     )
     if args.json:
         doc = {k: v for k, v in seen.items() if k not in ("host", "stdout", "stderr")}
