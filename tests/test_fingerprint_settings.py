@@ -13,7 +13,7 @@ changed every cell's entry on purpose (a cell's settings carry its common-random
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
 config without it keeps its entries (an unset rt_priority is not hashed). Issue 37 changed the H20
-study's cells on purpose (a 160 s floor that bounds its long-context cells, and the tax-precision
+study's cells on purpose (a 210 s floor that bounds its long-context cells, and the tax-precision
 plan); no launch entry changed.
 """
 

@@ -129,7 +129,7 @@ def _plan(args: argparse.Namespace) -> int:
             return 1
         estimates, notes = plan_study(study, layout, timing=timing, launch_s=args.launch_s)
         resolved = resolution(layout.root)
-        unbounded = unbounded_cells(layout.root, resolved)
+        unbounded = unbounded_cells(layout.root, resolved, study.baseline)
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.raw['sim']['hardware_profile']} (hand-set)"
     if profile is not None:

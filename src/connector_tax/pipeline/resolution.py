@@ -55,11 +55,10 @@ def unbounded_warnings(config: dict[str, Any]) -> list[str]:
     ]
 
 
-def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]]) -> list[str]:
-    """From a prediction (`ctax plan --predict`): the predicted cells with no interval, why, and
-    the setting that would give each one NEED requests."""
+def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: str) -> list[str]:
+    """From a prediction (`ctax plan --predict`; `entries` its resolution()): the predicted Phase B
+    cells with no interval, why, and the setting that would give each one NEED requests."""
     layout = StudyLayout(Path(results_dir))
-    baseline = build(Path(results_dir))["aggregate"].get("baseline")
     out = []
     for e in entries:
         if not e["at"].startswith("phase_b") or all(e[name]["half_width"] is not None for name, _ in METRICS):
@@ -69,11 +68,13 @@ def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]]) -> list[st
         rate, floor = summary.get("rate"), summary.get("duration_s")
         requests = min(e[name]["requests"] or 0 for name, _ in METRICS)
         why = summary.get("stop_reason") or "too few requests"
-        fix = (
-            f"workload.duration_s: {floor_for(rate)} (it ends at its {floor:g} s floor)"
-            if rate and floor and "floor" in why
-            else f"workload.min_completed: {NEED}"
-        )
+        if rate and floor and "floor" in why:
+            # As many more seconds as requests are missing, at the rate this saturated cell
+            # completed them (requests still queued at the floor are lost to the drain).
+            need = floor * (NEED + 2 * math.sqrt(NEED)) / max(requests, 1)
+            fix = f"workload.duration_s: {max(floor_for(rate), int(math.ceil(need / 10.0) * 10))} (it ends at its {floor:g} s floor)"
+        else:
+            fix = f"workload.min_completed: {NEED}"
         out.append(f"{e['at']}: {requests} requests ({why}); to bound it: {fix}")
     return out
 
