@@ -2,7 +2,6 @@
 
     nvidia-smi --query-gpu=index,pci.bus_id,memory.used,memory.total --format=csv,noheader,nounits
     nvidia-smi [-i N] -L
-    nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader,nounits
 
 Anything else: exit 2 with a line naming it, so a new query the code makes fails loudly here.
 """
@@ -44,11 +43,6 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             for d in gpus:
                 print(", ".join(FIELDS[n](d, doc) for n in names))
-            return 0
-        if any(a.startswith("--query-compute-apps=") for a in argv):
-            for h in doc["holders"]:
-                d = fakegpu.device(doc, h["gpu"])
-                print(f"{d['bus_id'] if d else '?'}, {h.get('pid') or 0}, {h['mib']}")
             return 0
     print(f"fake nvidia-smi: unsupported arguments {argv}", file=sys.stderr)
     return 2
