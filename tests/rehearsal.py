@@ -124,10 +124,14 @@ def _kill_mid_phase(host, results: Path, stop: threading.Event, killed: list) ->
             continue
         if not any(c["status"] == "complete" for c in doc["cells"]):
             continue
-        holder = next((h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid")), None)
-        if holder is not None:
-            os.kill(holder["pid"], signal.SIGKILL)
-            killed.append(holder)
+        host.free("none")  # ages the holders: a server gone since has its gone_at
+        live = [h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid") and not h.get("gone_at")]
+        if live:
+            try:
+                os.kill(live[-1]["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # it ended on its own meanwhile: wait for the next one
+            killed.append(live[-1])
             return
 
 
