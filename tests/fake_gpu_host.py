@@ -94,6 +94,12 @@ class FakeGpuHost:
         finally:
             sys.path.remove(str(HERE))
 
+    def holders(self) -> list[dict[str, Any]]:
+        """Who holds memory now, those gone since the last look marked with their gone_at."""
+        out: list[dict[str, Any]] = []
+        self._edit(lambda doc: out.extend(doc["holders"]))
+        return out
+
     def hold(self, gpu: str, mib: int, pid: int | None = None, variant: str = "(foreign)") -> None:
         """A process outside the study holding `mib` on `gpu` (until free(), or its pid's end)."""
         self._edit(lambda doc: doc["holders"].append({"gpu": gpu, "mib": mib, "pid": pid, "variant": variant}))

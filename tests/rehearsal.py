@@ -124,8 +124,7 @@ def _kill_mid_phase(host, results: Path, stop: threading.Event, killed: list) ->
             continue
         if not any(c["status"] == "complete" for c in doc["cells"]):
             continue
-        host.free("none")  # ages the holders: a server gone since has its gone_at
-        live = [h for h in host.state()["holders"] if h["variant"] == CRASHED and h.get("pid") and not h.get("gone_at")]
+        live = [h for h in host.holders() if h["variant"] == CRASHED and h.get("pid") and not h.get("gone_at")]
         if live:
             try:
                 os.kill(live[-1]["pid"], signal.SIGKILL)
