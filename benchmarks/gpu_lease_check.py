@@ -2,6 +2,7 @@
 torch and nvidia-smi, and no vLLM nor package registry (NOT RUN ON A REAL GPU YET).
 
     PYTHONPATH=src python benchmarks/gpu_lease_check.py [--gib 8] [--json OUT]
+    (or `ctax benchmark gpu_lease_check` where the package is installed)
 
 Needs psutil besides torch (serving.lifecycle imports it). Each step prints one line and the
 whole is written as JSON; exit 1 if a check fails. What it checks, on GPU 0:
@@ -18,13 +19,14 @@ whole is written as JSON; exit 1 if a check fails. What it checks, on GPU 0:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from _common import parser, write_json
 
 from connector_tax.serving import topology
 from connector_tax.serving.gpus import gpu_env, gpu_lease, read_gpus, wait_released
@@ -51,11 +53,10 @@ def _holder(gib: float, seconds: float) -> subprocess.Popen[str]:
     return proc
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="gpu_lease_check.py")
-    parser.add_argument("--gib", type=float, default=8.0, help="memory the foreign process holds (default 8)")
-    parser.add_argument("--json", metavar="OUT", help="also write the results here")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument("--gib", type=float, default=8.0, help="memory the foreign process holds (default 8)")
+    args = p.parse_args(argv)
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     out: dict = {"checks": {}}
     checks = out["checks"]
@@ -101,9 +102,7 @@ def main() -> int:
     print(f"5. clean exit: memory back after {out['released_after_exit_s']} s")
 
     print(json.dumps(out, indent=1, default=str))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1, default=str)
+    write_json(args.json, out)
     return 0 if all(checks.values()) else 1
 
 

@@ -4,19 +4,19 @@ GPU, CPUs, NUMA node) from each run.json, and the wall time the plan predicted b
 measured one (the phases: from the command's start to the last phase job's end; and the whole
 command, analysis included, which the plan does not estimate).
 
-    python benchmarks/gpu_rehearsal.py [--out DIR] [--launch-s S] [--json FILE]
+    ctax benchmark gpu_rehearsal [--out DIR] [--launch-s S] [--json FILE]
 
---launch-s: the plan's start-up per launch (ctax plan --launch-s); default the plan's own
-(vLLM's 150 s, far from the stand-in's seconds), so pass what the stand-in takes on the host.
+--launch-s: the plan's start-up per launch (ctax plan --launch-s); by default it is timed here
+first, eight stand-in launches at once, as the command starts them (tests/rehearsal.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
+
+from _common import parser, write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -36,26 +36,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="gpu_rehearsal.py")
-    parser.add_argument("--out", help="keep the rehearsal here (default: a temporary folder)")
-    parser.add_argument("--launch-s", type=float, help="the plan's start-up per launch, seconds")
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    folder = Path(args.out or tempfile.mkdtemp(prefix="ctax-rehearsal-"))
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument("--out", type=Path, help="keep the rehearsal here (default: a temporary folder)")
+    p.add_argument("--launch-s", type=float, help="the plan's start-up per launch, seconds (default: timed here)")
+    args = p.parse_args(argv)
+    folder = args.out or Path(tempfile.mkdtemp(prefix="ctax-rehearsal-"))
     folder.mkdir(parents=True, exist_ok=True)
     seen = rehearse(folder, launch_s=args.launch_s)
     predicted, phases, whole = seen["planned_wall_s"], seen["measured_phases_s"], seen["measured_all_s"]
     print(f"command: {seen['command']}")
+    print(f"ctax plan --launch-s {seen['launch_s']:.1f} (eight stand-in launches at once, timed here)")
     print(table(seen["first"]))
     print(
         f"wall time: ctax plan predicted {predicted:.0f} s; measured {phases:.0f} s to the last phase job's end "
         f"({(predicted - phases) / phases:+.0%}), {whole:.0f} s for the whole command (analysis included); "
         f"the same command again, for the cell the crash cut short: {seen['rerun_s']:.0f} s"
     )
-    if args.json:
-        doc = {k: v for k, v in seen.items() if k not in ("host", "stdout", "stderr")}
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+    write_json(args.json, {k: v for k, v in seen.items() if k not in ("host", "stdout", "stderr", "config")})
     return 0
 
 
