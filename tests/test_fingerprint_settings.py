@@ -21,6 +21,8 @@ the CPU studies' four Mooncake variants) changed their launch entries on purpose
 Moving the CPU study's (and its held-out twin's) lmcache_only and multi_mooncake_lmcache to
 LMCache's multi-process mode changed their launch entries on purpose and added the H20 study's
 two MP variants; `vllm.lmcache_mp` is hashed only for variants that use it.
+The H20 study's cells changed on purpose (a 210 s floor that bounds its long-context cells, and
+the tax-precision plan); no launch entry changed.
 """
 
 from __future__ import annotations

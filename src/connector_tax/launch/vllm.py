@@ -83,6 +83,13 @@ PORTS_PER_LAUNCH = 3
 
 HMA_FLAG = "--disable-hybrid-kv-cache-manager"
 
+# vllm.mooncake.device_name: auto hands the choice of NIC to Mooncake: vLLM passes device_name ""
+# to TransferEngine.initialize, whose topology discovery (auto_discover, on in its Python
+# binding) ranks every RDMA device by PCIe distance to each buffer's memory and prefers the nearest
+# for each GPU. One setting for every job, wherever it lands: a per-GPU map would put the GPU in
+# the launch argv, so in every cell's fingerprint.
+MOONCAKE_AUTO = "auto"
+
 _LMCACHE_DEFAULT_ENV = {
     "LMCACHE_CHUNK_SIZE": "256",
     "LMCACHE_LOCAL_CPU": "True",
@@ -180,7 +187,7 @@ def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
             "device, e.g. mlx5_0; on a host without RDMA set vllm.mooncake.protocol: tcp",
         )
     out = {"mooncake_protocol": protocol}
-    if mooncake.get("device_name"):
+    if mooncake.get("device_name") and mooncake["device_name"] != MOONCAKE_AUTO:
         out["device_name"] = mooncake["device_name"]
     return out
 
@@ -198,6 +205,8 @@ def mooncake_transport(config: dict[str, Any], variant: dict[str, Any]) -> str |
                 {k: v for k, v in (c.get("extra_config") or {}).items() if k in ("mooncake_protocol", "device_name")}
             )
     device = defaults.get("device_name")
+    if defaults["mooncake_protocol"] == "rdma" and not device:
+        device = "auto: Mooncake's topology discovery, the NIC nearest each GPU"
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 

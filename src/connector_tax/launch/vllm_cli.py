@@ -190,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--log-dir", type=Path, required=True)
     p.add_argument("--ports-file", type=Path, required=True)
+    p = sub.add_parser(
+        "wait-released",
+        help="wait until a GPU's memory is released for a config's launch (vLLM's start-up check); "
+        "print the seconds waited, or exit 1 with one line",
+    )
+    p.add_argument("config")
+    p.add_argument("name")
+    p.add_argument("--gpu", required=True)
 
     p = sub.add_parser("step-timing", help="JSON: is step timing available for a step log")
     p.add_argument("step_log")
@@ -243,6 +251,17 @@ def main(argv: list[str] | None = None) -> int:
             print(reason)
         elif args.command == "sidecars":
             return run_sidecars(load_config(args.config), args.name, args.log_dir, args.ports_file)
+        elif args.command == "wait-released":
+            from connector_tax.config.merge import merged_server
+            from connector_tax.serving.gpus import wait_released
+
+            config = load_config(args.config)
+            need = merged_server(config, find_variant(config, args.name))["gpu_memory_utilization"]
+            try:
+                print(f"{wait_released(args.gpu, float(need)):.1f}")
+            except RuntimeError as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 1
         elif args.command == "step-timing":
             ok, reason = step_timing_status(args.step_log, args.has_connector)
             print(json.dumps({"step_timing_available": ok, "reason": reason}))

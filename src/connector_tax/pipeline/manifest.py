@@ -18,7 +18,7 @@ from connector_tax.atomic import write_atomic
 from connector_tax.config import LAUNCH_PHASES, launch_label, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
-from connector_tax.contract.records import connector_packages
+from connector_tax.contract.records import connector_packages, connector_version
 from connector_tax.pipeline.provenance import (
     git_sha,
     gpu_description,
@@ -131,11 +131,9 @@ def _versions(index: PhaseIndex | None, config: dict[str, Any]) -> dict[str, Any
         vllm = f"{config['vllm_version']} (configured; not found: {found.get('error', 'no vllm')})"
     return {
         "vllm_version": vllm or "",
-        "mooncake_version": found.get("mooncake-transfer-engine")
-        or found.get("mooncake-transfer-engine-non-cuda")
-        or "",
-        "nixl_version": found.get("nixl") or "",
-        "lmcache_version": found.get("lmcache") or "",
+        "mooncake_version": connector_version(found, "mooncake"),
+        "nixl_version": connector_version(found, "nixl"),
+        "lmcache_version": connector_version(found, "lmcache"),
         "torch_version": found.get("torch") or "",
         "server_versions": json.dumps(found, sort_keys=True),
         "connector_packages": connector_packages(found),

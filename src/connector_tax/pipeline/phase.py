@@ -43,7 +43,6 @@ from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_t
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
-from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
 from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
@@ -113,11 +112,10 @@ def _final_status(index: PhaseIndex) -> str:
 def run_phase(
     config_path: str, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
 ) -> PhaseIndex:
-    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all.
-    replicate: which of the study's workload.replicates launches of this variant and phase."""
-    with cpu_lease(cpus) as leased:
-        index = _run_phase(config_path, name, launch_phase, leased, replicate)
-    return index
+    """cpus: lease that many CPUs of the host for this job (it has neighbours), near its GPU, once
+    it launches a server (runners.ServerRunner); None: use all. replicate: which of the study's
+    workload.replicates launches of this variant and phase."""
+    return _run_phase(config_path, name, launch_phase, cpus, replicate)
 
 
 def _pruner(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex):
@@ -172,9 +170,7 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
     return check
 
 
-def _run_phase(
-    config_path: str, name: str, launch_phase: str, leased: list[int] | None, replicate: int = 1
-) -> PhaseIndex:
+def _run_phase(config_path: str, name: str, launch_phase: str, cpus: int | None, replicate: int = 1) -> PhaseIndex:
     study = load_study(config_path)
     config = study.raw
     variant = find_variant(config, name)
@@ -199,7 +195,6 @@ def _run_phase(
         run_order=[launch_label(n, r) for n, r in launch_order(study, launch_phase)],
         replicate=replicate,
         server_versions=plan.launch["server_versions"],
-        cpus_leased=leased,
         placement=placement_record(),
         served_by=served_by(config, plan.launch["server_versions"]),
         mooncake_transport=mooncake_transport(config, variant),
@@ -233,7 +228,9 @@ def _run_phase(
     write_atomic(folder.env_txt, env_text(study.backend, plan.launch["server_versions"]))
     index.write(folder.index)
     runner = (
-        VirtualRunner(config, variant) if virtual_clock(config) else ServerRunner(config_path, config, variant, folder)
+        VirtualRunner(config, variant)
+        if virtual_clock(config)
+        else ServerRunner(config_path, config, variant, folder, cpus)
     )
     try:
         measure(

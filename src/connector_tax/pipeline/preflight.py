@@ -19,13 +19,15 @@ from typing import Any
 import httpx
 
 from connector_tax.atomic import write_json
-from connector_tax.config import find_variant, load_study
+from connector_tax.config import ConfigError, find_variant, load_study
+from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
+from connector_tax.launch.hostcheck import check_host
 from connector_tax.pipeline.plan import launch_digest
-from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
@@ -68,6 +70,14 @@ def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
         watchdog.release()
 
 
+def _on_gpu(gpu: Gpu | None, config: dict[str, Any], variant: dict[str, Any]) -> dict[str, str]:
+    """The environment of a launch on `gpu`, once its memory is released (serving.gpus)."""
+    if gpu is None:
+        return {}
+    wait_released(gpu.index, float(merged_server(config, variant).get("gpu_memory_utilization") or 0.0))
+    return gpu_env(gpu.index)
+
+
 def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     host = config["server"]["host"]
@@ -75,7 +85,7 @@ def run_gate(config_path: str, config: dict[str, Any], name: str, script: Path, 
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=device(config)) as gpu:
-            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+            env = {**os.environ, **_on_gpu(gpu, config, find_variant(config, name))}
             run_group(argv, env, timeout_s=ready_timeout_s(config, find_variant(config, name)) + 300)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -205,8 +215,7 @@ def _readiness(config_path: str, config: dict[str, Any], name: str, log_dir: Pat
     started = time.monotonic()
     try:
         with gpu_lease(backend, device=device(config)) as gpu:
-            if gpu is not None:
-                spec.env["CUDA_VISIBLE_DEVICES"] = gpu
+            spec.env.update(_on_gpu(gpu, config, variant))
             # Sidecars first (an LMCache MP server): ready before the server starts, stopped after it.
             with Sidecars(spec.sidecars, log_dir) as sidecars, ServerProcess(spec, url, log_dir) as server:
                 server.wait_ready(ready_timeout_s(config, variant), sidecars.failure)
@@ -262,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         study = load_study(args.config)
         config = study.raw
+        try:  # what this host would fail on minutes into every launch, refused before the first
+            check_host(config)
+        except ConfigError as exc:
+            print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
+            return 2
         out = Path(args.out)
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)

