@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL, REPO, running_sim  # noqa: E402
+from test_loadgen_urls import ran  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
 from connector_tax.loadgen import cli as bench_cli  # noqa: E402
@@ -28,7 +29,8 @@ NUM = r"\d+(?:\.\d+)?"
 SUMMARY_LINE = re.compile(
     rf"(?P<cell>\S+): ok=(?P<ok>\d+) err=(?P<err>\d+) timeout=(?P<timeout>\d+) dropped=(?P<dropped>\d+) "
     rf"achieved=(?P<achieved>{NUM})/s TTFT p50/p90/p99=(?P<ttft>{NUM})/{NUM}/{NUM} ms "
-    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us \[(?P<valid>valid|INVALID: .+)\]"
+    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us "
+    rf"server tokens in/out=(?P<tokens>\d+/\d+|-/-|unchecked \(no usage\)) \[(?P<valid>valid|INVALID: .+)\]"
 )
 PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_flight=\d+ ttft_p50_ms=(\d+\.\d|-)")
 
@@ -67,7 +69,7 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
             str(out),
         ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # a bail-out
-    assert proc.returncode == 0, proc.stderr
+    assert ran(proc), proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2, proc.stdout
     cells = ["r20-64x8", "r40-64x8"]
@@ -251,6 +253,16 @@ def test_unwritable_out_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
         rc = exc.code
     err = capsys.readouterr().err.splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"ctax bench: --out: cannot create '{blocker / 'sub'}'")
+
+
+def test_nothing_listening_is_one_line_before_any_cell(tmp_path: Path) -> None:
+    # The user's first try against a wrong port: said at once, nothing measured, exit 2.
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", "http://127.0.0.1:1", "--model", "x"]
+    cmd += ["--rate", "1", "--duration", "1", "--out", str(tmp_path / "x")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "ctax bench: --url: nothing answers at http://127.0.0.1:1 (connection refused)\n"
+    assert not list((tmp_path / "x").glob("summary_*"))
 
 
 def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:

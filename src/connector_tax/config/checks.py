@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 
 from connector_tax.config.cells import check_labels
@@ -115,6 +116,18 @@ def add_aa_control(config: dict) -> None:
             prime["variants"].append(variant["name"])
 
 
+TOKENIZER_MODES = ("auto", "server", "usage")  # how text prompts are sized; anything else is a file
+
+
+def tokenizer_problem(tokenizer: str) -> str | None:
+    """What is wrong with a `tokenizer` setting, or None (a file's content is the reader's to judge)."""
+    if tokenizer in TOKENIZER_MODES or os.path.isfile(tokenizer):
+        return None
+    if os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
+        return None
+    return f"{tokenizer!r} is not {', '.join(TOKENIZER_MODES)}, a tokenizer.json file or a folder holding one"
+
+
 def check_semantics(config: dict) -> None:
     first_index: dict[str, int] = {}
     for i, variant in enumerate(config["variants"]):
@@ -154,6 +167,10 @@ def check_semantics(config: dict) -> None:
                     "workload.replicates",
                     f"variant {name!r} would share its jobs' names with replicate {m.group(2)} of {m.group(1)!r}",
                 )
+
+    problem = tokenizer_problem(workload["tokenizer"])
+    if problem:
+        raise ConfigError("workload.tokenizer", problem)
 
     if config["backend"] == "openai" and "url" not in config.get("openai", {}):
         raise ConfigError("openai.url", "required when backend is openai")

@@ -90,6 +90,7 @@ class Validity:
     max_unissued: int
     max_overrun_ms: float
     max_unmatched: int
+    max_prompt_token_error: float
     max_others_cpu_frac: float
     max_steal_frac: float
     attempts: int

@@ -39,6 +39,9 @@ class RequestRecord:
     # says the two disagreed (a server may put several tokens in one chunk: recorded, not an error).
     usage_completion_tokens: int | None = None
     token_mismatch: bool = False
+    # The server's usage.prompt_tokens alone (prompt_tokens falls back to the requested length):
+    # None when the server sent no usage. Checked against the cell (usage.py).
+    usage_prompt_tokens: int | None = None
 
     def line(self) -> bytes:
         return _encode(self) + b"\n"

@@ -78,6 +78,7 @@ def loadgen_options(config: dict[str, Any], url: str) -> LoadgenOptions:
         model=config["model"].get("served_name") or config["model"]["name"],
         endpoint=workload["endpoint"],
         prompt=workload["prompt"],
+        tokenizer=workload["tokenizer"],
         temperature=workload["temperature"],
         ignore_eos=workload["ignore_eos"],
         inflight_cap=workload["inflight_cap"],
