@@ -53,6 +53,7 @@ ELSEWHERE = {
     "snakemake --cores 8 --resources gpu=8 all --configfile configs/h20-qwen3-coder.yaml": "needs eight GPUs; its dry run is checked here (test_the_gpu_plan)",
     "ctax benchmark loadgen_peers --only cpu …": "a benchmark: minutes of a quiet host, run by hand (docs/performance.md has its runs)",
     "ctax benchmark loadgen_peers --only heavy": "a benchmark: minutes of a quiet host, run by hand (docs/performance.md has its runs)",
+    "ctax benchmark engine_accuracy --seconds 60 --repeats 3": "a benchmark against the CPU vLLM: 20 minutes of a quiet host, run by hand (docs/performance.md)",
     "ctax pipeline STEP …": "a pattern in prose, not a command",
     "ctax calibrate": "a name in prose, not a command (docs/calibration.md; tests/test_calibrate_study.py runs it)",
     "ctax sim": "a name in prose, not a command (tests/sim_api runs the simulator's server)",
