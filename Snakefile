@@ -4,3 +4,12 @@
 # it); profiles/ links to workflow/profiles because Snakemake looks for the default profile next
 # to the Snakefile it runs (its rerun-incomplete lets an interrupted study resume).
 include: "workflow/Snakefile"
+
+
+# `include:` keeps the including file's default target, and this file had none: a bare
+# `snakemake` did nothing and `snakemake --report` died on an empty DAG (Snakemake 9.27). The
+# workflow's own target, named again here.
+rule default:
+    default_target: True
+    input:
+        rules.all.input,

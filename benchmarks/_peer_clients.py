@@ -258,6 +258,7 @@ def run_guidellm(
         "lateness_us": late,
         "ttft_ms": ttft,
         "error_sample": _error_of(errored[0]) if errored else None,
+        "metrics": b["metrics"],  # its own statistics (engine_accuracy reads TTFT and TPOT there)
     }
 
 
@@ -335,7 +336,10 @@ def run_aiperf(
         failed = rec.get("error") or (rec.get("metadata") or {}).get("error")
         errored += bool(failed)
         ok += not failed
-    return {"ok": ok, "errored": errored}
+    # Its own statistics (engine_accuracy reads TTFT and inter-token latency there).
+    aggregates = sorted((work / "artifacts").rglob("profile_export_aiperf.json"))
+    aggregate = json.loads(aggregates[0].read_text()) if aggregates else {}
+    return {"ok": ok, "errored": errored, "aggregate": aggregate}
 
 
 def find_aiperf(a: argparse.Namespace) -> tuple[Path | None, str]:

@@ -7,17 +7,19 @@ index is only handed to `current_platform.set_device`, which on vLLM's CPU platf
 `torch.cpu.set_device` (a no-op). So on such a host the guard makes that one call return 0, for
 the duration of that constructor only; nothing else in the process sees a changed torch.
 
-Active only when both hold:
-* the launch asked for it: $CONNECTOR_TAX_MOONCAKE_CPU_GUARD=1, which the project sets for
-  backend vllm with `vllm.device: cpu` and a Mooncake connector (connector_tax.launch.vllm_cpu);
+It is the declared intervention `mooncake_cpu_guard` (patches/interventions/), active only when
+both hold:
+* the variant declares it (`interventions: [mooncake_cpu_guard]`; the config check requires it
+  for a Mooncake connector on a CPU host), so the launch names it in
+  $CONNECTOR_TAX_INTERVENTIONS and the site hook calls install();
 * torch says, at the moment the worker is built, that no accelerator is available
   (`torch.accelerator.is_available()` is False). With an accelerator the constructor runs
-  untouched, whatever the variable says.
+  untouched, whatever the variant declares.
 
 Each time it acts it writes one line to stderr (the server log) and, with a step log, a JSON
 file `<base>.guards.<pid>.json` (the evidence the tests read). Every output of the study
-discloses it with DISCLOSURE (connector_tax.launch.vllm_cpu keeps an equal copy; a test checks).
-Imports nothing from connector_tax, and vLLM only through the post-import hook.
+discloses it with DISCLOSURE (connector_tax.config.interventions keeps an equal copy; a test
+checks). Imports nothing from connector_tax, and vLLM only through the post-import hook.
 """
 
 from __future__ import annotations
@@ -31,17 +33,14 @@ from typing import Any
 
 from patches.import_hook import PostImportFinder
 
-GUARD_ENV = "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"
+NAME = "mooncake_cpu_guard"
 MOONCAKE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 WORKER_CLASS = "MooncakeConnectorWorker"
 DISCLOSURE = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
+DISCLOSURES = {NAME: DISCLOSURE}
 _STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"  # = patches.targets.STEP_LOG_ENV
 
 _FINDER: PostImportFinder | None = None
-
-
-def requested(environ: dict[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(GUARD_ENV) == "1"
 
 
 def accelerator_available(torch: Any) -> bool:
@@ -112,11 +111,14 @@ def _hook(module: Any) -> None:
         sys.stderr.write(f"connector-tax: Mooncake CPU guard not applied: {exc!r}\n")
 
 
-def install(environ: dict[str, str] | None = None) -> bool:
-    """Put the post-import hook in place when the launch asked for the guard. Idempotent."""
+def install(name: str = NAME) -> bool:
+    """Put the post-import hook in place (the site hook calls it for a variant that declares the
+    guard). Idempotent."""
     global _FINDER
-    if not requested(environ) or _FINDER is not None:
-        return _FINDER is not None
+    if name != NAME:
+        raise ValueError(f"not the Mooncake CPU guard: {name!r}")
+    if _FINDER is not None:
+        return True
     if MOONCAKE_MODULE in sys.modules:
         _hook(sys.modules[MOONCAKE_MODULE])
     _FINDER = PostImportFinder({MOONCAKE_MODULE: _hook})

@@ -22,6 +22,9 @@ TIERS = {
     "vllm_cpu": "real vLLM on this host's CPU: CONNECTOR_TAX_VLLM_PYTHON=... pytest -m vllm_cpu",
     "contention": "the default study beside a CPU hog: pytest -m contention",
     "slurm": "the study on a local SLURM: bash tools/slurm_local.sh start --gpus 2, then pytest -m slurm",
+    "rehearsal": "an 8-GPU host rehearsed without a GPU: pytest -m rehearsal",
+    "gpu_env": "the GPU environment installed into a fresh venv (several GB): pytest -m gpu_env",
+    "frontdoor": "the README's commands from a fresh clone: pytest -m frontdoor (pip install -e '.[browser]' and chromium)",
 }
 
 

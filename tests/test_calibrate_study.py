@@ -115,6 +115,21 @@ def test_the_check_of_a_study_against_the_profile_that_made_it_finds_no_error(kn
             assert cell[metric]["error"] == pytest.approx(0.0, abs=1e-9), (cell["cell"], metric)
     assert result["taxes"] and all(t["difference"] == pytest.approx(0.0, abs=1e-9) for t in result["taxes"])
     assert result["summary"]["goals_met"] == {"ttft_p90": True, "tpot_p90": True, "taxes": True}
+    # the anchors' measure: the means replay exactly; the step model at each step's own batch is
+    # the profile's (within what the reconstructed context tokens and KV blocks miss)
+    for cell in result["cells"]:
+        for metric in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"):
+            assert cell["means"][metric]["error"] == pytest.approx(0.0, abs=1e-9), (cell["cell"], metric)
+    judged = [c for c in result["compositions"] if c["judged"]]
+    assert len(judged) >= 4 and sum(c["steps"] for c in judged) >= 2000
+    assert all(abs(c["error"]) < 0.03 for c in judged), judged
+    assert result["anchors"]["goals_met"] == {
+        "ttft_mean": True,
+        "tpot_mean": True,
+        "step": True,
+        "ttft_p90_inside": True,
+        "tpot_p90_inside": True,
+    }
 
 
 def test_the_launch_speed_diagnostic_finds_the_records_at_the_profiles_own_speed(known):

@@ -5,11 +5,14 @@ quantile draws, the least squares' identification rule, and the check's arithmet
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
 import yaml
 
+from connector_tax.calibrate.anchors import request_means
+from connector_tax.calibrate.anchors import summarize as anchor_summary
 from connector_tax.calibrate.check import compare_row, compare_taxes, summarize
 from connector_tax.calibrate.regress import fit_terms
 from connector_tax.config import ConfigError, validate_config
@@ -270,3 +273,50 @@ def test_the_checks_arithmetic_against_a_hand_computed_case():
     assert summary["median_abs_error"]["ttft_p90_ms"] == pytest.approx(0.14)
     assert summary["goals_met"] == {"ttft_p90": False, "tpot_p90": False, "taxes": False}
     assert summary["median_abs_error"]["throughput_rps"] == pytest.approx(0.025)  # |-5 %| and 0
+
+
+def test_the_anchors_means_and_goals_against_a_hand_computed_case(tmp_path):
+    """Means over completed post-warm-up requests (TPOT over the tokens after the first); the
+    summary's shares and goals by hand."""
+    ms = 1_000_000
+    rows = [
+        {"t_send_ns": 0, "t_first_token_ns": 10 * ms, "t_last_token_ns": 40 * ms, "completion_tokens": 4},
+        {"t_send_ns": 0, "t_first_token_ns": 30 * ms, "t_last_token_ns": 30 * ms, "completion_tokens": 1},
+        {
+            "t_send_ns": 0,
+            "t_first_token_ns": 99 * ms,
+            "t_last_token_ns": 999 * ms,
+            "completion_tokens": 2,
+            "warmup": True,
+        },
+        {"t_send_ns": 0, "t_first_token_ns": None, "t_last_token_ns": None, "completion_tokens": 0, "status": "error"},
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps({"warmup": False, "status": "ok", **r}) + "\n" for r in rows))
+    means = request_means(path)
+    assert means["ttft_mean_ms"] == pytest.approx(20.0)  # (10 + 30) / 2
+    assert means["tpot_mean_ms"] == pytest.approx(10.0)  # 30 ms over 3 tokens; the one-token request has none
+    assert means["e2e_mean_ms"] == pytest.approx(35.0)  # (40 + 30) / 2
+    assert request_means(tmp_path / "absent.jsonl") == {k: None for k in means}
+
+    def cell(ttft, tpot, inside):
+        m = {"ttft_mean_ms": {"error": ttft}, "tpot_mean_ms": {"error": tpot}, "e2e_mean_ms": {"error": None}}
+        return {"means": m, "ttft_p90_ms": {"inside": inside}, "tpot_p90_ms": {"inside": None}}
+
+    comps = [
+        {"judged": True, "error": 0.04, "steps": 300},
+        {"judged": True, "error": -0.06, "steps": 500},
+        {"judged": False, "error": 0.5, "steps": 10},
+    ]
+    summary = anchor_summary([cell(0.05, 0.049, True), cell(-0.2, 0.06, False)], comps)
+    assert summary["ttft_mean_within_10pct"] == [1, 2] and summary["tpot_mean_within_5pct"] == [1, 2]
+    assert summary["step_compositions_within_5pct"] == [1, 2] and summary["step_compositions_not_judged"] == 1
+    assert summary["steps_judged"] == 800 and summary["ttft_p90_inside_ci"] == [1, 2]
+    assert summary["median_abs_error"]["ttft_mean_ms"] == pytest.approx(0.125)
+    assert summary["goals_met"] == {
+        "ttft_mean": False,
+        "tpot_mean": False,
+        "step": False,
+        "ttft_p90_inside": False,
+        "tpot_p90_inside": False,  # nothing to judge is not met
+    }

@@ -95,3 +95,22 @@ def test_both_clocks_send_every_variant_the_same_requests(tmp_path):
     other = dataclasses.replace(cell, replicate=2, seed=traffic_seed(study.seed, cell.phase, cell.label, 2))
     assert [t for t, *_ in _real_schedule(other, 20)] != [t for t, *_ in real[:20]]
     assert builder.token_id_list(prompt_key(other.seed, 3), 300) != body["prompt"]
+
+
+def test_a_cell_measured_again_sends_the_same_schedule_with_prompts_of_its_own():
+    """The server's prefix cache holds the first attempt's prompts: sent again, 7 of 8 KV blocks
+    of a 128-token prompt hit and the cell's TTFT falls (a knee hidden, the default study's
+    ref_safe 32). A later attempt keeps the schedule and shapes and draws fresh token ids, on
+    both clocks (the virtual one takes its key from the same function)."""
+    study = _study()
+    cell = planned_cells(study, "plain", PHASE_A, None)[0]
+    again = dataclasses.replace(cell, attempt=2)
+    first, second = _real_schedule(cell, 30), _real_schedule(again, 30)
+    assert [s[:3] for s in first] == [s[:3] for s in second]
+    assert [k for *_, k in first] == [prompt_key(cell.seed, i) for i in range(30)]  # attempt 1: as before
+    builder = BodyBuilder(BodySettings(model="m"), study.seed)
+    for (*_, k1), (*_, k2) in zip(first, second):
+        assert k1 != k2
+        assert builder.token_id_list(k1, 128)[:16] != builder.token_id_list(k2, 128)[:16]  # no first block shared
+    assert again.settings() == cell.settings()  # not a setting: the fingerprint stays
+    assert again.describe()["attempt"] == 2 and "attempt" not in cell.describe()

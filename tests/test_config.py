@@ -158,14 +158,22 @@ def test_h20_study_is_the_design() -> None:
     assert server["gpu_memory_utilization"] == 0.9
     assert config["sim"]["hardware_profile"] == "h20-qwen3-30b-a3b"
     default = load_config(default_config_path())
-    assert config["variants"] == default["variants"]
+    # the design's eight, then LMCache's multi-process mode as variants of its own
+    assert config["variants"][:8] == default["variants"]
+    assert [(v["name"], v["connector"]["type"]) for v in config["variants"][8:]] == [
+        ("lmcache_mp_only", "lmcache_mp"),
+        ("multi_mooncake_lmcache_mp", "multi"),
+    ]
     workload = config["workload"]
     assert workload["phase_a"] == {
         "rates": [0.5, 1, 2, 4, 8, 16, 32],
         "shape": {"input": 4096, "output": 256},
         "prune_after_knee": True,
     }
-    assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 60, 200)
+    # The design's warm-up and 200 requests; its 60 s floor raised to 210 s so the long-context
+    # cells are bounded, and the tax-precision plan (the header says why)
+    assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 210, 200)
+    assert (workload["precision"]["of"], workload["precision"]["target"]) == ("tax", 0.05)
     assert workload["inflight_cap"] == 256
     assert (workload["temperature"], workload["ignore_eos"], workload["prompt"]) == (0, True, "token_ids")
     assert workload["phase_b"] == {
@@ -484,7 +492,7 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     (
         "invalid connector type",
         _set("variants.2.connector.type", "mooncakes"),
-        "variants[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, multi, custom",
+        "variants[2].connector.type: 'mooncakes' is not one of noop, mooncake, nixl, lmcache, lmcache_mp, multi, custom",
     ),
     (
         "invalid connector role",

@@ -154,6 +154,7 @@ class ScriptedRunner:
     def __init__(self, script: dict[str, list[CellSummary]]) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.runs: list[str] = []
+        self.attempts: list[int] = []
 
     def __enter__(self) -> ScriptedRunner:
         return self
@@ -168,6 +169,7 @@ class ScriptedRunner:
 
     def run(self, cell, staging, t0_ns, precision, give_up, waiting):  # noqa: ANN001
         self.runs.append(cell.label)
+        self.attempts.append(cell.attempt)
         summary = msgspec.convert(msgspec.to_builtins(self.script[cell.label].pop(0)), CellSummary)  # a copy
         staging.requests.write_text('{"request_id": "x"}\n')
         write_summary(staging.summary, summary)
@@ -240,6 +242,7 @@ def test_criterion_3_alone_is_measured_once_more(tiny) -> None:
 
     runner = _run(tiny, {"r4": [quiet, quiet], "r8": [quiet, quiet]}, suspect)
     assert runner.runs == ["r4", "r4", "r8", "r8"] and calls == ["r4", "r8"]  # once per cell, not again
+    assert runner.attempts == [1, 2, 1, 2]  # the runner is told which: a later attempt's prompts are fresh
     _, _, layout, _ = tiny
     aside = sorted(p.name for p in layout.phase("plain", PHASE_A).superseded_root.iterdir())
     assert all(".ttft-growth-1." in n for n in aside)

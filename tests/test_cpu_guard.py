@@ -1,8 +1,8 @@
 """The Mooncake CPU guard (patches/cpu_guard.py): vLLM's MooncakeConnectorWorker asks
 torch.accelerator.current_device_index(), which raises on a host without an accelerator. The guard
 answers 0 there, only inside that constructor, only when torch says no accelerator is available,
-and only for launches that asked for it (backend vllm on CPU with a Mooncake connector). It must
-never act where an accelerator exists."""
+and only for variants that declare it (the intervention `mooncake_cpu_guard`, which the config
+check requires for a Mooncake connector on CPU). It must never act where an accelerator exists."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from connector_tax.config import find_variant, load_config
-from connector_tax.launch import vllm_cpu
+from connector_tax.config.interventions import INTERVENTIONS_ENV, REGISTRY
 from connector_tax.launch.vllm import vllm_env, workarounds
 from patches import cpu_guard
 
@@ -69,18 +69,19 @@ def test_with_an_accelerator_the_guard_never_acts():
     assert cpu_guard.accelerator_available(broken) and cpu_guard.accelerator_available(types.SimpleNamespace())
 
 
-def test_the_launch_asks_for_it_only_on_cpu_with_a_mooncake_connector():
+def test_the_launch_asks_for_it_only_for_the_variants_that_declare_it():
     cpu = load_config(CPU)
     for name in ("mooncake_producer", "mooncake_consumer", "mooncake_both", "multi_mooncake_lmcache"):
+        assert find_variant(cpu, name)["interventions"] == [cpu_guard.NAME]  # the CPU study declares it
         env = vllm_env(cpu, find_variant(cpu, name), 8000)
-        assert env[cpu_guard.GUARD_ENV] == "1" and str(REPO / "patches" / "site") in env["PYTHONPATH"]
+        assert env[INTERVENTIONS_ENV] == cpu_guard.NAME and str(REPO / "patches" / "site") in env["PYTHONPATH"]
         assert workarounds(cpu, find_variant(cpu, name)) == [cpu_guard.DISCLOSURE]
     for name in ("plain", "noop_connector", "nixl_both", "lmcache_only"):
-        assert cpu_guard.GUARD_ENV not in vllm_env(cpu, find_variant(cpu, name), 8000)
+        assert INTERVENTIONS_ENV not in vllm_env(cpu, find_variant(cpu, name), 8000)
         assert workarounds(cpu, find_variant(cpu, name)) == []
-    gpu = load_config(GPU)  # a GPU host: never, Mooncake or not
+    gpu = load_config(GPU)  # a GPU study declares none: never, Mooncake or not
     for variant in gpu["variants"]:
-        assert cpu_guard.GUARD_ENV not in vllm_env(gpu, variant, 8000) and workarounds(gpu, variant) == []
+        assert INTERVENTIONS_ENV not in vllm_env(gpu, variant, 8000) and workarounds(gpu, variant) == []
     # the site hook is on the path for the guard even when step timing is off
     quiet = copy.deepcopy(cpu)
     quiet["vllm"]["step_timing"] = False
@@ -88,9 +89,8 @@ def test_the_launch_asks_for_it_only_on_cpu_with_a_mooncake_connector():
     assert str(REPO / "patches" / "site") not in vllm_env(quiet, find_variant(quiet, "plain"), 8000)["PYTHONPATH"]
 
 
-def test_the_disclosure_and_switch_are_the_same_on_both_sides():
-    assert cpu_guard.DISCLOSURE == vllm_cpu.MOONCAKE_GUARD
-    assert cpu_guard.GUARD_ENV == vllm_cpu.MOONCAKE_GUARD_ENV
+def test_the_disclosure_is_the_same_on_both_sides():
+    assert cpu_guard.DISCLOSURE == REGISTRY[cpu_guard.NAME].disclosure
     assert cpu_guard.DISCLOSURE == "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
 
 
@@ -125,9 +125,10 @@ FAKE_TORCH = textwrap.dedent(
 @pytest.mark.parametrize(
     "switch, accelerator, expected",
     [
-        ("1", "0", "0"),  # asked for, no accelerator: the guard answers
-        ("1", "1", "5"),  # asked for, an accelerator: untouched
-        ("0", "0", "RuntimeError"),  # not asked for: vLLM's own failure
+        ("mooncake_cpu_guard", "0", "0"),  # declared, no accelerator: the guard answers
+        ("mooncake_cpu_guard", "1", "5"),  # declared, an accelerator: untouched
+        ("nixl_progress_off", "0", "RuntimeError"),  # another intervention declared: not this one
+        ("", "0", "RuntimeError"),  # none declared: vLLM's own failure
         (None, "0", "RuntimeError"),
     ],
 )
@@ -142,13 +143,13 @@ def test_through_the_site_hook_in_a_fresh_process(tmp_path, switch, accelerator,
         (folder / "__init__.py").touch()
     (tmp_path / "torch.py").write_text(FAKE_TORCH)
     step_log = tmp_path / "steps" / "log.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in (cpu_guard.GUARD_ENV, "CONNECTOR_TAX_STEP_LOG")}
+    env = {k: v for k, v in os.environ.items() if k not in (INTERVENTIONS_ENV, "CONNECTOR_TAX_STEP_LOG")}
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "patches" / "site"), str(tmp_path)]),
         FAKE_ACCELERATOR=accelerator,
     )
     if switch is not None:
-        env[cpu_guard.GUARD_ENV] = switch
+        env[INTERVENTIONS_ENV] = switch
         env["CONNECTOR_TAX_STEP_LOG"] = str(step_log)
     code = (
         "from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m\n"

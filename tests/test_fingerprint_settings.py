@@ -13,6 +13,16 @@ changed every cell's entry on purpose (a cell's settings carry its common-random
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
 config without it keeps its entries (an unset rt_priority is not hashed).
+The default study's `min_completed` 12 -> 64 (a cell too short to bound a p90) changed its cells,
+and the CPU study's `vllm.cpu.service_cpus: "0"` (the server's non-compute threads pinned)
+changed its launches, both on purpose.
+Making the Mooncake CPU guard a declared intervention (`interventions: [mooncake_cpu_guard]` on
+the CPU studies' four Mooncake variants) changed their launch entries on purpose, no cell's.
+Moving the CPU study's (and its held-out twin's) lmcache_only and multi_mooncake_lmcache to
+LMCache's multi-process mode changed their launch entries on purpose and added the H20 study's
+two MP variants; `vllm.lmcache_mp` is hashed only for variants that use it.
+The H20 study's cells changed on purpose (a 210 s floor that bounds its long-context cells, and
+the tax-precision plan); no launch entry changed.
 """
 
 from __future__ import annotations

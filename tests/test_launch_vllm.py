@@ -325,6 +325,7 @@ def test_preflight_scripts_gate_the_design_configs(h20):
         "noop_connector": "verify_noop_connector.sh",
         "mooncake_consumer": "verify_kv_consumer.sh",
         "multi_mooncake_lmcache": "verify_multi_connector.sh",
+        "multi_mooncake_lmcache_mp": "verify_multi_connector.sh",
     }
     for script in plan.values():
         assert script.is_file() and os.access(script, os.X_OK)

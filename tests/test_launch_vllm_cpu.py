@@ -247,6 +247,6 @@ def test_the_cpu_config_is_valid_and_names_every_design_configuration():
     config = load_config(CPU)
     names = [v["name"] for v in config["variants"]]
     h20 = [v["name"] for v in load_config(REPO / "configs" / "h20-qwen3-coder.yaml")["variants"]]
-    assert names == h20
+    assert names == h20[:8]  # the design's eight (the H20 study adds LMCache's MP mode apart)
     assert config["backend"] == "vllm" and config["vllm"]["device"] == "cpu"
     assert json.dumps(config)  # plain data

@@ -18,9 +18,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL, REPO, running_sim  # noqa: E402
+from test_loadgen_urls import ran  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
 from connector_tax.loadgen import cli as bench_cli  # noqa: E402
+from connector_tax.loadgen.flags import OneLineParser  # noqa: E402
 from connector_tax.loadgen.records import read_records  # noqa: E402
 from connector_tax.loadgen.session import Progress  # noqa: E402
 
@@ -28,7 +30,8 @@ NUM = r"\d+(?:\.\d+)?"
 SUMMARY_LINE = re.compile(
     rf"(?P<cell>\S+): ok=(?P<ok>\d+) err=(?P<err>\d+) timeout=(?P<timeout>\d+) dropped=(?P<dropped>\d+) "
     rf"achieved=(?P<achieved>{NUM})/s TTFT p50/p90/p99=(?P<ttft>{NUM})/{NUM}/{NUM} ms "
-    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us \[(?P<valid>valid|INVALID: .+)\]"
+    rf"TPOT p50/p90={NUM}/{NUM} ms lateness p99=(?P<late>{NUM}) us "
+    rf"server tokens in/out=(?P<tokens>\d+/\d+|-/-|unchecked \(no usage\)) \[(?P<valid>valid|INVALID: .+)\]"
 )
 PROGRESS_LINE = re.compile(r"\[(?P<cell>\S+)\] issued=\d+ completed=\d+ in_flight=\d+ ttft_p50_ms=(\d+\.\d|-)")
 
@@ -67,7 +70,7 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
             str(out),
         ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # a bail-out
-    assert proc.returncode == 0, proc.stderr
+    assert ran(proc), proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2, proc.stdout
     cells = ["r20-64x8", "r40-64x8"]
@@ -253,6 +256,16 @@ def test_unwritable_out_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"ctax bench: --out: cannot create '{blocker / 'sub'}'")
 
 
+def test_nothing_listening_is_one_line_before_any_cell(tmp_path: Path) -> None:
+    # The user's first try against a wrong port: said at once, nothing measured, exit 2.
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", "http://127.0.0.1:1", "--model", "x"]
+    cmd += ["--rate", "1", "--duration", "1", "--out", str(tmp_path / "x")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "ctax bench: --url: nothing answers at http://127.0.0.1:1 (connection refused)\n"
+    assert not list((tmp_path / "x").glob("summary_*"))
+
+
 def test_bad_argument_in_a_real_process(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
@@ -282,21 +295,23 @@ def test_the_request_defaults_are_written_once_in_the_schema() -> None:
     from connector_tax.loadgen.options import LoadgenOptions
 
     schema = default_request()
-    parser = bench_cli.OneLineParser(prog="ctax bench")
+    parser = OneLineParser(prog="ctax bench")
     bench_cli.add_bench_arguments(parser)
     flags = vars(parser.parse_args(["--url", "http://127.0.0.1:1", "--model", "m", "--rate", "1"]))
     options = LoadgenOptions(url="http://127.0.0.1:1", model="m")
-    assert (flags["inflight_cap"], flags["timeout"], flags["endpoint"], flags["prompt"]) == (
+    assert (flags["inflight_cap"], flags["timeout"], flags["endpoint"], flags["prompt"], flags["tokenizer"]) == (
         schema.inflight_cap,
         schema.timeout_s,
         schema.endpoint,
         schema.prompt,
+        schema.tokenizer,
     )
-    assert (options.inflight_cap, options.timeout_s, options.endpoint, options.prompt) == (
+    assert (options.inflight_cap, options.timeout_s, options.endpoint, options.prompt, options.tokenizer) == (
         schema.inflight_cap,
         schema.timeout_s,
         schema.endpoint,
         schema.prompt,
+        schema.tokenizer,
     )
     assert (options.temperature, options.ignore_eos) == (schema.temperature, schema.ignore_eos)
     tiny = load_study(REPO / "configs" / "test-tiny.yaml")

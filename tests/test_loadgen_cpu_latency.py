@@ -14,8 +14,9 @@ import psutil
 import pytest
 
 from connector_tax.contract.summary import CpuLatency
-from connector_tax.loadgen.cli import OneLineParser, add_bench_arguments
+from connector_tax.loadgen.cli import add_bench_arguments
 from connector_tax.loadgen.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
+from connector_tax.loadgen.flags import OneLineParser
 
 
 def _driver(tmp_path: Path, name: str = "haltpoll") -> Path:

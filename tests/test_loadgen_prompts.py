@@ -15,6 +15,7 @@ from connector_tax.loadgen.prompts import (
     TRACE_BLOCK_TOKENS,
     BodyBuilder,
     BodySettings,
+    TextLayout,
     TokenPool,
 )
 
@@ -103,27 +104,42 @@ def test_trace_and_synthetic_prompts_do_not_collide(builder: BodyBuilder) -> Non
     assert len(trace) == 200
 
 
+# A server where each word is one token, the lead 2 and the rest of a prompt 3 (BOS, a template).
+LAYOUT = TextLayout("Text:", tuple("the of and to in is was for on that with as by at from it an be".split()), 5)
+
+
 def test_text_prompt_body() -> None:
-    b = BodyBuilder(BodySettings(model=MODEL, prompt="text", temperature=0.5, ignore_eos=False), seed=1)
+    settings = BodySettings(model=MODEL, prompt="text", temperature=0.5, ignore_eos=False, text=LAYOUT)
+    b = BodyBuilder(settings, seed=1)
     body = json.loads(b.body("a_r1-42", 30, 9, None))
     assert list(body) == ["model", "prompt", "max_tokens", "temperature", "ignore_eos", "stream", "stream_options"]
-    assert isinstance(body["prompt"], str)
     words = body["prompt"].split(" ")
-    assert len(words) == 30 and words[0] == "a_r1-42"
+    assert words[0] == "Text:" and len(words) == 1 + 30 - 5 and set(words[1:]) <= set(LAYOUT.words)
     assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (9, 0.5, False, True)
     assert body["stream_options"] == {"include_usage": True}
-    assert json.loads(b.body("a_r1-43", 30, 9, None))["prompt"].split(" ")[0] == "a_r1-43"
+    # Another key, another prompt from its first block on; the same key, the same prompt.
+    other = json.loads(b.body("a_r1-43", 30, 9, None))["prompt"].split(" ")
+    assert other[1:17] != words[1:17]
+    assert json.loads(BodyBuilder(settings, seed=1).body("a_r1-42", 30, 9, None))["prompt"].split(" ") == words
+    # Long prompts: the pool's words after the key's own.
+    long = json.loads(b.body("a_r1-44", 5000, 9, None))["prompt"].split(" ")
+    assert len(long) == 1 + 5000 - 5 and set(long[1:]) <= set(LAYOUT.words)
+
+
+def test_text_prompts_need_the_servers_sizing() -> None:
+    with pytest.raises(ValueError, match="sizing"):
+        BodyBuilder(BodySettings(model=MODEL, prompt="text"), seed=1)
 
 
 def test_chat_body() -> None:
-    b = BodyBuilder(BodySettings(model=MODEL, endpoint="chat"), seed=1)
+    b = BodyBuilder(BodySettings(model=MODEL, endpoint="chat", text=LAYOUT), seed=1)
     body = json.loads(b.body("b_c-7", 12, 64, None))
     assert list(body) == ["model", "messages", "max_tokens", "temperature", "ignore_eos", "stream", "stream_options"]
     assert len(body["messages"]) == 1
     assert list(body["messages"][0]) == ["role", "content"]
     assert body["messages"][0]["role"] == "user"
-    assert body["messages"][0]["content"].split(" ")[0] == "b_c-7"
-    assert len(body["messages"][0]["content"].split(" ")) == 12
+    assert body["messages"][0]["content"].split(" ")[0] == "Text:"
+    assert len(body["messages"][0]["content"].split(" ")) == 1 + 12 - 5
     assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (64, 0.0, True, True)
     assert body["stream_options"] == {"include_usage": True}
 

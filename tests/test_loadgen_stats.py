@@ -10,7 +10,8 @@ import pytest
 from connector_tax.config import Validity, default_validity, load_config
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.stats import summarize
+from connector_tax.loadgen.stats import RequestStats, summarize
+from connector_tax.loadgen.usage import ShapeRule
 
 MS = 1_000_000
 
@@ -122,3 +123,76 @@ def test_validity_defaults_are_the_schemas_and_a_misspelt_bound_is_an_error() ->
 def test_default_study_fills_the_validity_section() -> None:
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     assert Validity.from_mapping(config["validity"]) == default_validity()
+
+
+def test_a_cell_with_no_measured_request_is_never_valid() -> None:
+    # Every request in the warm-up (a 1 s cell at 1 req/s behind a 10 s warm-up): nothing failed,
+    # nothing was measured.
+    warm = RequestRecord("r-0", 0, 0, MS, 2 * MS, 8, 4, 0, True, "ok", None, 8, 4)
+    summary = _summary([warm])
+    assert summary["counts"]["ok"] == 0
+    assert summary["validity"]["valid"] is False
+    assert summary["validity"]["reasons"] == ["no request measured: none ended ok after the warm-up"]
+    assert _check(summary, "measured_requests_missing")["passed"] is False
+    assert _check(_summary([_ok(0, 0, MS)]), "measured_requests_missing")["passed"] is True
+
+
+def _counted(i: int, prompt: int | None, completion: int | None, asked: tuple[int, int] = (256, 32)) -> RequestRecord:
+    t = i * MS
+    return RequestRecord(
+        f"r-{i}",
+        t,
+        t,
+        t + MS,
+        t + 2 * MS,
+        prompt or asked[0],
+        completion or 4,
+        0,
+        False,
+        "ok",
+        None,
+        *asked,
+        usage_completion_tokens=completion,
+        usage_prompt_tokens=prompt,
+    )
+
+
+def _usage_summary(records: list[RequestRecord], rule: ShapeRule) -> dict:
+    stats = RequestStats(0, rule=rule)
+    for r in records:
+        stats.add(r)
+    return to_builtins(stats.summary({"cell": "c"}, 0, 1000 * MS, {}, default_validity()))  # as its file has it
+
+
+def test_the_servers_counts_are_in_every_summary_and_checked_against_the_cell() -> None:
+    exact = ShapeRule(0.0, exact_output=True)
+    good = _usage_summary([_counted(i, 256, 32) for i in range(5)], exact)
+    assert good["validity"]["valid"] is True
+    assert good["usage"]["status"] == "checked"
+    assert good["usage"]["prompt_tokens"]["server"] == {"median": 256.0, "min": 256.0, "max": 256.0}
+    assert good["usage"]["completion_tokens"]["requested"] == {"median": 32.0, "min": 32.0, "max": 32.0}
+    # Token ids: one token off is off. A server that stopped early (EOS) under ignore_eos is off too.
+    bad = _usage_summary([_counted(0, 256, 32), _counted(1, 1232, 32), _counted(2, 256, 31)], exact)
+    assert bad["validity"]["valid"] is False
+    assert bad["validity"]["reasons"] == [
+        "prompt tokens not the cell's: 1 of 3 requests off (exact; server counted 256 median, 256-1232, "
+        "for 256 requested)",
+        "completion tokens not the cell's: 1 of 3 requests off (exact (ignore_eos); server counted 32 median, "
+        "31-32, for 32 requested)",
+    ]
+    # Text prompts: within 2 % (5 tokens of 256); outputs without ignore_eos: at most what was asked.
+    text = ShapeRule(0.02, exact_output=False)
+    assert _usage_summary([_counted(0, 261, 20), _counted(1, 251, 32)], text)["validity"]["valid"] is True
+    off = _usage_summary([_counted(0, 262, 20), _counted(1, 256, 33)], text)
+    assert [c["name"] for c in off["validity"]["checks"] if not c["passed"]] == [
+        "prompt_tokens_off",
+        "completion_tokens_off",
+    ]
+
+
+def test_a_server_without_usage_leaves_the_cell_unchecked_not_passed() -> None:
+    summary = _usage_summary([_counted(i, None, None) for i in range(3)], ShapeRule())
+    assert summary["usage"]["status"] == "unchecked"
+    assert summary["usage"]["unchecked"] == "the server reported no prompt and no completion token counts (usage)"
+    assert not [c for c in summary["validity"]["checks"] if c["name"].endswith("_tokens_off")]
+    assert summary["validity"]["valid"] is True  # nothing wrong was seen; nothing was checked either

@@ -144,6 +144,17 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+TIMING_CHECKS = ("lateness", "dispatch_rate_error", "cpu_frac", "issue_overrun", "unissued")
+
+
+def ran(proc: subprocess.CompletedProcess) -> bool:
+    """The run measured: exit 0, or 1 with its cell invalid only for its timing (a busy host's doing)."""
+    if proc.returncode == 0:
+        return True
+    reasons = proc.stdout.rpartition("[INVALID: ")[2].rstrip("]\n").split("; ")
+    return proc.returncode == 1 and all(r.startswith(TIMING_CHECKS) for r in reasons)
+
+
 def _served(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
@@ -153,7 +164,7 @@ def test_no_scheme_path_and_ipv6_end_to_end(tmp_path: Path) -> None:
     with bench_server(tmp_path) as (url, log):
         port = url.rsplit(":", 1)[1]
         proc = bench(f"127.0.0.1:{port}/base", tmp_path / "a")
-        assert proc.returncode == 0, proc.stderr
+        assert ran(proc), proc.stdout + proc.stderr
         assert all(r["status"] == "ok" and r["completion_tokens"] == 4 for r in _records(tmp_path / "a"))
     assert {e["path"] for e in _served(log)} == {"/base/v1/completions"}  # flushed at its exit
     try:
@@ -164,7 +175,7 @@ def test_no_scheme_path_and_ipv6_end_to_end(tmp_path: Path) -> None:
     try:
         port = url.rsplit(":", 1)[1]
         proc = bench(f"[::1]:{port}/v1", tmp_path / "b", "--endpoint", "chat")
-        assert proc.returncode == 0, proc.stderr
+        assert ran(proc), proc.stdout + proc.stderr
         records = _records(tmp_path / "b")
         assert records and all(r["status"] == "ok" and r["chunks"] == 4 for r in records)
     finally:
@@ -213,16 +224,21 @@ def test_https_with_ca_file_or_insecure_and_bearer_key(tmp_path: Path) -> None:
             "CTAX_TEST_KEY",
             env=env,
         )
-        assert ok.returncode == 0, ok.stderr
+        assert ran(ok), ok.stdout + ok.stderr
         assert all(r["status"] == "ok" and r["completion_tokens"] == 4 for r in _records(tmp_path / "ok"))
         insecure = bench(url, tmp_path / "k", "--insecure", "--api-key-env", "CTAX_TEST_KEY", env=env)
-        assert insecure.returncode == 0 and all(r["status"] == "ok" for r in _records(tmp_path / "k"))
-        # Verified by default: a self-signed certificate is an error per request, not a crash.
+        assert ran(insecure) and all(r["status"] == "ok" for r in _records(tmp_path / "k"))
+        # Verified by default: a self-signed certificate is one line before anything is measured.
         unverified = bench(url, tmp_path / "v", "--api-key-env", "CTAX_TEST_KEY", env=env)
-        assert unverified.returncode == 0, unverified.stderr
-        errors = [r["error"] for r in _records(tmp_path / "v")]
-        assert errors and all(e and "CERTIFICATE_VERIFY_FAILED" in e for e in errors), errors[:1]
-        # Without the key: the server's 401, with its message.
-        bench(f"https://localhost:{port}", tmp_path / "n", "--cacert", str(cert))
-        assert {r["error"] for r in _records(tmp_path / "n")} == {"HTTP 401: bad api key"}
+        assert (unverified.returncode, unverified.stdout) == (2, "")
+        line = unverified.stderr.strip()
+        assert line.startswith(f"ctax bench: --url: TLS to {url} failed: [SSL: CERTIFICATE_VERIFY_FAILED]"), line
+        assert line.endswith("(--cacert FILE, or --insecure)") and "\n" not in line
+        # Without the key: the server's 401, with its message, in one line.
+        nokey = bench(f"https://localhost:{port}", tmp_path / "n", "--cacert", str(cert))
+        assert (nokey.returncode, nokey.stderr) == (
+            2,
+            f"ctax bench: --api-key-env: https://localhost:{port}/v1/completions answered 401 to a one-token "
+            "request: bad api key\n",
+        )
     assert _served(log) and all(e["auth_ok"] for e in _served(log))

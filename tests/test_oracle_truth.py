@@ -187,3 +187,46 @@ def test_cli_without_reference_rates_names_the_flag(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no results/default/reference_rates.json here
     res = _ctax("--config", str(REPO / "configs" / "default.yaml"))
     assert res.returncode == 2 and res.stderr.startswith("ctax truth: --ref-safe: no reference rates given"), res.stderr
+
+
+def test_the_true_reference_rates_are_the_studys_criteria_on_the_oracles_cells(config):
+    """multi_mooncake_lmcache's TTFT p90 grows x2.8 from 16 to 32 req/s in steady state (criterion
+    3's threshold 2.0); plain's x1.05: ref_safe 16, ref_load 32, as the default config says."""
+    from connector_tax.oracle.reference import true_reference
+
+    ts = TruthSettings(requests=1000, warmup=100, min_replications=4)
+    doc = true_reference(StudyConfig.from_mapping(config), ts, [K.PLAIN, K.MULTI])
+    assert (doc["ref_safe"], doc["ref_load"]) == (16.0, 32.0)
+    multi = doc["per_variant"][K.MULTI]
+    assert multi["saturation_rate"] == 32.0 and multi["fired_at_saturation"] == ["ttft_growth"]
+    assert doc["per_variant"][K.PLAIN]["saturation_rate"] is None
+    assert doc["oracle"] == {"requests": 1000, "warmup": 100, "replications": 4, "seed": 0}
+    growth = doc["cells"][K.MULTI]["r32"]["criteria"]["ttft_growth"]
+    assert growth["basis"] == "intervals" and growth["ci"][0] > 2.0
+
+
+def test_cli_finds_the_true_reference_rates(tmp_path):
+    out = tmp_path / "truth.json"
+    res = _ctax(
+        "--config",
+        "configs/default.yaml",
+        "--true-reference",
+        "--variants",
+        K.MOONCAKE_BOTH,
+        "--requests",
+        "300",
+        "--warmup",
+        "50",
+        "--max-replications",
+        "2",
+        "--jobs",
+        "2",
+        "--json",
+        str(out),
+    )
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("SIMULATED true reference rates") and "ref_safe 16, ref_load 32" in first, first
+    assert "multi_mooncake_lmcache saturates at 32 (ttft_growth)" in first
+    doc = json.loads(out.read_text())
+    assert doc["reference"] == {"ref_safe": 16.0, "ref_load": 32.0} and doc["true_reference"]["ref_safe"] == 16.0

@@ -108,8 +108,10 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
     hours = float(out.split("one job at a time; ")[1].split(" GPU-hours")[0])
     assert 3.0 < hours < 7.0  # the design's own estimate is 4-5.5 h
-    one, eight = (float(line.split(": ")[1].split(" h")[0]) for line in out.splitlines() if line.startswith("on "))
+    one = float(out.split("total ")[1].split(" h")[0])
+    eight = float(out.split("wall clock with that command: ")[1].split(" h")[0])
     assert eight < one / 4
+    assert f"snakemake all --cores 48 --resources gpu=8 --configfile {REPO / 'configs' / 'h20-qwen3-coder.yaml'}" in out
     assert "no reference_rates.json yet" in out
     bad = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True

@@ -34,8 +34,12 @@ def test_every_figure_is_titled_and_labelled(docs, name):
     fig = build_figure(name, agg, hyp)
     assert isinstance(fig, Figure)
     meta = describe(fig)
-    plots = [a for a in meta["axes"] if not a.get("colorbar")]
-    visible = [a for a, ax in zip(meta["axes"], fig.axes) if ax.get_visible() and not a.get("colorbar")]
+    plots = [a for a in meta["axes"] if not a.get("colorbar") and not a.get("legend_holder")]
+    visible = [
+        a
+        for a, ax in zip(meta["axes"], fig.axes)
+        if ax.get_visible() and not a.get("colorbar") and not a.get("legend_holder")
+    ]
     assert plots and visible
     assert meta["suptitle"] or all(a["title"] for a in visible)
     assert "SIMULATED" in (meta["suptitle"] + " ".join(a["title"] for a in visible))
@@ -161,3 +165,117 @@ def test_figure_1_states_the_thresholds_the_study_used(docs):
     assert "saturated: TTFT p90 x2 vs r/2" in legends
     assert "saturated: throughput < 0.9 x offered" in legends and "saturated: waiting p50 > 3" in legends
     assert not any("x1.5" in text for text in legends)
+
+
+# --------------------------------------------------------------------------- legibility
+
+SERVED_BY = "vLLM 0.32.0 on CPU, dummy weights (results/models/tiny-llama); connectors: nixl 1.5.1, nixl-cu12 1.5.1"
+
+
+@pytest.fixture(scope="module")
+def outlier_docs(tmp_path_factory):
+    """A real (not simulated) study whose NIXL taxes dwarf the others', as on the CPU study."""
+    variants = [
+        "plain",
+        "noop_connector",
+        "mooncake_producer",
+        "mooncake_consumer",
+        "mooncake_both",
+        "nixl_both",
+        "lmcache_only",
+        "multi_mooncake_lmcache",
+    ]
+    spec = SyntheticSpec(
+        variants=variants, n_requests=200, n_steps=300, shapes=[(64, 16), (512, 16), (64, 64), (512, 64)], seed=21
+    )
+    spec.ttft_tax["nixl_both"], spec.tpot_tax["nixl_both"], spec.step_tax_us["nixl_both"] = 1.6, 1.2, 20000.0
+    # Callbacks longer than the step tax they are part of: a negative unattributed segment.
+    spec.callback_us["mooncake_both"] = 600.0
+    built = build(write_study(tmp_path_factory.mktemp("outlier") / "s", spec))
+    agg, hyp = built["aggregate"], built["hypotheses"]
+    agg["simulated"], agg["served_by"] = False, SERVED_BY
+    return agg, hyp
+
+
+def _drawn(name, agg, hyp):
+    fig = build_figure(name, agg, hyp)
+    fig.canvas.draw()
+    return fig, fig.canvas.get_renderer()
+
+
+def _text_boxes(fig, renderer):
+    """Every visible piece of text but the footer: titles, axis and tick labels, legends, bar labels."""
+    from matplotlib.text import Text
+
+    out = []
+    for artist in fig.findobj(Text):
+        if not artist.get_visible() or not artist.get_text().strip() or artist.get_gid() == "served-by-stamp":
+            continue
+        out.append((artist.get_text()[:40], artist.get_window_extent(renderer)))
+    return out
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_the_footer_overlaps_no_text_and_no_axes(outlier_docs, name):
+    """The "served by" line once sat over the x-axis label (figs 4, 6) and the legend (fig 7)."""
+    agg, hyp = outlier_docs
+    try:
+        fig, renderer = _drawn(name, agg, hyp)
+    except Skip:
+        pytest.skip(f"{name} is not drawn for this study")
+    [footer] = [t for t in fig.texts if t.get_gid() == "served-by-stamp"]
+    box = footer.get_window_extent(renderer)
+    assert box.x1 <= fig.bbox.x1 + 1, f"{name}: the footer runs off the figure"
+    hit = [text for text, other in _text_boxes(fig, renderer) if box.overlaps(other)]
+    assert not hit, f"{name}: the footer overlaps {hit}"
+    for ax in fig.axes:
+        if ax.get_visible() and ax.axison:
+            assert not box.overlaps(ax.get_window_extent(renderer)), f"{name}: the footer overlaps an axes"
+
+
+@pytest.mark.parametrize("study", ["docs", "outlier_docs"])
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_no_bar_leaves_its_axes(request, study, name):
+    """Fig. 7's right panel once cut a bar at the top; an outlier is cut on purpose, within the axes."""
+    from matplotlib.patches import Rectangle
+
+    agg, hyp = request.getfixturevalue(study)
+    try:
+        fig, _ = _drawn(name, agg, hyp)
+    except Skip:
+        pytest.skip(f"{name} is not drawn for this study")
+    for ax in fig.axes:
+        lo, hi = sorted(ax.get_ylim())
+        slack = 1e-9 * (hi - lo)
+        for bar in ax.patches:
+            if not isinstance(bar, Rectangle) or not bar.get_height():
+                continue
+            y0, y1 = sorted((bar.get_y(), bar.get_y() + bar.get_height()))
+            assert lo - slack <= y0 and y1 <= hi + slack, (name, ax.get_title(), (y0, y1), (lo, hi))
+
+
+def test_an_outlier_does_not_flatten_the_other_bars(outlier_docs):
+    """NIXL's TPOT tax (~+110 %) is cut at an axis sized for the others (<= ~40 %), and its value
+    and interval are written on its bar."""
+    agg, hyp = outlier_docs
+    fig, _ = _drawn("fig4_tax_bars_ref_safe_ref_load", agg, hyp)
+    tpot = fig.axes[1]
+    nixl = agg["taxes"]["phase_a"]["ref_safe"]["variants"]["nixl_both"]["tpot_p90"]
+    others = [
+        v["tpot_p90"]["ci"][1]
+        for name, v in agg["taxes"]["phase_a"]["ref_safe"]["variants"].items()
+        if name != "nixl_both" and v["tpot_p90"].get("ci")
+    ]
+    assert tpot.get_ylim()[1] < 100 * nixl["value"] / 2 and tpot.get_ylim()[1] >= 100 * max(others)
+    labels = [t.get_text() for t in tpot.texts if t.get_gid() == "bar-cut-label"]
+    assert any(t.startswith(f"{100 * nixl['value']:,.0f} %") for t in labels), labels
+
+
+def test_axis_cap_cuts_only_a_few_far_outliers():
+    from connector_tax.plots.bars import HEADROOM, axis_cap
+
+    assert axis_cap([5, 20, 150]) == pytest.approx(HEADROOM * 20)  # one variant far above the rest
+    assert axis_cap([5, 20, 40, 60]) is None  # a spread, not an outlier
+    assert axis_cap([2, 3, 300, 400]) == pytest.approx(HEADROOM * 3)  # two outliers of four
+    assert axis_cap([2, 300, 400]) is None  # most bars are tall: the axis is for them
+    assert axis_cap([float("nan"), -5, 10]) is None and axis_cap([]) is None

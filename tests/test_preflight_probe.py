@@ -59,6 +59,8 @@ FAKE_MODULES = {
         """
     ),
     f"{V1}/lmcache_connector.py": "",
+    # vLLM's LMCacheMPConnector imports lmcache as its module loads
+    f"{V1}/lmcache_mp_connector.py": "from lmcache.integration.vllm.utils import mla_enabled\n",
 }
 
 # `vllm serve`, as far as a failed start goes: vLLM's message when Mooncake is missing.
@@ -94,6 +96,8 @@ def study(tmp_path: Path) -> Path:
     config.update(study="probe-test")
     config["model"]["name"] = str(model)
     config["vllm"]["executable"] = str(fake_vllm(tmp_path / "env"))
+    # LMCache's in-process connector (the shipped config measures lmcache_only in its MP mode)
+    config["variants"].append({"name": "lmcache_in_process", "connector": {"type": "lmcache", "role": "kv_both"}})
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -124,7 +128,9 @@ def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
         "mooncake_producer": ("Mooncake is not available", "mooncake_connector.MooncakeConnectorWorker"),
         "multi_mooncake_lmcache": ("Mooncake is not available", "mooncake_connector.MooncakeConnectorWorker"),
         "nixl_both": ("NIXL is not available", "nixl.worker.NixlConnectorWorker"),
-        "lmcache_only": ("No module named 'lmcache'", "import lmcache.integration.vllm.vllm_v1_adapter"),
+        "lmcache_in_process": ("No module named 'lmcache'", "import lmcache.integration.vllm.vllm_v1_adapter"),
+        # LMCache's MP mode: vLLM's module fails to import, before any LMCache server is started
+        "lmcache_only": ("No module named 'lmcache'", f"import {V1.replace('/', '.')}.lmcache_mp_connector"),
     }
     for name, (error, raised_by) in expected.items():
         status = preflight(tmp_path, name)
@@ -135,7 +141,8 @@ def test_a_missing_library_is_vllms_own_error_without_a_launch(tmp_path):
     # vLLM's code was asked once, for every library: the other configurations reuse its answers
     assert lines(tmp_path / "probes") == [f"{V1}/mooncake/mooncake_connector".replace("/", ".")]
     kept = json.loads((tmp_path / "results" / "probe-test" / "preflight" / "connector_probe.json").read_text())
-    assert set(kept["libraries"]) == {"mooncake", "nixl", "lmcache"}
+    assert set(kept["libraries"]) == {"mooncake", "nixl", "lmcache", "lmcache_mp"}
+    assert not list((tmp_path / "results" / "probe-test" / "preflight").glob("*/sidecar_*"))  # no LMCache server
 
 
 @pytest.mark.e2e  # stand-in vLLM launches through the preflight: seconds each
@@ -204,7 +211,7 @@ def test_lmcache_that_has_no_connector_for_this_device_is_skipped_by_its_own_che
     missing module."""
     study(tmp_path)
     root = fake_lmcache(tmp_path / "lmcache-cpu", "    raise RuntimeError('No supported cpu connector found.')\n")
-    status = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    status = preflight(tmp_path, "lmcache_in_process", pythonpath=str(root))
     assert status["status"] == "skip" and status["probe"]["kind"] == "degraded", status
     assert status["reason"].startswith("No supported cpu connector found. (lmcache.v1.gpu_connector.CreateGPUConnector")
     assert "LMCache 0.5.6, torch device 'cpu'" in status["reason"] and "degraded (recompute)" in status["reason"]
@@ -213,13 +220,30 @@ def test_lmcache_that_has_no_connector_for_this_device_is_skipped_by_its_own_che
     kept = json.loads((tmp_path / "results" / "probe-test" / "preflight" / "connector_probe.json").read_text())
     assert kept["works"]["lmcache"]["works"] is False
     # asked once: a second configuration reuses the kept answer
-    again = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    again = preflight(tmp_path, "lmcache_in_process", pythonpath=str(root))
     assert again["reason"] == status["reason"]
 
 
 def test_lmcache_with_a_connector_for_this_device_gets_the_real_launch(tmp_path):
     study(tmp_path)
     root = fake_lmcache(tmp_path / "lmcache-ok", "    return object()\n")
-    status = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    status = preflight(tmp_path, "lmcache_in_process", pythonpath=str(root))
     assert "probe" not in status and status["reason"].startswith("server exited with code 1"), status
     assert [line.split()[0] for line in lines(tmp_path / "launches")] == ["serve"]
+
+
+def test_lmcache_mp_whose_server_cannot_start_is_skipped_with_why_before_vllm_starts(tmp_path):
+    """LMCache's MP mode, the package there: its own check of the in-process connector is not
+    asked (it has nothing to say of the MP mode), and an LMCache server that cannot start (here:
+    no `lmcache` script beside vLLM's) is the SKIP's reason at once, with no vLLM launch."""
+    path = study(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["vllm"]["lmcache_mp"] = {"executable": str(tmp_path / "env" / "bin" / "lmcache")}
+    path.write_text(yaml.safe_dump(config))
+    root = fake_lmcache(tmp_path / "lmcache-cpu", "    raise RuntimeError('No supported cpu connector found.')\n")
+    status = preflight(tmp_path, "lmcache_only", pythonpath=str(root))
+    assert status["status"] == "skip" and "probe" not in status, status
+    assert status["reason"] == (
+        f"sidecar lmcache_server (LMCache MP server): cannot start {tmp_path}/env/bin/lmcache: No such file or directory"
+    )
+    assert lines(tmp_path / "launches") == []

@@ -134,7 +134,7 @@ def test_a_placed_job_uses_its_gpu_without_a_lease(placed) -> None:
     held = exclusive_lock(private_dir("gpus") / "gpu1.lock")
     try:
         with gpu_lease("vllm") as gpu:
-            assert gpu == "1"
+            assert gpu is not None and gpu.index == "1"
     finally:
         if held is not None:
             os.close(held)

@@ -48,3 +48,64 @@ def _version() -> str:
     return subprocess.run(
         [sys.executable, "-c", "import snakemake; print(snakemake.__version__)"], capture_output=True, text=True
     ).stdout.strip()
+
+
+# Eight GPU jobs of six threads each, as a vLLM phase job declares (pipeline.plan.job_threads):
+# each writes when it ran.
+GPU_SNAKEFILE = """
+rule all:
+    input: expand("job_{i}.txt", i=range(8))
+
+rule job:
+    output: "job_{i}.txt"
+    threads: 6
+    resources: gpu=1
+    shell: "python3 -c 'import time; t = time.time(); time.sleep(1.5); print(t, time.time())' > {output}"
+"""
+
+
+def _most_at_once(folder: Path, n: int) -> int:
+    spans = [tuple(map(float, (folder / f"job_{i}.txt").read_text().split())) for i in range(n)]
+    return max(sum(s[0] <= t < s[1] for s in spans) for t, _ in spans)
+
+
+def test_the_command_ctax_plan_prints_runs_one_job_per_gpu(tmp_path: Path) -> None:
+    """`--cores 8 --resources gpu=8` (what the docs used to say) runs six-thread GPU jobs one at a
+    time; the command `ctax plan --gpus 8` prints for the H20 study runs eight at once."""
+    plan = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", "configs/h20-qwen3-coder.yaml", "--gpus", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert plan.returncode == 0, plan.stderr
+    command = next(line.split() for line in plan.stdout.splitlines() if line.strip().startswith("snakemake "))
+    assert command[:6] == ["snakemake", "all", "--cores", "48", "--resources", "gpu=8"]
+    for cores, expected in (("8", 1), (command[3], 8)):
+        folder = tmp_path / cores
+        folder.mkdir()
+        (folder / "Snakefile").write_text(GPU_SNAKEFILE)
+        out = subprocess.run(
+            [sys.executable, "-m", "snakemake", "all", "--cores", cores, "--resources", "gpu=8", "--quiet"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _most_at_once(folder, 8) == expected, f"--cores {cores}"
+
+
+def test_a_target_after_resources_is_read_as_a_resource(tmp_path: Path) -> None:
+    """Why the command puts `all` first: the docs' old `--resources gpu=8 all --configfile ...`
+    does not parse on Snakemake 9 (--resources takes every word up to the next option)."""
+    (tmp_path / "Snakefile").write_text(GPU_SNAKEFILE)
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "8", "--resources", "gpu=8", "all", "-n"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "dictionary update sequence element" in out.stderr

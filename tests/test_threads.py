@@ -190,3 +190,42 @@ def test_without_a_spinner_nothing_is_called_out(tmp_path):
     tables = analysis.thread_tables(_study(tmp_path, spinner=False), {"ref_safe": 2.0})
     assert tables["busy_beyond_plain"] == {}
     assert tables["variants"]["plain"]["load"]["threads"][0]["cpu_pct"] == 75.0  # 150 ticks over 2 s
+
+
+def test_a_sidecars_threads_are_its_own_row_apart_from_the_servers_total(tmp_path):
+    """An LMCache MP server beside vLLM (a sidecar, started before it: a lower pid): its processes
+    are marked in the samples, named `sidecar <name>` and totalled apart; vLLM's root stays the API server."""
+    folder = tmp_path / "lmcache_only" / "phase_a"
+    folder.mkdir(parents=True)
+    samples = [
+        _sample(
+            t,
+            [(20, "vllm", [(20, "vllm", ticks, 0)]), (5, "lmcache", [(5, "lmcache", ticks // 2, 1), (6, "zmq", 0, 1)])],
+        )
+        for t, ticks in ((0, 0), (2_000_000_000, 100))
+    ]
+    for s in samples:
+        s["procs"][1]["sidecar"] = "lmcache_server"
+    _write(folder / "threads_idle.jsonl", samples)
+    use = analysis.usage(folder / "threads_idle.jsonl")
+    roles = {t["tid"]: t["process"] for t in use["threads"]}
+    assert roles == {20: "API server", 5: "sidecar lmcache_server", 6: "sidecar lmcache_server"}
+    assert use["total_pct"] == 50.0  # vLLM's processes alone
+    assert use["sidecars"]["lmcache_server"]["total_pct"] == 25.0
+    assert use["sidecars"]["lmcache_server"]["busiest"]["tid"] == 5
+    run = SimpleNamespace(folder=folder, run={"idle_threads": {"file": "threads_idle.jsonl"}}, cells=[])
+    study = SimpleNamespace(variants=["lmcache_only"], run_of=lambda name, phase: run)
+    text = "\n".join(analysis.render(analysis.thread_tables(study, {}), ["lmcache_only"]))
+    assert "| `lmcache_only` | idle window | 50% over 2 s | lmcache_server **25.0%** (lmcache 25.0%) |" in text
+
+
+def test_the_sampler_marks_a_sidecars_processes(server, tmp_path):
+    side = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        line = sample_tree(server.pid, {}, {side.pid: "lmcache_server"})
+        marked = [p for p in line.procs if p.sidecar == "lmcache_server"]
+        assert [p.pid for p in marked] == [side.pid]
+        assert len([p for p in line.procs if p.sidecar is None]) == 2  # the server and its child
+    finally:
+        side.kill()
+        side.wait()

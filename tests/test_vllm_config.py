@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from config_errors import config_error, raw_config
 
-from connector_tax.config import load_config, validate_config
+from connector_tax.config import ConfigError, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,15 @@ def test_vllm_defaults_are_filled() -> None:
                 "LMCACHE_MAX_LOCAL_CPU_SIZE": "5.0",
             }
         },
+        "lmcache_mp": {
+            "chunk_size": 256,
+            "l1_size_gb": 1,
+            "eviction_policy": "LRU",
+            "transfer_mode": "auto",
+            "ready_timeout_s": 60,
+            "extra_args": [],
+            "env": {},
+        },
         "env": {},
     }
 
@@ -46,10 +55,66 @@ def test_vllm_settings_are_kept() -> None:
         "step_timing": False,
         "mooncake": {"protocol": "tcp", "device_name": "mlx5_0"},
         "lmcache": {"env": {"LMCACHE_CHUNK_SIZE": "512"}},
+        "lmcache_mp": {
+            "executable": "/opt/vllm/bin/lmcache",
+            "chunk_size": 512,
+            "l1_size_gb": 2.5,
+            "eviction_policy": "ARC",
+            "transfer_mode": "lmcache_driven",
+            "ready_timeout_s": 30,
+            "extra_args": ["--max-workers", "2"],
+            "env": {"LMCACHE_LOG_LEVEL": "WARNING"},
+        },
         "env": {"VLLM_HOST_IP": "127.0.0.1"},
     }
     filled = validate_config(config)
     assert filled["vllm"] == config["vllm"]
+
+
+def _mp_config(**lmcache_mp) -> dict:
+    config = _raw()
+    config.update(backend="vllm", vllm={"device": "cpu", "lmcache_mp": lmcache_mp})
+    config["server"] = {**config.get("server", {}), "block_size": 32}
+    config["variants"] = [
+        {"name": "plain"},
+        {"name": "lmcache_only", "connector": {"type": "lmcache_mp", "role": "kv_both"}},
+    ]
+    config["workload"].pop("phase_b_prime", None)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (
+            {"chunk_size": 16},
+            "vllm.lmcache_mp.chunk_size: 16: LMCache's chunk size must be a multiple of vLLM's block size "
+            "(server.block_size 32)",
+        ),
+        ({"chunk_size": 0}, "vllm.lmcache_mp.chunk_size: 0 is less than the minimum of 1"),
+        (
+            {"eviction_policy": "FIFO"},
+            "vllm.lmcache_mp.eviction_policy: 'FIFO' is not one of LRU, ARC, IsolatedLRU, noop",
+        ),
+        (
+            {"extra_args": ["--port", "9"]},
+            "vllm.lmcache_mp.extra_args: --port is set by the launch from the launch's own port for it",
+        ),
+    ],
+    ids=["chunk not a multiple of the block", "chunk zero", "eviction policy", "managed flag"],
+)
+def test_bad_lmcache_mp_settings_are_one_line_naming_the_key(settings: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate_config(_mp_config(**settings))
+    assert str(err.value) == expected
+
+
+def test_the_chunk_rule_holds_only_where_an_lmcache_mp_connector_runs() -> None:
+    config = _mp_config(chunk_size=16)
+    config["variants"] = config["variants"][:1]
+    assert validate_config(config)["vllm"]["lmcache_mp"]["chunk_size"] == 16  # nothing reads it: no error
+    ok = validate_config(_mp_config(chunk_size=64))
+    assert ok["vllm"]["lmcache_mp"]["chunk_size"] == 64
 
 
 def test_shipped_configs_still_validate() -> None:

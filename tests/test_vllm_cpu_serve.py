@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_loadgen_urls import ran
 
 from connector_tax.config import StudyConfig, find_variant, load_config
 from connector_tax.launch import steptiming
@@ -127,7 +128,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_streamed_tokens_equal_max_tokens_with_ignore_eos(noop_run):
-    assert noop_run["bench"].returncode == 0, noop_run["bench"].stderr[-2000:]
+    bench = noop_run["bench"]
+    assert ran(bench), bench.stdout + bench.stderr[-2000:]  # a cell late on two busy cores is still measured
     (requests,) = sorted((noop_run["out"] / "bench").rglob("requests_*.jsonl"))
     records = read_jsonl(requests)
     assert len(records) >= REQUESTS
@@ -241,7 +243,7 @@ def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config,
 def test_mooncake_without_the_cpu_guard_fails_with_its_root_cause(cpu_config, tmp_path):
     """What the guard prevents, and what a failed start reports: vLLM's accelerator error, not the
     secondary error of the half-built worker's __del__ ('no attribute async_zmq_ctx')."""
-    server = start(cpu_config, "mooncake_both", tmp_path, {"CONNECTOR_TAX_MOONCAKE_CPU_GUARD": "0"})
+    server = start(cpu_config, "mooncake_both", tmp_path, {"CONNECTOR_TAX_INTERVENTIONS": ""})  # guard not loaded
     try:
         with pytest.raises(ServerStartError) as err:
             server.wait_ready(START_S)

@@ -2,15 +2,19 @@
 configs/vllm-cpu-tiny.yaml, against real `vllm serve` on this host's CPU.
 
 Marked `vllm_cpu` (skipped, with the reason, without vLLM's CPU environment). The copy keeps the
-shipped config's server, vLLM and load generator settings and cuts the rest: plain, mooncake_both
-and nixl_both measured with the real connectors (one Phase A rate, one Phase B shape, short cells),
-lmcache_only and multi_mooncake_lmcache SKIPped by LMCache's own check without a launch
-(tools/connector_probe.py). It checks what the study leaves: preflight verdicts, every launch's
-index (like-for-like binding and environment, each launch its own side-channel ports, the Mooncake
-CPU guard disclosed), per measured cell an engine-step slice with engine and worker records, a
-/metrics file and per-thread CPU records, and a report, manifest and figures that say what served
-them, name the connector packages, show where the server's CPU goes and which cells' client-side
-TPOT cannot be trusted. Nine vLLM launches (three preflight, six measured).
+shipped config's server, vLLM and load generator settings and cuts the rest: plain, mooncake_both,
+lmcache_only and multi_mooncake_lmcache (LMCache in its multi-process mode, an LMCache server
+beside each of their launches) measured with the real connectors (one Phase A rate, one Phase B
+shape, short cells), and LMCache's in-process connector (`lmcache_in_process`) SKIPped by
+LMCache's own check without a launch (tools/connector_probe.py). It checks what the study leaves:
+preflight verdicts, every launch's index (like-for-like binding and environment, each launch its
+own side-channel ports, the Mooncake CPU guard disclosed, the LMCache server and mode recorded),
+per measured cell an engine-step slice with engine and worker records, a /metrics file and
+per-thread CPU records (the LMCache server's threads among them), and a report, manifest and
+figures that say what served them, name the connector packages and the LMCache mode, show where
+the server's and the LMCache server's CPU goes, call H4 from these records and say which cells'
+client-side TPOT cannot be trusted. Twelve vLLM launches (four preflight, eight measured). NIXL is
+measured by the transfer and serve tests.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
 SERVED_BY = "vLLM 0.32.0 on CPU, dummy weights"
-MEASURED = ("plain", "mooncake_both", "nixl_both")
+MEASURED = ("plain", "mooncake_both", "lmcache_only", "multi_mooncake_lmcache")
+WITH_LMCACHE_SERVER = ("lmcache_only", "multi_mooncake_lmcache")
+WITH_MOONCAKE = ("mooncake_both", "multi_mooncake_lmcache")
 LMCACHE = "No supported cpu connector found."
-SKIPPED = {"lmcache_only": LMCACHE, "multi_mooncake_lmcache": LMCACHE}
+SKIPPED = {"lmcache_in_process": LMCACHE}  # LMCache's in-process connector: no CPU path in 0.5.6
+MP_MODE = "multi-process (LMCacheMPConnector + lmcache server, engine_driven)"
 GUARD = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
 
 pytestmark = pytest.mark.vllm_cpu
@@ -60,7 +67,8 @@ def study(tmp_path_factory) -> dict:
     config["study"] = "vllm-cpu-test"
     config["model"]["name"] = str(model)
     config["vllm"]["executable"] = str(python.parent / "vllm")
-    config["variants"] = [c for c in config["variants"] if c["name"] in (*MEASURED, *SKIPPED)]
+    config["variants"] = [c for c in config["variants"] if c["name"] in MEASURED]
+    config["variants"].append({"name": "lmcache_in_process", "connector": {"type": "lmcache", "role": "kv_both"}})
     config["workload"].update(warmup_s=1, duration_s=4, min_completed=4)
     config["workload"]["phase_a"]["rates"] = [2]
     config["workload"]["phase_b"].update(inputs=[64], outputs=[16])
@@ -105,15 +113,27 @@ def _runs(study: dict, names=MEASURED) -> dict:
 def test_every_launch_has_an_index_that_says_what_served_it(study):
     for (name, _phase), run in _runs(study, (*MEASURED, *SKIPPED)).items():
         assert run["served_by"] == SERVED_BY and not run["simulated"], run
-        assert run["mooncake_transport"] == ("tcp" if "mooncake" in name else None)
+        assert run["mooncake_transport"] == ("tcp" if name in WITH_MOONCAKE else None)
+        assert run["lmcache_mode"] == (
+            MP_MODE if name in WITH_LMCACHE_SERVER else "in-process (LMCacheConnectorV1)" if name in SKIPPED else None
+        )
         if name in SKIPPED:
             assert run["status"] == "skipped" and SKIPPED[name] in run["reason"]
             continue
         assert run["status"] == "ok", run
         assert run["step_timing_available"] is True, run["step_timing_reason"]
         assert run["cells"] and all(c["status"] == "complete" for c in run["cells"])
-        assert run["workarounds"] == ([GUARD] if name == "mooncake_both" else [])
+        assert run["workarounds"] == ([GUARD] if name in WITH_MOONCAKE else [])
+        assert run["interventions"] == (["mooncake_cpu_guard"] if name in WITH_MOONCAKE else [])
         assert run["server_versions"]["nixl"] == "1.5.1" and run["server_versions"]["lmcache"] == "0.5.6"
+        if name in WITH_LMCACHE_SERVER:  # its LMCache server: started beside vLLM, on ports of its own
+            (side,) = run["sidecars"]
+            assert side["name"] == "lmcache_server" and side["version"] == "lmcache 0.5.6", side
+            port = side["port"]
+            assert f'"lmcache.mp.port":{port}' in " ".join(run["launch_command"])
+            assert (study["results"] / name / _phase / "sidecar_lmcache_server_stdout.log").is_file()
+        else:
+            assert run["sidecars"] == []
 
 
 def test_like_for_like_binding_and_environment_each_launch_its_own_ports(study):
@@ -126,12 +146,12 @@ def test_like_for_like_binding_and_environment_each_launch_its_own_ports(study):
             assert (study["results"] / name / phase / "threads_idle.jsonl").is_file()
         else:
             assert run["idle_threads"] is None
-    ports = [r["server_env"].get(k) for r in runs.values() for k in ("VLLM_NIXL_SIDE_CHANNEL_PORT",)]
-    ports = [p for p in ports if p]
-    assert len(ports) == 2 and len(set(ports)) == 2  # nixl_both's two launches, each its own
-    assert {r["server_env"].get("VLLM_MOONCAKE_BOOTSTRAP_PORT") for (n, _), r in runs.items() if n == "mooncake_both"}
+    ports = [r["server_env"].get("VLLM_MOONCAKE_BOOTSTRAP_PORT") for (n, _), r in runs.items() if n in WITH_MOONCAKE]
+    assert len(ports) == 4 and len(set(ports)) == 4 and all(ports)  # each Mooncake launch its own
+    sides = [r["sidecars"][0]["port"] for (n, _), r in runs.items() if n in WITH_LMCACHE_SERVER]
+    assert len(sides) == 4 and len(set(sides)) == 4  # each LMCache server its own
     shared = {k for r in runs.values() for k in r["server_env"] if not k.startswith(("VLLM_NIXL", "VLLM_MOONCAKE"))}
-    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"}:
+    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_INTERVENTIONS"}:
         values = {r["server_env"].get(key) for r in runs.values()}
         assert len(values) == 1, (key, values)  # the same environment everywhere else
 
@@ -163,9 +183,11 @@ def test_every_measured_cell_has_engine_steps_metrics_and_thread_records(study):
                 assert len(samples) >= 3, f"{name}/{phase}/{label}: {len(samples)} thread samples"
                 procs = {p["name"] for p in samples[-1]["procs"]}
                 assert {"VLLM::EngineCor", "VLLM::Worker"} <= procs, procs
+                sidecars = {p.get("sidecar") for p in samples[-1]["procs"]} - {None}
+                assert sidecars == ({"lmcache_server"} if name in WITH_LMCACHE_SERVER else set()), sidecars
                 summary = json.loads((folder / f"summary_{phase}_{label}.json").read_text())
                 assert summary["files"]["threads"]["records"] == len(samples)  # sealed with the cell
-    assert cells == 6  # three configurations: one Phase A rate and one Phase B shape each
+    assert cells == 8  # four configurations: one Phase A rate and one Phase B shape each
 
 
 def test_report_manifest_and_figures_say_what_served_them(study):
@@ -176,30 +198,34 @@ def test_report_manifest_and_figures_say_what_served_them(study):
         assert SERVED_BY in text and "SIMULATED" not in text and "simulated" not in text.lower()
         assert "nixl 1.5.1" in text and "mooncake-transfer-engine-non-cuda 0.3.13.post1" in text
         assert "lmcache 0.5.6" in text and GUARD in text
+        assert f"LMCache mode, `lmcache_only`: {MP_MODE}" in text.replace(
+            "mode, lmcache_only:", "mode, `lmcache_only`:"
+        )
     assert "`Scheduler.schedule()` entry to exit" in report  # which step the numbers are
-    assert "Mooncake transport: mooncake_both: tcp" in manifest
+    assert "Mooncake transport: mooncake_both: tcp; multi_mooncake_lmcache: tcp" in manifest
+    assert "- sidecar of lmcache_only: lmcache_server: LMCache MP server (lmcache 0.5.6): `" in manifest
     aggregate = json.loads((results / "analysis" / "aggregate.json").read_text())
     assert aggregate["served_by"] == SERVED_BY and aggregate["simulated"] is False
-    assert aggregate["workarounds"] == {"mooncake_both": [GUARD]}
-    rows = [r for r in aggregate["rows"] if r["variant"] == "nixl_both"]
+    assert aggregate["workarounds"] == {name: [GUARD] for name in WITH_MOONCAKE}
+    rows = [r for r in aggregate["rows"] if r["variant"] == "lmcache_only"]
     # the design's callback time, with the worker process's hooks joined in
     assert rows and all(r["connector_total_us_p50"] > r["build_meta_us_p50"] > 0 for r in rows)
     assert all(r["client_tpot_trusted"] in (True, False) for r in aggregate["rows"])
     assert (results / "analysis" / "figures" / "fig6_step_latency_cdf.png").is_file()
 
 
-def test_the_report_shows_where_the_cpu_goes_and_the_nixl_progress_thread_by_itself(study):
+def test_the_report_shows_where_the_cpu_goes_the_lmcache_server_included_and_calls_h4(study):
     report = (study["results"] / "analysis" / "report.md").read_text()
     assert "## Where the server's CPU goes (per-thread CPU time)" in report
     assert "## Stream coalescing: where client-side TPOT and ITL cannot be trusted" in report
     threads = json.loads((study["results"] / "analysis" / "aggregate.json").read_text())["threads"]
     assert set(threads["variants"]) == set(MEASURED)
-    # NIXL's agent starts a progress thread that spins: busy while the server is idle, which plain
-    # has no counterpart of, and named by the connector whose constructor started it
-    busy = threads["busy_beyond_plain"].get("nixl_both") or []
-    # (vLLM 0.32's NixlConnector is the class NixlPullConnector)
-    assert any(str(t.get("started_by")).startswith("Nixl") and t["cpu_pct"] >= 50 for t in busy), busy
-    assert "Connector worker) uses" in report and "while the server is idle (plain has no such thread)" in report
+    for name in MEASURED:  # the LMCache server's CPU, idle and under load, apart from vLLM's
+        for state in ("idle", "load"):
+            sidecars = threads["variants"][name][state]["sidecars"]
+            assert set(sidecars) == ({"lmcache_server"} if name in WITH_LMCACHE_SERVER else set()), (name, state)
+    assert "| `lmcache_only` | idle window |" in report and "lmcache_server **" in report
     hypotheses = json.loads((study["results"] / "analysis" / "hypotheses.json").read_text())
     h4 = next(h for h in hypotheses["hypotheses"] if h["id"] == "H4")
-    assert h4["verdict"] == "not_applicable" and "lmcache_only" in h4["reason"], h4
+    # from real records now: a call, or no call for want of resolution, never "not applicable"
+    assert h4["verdict"] != "not_applicable", h4

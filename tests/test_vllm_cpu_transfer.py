@@ -7,7 +7,9 @@ library). Each pair is two launches of configs/vllm-cpu-tiny.yaml's configuratio
 (NIXL: nixl_both twice; Mooncake: mooncake_producer and mooncake_consumer), each with its own
 side-channel / bootstrap port. Also checked on the same servers: the connector's instrumentation
 records (every worker hook wrapped, worker records written), the Mooncake CPU guard's record, the
-threads a connector's constructor started, and that two launches got the same dummy weights.
+threads a connector's constructor started, and that two launches got the same dummy weights. The
+NIXL pair runs three times: as shipped, and with each of NIXL's declared interventions (the
+progress thread off, a 1 ms progress delay), so that a fix that stops KV moving shows.
 
 Each server of a pair runs on a core of its own (_pair_cores): while a transfer is pending both engines
 step without pause and spin on sched_yield, and two servers pinned to one core starved each
@@ -211,21 +213,39 @@ def _check_instrumented(servers: dict, which: str) -> None:
 
 
 class TestNixl:
-    """Two nixl_both servers; stopped when this class's tests are done (before Mooncake's start)."""
+    """Two nixl_both servers, as shipped and with each of NIXL's interventions declared on both
+    (config/interventions.py: the progress thread off; a 1 ms progress delay): does KV still move?
+    Each pair is stopped when its tests are done (before the next one's and Mooncake's start)."""
 
-    @pytest.fixture(scope="class")
+    @pytest.fixture(scope="class", params=[None, "nixl_progress_off", "nixl_progress_delay_1ms"])
     @classmethod
-    def servers(cls, cpu_config, tmp_path_factory) -> Iterator[dict]:
+    def servers(cls, request, cpu_config, tmp_path_factory) -> Iterator[dict]:
         _needs(Path(cpu_config["python"]), "nixl._api")
         config = copy.deepcopy(cpu_config)
-        find_variant(config, "nixl_both")["connector"]["extra_config"] = {"kv_lease_duration": NIXL_LEASE_S}
-        yield from _servers(config, tmp_path_factory.mktemp("nixl"), "nixl", "nixl_both", "nixl_both")
+        variant = find_variant(config, "nixl_both")
+        variant["connector"]["extra_config"] = {"kv_lease_duration": NIXL_LEASE_S}
+        if request.param:
+            variant["interventions"] = [request.param]
+        tmp = tmp_path_factory.mktemp(f"nixl-{request.param or 'shipped'}")
+        for servers in _servers(config, tmp, "nixl", "nixl_both", "nixl_both"):
+            yield {**servers, "intervention": request.param}
 
     def test_the_consumer_decodes_from_the_producers_kv_and_matches_a_single_server(self, servers):
         _check_transfer(servers, "nixl")
 
     def test_each_server_instrumented_its_connector(self, servers):
         _check_instrumented(servers, "nixl")
+
+    def test_the_intervention_acted_in_each_worker_and_only_where_declared(self, servers):
+        for side in ("prefill", "decode"):
+            records = [
+                json.loads(r.read_text())
+                for r in (servers["tmp"] / side / "steps").glob("engine_step.intervention.*.json")
+            ]
+            assert [r["intervention"] for r in records] == (
+                [servers["intervention"]] if servers["intervention"] else []
+            )
+            assert all(r["module"] == "nixl_cu12._api" for r in records), records
 
 
 class TestMooncake:

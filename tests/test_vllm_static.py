@@ -23,6 +23,7 @@ Checked with `ast`:
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import shutil
@@ -78,6 +79,17 @@ def vllm_src() -> Path:
     if _has_source(cache_dir):
         return cache_dir
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One filler at a time: under `pytest -n 2` both processes find the cache empty, and a second
+    # filler replacing the tree while the first one's tests read it made them fail.
+    with open(cache_dir.parent / f".vllm-{VLLM_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _has_source(cache_dir):
+            _fill(cache_dir)
+    assert _has_source(cache_dir)
+    return cache_dir
+
+
+def _fill(cache_dir: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir.parent) as tmp:
         download = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, f"vllm=={VLLM_VERSION}"],
@@ -97,8 +109,6 @@ def vllm_src() -> Path:
         if cache_dir.exists():
             shutil.rmtree(cache_dir)
         staging.rename(cache_dir)  # same filesystem: atomic, a half extraction is never seen
-    assert _has_source(cache_dir)
-    return cache_dir
 
 
 # --------------------------------------------------------------------------- ast helpers

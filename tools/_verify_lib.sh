@@ -75,6 +75,43 @@ verify_reason() { # reason server_log
   printf '%s\n' "$reason"
 }
 
+# A configuration's sidecars (an LMCache MP server: processes vLLM needs beside it), started by
+# the package before the server and kept until verify_stop_sidecars; their ports become
+# SIDECAR_ARGS (--sidecar-port NAME=PORT) for `ctax launch-command`. Returns 1 with the reason
+# in SIDECAR_REASON when one could not start. None needed: nothing is started.
+SIDECAR_PID=""
+SIDECAR_ARGS=()
+SIDECAR_REASON=""
+verify_start_sidecars() { # plan config name dir log
+  local plan="$1" config="$2" name="$3" dir="$4" log="$5" ports="$4/sidecars_$3.ports" line
+  SIDECAR_PID=""
+  SIDECAR_ARGS=()
+  "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("sidecars") else 1)' "$plan" || return 0
+  rm -f "$ports"
+  "$PY" -m connector_tax.launch.vllm_cli sidecars "$config" "$name" --log-dir "$dir" --ports-file "$ports" \
+    2>>"$log" &
+  SIDECAR_PID=$!
+  VERIFY_PIDS+=("$SIDECAR_PID")
+  while [ ! -s "$ports" ]; do # the helper gives up by itself (each sidecar's ready timeout)
+    if ! kill -0 "$SIDECAR_PID" 2>/dev/null; then
+      SIDECAR_REASON="$(grep '^vllm_cli sidecars: ' "$log" | tail -n 1)"
+      SIDECAR_REASON="${SIDECAR_REASON#vllm_cli sidecars: }"
+      SIDECAR_PID=""
+      return 1
+    fi
+    sleep 0.2
+  done
+  while IFS= read -r line; do SIDECAR_ARGS+=(--sidecar-port "$line"); done <"$ports"
+  return 0
+}
+
+verify_stop_sidecars() {
+  [ -n "$SIDECAR_PID" ] || return 0
+  kill -TERM "$SIDECAR_PID" 2>/dev/null || true
+  wait "$SIDECAR_PID" 2>/dev/null || true
+  SIDECAR_PID=""
+}
+
 verify_cleanup() {
   local pgid pid
   for pgid in ${VERIFY_GROUPS[@]+"${VERIFY_GROUPS[@]}"}; do verify_stop_group "$pgid"; done
@@ -106,9 +143,14 @@ verify_one() {
     record skip "cannot plan the check: $(tail -n 1 "$log")"
     return 0
   fi
+  if ! verify_start_sidecars "$plan" "$config" "$name" "$out" "$log"; then
+    record skip "${SIDECAR_REASON:-a sidecar did not start (see $log)}"
+    return 0
+  fi
   if ! "$PY" -m connector_tax.cli launch-command --config "$config" --variant "$name" \
-    --port "$port" --step-log "$step_log" --script >"$script" 2>>"$log"; then
+    --port "$port" --step-log "$step_log" ${SIDECAR_ARGS[@]+"${SIDECAR_ARGS[@]}"} --script >"$script" 2>>"$log"; then
     record skip "no launch command: $(tail -n 1 "$log")"
+    verify_stop_sidecars
     return 0
   fi
   note "launch script: $script"
@@ -147,6 +189,13 @@ verify_one() {
 
   verify_stop_group "$pid"
   note "server stopped"
+  if [ -n "$SIDECAR_PID" ]; then
+    if [ "$verdict" = OK ] && ! kill -0 "$SIDECAR_PID" 2>/dev/null; then # it ended during the check
+      verdict="FAIL: $(grep '^vllm_cli sidecars: ' "$log" | tail -n 1 | sed 's/^vllm_cli sidecars: //')"
+    fi
+    verify_stop_sidecars
+    note "sidecars stopped"
+  fi
   if [ -n "$boot_pid" ]; then
     kill -TERM "$boot_pid" 2>/dev/null || true
     wait "$boot_pid" 2>/dev/null || true

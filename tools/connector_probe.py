@@ -2,7 +2,7 @@
 
 Run by the vLLM environment's own interpreter, with the environment a launch of it gets:
 
-    python tools/connector_probe.py [--errors | --works] LIBRARY...      (mooncake, nixl, lmcache)
+    python tools/connector_probe.py [--errors | --works] LIBRARY...   (mooncake, nixl, lmcache, lmcache_mp)
 
 prints one JSON object, one entry per library:
 
@@ -46,7 +46,13 @@ from typing import Any
 _V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
 
 # The top-level packages vLLM imports for each library (NIXL's is nixl_rocm on ROCm).
-PACKAGES = {"mooncake": ("mooncake",), "nixl": ("nixl", "nixl_rocm"), "lmcache": ("lmcache",)}
+# lmcache_mp (LMCache's multi-process mode) needs the same package: vLLM's LMCacheMPConnector imports it.
+PACKAGES = {
+    "mooncake": ("mooncake",),
+    "nixl": ("nixl", "nixl_rocm"),
+    "lmcache": ("lmcache",),
+    "lmcache_mp": ("lmcache",),
+}
 # Modules vLLM imports from a present package that can fail on their own and are quick to import:
 # vLLM's `except ImportError` turns their failure into "Mooncake is not available".
 IMPORTED = {"mooncake": "mooncake.engine"}
@@ -83,12 +89,24 @@ def _lmcache_error() -> dict[str, Any]:
     return {"present": True, "why": f"{target} imports"}
 
 
+def _lmcache_mp_error() -> dict[str, Any]:
+    """vLLM's LMCacheMPConnector module imports lmcache as it loads: its error is vLLM's."""
+    target = f"{_V1}.lmcache_mp_connector"
+    try:
+        importlib.import_module(target)
+    except ImportError as exc:
+        return {"present": False, "error": str(exc), "raised_by": f"import {target}"}
+    return {"present": True, "why": f"{target} imports"}
+
+
 def _errors(library: str) -> dict[str, Any]:
     if library == "mooncake":
         module = f"{_V1}.mooncake.mooncake_connector"
         return _worker_error(module, module, "TransferEngine", "MooncakeConnectorWorker")
     if library == "nixl":
         return _worker_error(f"{_V1}.nixl.worker", "vllm.distributed.nixl_utils", "NixlWrapper", "NixlConnectorWorker")
+    if library == "lmcache_mp":
+        return _lmcache_mp_error()
     return _lmcache_error()
 
 

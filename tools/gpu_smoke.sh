@@ -2,11 +2,16 @@
 # One-command GPU smoke test of the vLLM backend: every connector configuration of a study,
 # served by a small model, must start, answer a few requests, stay alive, and fill its step log.
 #
-#   tools/gpu_smoke.sh [--config FILE] [--out DIR] [--model HF_ID] [--port PORT]
-#                      [--only NAME] [--mooncake-protocol tcp|rdma] [--start-timeout S]
+#   tools/gpu_smoke.sh [--config FILE] [--out DIR] [--model HF_ID] [--port PORT] [--gpu N]
+#                      [--only NAME] [--mooncake-protocol tcp|rdma] [--start-timeout S] [--graphs]
 #
 # Defaults: configs/h20-qwen3-coder.yaml (all 8 configurations), results/gpu_smoke,
-# Qwen/Qwen3-0.6B, port 18200, Mooncake over tcp (no RDMA needed), 900 s to start.
+# Qwen/Qwen3-0.6B, port 18200, GPU 0 (or the first of CUDA_VISIBLE_DEVICES), Mooncake over tcp
+# (no RDMA needed), 900 s to start, eager mode (--enforce-eager: quick starts). --graphs runs the
+# study's own mode instead, torch.compile and CUDA graphs (slower starts, what the study launches).
+# Every launch runs on that one GPU, numbered in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID, as the
+# study's), and waits first until the previous server's memory is released (as the study's
+# launches do: vLLM refuses to start below gpu_memory_utilization x total free).
 # Needs a GPU host with vLLM 0.33 (`vllm` on PATH, or vllm.executable in the config), and
 # Mooncake / NIXL / LMCache for their configurations: a configuration whose server fails to
 # start because one of those packages is missing is reported SKIP, not FAIL.
@@ -27,6 +32,9 @@ port=18200
 only=""
 protocol="tcp"
 start_timeout=900
+gpu="${CUDA_VISIBLE_DEVICES:-0}"
+gpu="${gpu%%,*}"
+eager=()
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,12 +45,16 @@ while [ $# -gt 0 ]; do
     --only) [ $# -ge 2 ] || verify_die "--only needs a config name"; only="$2"; shift 2 ;;
     --mooncake-protocol) [ $# -ge 2 ] || verify_die "--mooncake-protocol needs tcp or rdma"; protocol="$2"; shift 2 ;;
     --start-timeout) [ $# -ge 2 ] || verify_die "--start-timeout needs a value"; start_timeout="$2"; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    --gpu) [ $# -ge 2 ] || verify_die "--gpu needs a device index"; gpu="$2"; shift 2 ;;
+    --graphs) eager=(--no-enforce-eager); shift ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) verify_die "unknown argument: $1" ;;
   esac
 done
 [[ "$port" =~ ^[0-9]+$ ]] || verify_die "--port: '$port' is not a port number"
 [[ "$start_timeout" =~ ^[0-9]+$ ]] || verify_die "--start-timeout: '$start_timeout' is not a number of seconds"
+[[ "$gpu" =~ ^[0-9]+$ ]] || verify_die "--gpu: '$gpu' is not a device index"
+export CUDA_VISIBLE_DEVICES="$gpu" CUDA_DEVICE_ORDER=PCI_BUS_ID
 [ "$protocol" = tcp ] || [ "$protocol" = rdma ] || verify_die "--mooncake-protocol: '$protocol' is not tcp or rdma"
 [ -f "$base" ] || verify_die "--config: $base: no such file"
 mkdir -p "$out" || verify_die "--out: cannot create $out"
@@ -53,7 +65,7 @@ trap 'exit 130' INT TERM
 
 config="$out/smoke.yaml"
 "$PY" -m connector_tax.launch.vllm_cli smoke-config "$base" "$config" --model "$model" \
-  --mooncake-protocol "$protocol" >/dev/null || exit 2
+  --mooncake-protocol "$protocol" ${eager[@]+"${eager[@]}"} >/dev/null || exit 2
 if [ -n "$only" ]; then
   names="$("$PY" -m connector_tax.launch.vllm_cli names "$config" | grep -Fx -- "$only" || true)"
   [ -n "$names" ] || verify_die "--only: no config named '$only' in $base"
@@ -62,7 +74,9 @@ else
 fi
 summary="$out/gpu_smoke.json"
 echo '{}' >"$summary"
-echo "gpu_smoke: $model, configs of $base, results in $out"
+mode=eager
+[ ${#eager[@]} -eq 0 ] || mode="torch.compile and CUDA graphs"
+echo "gpu_smoke: $model on GPU $gpu ($mode), configs of $base, results in $out"
 
 record() { # name result reason step-timing-json
   "$PY" - "$summary" "$@" <<'EOF'
@@ -81,9 +95,21 @@ while IFS= read -r name; do
   rm -rf "$dir"
   mkdir -p "$dir"
   plan="$dir/plan.json"
+  # The previous server's memory first: vLLM would refuse to start (and this would read as a FAIL).
+  if ! waited="$("$PY" -m connector_tax.launch.vllm_cli wait-released "$config" "$name" --gpu "$gpu" 2>"$dir/wait.log")"; then
+    record "$name" FAIL "$(tail -n 1 "$dir/wait.log")" "null"
+    failed=1
+    continue
+  fi
+  echo "gpu_smoke: $name: GPU $gpu released after ${waited} s" >"$dir/wait.log"
   "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" --check smoke >"$plan"
+  if ! verify_start_sidecars "$plan" "$config" "$name" "$dir" "$dir/check.log"; then
+    record "$name" FAIL "${SIDECAR_REASON:-a sidecar did not start (see $dir/check.log)}" null
+    failed=1
+    continue
+  fi
   "$PY" -m connector_tax.cli launch-command --config "$config" --variant "$name" --port "$port" \
-    --step-log "$dir/engine_step.jsonl" --script >"$dir/launch.sh"
+    --step-log "$dir/engine_step.jsonl" ${SIDECAR_ARGS[@]+"${SIDECAR_ARGS[@]}"} --script >"$dir/launch.sh"
   set -m
   bash "$dir/launch.sh" >"$dir/server.log" 2>&1 </dev/null &
   pid=$!
@@ -92,6 +118,7 @@ while IFS= read -r name; do
   verdict="$("$PY" "$VERIFY_TOOLS/preflight_client.py" check --plan "$plan" --pid "$pid" \
     --log "$dir/check.log" --server-log "$dir/server.log" --start-timeout "$start_timeout" | tail -n 1)" || true
   verify_stop_group "$pid"
+  verify_stop_sidecars
   has_connector="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["has_connector"])' "$plan")"
   connector_flag="--no-connector"
   [ "$has_connector" = True ] && connector_flag="--connector"
@@ -115,7 +142,6 @@ while IFS= read -r name; do
       failed=1
     fi
   fi
-  sleep "${GPU_SMOKE_SETTLE_S:-5}" # let the GPU memory go before the next launch
 done <<<"$names"
 
 echo "gpu_smoke: summary in $summary"

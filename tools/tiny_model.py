@@ -17,6 +17,8 @@ directory holds only what vLLM reads without weights:
   ~95.5k (connector_tax.loadgen.prompts: 1000-30000 plus request-unique ids above), and vLLM
   rejects ids beyond the model's and the tokenizer's vocabulary; every id, prompted or
   generated, decodes to text;
+* a chat template (ChatML, in tokenizer_config.json), so `/v1/chat/completions` and `/tokenize`
+  with messages serve: without one vLLM refuses every chat request;
 * generation_config.json — no sampling defaults of its own;
 * connector_tax_tiny_model.json — what made it (for the manifest).
 
@@ -33,6 +35,13 @@ from pathlib import Path
 
 MARKER = "connector_tax_tiny_model.json"
 SPECIAL = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: unk, bos, eos
+# ChatML, as Qwen's templates write it (and the simulator renders chat: sim/tokens.py), ending in
+# the assistant's turn when asked for the generation prompt. Plain text, not special tokens: the
+# tokenizer splits the markers into ordinary tokens, which a chat prompt's length counts.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def corpus() -> list[str]:
@@ -118,6 +127,7 @@ def write_model(out: Path, vocab: int = 4096, layers: int = 2, hidden: int = 128
             "add_bos_token": False,
             "model_max_length": 4096,
             "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
         },
     }
     for name, data in files.items():

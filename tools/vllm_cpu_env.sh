@@ -26,8 +26,12 @@
 #     when this runs as root with apt-get; otherwise one line says what to install and which
 #     configurations SKIP without it;
 #   * LMCache: lmcache and the modules it imports that vLLM's environment lacks (a plain install
-#     downgrades numpy and protobuf and pulls cupy and cuda-python). It imports, but 0.5.6 has no
-#     CPU connector for vLLM's worker: the study's preflight finds that and SKIPs its configurations.
+#     downgrades numpy and protobuf and pulls cupy and cuda-python), and what its multi-process
+#     server (`lmcache server`, the `lmcache_mp` connector type's sidecar) needs beyond them:
+#     opentelemetry-exporter-prometheus, pinned to the OpenTelemetry 1.45 that vLLM's environment
+#     holds (without it the server dies at start: "No module named 'opentelemetry.exporter.prometheus'").
+#     The in-process connector imports, but 0.5.6 has no CPU connector for vLLM's worker: the
+#     study's preflight finds that and SKIPs `lmcache` configurations; `lmcache_mp` ones run.
 # --no-connectors leaves them out (the configurations that need them then SKIP).
 # It ends by importing vLLM, reading both versions, checking that each connector's module imports
 # and printing the interpreter's path: point $CONNECTOR_TAX_VLLM_PYTHON at it to enable the
@@ -54,14 +58,15 @@ venv_given=0
 # The connector libraries (exact pins, installed --no-deps) and the modules they import that
 # vLLM's CPU environment lacks. Changing a pin re-runs the connector step on an existing venv.
 CONNECTOR_PINS=(nixl-cu12==1.5.1 nixl==1.5.1 mooncake-transfer-engine-non-cuda==0.3.13.post1 lmcache==0.5.6)
-CONNECTOR_DEPS=(msgpack==1.2.4 sortedcontainers==2.4.0 aiofile==3.12.3 caio==0.12.10)
+CONNECTOR_DEPS=(msgpack==1.2.4 sortedcontainers==2.4.0 aiofile==3.12.3 caio==0.12.10
+  opentelemetry-exporter-prometheus==0.66b2)
 while [ $# -gt 0 ]; do
   case "$1" in
     --version) [ $# -ge 2 ] || die "--version needs a value"; version="$2"; shift 2 ;;
     --python) [ $# -ge 2 ] || die "--python needs an interpreter"; python="$2"; shift 2 ;;
     --force) force=1; shift ;;
     --no-connectors) connectors=0; shift ;;
-    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,45p' "$0"; exit 0 ;;
     -*) die "unknown argument: $1" ;;
     *)
       [ "$venv_given" = 0 ] || die "VENV_DIR given twice: '$venv' and '$1'"
@@ -211,6 +216,8 @@ checks = {  # distribution -> the module vLLM imports for it
     "nixl-cu12": "nixl_cu12._api",
     "mooncake-transfer-engine-non-cuda": "mooncake.engine",
     "lmcache": "lmcache.integration.vllm.vllm_v1_adapter",
+    # LMCache's multi-process server (`lmcache server`): what it imports at start-up
+    "opentelemetry-exporter-prometheus": "opentelemetry.exporter.prometheus",
 }
 out = {}
 for dist, module in checks.items():

@@ -1,12 +1,13 @@
 """Loads the connector-tax step-timing instrumentation into every Python process that has
 this folder on PYTHONPATH (the `vllm serve` API server, its engine core and its workers), and
-the Mooncake CPU guard (patches/cpu_guard.py) when the launch asked for it.
+the interventions the variant declared (patches/interventions/: the Mooncake CPU guard, NIXL's
+progress thread off or slowed), named by the launch in $CONNECTOR_TAX_INTERVENTIONS.
 
 Python imports `sitecustomize` at start-up from the first folder on sys.path that has one;
 the launch puts `<repo>` and `<repo>/patches/site` on PYTHONPATH. Without
-$CONNECTOR_TAX_STEP_LOG and $CONNECTOR_TAX_MOONCAKE_CPU_GUARD=1 this does nothing but hand over
-to the next sitecustomize on sys.path (an environment's own, if it has one), so a launch without
-them behaves as plain vLLM.
+$CONNECTOR_TAX_STEP_LOG and $CONNECTOR_TAX_INTERVENTIONS this does nothing but hand over to the
+next sitecustomize on sys.path (an environment's own, if it has one), so a launch without them
+behaves as plain vLLM.
 """
 
 import importlib.machinery
@@ -26,15 +27,15 @@ def _connector_tax_install() -> None:
         sys.stderr.write(f"connector-tax: step timing not installed: {exc!r}\n")
 
 
-def _connector_tax_guard() -> None:
-    if os.environ.get("CONNECTOR_TAX_MOONCAKE_CPU_GUARD") != "1":
+def _connector_tax_interventions() -> None:
+    if not os.environ.get("CONNECTOR_TAX_INTERVENTIONS"):
         return
     try:
-        from patches import cpu_guard
+        from patches import interventions
 
-        cpu_guard.install()
+        interventions.install()
     except Exception as exc:  # never stop vLLM from starting
-        sys.stderr.write(f"connector-tax: Mooncake CPU guard not installed: {exc!r}\n")
+        sys.stderr.write(f"connector-tax: interventions not installed: {exc!r}\n")
 
 
 def _chain_next_sitecustomize() -> None:
@@ -52,5 +53,5 @@ def _chain_next_sitecustomize() -> None:
 
 
 _connector_tax_install()
-_connector_tax_guard()
+_connector_tax_interventions()
 _chain_next_sitecustomize()

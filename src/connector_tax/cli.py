@@ -8,9 +8,23 @@ from typing import Any
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from connector_tax.config import check_file
+    from connector_tax.config import ConfigError, StudyConfig, check_file, load_config
+    from connector_tax.launch.hostcheck import check_host
+    from connector_tax.pipeline.resolution import unbounded_warnings
 
-    return check_file(args.file)
+    if check_file(args.file) != 0:
+        return 2
+    config = load_config(args.file)
+    for line in unbounded_warnings(StudyConfig.from_mapping(config)):
+        print(f"warning: {line}")
+    if args.static:
+        return 0
+    try:
+        check_host(config)
+    except ConfigError as exc:
+        print(f"{args.file}: on this host: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -49,6 +63,12 @@ def _analyze(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from connector_tax.pipeline.compare import main
+
+    return main(args)
+
+
 # `ctax pipeline STEP ...`: the logic behind each Snakemake rule, the same command the rule runs.
 PIPELINE_STEPS = {
     "study-config": (
@@ -78,13 +98,19 @@ def _plan(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         print(f"ctax plan: --gpus: {args.gpus} is not a number of GPUs (1 or more)", file=sys.stderr)
         return 2
+    if args.launch_s is not None and not args.launch_s >= 0:
+        print(f"ctax plan: --launch-s: {args.launch_s} is not a number of seconds (0 or more)", file=sys.stderr)
+        return 2
     timing = None
     if profile is not None and study.backend == "vllm":
         timing = Timing.from_profile(profile.provenance.get("timing") or {}, profile.describe())
     if profile is not None and args.profile:  # the plan's own view of the study: as if the config named it
         study = _with_profile(study, profile)
+    if args.launch_sd and not args.predict:
+        print("ctax plan: --launch-sd: only with --predict (it widens the predicted intervals)", file=sys.stderr)
+        return 2
     if not args.predict:
-        estimates, notes = plan_study(study, timing=timing)
+        estimates, notes = plan_study(study, timing=timing, launch_s=args.launch_s)
         _plan_out(args, study, estimates, notes)
         return 0
     import tempfile
@@ -94,7 +120,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     from connector_tax.pipeline.predict import predict, predictable
     from connector_tax.pipeline.resolution import render as render_resolution
-    from connector_tax.pipeline.resolution import resolution
+    from connector_tax.pipeline.resolution import resolution, unbounded_cells
 
     raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
     named = "hardware_profile" in (raw.get("sim") or {}) or profile is not None
@@ -110,8 +136,18 @@ def _plan(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"ctax plan: {exc}", file=sys.stderr)
             return 1
-        estimates, notes = plan_study(study, layout, timing=timing)
+        estimates, notes = plan_study(study, layout, timing=timing, launch_s=args.launch_s)
         resolved = resolution(layout.root)
+        unbounded = unbounded_cells(layout.root, resolved, study.baseline)
+        if args.launch_sd:
+            from connector_tax.pipeline.resolution import with_launches
+
+            pooled = {e["variant"] for e in resolved if e["at"].startswith("phase_a")}  # the measured variants
+            with_launches(resolved, args.launch_sd, len(pooled) + 1)
+            notes.append(
+                f"launch-to-launch sd of a log p90 (measured): TTFT {args.launch_sd['ttft_p90']:.3f}, "
+                f"TPOT {args.launch_sd['tpot_p90']:.3f}; half-widths given at k launches per variant"
+            )
     notes = [n for n in notes if not n.startswith("no rate assumed pruned")]
     used = profile.describe() if profile is not None else f"{study.sim['hardware_profile']} (hand-set)"
     if profile is not None:
@@ -123,8 +159,18 @@ def _plan(args: argparse.Namespace) -> int:
         f"(profile {used}); other configurations' Phase B cells at the baseline's lengths"
     )
     _plan_out(args, study, estimates, notes, resolved)
-    print(render_resolution(resolved), end="")
+    print(render_resolution(resolved, unbounded), end="")
     return 0
+
+
+def _launch_sd(text: str) -> dict[str, float]:
+    try:
+        ttft, tpot = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TTFT,TPOT (two numbers, e.g. 0.08,0.03)") from None
+    if not (0 <= ttft < 5 and 0 <= tpot < 5):
+        raise argparse.ArgumentTypeError(f"{text!r}: each sd must be in [0, 5)")
+    return {"ttft_p90": ttft, "tpot_p90": tpot}
 
 
 def _plan_profile(args: argparse.Namespace, study: Any) -> Any:
@@ -157,9 +203,9 @@ def _plan_out(
     from connector_tax.atomic import write_json
     from connector_tax.pipeline.estimate import as_dict, render
 
-    print(render(study, estimates, notes, args.gpus), end="")
+    print(render(study, estimates, notes, args.gpus, args.config), end="")
     if args.json:
-        doc = as_dict(study, estimates, notes)
+        doc = as_dict(study, estimates, notes, args.gpus, args.config)
         if resolved is not None:
             doc["resolution"] = resolved
         write_json(Path(args.json), doc)
@@ -186,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     check = config_sub.add_parser("check", help="validate a study config file")
     check.add_argument("file", help="path to a study config YAML")
+    check.add_argument(
+        "--static",
+        action="store_true",
+        help="the file only; by default a vLLM study on GPUs is also checked against this host "
+        "(model downloaded, PYTORCH_CUDA_ALLOC_CONF, RDMA devices)",
+    )
     check.set_defaults(func=_config_check)
 
     from connector_tax.sim.cli_args import add_sim_arguments
@@ -224,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_arguments(analyze)
     analyze.set_defaults(func=_analyze)
 
+    from connector_tax.pipeline.compare import add_arguments as add_compare_arguments
+
+    compare = sub.add_parser(
+        "compare", help="what changed between two studies (or two variants of one), with launch-aware intervals"
+    )
+    add_compare_arguments(compare)
+    compare.error = lambda message: compare.exit(2, f"ctax compare: {message}\n")  # type: ignore[method-assign]
+    compare.set_defaults(func=_compare)
+
     from connector_tax.calibrate.cli import add_arguments as add_calibrate_arguments
 
     calibrate = sub.add_parser(
@@ -238,7 +299,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--config", default="configs/default.yaml", metavar="FILE", help="study config (default configs/default.yaml)"
     )
-    plan.add_argument("--gpus", type=int, default=1, metavar="N", help="also show the wall time on N GPUs side by side")
+    plan.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N GPUs side by side: print the snakemake command that runs N phase jobs at once (its --cores) "
+        "and the wall time with it",
+    )
+    plan.add_argument(
+        "--launch-s",
+        type=float,
+        metavar="SECONDS",
+        help="a server launch's start-up as timed on the host (default: vLLM 150, the simulator 3)",
+    )
     plan.add_argument(
         "--predict",
         action="store_true",
@@ -252,8 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine profile (`ctax calibrate`) to plan with instead of the config's: its fitted engine for "
         "--predict, and for a vLLM study the job times it measured on its host",
     )
+    plan.add_argument(
+        "--launch-sd",
+        type=_launch_sd,
+        metavar="TTFT,TPOT",
+        help="with --predict: the measured sd of one launch's log p90 (TTFT, TPOT; `ctax benchmark launch_variance`, "
+        "or a replicated study's taxes' launch_sd): each tax's half-width at k launches per variant",
+    )
     plan.add_argument("--workdir", metavar="DIR", help="keep the prediction's scratch study here (default: removed)")
     plan.add_argument("--json", metavar="FILE", help="also write the estimates here (seconds per stage and job)")
+    plan.error = lambda message: plan.exit(2, f"ctax plan: {message}\n")  # type: ignore[method-assign]
     plan.set_defaults(func=_plan)
 
     steps = "\n".join(f"  {name:13} {text}" for name, (_, text) in PIPELINE_STEPS.items())

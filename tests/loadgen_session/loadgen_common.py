@@ -35,6 +35,7 @@ RECORD_KEYS = [
     "cell",
     "usage_completion_tokens",
     "token_mismatch",
+    "usage_prompt_tokens",
 ]
 SHAPE = {"input": 64, "output": 8}
 SIM_FLAGS = {

@@ -135,6 +135,9 @@ def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
         "unmatched_results",
         "cpu_frac_main",
         "cpu_frac_worker0",
+        "prompt_tokens_off",
+        "completion_tokens_off",
+        "measured_requests_missing",
     ]
     assert [c["threshold"] for c in checks.values()] == [
         0.05,
@@ -149,6 +152,9 @@ def test_validity_flags_name_the_failed_check(sims, out: Path) -> None:
         0,
         0.95,
         0.95,
+        0,
+        0,
+        0,
     ]
     assert validity["valid"] is False
     assert checks["lateness_p99_us"]["passed"] is False

@@ -26,6 +26,7 @@ from connector_tax.analysis.cellstats import COLUMNS, cell_row
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
+from connector_tax.analysis.interventions import effects as intervention_effects
 from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
 from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
@@ -39,7 +40,7 @@ from connector_tax.analysis.saturation import (
     reference_from_rows,
 )
 from connector_tax.analysis.tables import write_tables
-from connector_tax.analysis.taxes import SeriesMap, compute_taxes
+from connector_tax.analysis.taxes import LaunchTaxes, SeriesMap, compute_taxes
 from connector_tax.analysis.threads import thread_tables
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A
@@ -119,30 +120,44 @@ def served_by(study: Study) -> str:
 
 def launch_facts(study: Study) -> dict[str, Any]:
     """What the launches recorded beside their cells, for every output: the connector packages of
-    the server's Python and the workarounds each configuration's launches needed (run.json)."""
+    the server's Python, the interventions each configuration declared, by name and in the words
+    of their disclosures (run.json `interventions`, `workarounds`), which LMCache mode it ran and
+    the sidecars its launch started."""
     from connector_tax.contract.records import connector_packages
 
     packages = sorted(
         {connector_packages(r.run.get("server_versions") or {}) for r in study.runs.values() if r.run} - {""}
     )
     workarounds: dict[str, list[str]] = {}
+    interventions: dict[str, list[str]] = {}
+    modes: dict[str, str] = {}
+    sidecars: dict[str, list[str]] = {}
     for (name, *_), r in study.runs.items():
-        for w in (r.run or {}).get("workarounds") or []:
-            if w not in workarounds.setdefault(name, []):
-                workarounds[name].append(w)
+        for key, into in (("workarounds", workarounds), ("interventions", interventions)):
+            for w in (r.run or {}).get(key) or []:
+                if w not in into.setdefault(name, []):
+                    into[name].append(w)
+        if mode := (r.run or {}).get("lmcache_mode"):
+            modes[name] = mode
+        for side in (r.run or {}).get("sidecars") or []:
+            what = f"{side.get('name')}: {side.get('label') or side.get('what')}"
+            if what not in sidecars.setdefault(name, []):
+                sidecars[name].append(what)
     return {
         "connector_packages": "; ".join(packages) or None,
         "workarounds": {k: v for k, v in workarounds.items() if v},
+        "interventions": {k: v for k, v in interventions.items() if v},
+        "lmcache_modes": modes,
+        "sidecars": {k: v for k, v in sidecars.items() if v},
     }
 
 
-def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
-    """Everything the outputs are made of, in memory (no file written)."""
-    t0 = time.perf_counter()
-    study = load_study(Path(results_dir))
+def read_cells(study: Study) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]], SeriesMap]:
+    """Every usable cell read once: its aggregate row, the first launches' step CDF grids, and
+    the requests the taxes pair launch by launch (`ctax compare` reads studies through it too)."""
     rows: list[dict[str, Any]] = []
     step_cdf: dict[str, dict[str, list[float]]] = {}
-    series: SeriesMap = {}  # every cell's requests: the taxes pair them, launch by launch
+    series: SeriesMap = {}
     for cell in study.cells():
         run = study.run_of(cell.variant, cell.phase, cell.replicate)
         row, grid = cell_row(
@@ -156,6 +171,14 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         rows.append(row)
         if grid is not None and cell.replicate == 1:
             step_cdf.setdefault(cell.variant, {})[cell.key] = grid
+    return rows, step_cdf, series
+
+
+def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str = "offered") -> dict[str, Any]:
+    """Everything the outputs are made of, in memory (no file written)."""
+    t0 = time.perf_counter()
+    study = load_study(Path(results_dir))
+    rows, step_cdf, series = read_cells(study)
     base, _explicit = _resolve_baseline(study, baseline)
     thresholds = study.settings.saturation
     completed = {name: phase_completed(study, name, PHASE_A)[1] for name in study.variants}
@@ -179,6 +202,8 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         else:
             apply_to_row(row, cell_criteria(row, thresholds, throughput_basis))
     taxes = compute_taxes(rows, study.variants, base, reference, series) if base else None
+    # what each declared intervention explains, against the same variant without it
+    effects = intervention_effects([v.raw for v in study.settings.variants], LaunchTaxes(series, rows), taxes)
     for entry in ((taxes or {}).get("phase_a") or {}).values():  # a skipped configuration: say why
         for name in entry.get("missing") or {}:
             pf = study.preflight.get(name) or {}
@@ -237,6 +262,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         "rows": rows,
         "reference": reference,
         "taxes": taxes,
+        "intervention_effects": effects,
         "step_cdf": {"percentiles": [float(p) for p in CDF_PERCENTILES], "variants": step_cdf},
         "artifacts": artifacts,
         "runtime": runtime,

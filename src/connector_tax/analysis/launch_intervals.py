@@ -129,12 +129,13 @@ class PairedRatio:
     paired: bool
 
 
-def paired_log_ratio(x: Series, base: Series, p: float = 90) -> PairedRatio | None:
+def paired_log_ratio(x: Series, base: Series, p: float = 90, common_traffic: bool = True) -> PairedRatio | None:
     """The log ratio of x's and the baseline's p-th percentiles in one replicate: over the requests
     both cells completed, paired by index, when they share traffic (common random numbers); else
-    (no common request) over each whole cell, as two independent cells."""
+    (no common request, or `common_traffic` false: two studies of other seeds, whose request i
+    differ) over each whole cell, as two independent cells."""
     common, xi, bi = np.intersect1d(x.index, base.index, assume_unique=True, return_indices=True)
-    if common.size > 0 and common.size >= 0.5 * min(x.n, base.n):
+    if common_traffic and common.size > 0 and common.size >= 0.5 * min(x.n, base.n):
         xv, bv = x.values[xi], base.values[bi]  # both in index (send) order
         value = math.log(np.percentile(xv, p) / np.percentile(bv, p))
         if common.size < MIN_P90_SAMPLES:
@@ -180,6 +181,19 @@ class LaunchVariance:
     variance: float | None  # None: not estimated (fewer than two variants with two launches)
     df: int
     variants: list[str] = field(default_factory=list)
+
+
+def pooled(a: LaunchVariance, b: LaunchVariance) -> LaunchVariance:
+    """One launch variance from two studies' estimates of it (the same assumption as within a
+    study: one variance per cell and metric), weighted by their degrees of freedom; one alone
+    stands for both."""
+    known = [(v.variance, v) for v in (a, b) if v.variance is not None and v.df > 0]
+    if not known:
+        return LaunchVariance(None, 0)
+    df = sum(v.df for _, v in known)
+    return LaunchVariance(
+        sum(var * v.df for var, v in known) / df, df, sorted({n for _, v in known for n in v.variants})
+    )
 
 
 def log_p90(series: Series, p: float = 90) -> float | None:

@@ -50,6 +50,8 @@ def like_for_like(study: Any) -> dict[str, dict[str, Any]]:
             kinds = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
             if "lmcache" in kinds:
                 row["lmcache_env"] = (vllm.get("lmcache") or {}).get("env")
+            if "lmcache_mp" in kinds:  # its LMCache server's settings (launched beside vLLM)
+                row["lmcache_mp"] = vllm.get("lmcache_mp")
             env = (run.run or {}).get("server_env") or {}
             if env.get("VLLM_TARGET_DEVICE") == "cpu":  # the CPU build's binding and cache, as launched
                 row["cpu_omp_threads_bind"] = env.get("VLLM_CPU_OMP_THREADS_BIND")

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.contention import header_lines
+from connector_tax.analysis.interventions import pointers
+from connector_tax.analysis.interventions import render as render_interventions
 from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES, survives
 from connector_tax.analysis.streams import render as render_streams
 from connector_tax.analysis.threads import render as render_threads
@@ -126,11 +128,15 @@ def _header(agg: dict[str, Any]) -> list[str]:
     ]
     for note in ref.get("notes") or []:
         L.append(f"- Note: {note}")
-    # -- connector packages and workarounds, from the launches (issue 22)
+    # -- connector packages and declared interventions, from the launches
     if agg.get("connector_packages"):
         L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
     for name, items in (agg.get("workarounds") or {}).items():
-        L += [f"- Workaround, `{name}`: {w}" for w in items]
+        L += [f"- Intervention (declared), `{name}`: {w}" for w in items]
+    for name, mode in (agg.get("lmcache_modes") or {}).items():
+        L.append(f"- LMCache mode, `{name}`: {mode}")
+    for name, items in (agg.get("sidecars") or {}).items():
+        L += [f"- Sidecar of `{name}` (started before its server, its CPU in the thread tables): {w}" for w in items]
     L += ["", STEP_DEFINITIONS, ""]
 
     return L
@@ -464,7 +470,7 @@ def _covers_zero(est: dict[str, Any] | None) -> str:
 def _server_cpu(agg: dict[str, Any]) -> list[str]:
     """Where the server's CPU goes, and where client-side TPOT/ITL cannot be trusted
     (analysis/threads.py, analysis/streams.py)."""
-    return render_threads(agg.get("threads") or {}, agg["variants"]) + render_streams(agg["rows"])
+    return render_threads(agg.get("threads") or {}, agg["variants"], pointers(agg)) + render_streams(agg["rows"])
 
 
 def _figures(figures: dict[str, list[str]], skipped: dict[str, str], figures_made: bool) -> list[str]:
@@ -555,6 +561,7 @@ def render_report(
         _verdicts(hyp),
         _phase_a(agg),
         _taxes(agg),
+        render_interventions(agg),
         _server_cpu(agg),
         _figures(figures, skipped, figures_made),
         _flags(agg),

@@ -126,14 +126,20 @@ class LaunchTaxes:
     def replicates(self, name: str, phase: str, label: str) -> list[int]:
         return sorted(r for (n, ph, c, r) in self.series if (n, ph, c) == (name, phase, label))
 
-    def launch(self, phase: str, label: str, metric: str, baseline: str) -> LaunchVariance:
+    def launch(self, phase: str, label: str, metric: str, baseline: str | None) -> LaunchVariance:
+        """The launch variance of a cell's metric; `baseline` None (a study without one): from
+        the launches alone, with no paired within-launch noise."""
         key = (phase, label, metric)
         if key not in self._launch:
             logs: dict[str, dict[int, float]] = {}
             for (n, ph, c, r), m in self.series.items():
                 if (ph, c) == (phase, label) and metric in m and (value := log_p90(m[metric])) is not None:
                     logs.setdefault(n, {})[r] = value
-            pairs = [self.pair(n, baseline, phase, label, r, metric) for n in logs if n != baseline for r in logs[n]]
+            pairs = (
+                [self.pair(n, baseline, phase, label, r, metric) for n in logs if n != baseline for r in logs[n]]
+                if baseline is not None
+                else []
+            )
             noise = [p.variance for p in pairs if p is not None and p.variance is not None]
             self._launch[key] = launch_variance(logs, float(np.mean(noise)) / 2 if noise else 0.0)
         return self._launch[key]

@@ -1,6 +1,7 @@
 """Where the server's CPU goes: per-thread CPU of the server's processes, idle and under load.
 
-Reads what metrics/threads.py sampled: `threads_idle.jsonl` of a configuration's Phase A launch
+Reads what metrics/threads.py sampled (the server's processes, and a variant's sidecars marked
+`sidecar`, which get their own total: the LMCache MP server of `lmcache_mp`): `threads_idle.jsonl` of a configuration's Phase A launch
 (the ready server before its first request) and the `threads_<phase>_<cell>.jsonl` of its Phase A
 cell at ref_safe (the cell the taxes use; the lowest complete Phase A cell when there is none at
 ref_safe). A thread's CPU share over a file is its CPU ticks between the first and the last sample
@@ -36,6 +37,8 @@ def _samples(path: Path) -> list[ThreadSample]:
 
 
 def _role(proc: ProcessSample, root: int) -> str:
+    if proc.sidecar:  # a process the launch started beside the server (an LMCache MP server)
+        return f"sidecar {proc.sidecar}"
     if proc.pid == root:
         return "API server"
     if proc.name.startswith("VLLM::EngineCor"):
@@ -55,7 +58,8 @@ def usage(path: Path) -> dict[str, Any] | None:
     if seconds <= 0:
         return None
     tck = float(last.clk_tck or 100)
-    root = min(p.pid for p in first.procs)
+    server = [p.pid for p in first.procs if not p.sidecar]
+    root = min(server) if server else -1
     before = {(p.pid, t.tid): t.user + t.system for p in first.procs for t in p.threads}
     cores: dict[tuple[int, int], set[int]] = {}
     for s in samples:
@@ -82,11 +86,18 @@ def usage(path: Path) -> dict[str, Any] | None:
                 }
             )
     threads.sort(key=lambda t: -t["cpu_pct"])
+    sidecars: dict[str, dict[str, Any]] = {}
+    for row in threads:
+        if row["process"].startswith("sidecar "):
+            entry = sidecars.setdefault(row["process"][len("sidecar ") :], {"total_pct": 0.0, "busiest": row})
+            entry["total_pct"] = round(entry["total_pct"] + row["cpu_pct"], 1)
     return {
         "file": path.name,
         "seconds": round(seconds, 2),
         "samples": len(samples),
-        "total_pct": round(sum(t["cpu_pct"] for t in threads), 1),
+        # the server's processes; each sidecar's CPU apart (their sum is the configuration's)
+        "total_pct": round(sum(t["cpu_pct"] for t in threads if not t["process"].startswith("sidecar ")), 1),
+        "sidecars": sidecars,
         "threads": threads,
     }
 
@@ -142,8 +153,9 @@ def thread_tables(study: Any, reference: dict[str, Any]) -> dict[str, Any]:
     return {"variants": full, "busy_beyond_plain": busy, "top": TOP, "busy_pct": BUSY_PCT}
 
 
-def render(tables: dict[str, Any], configs: list[str]) -> list[str]:
-    """The report's section (Markdown lines); nothing when no thread was sampled."""
+def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[str]] | None = None) -> list[str]:
+    """The report's section (Markdown lines); nothing when no thread was sampled. `advice`: per
+    variant, what to do about its threads busy at idle (interventions.pointers)."""
     found = tables.get("variants") or {}
     if not found:
         return []
@@ -151,15 +163,19 @@ def render(tables: dict[str, Any], configs: list[str]) -> list[str]:
     out = [
         "## Where the server's CPU goes (per-thread CPU time)",
         "",
-        f"Every thread of the server's processes (API server, EngineCore, Worker), sampled with /metrics; CPU as % "
+        f"Every thread of the server's processes (API server, EngineCore, Worker) and of the processes its launch "
+        f"started beside it (*sidecars*, e.g. the LMCache MP server of `lmcache_mp`), sampled with /metrics; CPU as % "
         f"of one core; *idle*: the ready server before its first request (Phase A launch); *load*: the Phase A cell "
-        f"named. The {tables.get('top', TOP)} busiest threads per configuration, plain's first; `cores`: the cores "
-        "the thread was seen on.",
+        f"named. A sidecar's CPU is part of what its configuration costs. The {tables.get('top', TOP)} busiest "
+        "threads per configuration, plain's first; `cores`: the cores the thread was seen on.",
         "",
     ]
     for state in ("idle", "load"):
         out += [f"### {state.capitalize()}", ""]
-        out += ["| config | cell | server total | busiest threads (CPU % of one core, cores) |", "|---|---|---|---|"]
+        out += [
+            "| config | cell | server total | sidecars (total; busiest thread) | busiest threads (CPU % of one core, cores) |",
+            "|---|---|---|---|---|",
+        ]
         for name in order:
             entry = found.get(name) or {}
             use = entry.get(state)
@@ -171,12 +187,18 @@ def render(tables: dict[str, Any], configs: list[str]) -> list[str]:
                 for t in use["threads"]
                 if t["cpu_pct"] >= 1.0
             )
+            sidecars = "; ".join(
+                f"{side} **{v['total_pct']:.1f}%** ({v['busiest']['thread']} {v['busiest']['cpu_pct']:.1f}%)"
+                for side, v in (use.get("sidecars") or {}).items()
+            )
             out.append(
-                f"| `{name}` | {cell} | {use['total_pct']:.0f}% over {use['seconds']:.0f} s | {threads or '–'} |"
+                f"| `{name}` | {cell} | {use['total_pct']:.0f}% over {use['seconds']:.0f} s | {sidecars or '–'} | "
+                f"{threads or '–'} |"
             )
         out.append("")
     busy = tables.get("busy_beyond_plain") or {}
     for name, threads in busy.items():
+        out += [f"- `{name}`: {line}." for line in (advice or {}).get(name, [])]
         for t in threads:
             allowed = ",".join(map(str, t.get("allowed") or []))
             out.append(

@@ -12,7 +12,8 @@ reference rates), so predicted and measured numbers are the same statistics of t
 Per cell: TTFT p90, TPOT p90, the step (schedule()) p50, the engine step p50 and the throughput,
 predicted against measured, the relative error, and whether the prediction lies inside the
 measured 95 % interval (none for a cell too short for batch means). Per variant: each TTFT and
-TPOT tax, predicted against measured and its interval. GOALS are issue 26's: TTFT p90 within
+TPOT tax, predicted against measured and its interval. Beside them, the anchors' measure
+(anchors.py): mean TTFT, TPOT and E2E per cell, step time per batch composition. GOALS are issue 26's: TTFT p90 within
 10 % and TPOT p90 within 5 % on at least 90 % of cells, every tax inside its interval, on a study
 the profile was not fitted on (the split: which cells the profile's provenance lists).
 """
@@ -34,6 +35,8 @@ from connector_tax.analysis.cellstats import cell_row
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.calibrate import anchors
+from connector_tax.calibrate.anchors import GOALS as ANCHOR_GOALS
 from connector_tax.calibrate.records import CalibrationError, open_study, read_study
 from connector_tax.calibrate.speed import at_speed, launch_speeds
 from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig, find_variant
@@ -93,6 +96,9 @@ class CheckResult:
     taxes: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     launch_speeds: dict[str, float] | None = None  # --launch-speed: measured / predicted per launch
+    # The anchors' measure (anchors.py): step time per batch composition, and its summary.
+    compositions: list[dict[str, Any]] = field(default_factory=list)
+    anchors: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +110,9 @@ class CheckResult:
             "cells": self.cells,
             "taxes": self.taxes,
             "summary": self.summary,
+            "anchors_goals": ANCHOR_GOALS,
+            "compositions": self.compositions,
+            "anchors": self.anchors,
         }
 
 
@@ -239,8 +248,9 @@ def check(
         },
     )
     speeds: dict[tuple[str, str], float] = {}
+    data = read_study(Path(results_dir), "the check", simulated_ok)
     if launch_speed:
-        speeds = launch_speeds(profile, read_study(Path(results_dir), "the check", simulated_ok))
+        speeds = launch_speeds(profile, data)
         result.launch_speeds = {f"{v}/{ph}": round(x, 4) for (v, ph), x in speeds.items()}
     predicted_rows = []
     with tempfile.TemporaryDirectory(prefix="ctax-check-") as scratch:
@@ -278,12 +288,15 @@ def check(
                         "saturated": measured.get("saturated"),
                         "valid": measured.get("valid"),
                         **{k: c.as_dict() for k, c in comps.items()},
+                        "means": anchors.compare_means(cell.path("requests"), virtual.path("requests")),
                     }
                 )
     if baseline:
         predicted_taxes = compute_taxes(predicted_rows, variants, baseline, reference)
         result.taxes = compare_taxes(built.get("taxes") or {}, predicted_taxes)
     result.summary = summarize(result.cells, result.taxes)
+    result.compositions = anchors.step_compositions(profile, data)
+    result.anchors = anchors.summarize(result.cells, result.compositions)
     return result
 
 

@@ -181,7 +181,48 @@ def render_check(result: dict[str, Any]) -> str:
         f"TPOT {_pct(s['median_abs_error'].get('tpot_p90_ms'), False)}, "
         f"engine step {_pct(s['median_abs_error'].get('engine_step_p50_us'), False)}",
     ]
+    if result.get("anchors"):
+        lines += render_anchors(result)
     return "\n".join(lines) + "\n"
+
+
+def render_anchors(result: dict[str, Any]) -> list[str]:
+    """The anchors' measure (calibrate/anchors.py): means per cell, step time per composition."""
+    lines = ["", "the anchors' measure, per cell: mean measured -> predicted (error)"]
+    lines.append(f"{'variant/phase/cell':34} {'mean TTFT ms':>26} {'mean TPOT ms':>26} {'mean E2E ms':>26}")
+    for c in result["cells"]:
+        means = c.get("means") or {}
+        cols = [
+            f"{_num(m.get('measured'), 2)} -> {_num(m.get('predicted'), 2)} ({_pct(m.get('error'))})"
+            for m in (means.get(k) or {} for k in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"))
+        ]
+        lines.append(f"{c['variant'] + '/' + c['phase'] + '/' + c['cell']:34} " + " ".join(f"{x:>26}" for x in cols))
+    lines += [
+        "",
+        "engine step per batch composition (prefill tokens x decoding sequences): steps, mean µs measured -> predicted (error)",
+    ]
+    for c in result.get("compositions") or []:
+        mark = "" if c["judged"] else "  (too few steps to judge)"
+        lines.append(
+            f"  {c['variant']:24} prefill {c['prefill_tokens']:>9} decode {c['decode_seqs']:>5} {c['steps']:>7} "
+            f"{_num(c['measured_us'], 0)} -> {_num(c['predicted_us'], 0)} ({_pct(c['error'])}){mark}"
+        )
+    a, g = result["anchors"], result["anchors"]["goals_met"]
+
+    def frac(pair: list[int], ok: bool) -> str:
+        return f"{pair[0]}/{pair[1]} ({'met' if ok else 'not met'})"
+
+    lines += [
+        "",
+        f"anchors' summary: mean TTFT within 10%: {frac(a['ttft_mean_within_10pct'], g['ttft_mean'])}; mean TPOT within "
+        f"5%: {frac(a['tpot_mean_within_5pct'], g['tpot_mean'])} (goals: >= 90% of cells); step time within 5%: "
+        f"{frac(a['step_compositions_within_5pct'], g['step'])} compositions ({a['steps_judged']} steps; "
+        f"{a['step_compositions_not_judged']} with too few); p90 inside the measured interval: TTFT "
+        f"{frac(a['ttft_p90_inside_ci'], g['ttft_p90_inside'])}, TPOT {frac(a['tpot_p90_inside_ci'], g['tpot_p90_inside'])} "
+        f"(goal >= 90%); median |error| of the means: TTFT {_pct(a['median_abs_error']['ttft_mean_ms'], False)}, "
+        f"TPOT {_pct(a['median_abs_error']['tpot_mean_ms'], False)}, E2E {_pct(a['median_abs_error']['e2e_mean_ms'], False)}",
+    ]
+    return lines
 
 
 def main(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from connector_tax.config.load import (
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import Model, Request, Saturation, StudyConfig, Validity, Variant
+from connector_tax.config.study import LmcacheServer, Model, Request, Saturation, StudyConfig, Validity, Variant
 
 __all__ = [
     "LAUNCH_OF",
@@ -49,6 +49,7 @@ __all__ = [
     "PHASE_B_PRIME",
     "Cell",
     "ConfigError",
+    "LmcacheServer",
     "Model",
     "Request",
     "Saturation",

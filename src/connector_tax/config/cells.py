@@ -111,6 +111,9 @@ class Cell:
     # What its length past the floor is set by: the precision of its own p90s, or ("tax") of the
     # taxes it feeds, paired against the baseline's cell (pipeline.precision).
     precision_of: str = "p90"
+    # Which measurement of the cell in its launch this is (pipeline.measure's attempts): not a
+    # setting (not fingerprinted); a later attempt's prompts differ (loadgen.prompts.prompt_key).
+    attempt: int = 1
 
     @property
     def key(self) -> str:
@@ -171,6 +174,7 @@ class Cell:
             "max_duration_s": self.max_duration(),
             "traffic_seed": self.seed,
             "replicate": self.replicate,
+            **({} if self.attempt == 1 else {"attempt": self.attempt}),
         }
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 from typing import Any
 
 from connector_tax.config.cells import check_labels
 from connector_tax.config.errors import ConfigError, show
+from connector_tax.config.interventions import check_interventions
 from connector_tax.config.profile import check_study_profile
-from connector_tax.config.vllm_rules import check_settings
+from connector_tax.config.vllm_rules import check_settings, device
 
 # vLLM resolves kv_connector_module_path with importlib + getattr, so it must be exactly this.
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -79,7 +81,7 @@ def _check_lengths(config: dict[str, Any]) -> None:
 
 
 AA_SUFFIX = "_aa"
-_COPIED = ("connector", "server", "sim", "env")
+_COPIED = ("connector", "server", "sim", "env", "interventions")
 
 
 def add_aa_control(config: dict[str, Any]) -> None:
@@ -114,6 +116,18 @@ def add_aa_control(config: dict[str, Any]) -> None:
                 variant[key] = copy.deepcopy(by_name[source][key])
         if source in prime.get("variants", []) and variant["name"] not in prime["variants"]:
             prime["variants"].append(variant["name"])
+
+
+TOKENIZER_MODES = ("auto", "server", "usage")  # how text prompts are sized; anything else is a file
+
+
+def tokenizer_problem(tokenizer: str) -> str | None:
+    """What is wrong with a `tokenizer` setting, or None (a file's content is the reader's to judge)."""
+    if tokenizer in TOKENIZER_MODES or os.path.isfile(tokenizer):
+        return None
+    if os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
+        return None
+    return f"{tokenizer!r} is not {', '.join(TOKENIZER_MODES)}, a tokenizer.json file or a folder holding one"
 
 
 def check_semantics(config: dict[str, Any]) -> None:
@@ -156,11 +170,16 @@ def check_semantics(config: dict[str, Any]) -> None:
                     f"variant {name!r} would share its jobs' names with replicate {m.group(2)} of {m.group(1)!r}",
                 )
 
+    problem = tokenizer_problem(workload["tokenizer"])
+    if problem:
+        raise ConfigError("workload.tokenizer", problem)
+
     if config["backend"] == "openai" and "url" not in config.get("openai", {}):
         raise ConfigError("openai.url", "required when backend is openai")
 
     if config["backend"] != "openai":  # an external server's context window is its own business
         _check_lengths(config)
     check_study_profile(config)  # the file is there, an engine profile, fitted on the study's model
+    check_interventions(config, on_cpu=config["backend"] == "vllm" and device(config) == "cpu")
     if config["backend"] == "vllm":
         check_settings(config)

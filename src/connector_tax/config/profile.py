@@ -115,7 +115,7 @@ class EngineProfile:
         detail = ", ".join(x for x in (f"from {origin}" if origin else None, f"study {study}" if study else None) if x)
         return f"{self.name} ({self.kind}{' ' + detail if detail else ''})"
 
-    def variant_for(self, name: str, connector: dict[str, Any] | None) -> VariantProfile | None:
+    def variant_for(self, name: str, connector: Mapping[str, Any] | None) -> VariantProfile | None:
         """The costs fitted for variant `name`, else for a variant with the same connector."""
         if name in self.variants:
             return self.variants[name]

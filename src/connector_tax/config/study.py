@@ -46,23 +46,30 @@ class Request:
 
     endpoint: str  # completions | chat
     prompt: str  # token_ids | text
+    tokenizer: str  # how text and chat prompts are sized: auto | server | usage | a tokenizer file
     temperature: float
     ignore_eos: bool
     inflight_cap: int
     timeout_s: float  # workload.request_timeout_s
 
-    KEYS = ("endpoint", "prompt", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
+    KEYS = ("endpoint", "prompt", "tokenizer", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
 
     @classmethod
     def from_mapping(cls, workload: Mapping[str, Any]) -> Request:
         return cls(
             workload["endpoint"],
             workload["prompt"],
+            workload["tokenizer"],
             float(workload["temperature"]),
             workload["ignore_eos"],
             workload["inflight_cap"],
             float(workload["request_timeout_s"]),
         )
+
+    @property
+    def sends_text(self) -> bool:
+        """Text prompts (the chat endpoint always sends text), sized by `tokenizer`."""
+        return self.endpoint == "chat" or self.prompt == "text"
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class Validity:
     max_unissued: int
     max_overrun_ms: float
     max_unmatched: int
+    max_prompt_token_error: float
     max_others_cpu_frac: float
     max_steal_frac: float
     attempts: int
@@ -161,6 +169,36 @@ class LoadgenSettings:
 
 
 @dataclass(frozen=True)
+class LmcacheServer:
+    """`vllm.lmcache_mp`: the LMCache multi-process server that a connector of type `lmcache_mp`
+    talks to, a sidecar of the launch (launch/lmcache_mp.py). Defaults are the schema's."""
+
+    executable: str | None  # None: the `lmcache` beside vllm.executable (or on PATH)
+    chunk_size: int
+    l1_size_gb: float
+    eviction_policy: str
+    transfer_mode: str  # auto | engine_driven | lmcache_driven
+    ready_timeout_s: float
+    extra_args: tuple[str, ...]
+    env: Mapping[str, str]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LmcacheServer:
+        """From a validated config (the schema filled `vllm.lmcache_mp`)."""
+        section = dict((config.get("vllm") or {})["lmcache_mp"])
+        return cls(
+            executable=section.get("executable"),
+            chunk_size=section["chunk_size"],
+            l1_size_gb=float(section["l1_size_gb"]),
+            eviction_policy=section["eviction_policy"],
+            transfer_mode=section["transfer_mode"],
+            ready_timeout_s=float(section["ready_timeout_s"]),
+            extra_args=tuple(section["extra_args"]),
+            env=dict(section["env"]),
+        )
+
+
+@dataclass(frozen=True)
 class Variant:
     """One configuration of the study: a connector plus any server or simulator override."""
 
@@ -179,6 +217,11 @@ class Variant:
         """Its own server.host, where it overrides the study's."""
         host: str | None = self.server.get("host")
         return host
+
+    @property
+    def interventions(self) -> tuple[str, ...]:
+        """The interventions it declares, by name (config/interventions.py says what each does)."""
+        return tuple(self.raw.get("interventions") or ())
 
 
 def baseline_name(config: Mapping[str, Any]) -> str:
@@ -262,6 +305,14 @@ class StudyConfig:
         from connector_tax.config.vllm_rules import device
 
         return device(self.raw)
+
+    @property
+    def cpu_placement(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(service CPUs, compute CPUs) of a vLLM CPU study that pins every server thread
+        (vllm.cpu.service_cpus; serving/placement.py), else None."""
+        from connector_tax.config.vllm_rules import cpu_placement
+
+        return cpu_placement(self.raw)
 
     def virtual(self, profile: str | None = None) -> dict[str, Any]:
         """This study's config as a simulated one computed in virtual time (same name: it runs

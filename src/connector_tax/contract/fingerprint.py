@@ -43,6 +43,10 @@ METRICS_INTERVAL_S = 1.0  # the /metrics sampler's period, part of every cell's 
 _PKG = Path(__file__).resolve().parents[1]
 _LOADGEN_LIBRARIES = ("httptools", "uvloop", "pyzmq")
 _REQUEST_KEYS = ("endpoint", "prompt", "temperature", "ignore_eos", "inflight_cap", "request_timeout_s")
+# What only text prompts use (how they are sized, how close they must come): hashed only for a
+# study that sends text, so a token-id study keeps the fingerprints it had before they existed.
+_TEXT_REQUEST_KEYS = ("tokenizer",)
+_TEXT_VALIDITY_KEYS = ("max_prompt_token_error",)
 
 
 def _canon(value: Any) -> Any:
@@ -96,10 +100,22 @@ def launch_settings(
             # The file's content, not its name: a re-fitted profile re-measures its cells.
             out["sim_profile_sha256"] = _file_sha(profile_path(out["sim"]["profile"]))
     elif backend == "vllm":
-        out["vllm"] = config.get("vllm") or {}
+        out["vllm"] = _vllm_in_use(config.get("vllm") or {}, variant)
     else:
         out["openai"] = config.get("openai") or {}
     return out
+
+
+# vllm sections named after the one connector type that reads them: a variant without that type
+# neither hashes nor re-measures on them (and studies from before a section existed keep their
+# fingerprints).
+_TYPE_SECTIONS = ("lmcache_mp",)
+
+
+def _vllm_in_use(section: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
+    connector = variant.get("connector") or {}
+    types = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
+    return {k: v for k, v in section.items() if k not in _TYPE_SECTIONS or k in types}
 
 
 def _file_sha(path: Path) -> str:
@@ -120,11 +136,17 @@ def _settings_in_use(section: dict[str, Any]) -> dict[str, Any]:
 
 def cell_settings(config: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     workload = config["workload"]
+    text = workload.get("endpoint") == "chat" or workload.get("prompt") == "text"
+    request = {k: workload[k] for k in _REQUEST_KEYS + (_TEXT_REQUEST_KEYS if text else ()) if k in workload}
+    validity = dict(config.get("validity") or {})
+    if not text:
+        for key in _TEXT_VALIDITY_KEYS:
+            validity.pop(key, None)
     return {
         **cell.settings(),
-        "request": {k: workload[k] for k in _REQUEST_KEYS},
+        "request": request,
         "loadgen": _settings_in_use(config.get("loadgen") or {}),
-        "validity": config.get("validity") or {},
+        "validity": validity,
         "seed": config["seed"],
         "metrics_interval_s": METRICS_INTERVAL_S,
     }

@@ -76,13 +76,20 @@ class PhaseIndex:
     # without Mooncake): facts for the manifest, the report and the figures, not settings.
     served_by: str | None = None
     mooncake_transport: str | None = None
+    # Which LMCache mode the variant ran ("in-process (LMCacheConnectorV1)", "multi-process
+    # (LMCacheMPConnector + lmcache server, engine_driven)"; None without LMCache), and the
+    # processes its launch started beside the server (serving/sidecar.py: name, what, argv, env,
+    # ports, version, pid), e.g. the LMCache MP server.
+    lmcache_mode: str | None = None
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
     step_timing_available: bool = False
     step_timing_reason: str | None = None
-    # What the launch changed in the server's behaviour to run at all, in the words every output
-    # shows (e.g. the Mooncake CPU guard); the environment the launch set on top of the caller's
+    # What the launch changed in the server's behaviour, in the words every output shows (its
+    # declared interventions: the Mooncake CPU guard, NIXL's progress thread off...); the environment the launch set on top of the caller's
     # (CPU binding, threads, side-channel ports: like for like across configurations); and the
     # idle per-thread CPU window taken right after the server was ready (threads_idle.jsonl).
     workarounds: list[str] = field(default_factory=list)
+    interventions: list[str] = field(default_factory=list)  # the variant's declared ones, by name
     server_env: dict[str, str] | None = None
     idle_threads: dict[str, Any] | None = None
     restarts: list[dict[str, Any]] = field(default_factory=list)

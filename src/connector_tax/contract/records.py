@@ -46,6 +46,9 @@ class RequestRecord(msgspec.Struct, gc=False):
     # disagreed (a server may put several tokens in one chunk: recorded, not an error).
     usage_completion_tokens: int | None = None
     token_mismatch: bool = False
+    # The server's usage.prompt_tokens alone (prompt_tokens falls back to the requested length):
+    # None when the server sent no usage. Checked against the cell (loadgen.usage).
+    usage_prompt_tokens: int | None = None
 
 
 REQUEST_STATUSES = ("ok", "error", "dropped", "timeout")
@@ -135,12 +138,13 @@ class ThreadCpu(msgspec.Struct, omit_defaults=True, gc=False):
     started_by: str | None = None  # the connector whose constructor started it (vLLM's step log)
 
 
-class ProcessSample(msgspec.Struct, gc=False):
+class ProcessSample(msgspec.Struct, omit_defaults=True, gc=False):
     pid: int
     ppid: int
     name: str
     cpus: list[int] | None
     threads: list[ThreadCpu]
+    sidecar: str | None = None  # the sidecar it belongs to (serving/sidecar.py), not the server
 
 
 class ThreadSample(msgspec.Struct, omit_defaults=True, gc=False):
@@ -211,16 +215,22 @@ STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"
 LAUNCH_SEED_ENV = "CONNECTOR_TAX_LAUNCH_SEED"
 
 
-# run.json's server_versions: the connector libraries among the server's packages (CPU build
-# names as tools/vllm_cpu_env.sh installs them, and a GPU host's), named in every output.
-CONNECTOR_PACKAGES = (
-    "mooncake-transfer-engine",
-    "mooncake-transfer-engine-non-cuda",
-    "nixl",
-    "nixl-cu12",
-    "nixl-cu13",
-    "lmcache",
-)
+# run.json's server_versions: the connector libraries among the server's packages, under every
+# distribution name each is published as (one per CUDA major, or none: tools/vllm_cpu_env.sh
+# installs the -non-cuda and -cu12 builds, tools/vllm_gpu_env.sh the CUDA 13 ones), named in
+# every output.
+CONNECTOR_DISTRIBUTIONS = {
+    "mooncake": ("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13", "mooncake-transfer-engine-non-cuda"),
+    "nixl": ("nixl", "nixl-cu13", "nixl-cu12"),
+    "lmcache": ("lmcache",),
+}
+CONNECTOR_PACKAGES = tuple(d for names in CONNECTOR_DISTRIBUTIONS.values() for d in names)
+
+
+def connector_version(versions: dict[str, object], library: str) -> str:
+    """The version of `library` (mooncake, nixl, lmcache) the server had, whichever distribution
+    it came as; "" when it had none."""
+    return next((str(versions[d]) for d in CONNECTOR_DISTRIBUTIONS[library] if versions.get(d)), "")
 
 
 def connector_packages(versions: dict[str, object]) -> str:

@@ -22,13 +22,20 @@ from connector_tax.atomic import write_atomic
 SUMMARY_SCHEMA = "connector-tax/cell-summary/2"
 
 
-class Check(msgspec.Struct):
-    """One bound of the validity gate: `value` against `threshold`."""
+class Check(msgspec.Struct, omit_defaults=True):
+    """One bound of the validity gate: `value` against `threshold`; `why` words its failure where
+    `name value > threshold` would not say it (written only where set)."""
 
     name: str
     value: float | None
     threshold: float | None
     passed: bool
+    why: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """The failed check in words: its own, or `name value > threshold`."""
+        return self.why or f"{self.name} {self.value} > {self.threshold}"
 
 
 class Verdict(msgspec.Struct):
@@ -96,6 +103,45 @@ class Latencies(msgspec.Struct):
     tpot: Percentiles = msgspec.field(default_factory=Percentiles)
     e2e: Percentiles = msgspec.field(default_factory=Percentiles)
     itl: Percentiles = msgspec.field(default_factory=Percentiles)
+
+
+class Spread(msgspec.Struct):
+    """A token count's median and range over the measured requests (None: none counted)."""
+
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class TokenCounts(msgspec.Struct):
+    """One token count (prompt or completion): what the requests asked for, what the server
+    counted (`reported` of them had a count), and how many were off by more than the rule allows."""
+
+    requested: Spread = msgspec.field(default_factory=Spread)
+    server: Spread = msgspec.field(default_factory=Spread)
+    reported: int = 0
+    off: int = 0
+
+
+class ShapeRuleNote(msgspec.Struct):
+    """How close the server's counts had to be, in words (loadgen.usage.ShapeRule.describe)."""
+
+    prompt: str = ""
+    completion: str = ""
+
+
+class Usage(msgspec.Struct):
+    """Is the cell the shape it claims (loadgen.usage): the server's own token counts of the
+    measured requests against what they asked for; `status` checked | unchecked (with why) | no
+    requests; `sizing`, how text prompts were sized on the server (loadgen.sizing.Sizing.describe)."""
+
+    requests: int = 0
+    rule: ShapeRuleNote = msgspec.field(default_factory=ShapeRuleNote)
+    prompt_tokens: TokenCounts = msgspec.field(default_factory=TokenCounts)
+    completion_tokens: TokenCounts = msgspec.field(default_factory=TokenCounts)
+    status: str = "no requests"
+    unchecked: str | None = None
+    sizing: dict[str, Any] | None = None
 
 
 class TopProcess(msgspec.Struct):
@@ -188,10 +234,12 @@ class CellSummary(msgspec.Struct):
     max_duration_s: float | None = None
     traffic_seed: int | None = None
     replicate: int = 1
+    attempt: int = 1  # which measurement of the cell in its launch (a later one sends fresh prompts)
     # What the load generator measured (loadgen.stats).
     counts: Counts = msgspec.field(default_factory=Counts)
     rates: Rates = msgspec.field(default_factory=Rates)
     latency_ms: Latencies = msgspec.field(default_factory=Latencies)
+    usage: Usage | None = None  # None in a summary from before it was counted
     lateness_us: Percentiles = msgspec.field(default_factory=Percentiles)
     cpu_frac: dict[str, float | None] = msgspec.field(default_factory=dict)
     validity: Verdict = msgspec.field(default_factory=Verdict)

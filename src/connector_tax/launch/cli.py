@@ -23,6 +23,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port the server would bind (default 8000)")
     parser.add_argument("--step-log", metavar="PATH", help="step log path the server would write")
     parser.add_argument("--script", action="store_true", help="print launch.sh instead of the argv JSON")
+    parser.add_argument(
+        "--sidecar-port",
+        action="append",
+        default=[],
+        metavar="NAME=PORT",
+        help="where a sidecar of the variant listens (e.g. lmcache_server=23456); default its planned port",
+    )
+
+
+def _sidecar_ports(pairs: list[str]) -> dict[str, int]:
+    out = {}
+    for pair in pairs:
+        name, _, port = pair.partition("=")
+        if not name or not port.isdigit():
+            raise ValueError(f"--sidecar-port: {pair!r} is not NAME=PORT")
+        out[name] = int(port)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -32,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
                 print(path)
             return 0
         config = load_config(args.config)
-        spec = launch_spec(args.config, config, find_variant(config, args.variant), args.port, args.step_log)
+        variant = find_variant(config, args.variant)
+        spec = launch_spec(args.config, config, variant, args.port, args.step_log, _sidecar_ports(args.sidecar_port))
     except (ConfigError, ValueError) as exc:
         print(f"ctax launch-command: {exc}", file=sys.stderr)
         return 2

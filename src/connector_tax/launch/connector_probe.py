@@ -23,7 +23,8 @@ from typing import Any
 
 from connector_tax.launch.paths import tools_dir
 
-LIBRARIES = ("mooncake", "nixl", "lmcache")  # connector types named after their library
+# Connector types named after their library (lmcache_mp: LMCache's multi-process mode, the same package).
+LIBRARIES = ("mooncake", "nixl", "lmcache", "lmcache_mp")
 
 
 def libraries(variant: Mapping[str, Any]) -> list[str]:

@@ -44,6 +44,10 @@ def script(config_path: str | Path, name: str) -> str:
         'PORT="${PORT:-8000}"',
         f'STEP_LOG="${{STEP_LOG:-/tmp/engine_step_{name}.jsonl}}"',
     ]
+    for side in spec.sidecars:  # on its planned port, which the launch below connects to
+        env = [f"{k}={v}" for k, v in sorted(side.env.items())]
+        lines += [f"# Start its sidecar {side.name} ({side.what}) first; ready when {side.ready} answers:"]
+        lines += ["#   " + " ".join([*env, *side.argv])]
     for key, value in sorted(spec.env.items()):
         if key in _SIDE_PORT_KEYS and value == str(_PORT + _SIDE_PORT_KEYS[key]):
             lines.append(f"export {key}=$((PORT + {_SIDE_PORT_KEYS[key]}))")

@@ -16,7 +16,9 @@ Facts of vLLM 0.33 this relies on (checked against its source by tests/test_vllm
   would otherwise pick devices itself), and mooncake_transport() says which, for the run record.
   NIXL's handshake port is $VLLM_NIXL_SIDE_CHANNEL_PORT. Both get a port derived from the
   launch's HTTP port, so launches on one host never collide (see side_ports).
-* LMCacheConnectorV1 is configured through LMCACHE_* environment variables.
+* LMCacheConnectorV1 is configured through LMCACHE_* environment variables; LMCacheMPConnector
+  (type lmcache_mp) through kv_connector_extra_config (lmcache.mp.host/port/mp_transfer_mode),
+  and needs an LMCache server beside vLLM: a sidecar of the launch (lmcache_mp.py).
 * A connector without SupportsHMA makes vLLM turn the hybrid KV cache manager off by itself;
   LMCacheConnectorV1 has none, so for like-for-like every launch passes
   --disable-hybrid-kv-cache-manager (vllm.hybrid_kv_cache_manager: disabled, the default).
@@ -34,10 +36,18 @@ from typing import Any
 
 from connector_tax import resources
 from connector_tax.config import ConfigError
+from connector_tax.config.interventions import INTERVENTIONS_ENV, disclosures
 from connector_tax.config.merge import merged_server
-from connector_tax.config.vllm_rules import MANAGED_FLAGS, check_extra_args, check_server, device
+from connector_tax.config.vllm_rules import (
+    MANAGED_FLAGS,
+    check_extra_args,
+    check_lmcache_chunk,
+    check_server,
+    connector_types,
+    device,
+)
 from connector_tax.contract.records import STEP_LOG_ENV
-from connector_tax.launch import vllm_cpu
+from connector_tax.launch import lmcache_mp, vllm_cpu
 from connector_tax.launch.paths import repo_root, tools_dir
 from connector_tax.launch.preflight import (
     PREFLIGHT_SCRIPTS,
@@ -64,6 +74,7 @@ CONNECTOR_CLASSES = {
     "mooncake": "MooncakeConnector",
     "nixl": "NixlConnector",
     "lmcache": "LMCacheConnectorV1",
+    lmcache_mp.KIND: lmcache_mp.CONNECTOR_CLASS,
     "multi": "MultiConnector",
 }
 NOOP_MODULE_PATH = "tools.noop_connector:NoOpConnector"
@@ -72,6 +83,13 @@ NOOP_MODULE_PATH = "tools.noop_connector:NoOpConnector"
 PORTS_PER_LAUNCH = 3
 
 HMA_FLAG = "--disable-hybrid-kv-cache-manager"
+
+# vllm.mooncake.device_name: auto hands the choice of NIC to Mooncake: vLLM passes device_name ""
+# to TransferEngine.initialize, whose topology discovery (auto_discover, on in its Python
+# binding) ranks every RDMA device by PCIe distance to each buffer's memory and prefers the nearest
+# for each GPU. One setting for every job, wherever it lands: a per-GPU map would put the GPU in
+# the launch argv, so in every cell's fingerprint.
+MOONCAKE_AUTO = "auto"
 
 _LMCACHE_DEFAULT_ENV = {
     "LMCACHE_CHUNK_SIZE": "256",
@@ -125,16 +143,10 @@ def side_ports(port: int) -> dict[str, int]:
 # --------------------------------------------------------------------------- kv-transfer-config
 
 
-def _connector_kinds(connector: dict[str, Any] | None) -> set[str]:
-    if not connector:
-        return set()
-    kinds = {connector["type"]}
-    for child in connector.get("children", []):
-        kinds |= _connector_kinds(child)
-    return kinds
-
-
-def _one_connector(conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool) -> dict[str, Any]:
+def _one_connector(
+    conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool, lmcache: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """lmcache: the kv_connector_extra_config that points an lmcache_mp connector at its server."""
     kind = conn["type"]
     extra = dict(conn.get("extra_config") or {})
     out: dict[str, Any]
@@ -148,7 +160,8 @@ def _one_connector(conn: dict[str, Any], settings: dict[str, Any], where: str, c
         if "connectors" in extra:
             raise ConfigError(f"{where}.extra_config.connectors", "is built from children; remove it")
         children = [
-            _one_connector(c, settings, f"{where}.children[{j}]", child=True) for j, c in enumerate(conn["children"])
+            _one_connector(c, settings, f"{where}.children[{j}]", child=True, lmcache=lmcache)
+            for j, c in enumerate(conn["children"])
         ]
         extra = {"connectors": children, **extra}
         out = {"kv_connector": CONNECTOR_CLASSES[kind]}
@@ -156,6 +169,8 @@ def _one_connector(conn: dict[str, Any], settings: dict[str, Any], where: str, c
         out = {"kv_connector": CONNECTOR_CLASSES[kind]}
         if kind == "mooncake":
             extra = {**_mooncake_defaults(settings), **extra}
+        elif kind == lmcache_mp.KIND:
+            extra = {**(lmcache or {}), **extra}
     out["kv_role"] = conn["role"]
     if extra:
         out["kv_connector_extra_config"] = extra
@@ -173,7 +188,7 @@ def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
             "device, e.g. mlx5_0; on a host without RDMA set vllm.mooncake.protocol: tcp",
         )
     out = {"mooncake_protocol": protocol}
-    if mooncake.get("device_name"):
+    if mooncake.get("device_name") and mooncake["device_name"] != MOONCAKE_AUTO:
         out["device_name"] = mooncake["device_name"]
     return out
 
@@ -181,7 +196,7 @@ def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
 def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
     """How this variant's Mooncake connector moves KV, for the run record: "tcp", "rdma
     (mlx5_0)", or None when it has no Mooncake connector."""
-    if "mooncake" not in _connector_kinds(variant.get("connector")):
+    if "mooncake" not in connector_types(variant.get("connector")):
         return None
     defaults = _mooncake_defaults(_vllm_settings(config))
     conn = variant["connector"]
@@ -191,28 +206,50 @@ def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) ->
                 {k: v for k, v in (c.get("extra_config") or {}).items() if k in ("mooncake_protocol", "device_name")}
             )
     device = defaults.get("device_name")
+    if defaults["mooncake_protocol"] == "rdma" and not device:
+        device = "auto: Mooncake's topology discovery, the NIC nearest each GPU"
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 
 def workarounds(config: Mapping[str, Any], variant: Mapping[str, Any]) -> list[str]:
-    """What the launch of `variant` changes in vLLM's behaviour to run at all (disclosed)."""
-    return vllm_cpu.workarounds(config, _connector_kinds(variant.get("connector")))
+    """What the launch of `variant` changes in vLLM's behaviour (its declared interventions, in
+    the words every output shows)."""
+    return disclosures(variant)
 
 
-def kv_transfer_config(config: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The --kv-transfer-config object of a variant; None for plain vLLM (no connector)."""
+def _connect_host(host: str) -> str:
+    """Where vLLM reaches a sidecar bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "*") else host
+
+
+def kv_transfer_config(
+    config: Mapping[str, Any], variant: Mapping[str, Any], lmcache_port: int = lmcache_mp.PLANNED_PORT
+) -> dict[str, Any] | None:
+    """The --kv-transfer-config object of a variant; None for plain vLLM (no connector).
+    lmcache_port: where its LMCache MP server listens (lmcache_mp connectors)."""
     connector = variant.get("connector")
     if not connector:
         return None
     where = f"{_variant_where(config, variant)}.connector"
-    return _one_connector(connector, _vllm_settings(config), where, child=False)
+    host = _connect_host(str(merged_server(config, variant)["host"]))
+    lmcache = lmcache_mp.connector(config, host, lmcache_port) if lmcache_mp.uses(variant) else None
+    return _one_connector(connector, _vllm_settings(config), where, child=False, lmcache=lmcache)
+
+
+def sidecar_ports(variant: Mapping[str, Any], reserved: dict[str, int] | None) -> dict[str, int]:
+    """{sidecar name: its first port}: those reserved for this launch, else the planned ones."""
+    needs = [lmcache_mp.SIDECAR] if lmcache_mp.uses(variant) else []
+    return {name: (reserved or {}).get(name, lmcache_mp.PLANNED_PORT) for name in needs}
 
 
 # --------------------------------------------------------------------------- argv and env
 
 
-def vllm_argv(config: Mapping[str, Any], variant: Mapping[str, Any], port: int) -> list[str]:
-    """The exact `vllm serve` command line of a variant on `port`."""
+def vllm_argv(
+    config: Mapping[str, Any], variant: Mapping[str, Any], port: int, sidecars: dict[str, int] | None = None
+) -> list[str]:
+    """The exact `vllm serve` command line of a variant on `port` (its sidecars on `sidecars`:
+    {name: port}, the planned ports where not given)."""
     _check_port(port)
     server = merged_server(config, variant)
     where = _variant_where(config, variant)
@@ -223,6 +260,8 @@ def vllm_argv(config: Mapping[str, Any], variant: Mapping[str, Any], port: int) 
     on_cpu = device(config) == "cpu"
     if on_cpu:
         check_server(server, "server")
+    if lmcache_mp.uses(variant):
+        check_lmcache_chunk(config, server, "server")
     model = config["model"]
     argv = [
         executable,
@@ -255,7 +294,7 @@ def vllm_argv(config: Mapping[str, Any], variant: Mapping[str, Any], port: int) 
         argv += ["--served-model-name", model["served_name"]]
     if hma_policy(config) == "disabled":
         argv.append(HMA_FLAG)
-    ktc = kv_transfer_config(config, variant)
+    ktc = kv_transfer_config(config, variant, sidecar_ports(variant, sidecars).get(lmcache_mp.SIDECAR, 0))
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"), sort_keys=True)]
     argv += server["extra_args"]
@@ -295,9 +334,9 @@ def vllm_env(
     settings = _vllm_settings(config)
     root = repo_root()
     paths = [str(root)]
-    kinds = _connector_kinds(variant.get("connector"))
-    guard = vllm_cpu.mooncake_guard(config, kinds)
-    if step_timing_enabled(config) or guard:  # the site hook loads the instrumentation and the guard
+    kinds = connector_types(variant.get("connector"))
+    interventions = list(variant.get("interventions") or [])
+    if step_timing_enabled(config) or interventions:  # the site hook loads both
         paths.append(str(root / "patches" / "site"))
     # Prepended, not replacing: what the caller's environment needs on the path stays there
     # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
@@ -305,8 +344,8 @@ def vllm_env(
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
     if device(config) == "cpu":
         env.update(vllm_cpu.cpu_env(config, resources.workdir()))
-    if guard:
-        env[vllm_cpu.MOONCAKE_GUARD_ENV] = "1"
+    if interventions:  # never set otherwise: the site hook loads nothing a variant did not declare
+        env[INTERVENTIONS_ENV] = ",".join(interventions)
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
     if "nixl" in kinds:
@@ -325,8 +364,13 @@ def vllm_command(
     variant: Mapping[str, Any],
     port: int,
     step_log: str | None = None,
+    sidecars: dict[str, int] | None = None,
 ) -> LaunchSpec:
-    """The launch of one variant: `vllm serve` argv and its environment (raises ConfigError or
+    """The launch of one variant: `vllm serve` argv, its environment and its sidecars (an LMCache
+    MP server for lmcache_mp) on the ports `sidecars` reserved for them (raises ConfigError or
     ValueError, one line naming the key or argument, on bad input)."""
-    argv = vllm_argv(config, variant, port)
-    return LaunchSpec(argv=argv, env=vllm_env(config, variant, port, step_log))
+    ports = sidecar_ports(variant, sidecars)
+    argv = vllm_argv(config, variant, port, ports)
+    host = str(merged_server(config, variant)["host"])
+    specs = tuple(lmcache_mp.server(config, host, p) for name, p in ports.items() if name == lmcache_mp.SIDECAR)
+    return LaunchSpec(argv=argv, env=vllm_env(config, variant, port, step_log), sidecars=specs)

@@ -7,6 +7,7 @@
     python -m connector_tax.launch.vllm_cli step-timing STEP_LOG (--connector | --no-connector)
     python -m connector_tax.launch.vllm_cli missing-connector SERVER_LOG
     python -m connector_tax.launch.vllm_cli root-cause SERVER_LOG
+    python -m connector_tax.launch.vllm_cli sidecars CONFIG NAME --log-dir DIR --ports-file FILE
 
 The scripts never parse YAML or interpolate config values into shell code: names come out one
 per line (config names match ^[a-z0-9][a-z0-9_-]*$), everything else as JSON files that the
@@ -19,12 +20,14 @@ import argparse
 import copy
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from connector_tax.config import ConfigError, find_variant, load_config, validate_config
+from connector_tax.launch.command import sidecar_names
 from connector_tax.launch.steptiming import step_timing_status
 from connector_tax.launch.vllm import PREFLIGHT_SCRIPTS, preflight_check, side_ports
 
@@ -66,6 +69,7 @@ def plan(config: dict[str, Any], name: str, port: int, check: str | None = None)
         "url": f"http://{connect_host(str(server['host']))}:{port}",
         "model": config["model"].get("served_name") or config["model"]["name"],
         "has_connector": bool(variant.get("connector")),
+        "sidecars": sidecar_names(config, variant),
         "endpoint": config["workload"].get("endpoint", "completions"),
         **CHECK_PLANS[check],
     }
@@ -110,6 +114,34 @@ def smoke_config(
     return validate_config(config)
 
 
+def run_sidecars(config: dict[str, Any], name: str, log_dir: Path, ports_file: Path) -> int:
+    """Start a variant's sidecars (serving/sidecar.py) on ports of their own and keep them until
+    SIGTERM, SIGINT or the end of one of them; once every one is ready, `ports_file` gets a line
+    `name=port` each (the verify scripts pass them to `ctax launch-command --sidecar-port`).
+    Exit 0 when stopped, 1 (its reason on stderr, one line) when one could not start or ended."""
+    from connector_tax.launch.command import SIDECAR_PORTS, launch_spec
+    from connector_tax.serving.lifecycle import stop_on_signals
+    from connector_tax.serving.process import ServerStartError, free_port
+    from connector_tax.serving.sidecar import Sidecars
+
+    stop_on_signals()
+    variant = find_variant(config, name)
+    host = str(dict(config["server"], **(variant.get("server") or {}))["host"])
+    ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(config, variant)}
+    spec = launch_spec("-", config, variant, 8000, sidecars=ports)  # only its sidecars are started
+    try:
+        with Sidecars(spec.sidecars, log_dir) as sidecars:
+            ports_file.write_text("".join(f"{n}={p}\n" for n, p in ports.items()), encoding="utf-8")
+            while (why := sidecars.failure()) is None:
+                time.sleep(0.2)
+    except ServerStartError as exc:
+        why = str(exc)
+    except KeyboardInterrupt:
+        return 0
+    print(f"vllm_cli sidecars: {why}", file=sys.stderr)
+    return 1
+
+
 def _dump_yaml(config: dict[str, Any]) -> str:
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
 
@@ -152,6 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the most telling line of a failed server's log (vLLM's own root cause), else exit 1",
     )
     p.add_argument("server_log")
+
+    p = sub.add_parser("sidecars", help="run a config's sidecars until stopped; their ports to --ports-file")
+    p.add_argument("config")
+    p.add_argument("name")
+    p.add_argument("--log-dir", type=Path, required=True)
+    p.add_argument("--ports-file", type=Path, required=True)
+    p = sub.add_parser(
+        "wait-released",
+        help="wait until a GPU's memory is released for a config's launch (vLLM's start-up check); "
+        "print the seconds waited, or exit 1 with one line",
+    )
+    p.add_argument("config")
+    p.add_argument("name")
+    p.add_argument("--gpu", required=True)
 
     p = sub.add_parser("step-timing", help="JSON: is step timing available for a step log")
     p.add_argument("step_log")
@@ -203,6 +249,19 @@ def main(argv: list[str] | None = None) -> int:
             if reason is None:
                 return 1
             print(reason)
+        elif args.command == "sidecars":
+            return run_sidecars(load_config(args.config), args.name, args.log_dir, args.ports_file)
+        elif args.command == "wait-released":
+            from connector_tax.config.merge import merged_server
+            from connector_tax.serving.gpus import wait_released
+
+            config = load_config(args.config)
+            need = merged_server(config, find_variant(config, args.name))["gpu_memory_utilization"]
+            try:
+                print(f"{wait_released(args.gpu, float(need)):.1f}")
+            except RuntimeError as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 1
         elif args.command == "step-timing":
             ok, reason = step_timing_status(args.step_log, args.has_connector)
             print(json.dumps({"step_timing_available": ok, "reason": reason}))

@@ -14,11 +14,11 @@ variables (vllm/envs.py) except the block size:
 * HF_HUB_OFFLINE=1 — the study's CPU model is a local folder (tools/tiny_model.py); nothing
   may be fetched;
 * --block-size a multiple of 32 (the CPU attention backend's default is 128; 16 is refused);
-* CONNECTOR_TAX_MOONCAKE_CPU_GUARD=1 for a configuration with a Mooncake connector: vLLM's
-  MooncakeConnectorWorker asks torch for the accelerator's device index, which raises on a host
-  without one; patches/cpu_guard.py (loaded with the instrumentation's site hook) answers 0 there,
-  only inside that constructor and only when torch reports no accelerator. Every output discloses
-  it (`workarounds`, MOONCAKE_GUARD).
+* a variant with a Mooncake connector declares the intervention `mooncake_cpu_guard`
+  (config/interventions.py; the config check says so otherwise): vLLM's MooncakeConnectorWorker
+  asks torch for the accelerator's device index, which raises on a host without one;
+  patches/cpu_guard.py (loaded with the instrumentation's site hook) answers 0 there, only inside
+  that constructor and only when torch reports no accelerator. Every output discloses it.
 
 The config's vllm.env and a variant's env still win over all of these.
 """
@@ -30,10 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config.vllm_rules import device
-
-# patches/cpu_guard.py's switch and disclosure (equal copies: code there imports nothing from here).
-MOONCAKE_GUARD_ENV = "CONNECTOR_TAX_MOONCAKE_CPU_GUARD"
-MOONCAKE_GUARD = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
 
 
 def cpu_env(config: Mapping[str, Any], root: Path) -> dict[str, str]:
@@ -49,18 +45,6 @@ def cpu_env(config: Mapping[str, Any], root: Path) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache),
         "HF_HUB_OFFLINE": "1",
     }
-
-
-def mooncake_guard(config: Mapping[str, Any], connector_kinds: set[str]) -> bool:
-    """Whether a launch loads the Mooncake CPU guard: backend vllm on CPU with a Mooncake connector
-    (a GPU launch never does; on the host itself the guard also checks torch's answer)."""
-    return device(config) == "cpu" and "mooncake" in connector_kinds
-
-
-def workarounds(config: Mapping[str, Any], connector_kinds: set[str]) -> list[str]:
-    """What a launch does to vLLM's behaviour besides measuring it, in the words every output
-    shows (run.json `workarounds`, the manifest, the report)."""
-    return [MOONCAKE_GUARD] if mooncake_guard(config, connector_kinds) else []
 
 
 def describe(config: Mapping[str, Any], version: str | None) -> str:

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import re
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NoReturn
 
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
+from connector_tax.loadgen import flags
 from connector_tax.loadgen.options import check_cell
+from connector_tax.loadgen.probe import Api, ServerProblem, check_server
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.shapes import ShapePair, parse_shapes, shape_spec
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.shapes import parse_shapes, shape_spec
 
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
 _FLAGS = {
@@ -29,179 +26,68 @@ _FLAGS = {
     "tls_ca_file": "--cacert",
     "trace": "--trace",
     "shape": "--input-len",
+    "tokenizer": "--tokenizer",
 }
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments: one clear line on stderr and exit 2 (no usage dump)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"ctax bench: {message}\n")
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} must be > 0")
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text} must be finite")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _non_negative(kind: type, noun: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text} must be finite")
-        return value
-
-    return parse
-
-
-_seconds = _non_negative(float, "a valid number")
-_microseconds = _non_negative(int, "'off' or a whole number of µs")
-
-
-def _rt_priority(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 99:
-        raise argparse.ArgumentTypeError(f"a SCHED_FIFO priority is 1..99, got {value}")
-    return value
-
-
-def _cpu_latency(text: str) -> int | None:
-    return None if text == "off" else _microseconds(text)
-
-
-def _rates(text: str) -> list[float]:
-    rates = [_positive(float)(item) for item in text.split(",") if item.strip()]
-    if not rates:
-        raise argparse.ArgumentTypeError(f"{text!r} holds no rate")
-    return rates
-
-
-def _url(text: str) -> str:
-    try:
-        parse_url(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _seed(text: str) -> int:
-    value: int = _non_negative(int, "a whole number")(text)
-    if value >= 2**63:
-        raise argparse.ArgumentTypeError(f"{text} must be < 2^63")
-    return value
-
-
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
-def _name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file-name-safe name (letters, digits, . _ -)")
-    return text
-
-
-def _env_name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an environment variable name")
-    return text
-
-
-def _file(text: str) -> str:
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
-    return text
-
-
-def _shapes(text: str) -> list[ShapePair]:
-    try:
-        return parse_shapes(text)
-    except ValueError as exc:  # argparse shows only an ArgumentTypeError's own message
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shapes: ")) from None
-
-
-def _reject_unknown(p: argparse.ArgumentParser) -> None:
-    """Unknown flags are this parser's error, in its one-line form: argparse otherwise hands
-    a subcommand's leftovers to the top-level parser, which prints its usage and a second line."""
-    parse_known = p.parse_known_args
-
-    def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
-        parsed, extras = parse_known(args, namespace)
-        if extras:
-            p.error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed, extras
-
-    # argparse has no hook for what to do with unknown arguments: this parser's own method is
-    # replaced (mypy flags any assignment to a method).
-    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         required=True,
-        type=_url,
+        type=flags.url,
         help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000",
     )
-    p.add_argument("--model", required=True, type=_nonempty, help="model name sent in each request")
+    p.add_argument("--model", required=True, type=flags.nonempty, help="model name sent in each request")
     p.add_argument(
-        "--api-key-env", type=_env_name, metavar="NAME", help="send 'Authorization: Bearer $NAME' with every request"
+        "--api-key-env",
+        type=flags.env_name,
+        metavar="NAME",
+        help="send 'Authorization: Bearer $NAME' with every request",
     )
     p.add_argument("--insecure", action="store_true", help="https: do not verify the server's certificate")
-    p.add_argument("--cacert", type=_file, help="https: verify the server against this CA bundle (PEM)")
+    p.add_argument("--cacert", type=flags.file, help="https: verify the server against this CA bundle (PEM)")
     rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--rate", type=_positive(float), help="requests per second (one cell)")
-    rate.add_argument("--rates", type=_rates, help="comma-separated rates: one cell each")
-    rate.add_argument("--concurrency", type=_positive(int), help="closed loop: requests kept in flight")
+    rate.add_argument("--rate", type=flags.positive(float), help="requests per second (one cell)")
+    rate.add_argument("--rates", type=flags.rates, help="comma-separated rates: one cell each")
+    rate.add_argument("--concurrency", type=flags.positive(int), help="closed loop: requests kept in flight")
     p.add_argument("--arrival", choices=[k for k in ARRIVAL_KINDS], default="poisson")
-    p.add_argument("--gamma-shape", type=_positive(float), default=1.0)
-    p.add_argument("--rampup", type=_seconds, default=0.0, help="closed loop ramp-up seconds")
-    p.add_argument("--input-len", type=_positive(int), default=1024)
-    p.add_argument("--output-len", type=_positive(int), default=128)
-    p.add_argument("--shapes", type=_shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
-    p.add_argument("--duration", type=_positive(float), default=60.0, help="seconds after warm-up (floor)")
-    p.add_argument("--warmup", type=_seconds, default=10.0)
+    p.add_argument("--gamma-shape", type=flags.positive(float), default=1.0)
+    p.add_argument("--rampup", type=flags.seconds, default=0.0, help="closed loop ramp-up seconds")
+    p.add_argument("--input-len", type=flags.positive(int), default=1024)
+    p.add_argument("--output-len", type=flags.positive(int), default=128)
+    p.add_argument("--shapes", type=flags.shapes, help="INxOUT,... : one cell each (e.g. 512x64,4096x256)")
+    p.add_argument("--duration", type=flags.positive(float), default=60.0, help="seconds after warm-up (floor)")
+    p.add_argument("--warmup", type=flags.seconds, default=10.0)
     p.add_argument(
         "--min-completed",
-        type=_non_negative(int, "a whole number"),
+        type=flags.non_negative(int, "a whole number"),
         default=0,
         help="extend a cell until this many completed",
     )
-    p.add_argument("--max-duration", type=_positive(float), help="hard end of a cell's extension")
-    p.add_argument("--num-requests", type=_positive(int), help="with --arrival max, or a cap on --trace")
-    p.add_argument("--inflight-cap", type=_positive(int), default=LoadgenOptions.inflight_cap)
-    p.add_argument("--timeout", type=_positive(float), default=LoadgenOptions.timeout_s, help="per-request timeout (s)")
-    p.add_argument("--workers", type=_positive(int), default=1)
+    p.add_argument("--max-duration", type=flags.positive(float), help="hard end of a cell's extension")
+    p.add_argument("--num-requests", type=flags.positive(int), help="with --arrival max, or a cap on --trace")
+    p.add_argument("--inflight-cap", type=flags.positive(int), default=LoadgenOptions.inflight_cap)
+    p.add_argument(
+        "--timeout", type=flags.positive(float), default=LoadgenOptions.timeout_s, help="per-request timeout (s)"
+    )
+    p.add_argument("--workers", type=flags.positive(int), default=1)
     p.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to replay")
-    p.add_argument("--time-scale", type=_positive(float), default=1.0, help="trace speed-up factor")
+    p.add_argument("--time-scale", type=flags.positive(float), default=1.0, help="trace speed-up factor")
     p.add_argument("--endpoint", choices=["completions", "chat"], default=LoadgenOptions.endpoint)
     p.add_argument("--prompt", choices=["token_ids", "text"], default=LoadgenOptions.prompt)
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "--tokenizer",
+        type=flags.nonempty,
+        default=LoadgenOptions.tokenizer,
+        metavar="auto|server|usage|PATH",
+        help="how text and chat prompts get the cell's length by the server's count: auto (/tokenize where the "
+        "server has it, else usage of one-token requests), server, usage, or a tokenizer.json (or its folder)",
+    )
+    p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--no-affinity", action="store_true", help="do not pin CPUs")
     p.add_argument(
         "--cpu-latency-us",
-        type=_cpu_latency,
+        type=flags.cpu_latency,
         default=0,
         metavar="US|off",
         help="hold the kernel's CPU wake-up latency limit (/dev/cpu_dma_latency) at US while running; "
@@ -209,7 +95,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rt-priority",
-        type=_rt_priority,
+        type=flags.rt_priority,
         default=None,
         metavar="1-99",
         help="run the timing threads SCHED_FIFO at this priority (root or RLIMIT_RTPRIO): punctual "
@@ -217,9 +103,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--chunk-log", action="store_true", help="per-chunk arrival times to a side file")
     p.add_argument("--events-log", action="store_true", help="dump the session's events as JSONL")
-    p.add_argument("--phase", type=_name, default="bench", help="phase name in output file names")
+    p.add_argument("--phase", type=flags.name, default="bench", help="phase name in output file names")
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
-    _reject_unknown(p)
+    flags.reject_unknown(p)
 
 
 def cells_from_args(args: argparse.Namespace) -> list[Cell]:
@@ -300,8 +186,7 @@ def _check(cells: list[Cell]) -> None:
         try:
             check_cell(cell)
         except ValueError as exc:
-            field, _, rest = str(exc).partition(": ")
-            raise ValueError(f"{_FLAGS.get(field, field)}: {rest}") from None
+            raise ValueError(_flagged(exc)) from None
 
 
 def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
@@ -345,8 +230,25 @@ def _line(summary: CellSummary) -> str:
         f"dropped={counts.dropped} achieved={fmt(rates.achieved_dispatch_rps)}/s "
         f"TTFT p50/p90/p99={fmt(ttft.p50)}/{fmt(ttft.p90)}/{fmt(ttft.p99)} ms "
         f"TPOT p50/p90={fmt(tpot.p50)}/{fmt(tpot.p90)} ms "
-        f"lateness p99={fmt(summary.lateness_us.p99)} us [{valid}]"
+        f"lateness p99={fmt(summary.lateness_us.p99)} us server tokens in/out={_tokens(summary)} [{valid}]"
     )
+
+
+def _tokens(summary: CellSummary) -> str:
+    """The server's median prompt/completion counts, or why there are none."""
+    usage = summary.usage
+    if usage is None:
+        return "-/-"
+    if usage.status == "unchecked":
+        return "unchecked (no usage)"
+    medians = [usage.prompt_tokens.server.median, usage.completion_tokens.server.median]
+    return "/".join("-" if m is None else f"{m:g}" for m in medians)
+
+
+def _flagged(exc: Exception) -> str:
+    """An error naming an option or cell field, as the flag that sets it."""
+    field, sep, rest = str(exc).partition(": ")
+    return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -360,6 +262,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model,
         endpoint=args.endpoint,
         prompt=args.prompt,
+        tokenizer=args.tokenizer,
         workers=args.workers,
         inflight_cap=args.inflight_cap,
         timeout_s=args.timeout,
@@ -376,15 +279,29 @@ def main(args: argparse.Namespace) -> int:
     try:
         options.check()
     except ValueError as exc:
-        field, _, rest = str(exc).partition(": ")
-        print(f"ctax bench: {_FLAGS.get(field, field)}: {rest}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
         return 2
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"ctax bench: --out: cannot create {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    with LoadGenerator(options) as gen:
+    try:
+        with Api(options) as api:
+            check_server(api)
+        gen = LoadGenerator(options)  # sizes text prompts on this server
+    except (ServerProblem, ValueError) as exc:
+        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        return 2
+    try:
+        for cell in cells:
+            gen.check_cell(cell)
+    except ValueError as exc:
+        gen.pool.close()
+        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        return 2
+    invalid = 0
+    with gen:
         for cell in cells:
             done = threading.Event()
             reporter = threading.Thread(target=_report_progress, args=(gen, cell.label, done), daemon=True)
@@ -395,4 +312,5 @@ def main(args: argparse.Namespace) -> int:
                 done.set()
                 reporter.join()
             print(_line(summary), flush=True)
-    return 0
+            invalid += not summary.valid
+    return 1 if invalid else 0

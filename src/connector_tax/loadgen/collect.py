@@ -138,6 +138,7 @@ class Collector:
             self.cell_id,
             usage,
             usage is not None and usage != res.chunks,
+            res.prompt_tokens,
         )
         if res.status == "ok":
             self.progress.completed += 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from connector_tax.config import StudyConfig, Validity, default_request, default_validity
 from connector_tax.config.cells import Cell
+from connector_tax.config.checks import tokenizer_problem
 from connector_tax.loadgen.prompts import POOL_TOKENS
 from connector_tax.loadgen.shapes import ShapeSampler
 from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP
@@ -38,6 +39,8 @@ class LoadgenOptions:
     model: str
     endpoint: str = _REQUEST.endpoint
     prompt: str = _REQUEST.prompt
+    # How text and chat prompts are sized: auto | server | usage | a tokenizer file (sizing.py).
+    tokenizer: str = _REQUEST.tokenizer
     temperature: float = _REQUEST.temperature
     ignore_eos: bool = _REQUEST.ignore_eos
     workers: int = 1
@@ -90,6 +93,7 @@ class LoadgenOptions:
             model=study.model.served,
             endpoint=request.endpoint,
             prompt=request.prompt,
+            tokenizer=request.tokenizer,
             temperature=request.temperature,
             ignore_eos=request.ignore_eos,
             inflight_cap=request.inflight_cap,
@@ -115,5 +119,8 @@ class LoadgenOptions:
             raise ValueError(f"api_key_env: environment variable {self.api_key_env!r} is not set")
         if self.rt_priority is not None and not 1 <= self.rt_priority <= 99:
             raise ValueError(f"rt_priority: must be 1..99 (SCHED_FIFO), got {self.rt_priority!r}")
+        problem = tokenizer_problem(self.tokenizer)
+        if problem:
+            raise ValueError(f"tokenizer: {problem}")
         if self.tls_ca_file is not None and not os.path.isfile(self.tls_ca_file):
             raise ValueError(f"tls_ca_file: {self.tls_ca_file!r} is not a file")

@@ -24,14 +24,16 @@ from connector_tax.loadgen.collect import Collector, Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import LoadgenOptions
 from connector_tax.loadgen.priority import raised
-from connector_tax.loadgen.prompts import prompt_key
+from connector_tax.loadgen.prompts import BodySettings, prompt_key
 from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
 from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
+from connector_tax.loadgen.sizing import Sizing
 from connector_tax.loadgen.stats import RequestStats
 from connector_tax.loadgen.timing import set_timer_slack
 from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
+from connector_tax.loadgen.usage import shape_rule
 from connector_tax.loadgen.workers import WorkerPool
 
 START_LEAD_NS = 20_000_000  # let the first wait begin from a settled state
@@ -47,6 +49,8 @@ class Session:
     progress: Progress
     stop_event: Event
     cpu_latency: CpuLatencyHold
+    body: BodySettings | None = None  # what the workers send (None: token ids, as the options say)
+    sizing: Sizing | None = None  # how text prompts were sized on this server
 
 
 class RealTimeRun:
@@ -79,7 +83,9 @@ class RealTimeRun:
     def run(self) -> CellSummary:
         pool = self.gen.pool
         writer = RecordWriter(self.files.requests)
-        self.stats = RequestStats(time.monotonic_ns(), self.opts.summary_exact_cap)
+        sends_text = self.gen.body is not None and self.gen.body.sends_text
+        rule = shape_rule(sends_text, self.opts.ignore_eos, self.opts.validity.max_prompt_token_error)
+        self.stats = RequestStats(time.monotonic_ns(), self.opts.summary_exact_cap, rule)
         self.collector = Collector(self.cell_id, writer, self.stats, self.progress)
         chunk_paths = [str(self.files.chunks(k)) if self.opts.chunk_log else None for k in range(pool.n_workers)]
         pool.set_cell(chunk_paths)
@@ -124,6 +130,8 @@ class RealTimeRun:
             unissued=self.unissued,
             overrun_ms=overrun_ms,
         )
+        if self.gen.sizing is not None and summary.usage is not None:
+            summary.usage.sizing = self.gen.sizing.describe()
         summary.cell_id = self.cell_id
         summary.wall_s = round(wall, 3)
         summary.drain_budget_s = round(self.rules.drain_budget_s(), 3)
@@ -172,7 +180,7 @@ class RealTimeRun:
 
     def _spec(self, index: int, input_len: int, output_len: int, blocks: Any = None) -> ipc.RequestSpec:
         self.rules.issued(output_len)
-        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else ""
+        key = prompt_key(self.cell.seed, index, self.cell.attempt) if self.cell.seed is not None else ""
         return ipc.RequestSpec(index, f"{self.name}-{index}", input_len, output_len, blocks, self.cell_id, key)
 
     def _issue_all(self, t0: int) -> None:

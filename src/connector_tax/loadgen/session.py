@@ -1,8 +1,10 @@
 """A benchmark session: one worker pool and its CPU-latency hold, many cells in a row (a rate sweep
-or a shape sweep); each cell runs on the calling thread (realtime.py)."""
+or a shape sweep); each cell runs on the calling thread (realtime.py). Text and chat prompts are
+sized by the server's tokenizer once, before the workers start (sizing.py): the server must be up."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +14,11 @@ from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen.collect import Progress
 from connector_tax.loadgen.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.options import LoadgenOptions, check_cell
+from connector_tax.loadgen.probe import Api
 from connector_tax.loadgen.prompts import BodySettings
 from connector_tax.loadgen.realtime import RealTimeRun, Session
+from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.sizing import Sizing, size_prompts
 from connector_tax.loadgen.workers import WorkerPool
 
 __all__ = ["LoadGenerator", "LoadgenOptions", "Progress"]
@@ -30,6 +35,12 @@ class LoadGenerator:
             temperature=options.temperature,
             ignore_eos=options.ignore_eos,
         )
+        self.sizing: Sizing | None = None
+        if body.sends_text:  # ServerProblem / ValueError in one line when it cannot be done
+            with Api(options) as api:
+                self.sizing = size_prompts(api, body, options.tokenizer, options.seed)
+            body = dataclasses.replace(body, text=self.sizing.layout)
+        self.body = body
         self.pool = WorkerPool(
             url=options.url,
             body=body,
@@ -68,6 +79,24 @@ class LoadGenerator:
         """Ask the running cell to stop issuing and drain (from any thread)."""
         self.stop_event.set()
 
+    def check_cell(self, cell: Cell) -> None:
+        """ValueError naming the field: what the load generator cannot send of this cell, on this
+        server (a text prompt shorter than what its lead and chat template cost there)."""
+        check_cell(cell)
+        if self.sizing is None:
+            return
+        if cell.trace is not None:
+            shortest = min((r.input_length for r in cell.trace), default=1)
+        else:
+            shortest = min(p.input for p in ShapeSampler(cell.shape, 0).pairs)
+        base = self.sizing.layout.base_tokens
+        if shortest <= base:
+            field = "trace" if cell.trace is not None else "shape"
+            raise ValueError(
+                f"{field}: input {shortest} is not longer than the {base} tokens a text prompt starts with "
+                f"on this server (its lead, special tokens and any chat template)"
+            )
+
     def run_cell(
         self,
         cell: Cell,
@@ -78,8 +107,10 @@ class LoadGenerator:
         """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
         min-completed, up to its max duration, until it says True; `give_up` ends it at once,
         min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""
-        check_cell(cell)
+        self.check_cell(cell)
         self.stop_event.clear()
         self.progress = Progress()
-        session = Session(self.options, self.pool, self.progress, self.stop_event, self.cpu_latency)
+        session = Session(
+            self.options, self.pool, self.progress, self.stop_event, self.cpu_latency, self.body, self.sizing
+        )
         return RealTimeRun(session, cell, Path(out_dir), enough, give_up).run()

@@ -26,6 +26,7 @@ from connector_tax.config import Validity
 from connector_tax.contract.summary import CellSummary, Check, Counts, Latencies, Percentiles, Rates, Verdict
 from connector_tax.loadgen.records import RequestRecord
 from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP, Quantiles
+from connector_tax.loadgen.usage import ShapeRule, UsageTally
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
 # Window counts resolve completion and schedule times to 10 ms: at 1,000 req/s an edge is off by
@@ -95,7 +96,7 @@ class _Bins:
 class RequestStats:
     """Everything the summary needs, fed one record at a time, in bounded memory."""
 
-    def __init__(self, base_ns: int, exact_cap: int = DEFAULT_EXACT_CAP) -> None:
+    def __init__(self, base_ns: int, exact_cap: int = DEFAULT_EXACT_CAP, rule: ShapeRule | None = None) -> None:
         self.counts = {s: 0 for s in ("ok", "error", "timeout", "dropped")}
         self.records = 0
         self.warmup = 0
@@ -111,6 +112,7 @@ class RequestStats:
         self.sched, self.sent = _Span(), _Span()
         self.sched_post = _Bins(base_ns)  # post-warm-up scheduled times
         self.done_ok = _Bins(base_ns)  # completion times of ok requests
+        self.usage = UsageTally(rule or ShapeRule(), exact_cap)  # the server's counts against the cell's
 
     def add(self, r: RequestRecord, itl_us: bytes | None = None) -> None:
         self.records += 1
@@ -129,6 +131,7 @@ class RequestStats:
             return
         if r.token_mismatch:
             self.token_mismatch += 1
+        self.usage.add(r)
         first, last, send = r.t_first_token_ns, r.t_last_token_ns, r.t_send_ns
         if first and send:
             self.ttft.add((first - send) / 1e6)
@@ -156,7 +159,7 @@ class RequestStats:
             self._itl.extend(gaps_ms)
 
     def nbytes(self) -> int:
-        qs = (self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness)
+        qs = (self.ttft, self.ttft_sched, self.tpot, self.e2e, self.itl, self.lateness, *self.usage.quantiles())
         held = 4 * (len(self.sched_post.counts) + len(self.done_ok.counts) + ITL_PENDING)
         return sum(q.nbytes() for q in qs) + held
 
@@ -201,9 +204,21 @@ class RequestStats:
             _check("unmatched_results", self.unmatched, t.max_unmatched),
             *(_check(f"cpu_frac_{name}", frac, t.max_cpu_frac) for name, frac in cpu_frac.items()),
         ]
+        usage, usage_checks = self.usage.summary()
+        checks += usage_checks
         min_completed = cell.get("min_completed")
         if min_completed:
             checks.append(_check("min_completed_shortfall", max(0, min_completed - count["ok"]), 0))
+        # A cell that measured nothing says nothing, whatever else passed: every request in the
+        # warm-up, or none answered (a dead URL, a wrong path or model: all errors).
+        checks.append(
+            _check(
+                "measured_requests_missing",
+                0 if count["ok"] else 1,
+                0,
+                "no request measured: none ended ok after the warm-up",
+            )
+        )
         failed = [c for c in checks if not c.passed]
         return CellSummary(
             **cell,
@@ -235,11 +250,12 @@ class RequestStats:
                 e2e=_describe(self.e2e),
                 itl=_describe(self.itl),
             ),
+            usage=usage,
             lateness_us=lat,
             cpu_frac={k: _round(v) for k, v in cpu_frac.items()},
             validity=Verdict(
                 valid=not failed,
-                reasons=[f"{c.name} {c.value} > {c.threshold}" for c in failed],
+                reasons=[c.reason for c in failed],
                 checks=checks,
             ),
         )
@@ -286,5 +302,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _check(name: str, value: float, threshold: float) -> Check:
-    return Check(name, _round(value), threshold, bool(value <= threshold))
+def _check(name: str, value: float, threshold: float, why: str | None = None) -> Check:
+    """A check passes when value <= threshold; `why` words its failure (default: name value > bound)."""
+    return Check(name, _round(value), threshold, bool(value <= threshold), why)

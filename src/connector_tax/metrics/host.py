@@ -144,11 +144,14 @@ def snapshot() -> Snapshot:
 class Study:
     """Which processes are the study's own: the phase job (`job`), the server's process group
     (`server_pgid`: the pid of the server the job started in a new session), or an external
-    server's process on this host (`server_pid`, found by its listening port) and its children."""
+    server's process on this host (`server_pid`, found by its listening port) and its children; a
+    variant's sidecars (`sidecar_pgids`: each in a session of its own, serving/sidecar.py) count as
+    the server."""
 
     job: int
     server_pgid: int | None = None
     server_pid: int | None = None
+    sidecar_pgids: tuple[int, ...] = ()
 
     def classify(self, procs: dict[int, Proc]) -> dict[int, str]:
         """pid -> server | loadgen | orchestration | others."""
@@ -169,9 +172,10 @@ class Study:
                 pid = stack.pop()
                 out[pid] = cls
                 stack.extend(children.get(pid, ()))
-        if self.server_pgid is not None:
+        groups = {g for g in (self.server_pgid, *self.sidecar_pgids) if g is not None}
+        if groups:
             for pid, p in procs.items():
-                if p.pgrp == self.server_pgid:
+                if p.pgrp in groups:
                     out[pid] = "server"  # a server process that left its parent still belongs to it
         out.pop(0, None)
         return out

@@ -14,6 +14,8 @@ between two samples over the interval. `core` is the CPU it last ran on (stat's 
 descendants (vLLM: the API server, the engine core, its workers), found again at every sample.
 `started_by` names threads a library started inside a connector's constructor (the step-timing
 instrumentation records them; a library's threads carry the process's name otherwise).
+A variant's sidecars (an LMCache MP server: serving/sidecar.py) are sampled in the same line,
+their processes marked `"sidecar": "<name>"`: their CPU is part of what the configuration costs.
 
 A thread or process that ends between listing and reading is skipped; a sample that cannot see
 the root process is a line with "error". Reads only /proc and psutil's process tree: one small
@@ -78,14 +80,32 @@ def sample_process(pid: int, labels: dict[str, str] | None = None) -> ProcessSam
     return ProcessSample(pid, int(fields[_PPID]), name, cpus, threads)
 
 
-def sample_tree(root: int, labels: dict[str, str] | None = None) -> ThreadSample:
-    """Every thread of `root` and its descendants, now, as one record."""
+def _tree(root: int) -> list[int]:
+    return [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+
+
+def sample_tree(
+    root: int, labels: dict[str, str] | None = None, sidecars: dict[int, str] | None = None
+) -> ThreadSample:
+    """Every thread of `root` and its descendants, now, as one record; with the processes of each
+    sidecar ({root pid: name}: serving/sidecar.py) marked `sidecar: name`. A sidecar that is gone
+    is left out (its exit fails the cell elsewhere)."""
     t_ns = time.monotonic_ns()
     try:
-        pids = [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+        pids = _tree(root)
     except psutil.Error as exc:
         return ThreadSample(t_ns, CLK_TCK, error=f"{type(exc).__name__}: {exc}")
     procs = [p for p in (sample_process(pid, labels) for pid in pids) if p is not None]
+    for pid, name in (sidecars or {}).items():
+        try:
+            side = _tree(pid)
+        except psutil.Error:
+            continue
+        for q in side:
+            p = sample_process(q)
+            if p is not None:
+                p.sidecar = name
+                procs.append(p)
     return ThreadSample(t_ns, CLK_TCK, procs)
 
 
@@ -100,11 +120,13 @@ class ThreadSampler:
         path: Path,
         interval_s: float = 1.0,
         labels: Callable[[], dict[str, str]] | None = None,
+        sidecars: dict[int, str] | None = None,
     ) -> None:
         self.root_pid = root_pid
         self.path = path
         self.interval_s = interval_s
         self.labels = labels or dict
+        self.sidecars = dict(sidecars or {})
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctax-thread-sampler", daemon=True)
@@ -127,7 +149,7 @@ class ThreadSampler:
             labels = self.labels()
         except Exception:  # noqa: BLE001 - a label is a nicety, a sample is not
             labels = {}
-        self._out.write(encode_line(sample_tree(self.root_pid, labels)))
+        self._out.write(encode_line(sample_tree(self.root_pid, labels, self.sidecars)))
         self._out.flush()
         self.samples += 1
 
@@ -142,12 +164,17 @@ class ThreadSampler:
 
 
 def record_idle(
-    root_pid: int, path: Path, seconds: float, interval_s: float, labels: Callable[[], dict[str, str]]
+    root_pid: int,
+    path: Path,
+    seconds: float,
+    interval_s: float,
+    labels: Callable[[], dict[str, str]],
+    sidecars: dict[int, str] | None = None,
 ) -> int:
-    """Sample an idle server for `seconds` into `path` (written beside it and renamed: a kill leaves
-    no half file under its name). Returns the number of samples."""
+    """Sample an idle server (and its sidecars) for `seconds` into `path` (written beside it and
+    renamed: a kill leaves no half file under its name). Returns the number of samples."""
     tmp = path.with_name(path.name + ".tmp")
-    with ThreadSampler(root_pid, tmp, interval_s, labels) as sampler:
+    with ThreadSampler(root_pid, tmp, interval_s, labels, sidecars) as sampler:
         time.sleep(seconds)
     os.replace(tmp, path)
     return sampler.samples

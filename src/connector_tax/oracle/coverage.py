@@ -87,17 +87,19 @@ def cell_row(run: Latencies, config: str, load: Cell, replicate: int = 1) -> dic
     return row
 
 
-def _with_launch_bias(study: StudyConfig, cs: CoverageSettings) -> StudyConfig:
+def with_launch_bias(study: StudyConfig, cs: CoverageSettings) -> StudyConfig:
     """The study with the simulator's per-launch speed spread of these coverage settings."""
     raw = copy.deepcopy(dict(study.raw))
     raw["sim"] = {**raw.get("sim", {}), "launch_bias_sd": cs.launch_bias_sd}
     return StudyConfig.from_mapping(raw)
 
 
-def _cell(job: tuple[StudyConfig, str, Cell, int, int, CoverageSettings]) -> dict[str, Any]:
-    study, name, load, seed, replicate, cs = job
+def launch_cell(job: tuple[Any, ...]) -> dict[str, Any]:
+    """One launch's cell: (study, variant, load, seed, replicate, settings[, study tag]); the tag
+    gives two studies of one seed launches of their own (compare_coverage.py) and the same traffic."""
+    study, name, load, seed, replicate, cs, *tag = job
     variant = study.variant(K.PLAIN if name == AA else name)
-    settings = resolve(study.raw, variant.raw, {}, launch_seed(seed, name, PHASE_A, replicate))
+    settings = resolve(study.raw, variant.raw, {}, launch_seed(seed, "".join(tag) + name, PHASE_A, replicate))
     warmup_s = study.workload.warmup_s if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rps))
     run = run_cell(
@@ -164,7 +166,7 @@ def run_coverage(
 ) -> dict[str, Any]:
     """`cs.seeds` short studies at the truth's reference rates, each analysed by both methods and
     scored against the truth."""
-    study = _with_launch_bias(study, cs)
+    study = with_launch_bias(study, cs)
     names, reference = list(truth["variants"]), truth["reference"]
     launched = names + ([AA] if cs.aa_control else [])
     seeds = range(cs.first_seed, cs.first_seed + cs.seeds)
@@ -177,7 +179,7 @@ def run_coverage(
     ]
     pool = ProcessPoolExecutor(cs.jobs) if cs.jobs > 1 else None
     try:
-        cells = list(pool.map(_cell, jobs, chunksize=4) if pool else map(_cell, jobs))
+        cells = list(pool.map(launch_cell, jobs, chunksize=4) if pool else map(launch_cell, jobs))
     finally:
         if pool:
             pool.shutdown()

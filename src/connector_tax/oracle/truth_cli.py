@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RATE",
         help="ref_load in req/s (default: the same file, else ref_safe)",
     )
+    parser.add_argument(
+        "--true-reference",
+        action="store_true",
+        help="find the reference rates too: the study's saturation criteria on the oracle's cells at every "
+        "Phase A rate (oracle/reference.py), used unless --ref-safe is given",
+    )
     parser.add_argument("--variants", metavar="A,B", help="only these configurations (plain is always added)")
     parser.add_argument(
         "--precision",
@@ -86,6 +92,8 @@ def reference_of(args: argparse.Namespace, study: StudyConfig) -> dict[str, floa
 
     if args.ref_safe is not None:
         return {"ref_safe": args.ref_safe, "ref_load": args.ref_load or args.ref_safe}
+    if args.true_reference:
+        return {}  # found by main, from the oracle's own cells
     path = StudyLayout.of(study.study).reference_rates
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -106,7 +114,22 @@ def _pct(x: float | None) -> str:
 def render(doc: dict[str, Any]) -> str:
     ref = doc["reference"]
     s = doc["settings"]
+    found = doc.get("true_reference")
     lines = [
+        *(
+            [
+                f"SIMULATED true reference rates (the study's saturation criteria on "
+                f"{found['oracle']['replications']} x {found['oracle']['requests']} requests per variant and Phase A rate): "
+                f"ref_safe {found['ref_safe']:g}, ref_load {found['ref_load']:g}"
+                + "".join(
+                    f"; {n} saturates at {v['saturation_rate']:g} ({', '.join(v['fired_at_saturation'])})"
+                    for n, v in found["per_variant"].items()
+                    if v["saturation_rate"] is not None
+                )
+            ]
+            if found
+            else []
+        ),
         f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
         f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
         "95% intervals from the replications",
@@ -154,7 +177,15 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         jobs=args.jobs,
     )
+    found = None
+    if not reference:
+        from connector_tax.oracle.reference import true_reference
+
+        found = true_reference(study, ts)  # every variant: ref_safe must hold for all of them
+        reference = {"ref_safe": float(found["ref_safe"]), "ref_load": float(found["ref_load"])}
     doc = truth(study, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if found is not None:
+        doc["true_reference"] = found
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     print(render(doc), end="")

@@ -42,6 +42,7 @@ from connector_tax.loadgen.rules import CellRules
 from connector_tax.loadgen.schedulers import arrivals
 from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
 from connector_tax.loadgen.stats import RequestStats
+from connector_tax.loadgen.usage import shape_rule
 from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.metrics import cache_config_labels
@@ -92,7 +93,9 @@ class VirtualTimeRun:
         self.rules = CellRules(cell, opts, t0_ns, enough, give_up, ask_every_ns=int(CHECK_S * _NS))
         self.name = f"{cell.phase}_{cell.label}"
         self.writer = RecordWriter(files.requests)
-        self.stats = RequestStats(self.t0, opts.summary_exact_cap)
+        # Token ids always (the engine is handed them): exact prompts; outputs by ignore_eos.
+        rule = shape_rule(False, opts.ignore_eos, opts.validity.max_prompt_token_error)
+        self.stats = RequestStats(self.t0, opts.summary_exact_cap, rule)
         self.in_flight: OrderedDict[int, _InFlight] = OrderedDict()  # send order: the oldest times out first
         self.by_request: dict[int, int] = {}  # id(SimRequest) -> index
         self.completed_post = 0
@@ -132,7 +135,7 @@ class VirtualTimeRun:
             record.error = "in-flight cap reached"
             self.finish(record)
             return
-        key = prompt_key(self.cell.seed, index) if self.cell.seed is not None else record.request_id
+        key = prompt_key(self.cell.seed, index, self.cell.attempt) if self.cell.seed is not None else record.request_id
         ids = _prompts(self.opts.seed).token_id_list(key, input_len)
         tokens = output_len if self.opts.ignore_eos else natural_length(ids, output_len)
         request = SimRequest(record.request_id, ids, output_len, tokens)
@@ -182,6 +185,7 @@ class VirtualTimeRun:
         record.completion_tokens = len(entry.request.output_token_ids) or None
         record.usage_completion_tokens = record.completion_tokens if status == "ok" else None
         record.prompt_tokens = entry.request.prompt_len
+        record.usage_prompt_tokens = record.prompt_tokens if status == "ok" else None
         record.chunks = record.completion_tokens or 0
         record.http_status = 200
         self.finish(record)

@@ -25,10 +25,21 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, launch_label, phase_a_cells, phase_b_cells
+from connector_tax.config import (
+    PHASE_A,
+    PHASE_B,
+    Cell,
+    StudyConfig,
+    launch_label,
+    launch_order,
+    phase_a_cells,
+    phase_b_cells,
+)
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
+from connector_tax.pipeline.plan import job_threads
+from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
@@ -128,14 +139,18 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
 
 
 def plan_study(
-    study: StudyConfig, layout: StudyLayout | None = None, timing: Timing | None = None
+    study: StudyConfig,
+    layout: StudyLayout | None = None,
+    timing: Timing | None = None,
+    launch_s: float | None = None,
 ) -> tuple[list[Estimate], list[str]]:
     """`layout`: where earlier (or predicted, predict.py) cells of the study are; default its results folder.
-    `timing`: a calibrated profile's measured job times (else LAUNCH_S per launch)."""
+    `timing`: a calibrated profile's measured job times (else LAUNCH_S per launch, or `launch_s`:
+    a launch's start-up as timed on the host, `ctax plan --launch-s`)."""
     layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
     notes = [note] if note else []
-    launch = 0.0 if study.virtual_clock else LAUNCH_S[study.backend]
+    launch = 0.0 if study.virtual_clock else LAUNCH_S[study.backend] if launch_s is None else launch_s
     base = baseline(study)
     out = []
     if timing is not None:
@@ -193,7 +208,9 @@ def gpu_seconds(study: StudyConfig, estimates: list[Estimate]) -> float:
     return jobs + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
 
 
-def as_dict(study: StudyConfig, estimates: list[Estimate], notes: list[str]) -> dict[str, Any]:
+def as_dict(
+    study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int = 1, config_path: str = "CONFIG"
+) -> dict[str, Any]:
     by_stage: dict[str, float] = {}
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
@@ -204,19 +221,58 @@ def as_dict(study: StudyConfig, estimates: list[Estimate], notes: list[str]) -> 
         "total_s": round(sum(by_stage.values()), 1),
         "gpu_hours": round(gpu_seconds(study, estimates) / 3600, 3) if study.backend == "vllm" else None,
         "jobs": [dataclasses.asdict(e) for e in estimates],
+        "command": run_command(study, config_path, gpus),
+        "jobs_at_once": jobs_at_once(study, gpus),
+        "wall_s": round(wall_seconds(study, estimates, jobs_at_once(study, gpus)), 1),
         "notes": notes,
     }
 
 
-def makespan(jobs: list[float], gpus: int) -> float:
-    """Longest job first onto the least loaded GPU."""
-    loads = [0.0] * max(1, gpus)
-    for job in sorted(jobs, reverse=True):
+def makespan(jobs: list[float], slots: int) -> float:
+    """Snakemake's schedule: jobs started in the given (priority) order, each on the first slot free."""
+    loads = [0.0] * max(1, slots)
+    for job in jobs:
         heapq.heapreplace(loads, loads[0] + job)
     return max(loads)
 
 
-def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int) -> str:
+def jobs_at_once(study: StudyConfig, gpus: int) -> int:
+    """How many phase jobs run side by side under run_command's command: one per GPU (a vLLM
+    study on a CPU keeps every core, so one at a time)."""
+    if study.backend == "vllm" and study.device == "cpu":
+        return 1
+    return max(1, gpus)
+
+
+def run_command(study: StudyConfig, config_path: str, gpus: int) -> str:
+    """The snakemake command that runs `gpus` phase jobs side by side: `--cores` is what that many
+    jobs' threads add up to (Snakemake starts a job only when its threads fit in what is left of
+    --cores), `--resources gpu` bounds the GPU jobs. The target comes first: --resources takes
+    every word up to the next option, so a target after it is read as a resource (snakemake 9:
+    "ValueError: dictionary update sequence element")."""
+    n = jobs_at_once(study, gpus)
+    cores = n * job_threads(study)
+    on_gpus = study.backend == "vllm" and study.device != "cpu"
+    return (
+        f"snakemake all --cores {cores}" + (f" --resources gpu={n}" if on_gpus else "") + f" --configfile {config_path}"
+    )
+
+
+def wall_seconds(study: StudyConfig, estimates: list[Estimate], slots: int) -> float:
+    """The study's wall time with `slots` jobs at once: every preflight, then Phase A, then Phase
+    B (the reference rates come between), each phase's jobs in their seeded launch order."""
+    seconds = {(e.stage, e.variant): e.seconds for e in estimates}
+    pre = makespan([e.seconds for e in estimates if e.stage == "preflight"], slots)
+    phases = sum(
+        makespan([seconds.get((phase, launch_label(n, r)), 0.0) for n, r in launch_order(study, phase)], slots)
+        for phase in (PHASE_A, PHASE_B)
+    )
+    return pre + phases + sum(e.seconds for e in estimates if e.stage == "other")
+
+
+def render(
+    study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int, config_path: str = "CONFIG"
+) -> str:
     lines = [f"plan of study '{study.study}' (backend {study.backend}, {len(study.variants)} configurations)", ""]
     lines.append(f"{'stage':10} {'variant':26} {'cells':>5} {'minutes':>8}  measured")
     for e in estimates:
@@ -229,16 +285,16 @@ def render(study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus
     serial = sum(by_stage.values())
     gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if study.backend == "vllm" else "no GPU held (simulated)"
     lines.append(f"total {serial / 3600:.2f} h ({serial / 60:.1f} min) one job at a time; {gpu_hours}")
-    for n in sorted({1, gpus}):
-        pre = max((e.seconds for e in estimates if e.stage == "preflight"), default=0.0)
-        a = makespan([e.seconds for e in estimates if e.stage == PHASE_A], n)
-        b = makespan([e.seconds for e in estimates if e.stage == PHASE_B], n)
-        first = (
-            sum(e.seconds for e in estimates if e.stage == "preflight")
-            if n == 1
-            else pre * -(-len(study.variants) // n)
+    n = jobs_at_once(study, gpus)
+    wall = wall_seconds(study, estimates, n)
+    lines += ["", f"run it with {n} phase job{'s' if n > 1 else ''} side by side ({job_threads(study)} threads each):"]
+    lines += [f"  {run_command(study, config_path, gpus)}"]
+    lines.append(f"wall clock with that command: {wall / 3600:.2f} h ({wall / 60:.1f} min)")
+    cpus = len(topology.leasable_cpus())
+    if n > 1 and n * job_threads(study) > cpus:
+        lines.append(
+            f"note: this host has {cpus} CPUs; the command's jobs lease {n * job_threads(study)} "
+            "(serving.cpus): run it where they exist, or jobs wait for CPUs"
         )
-        other = sum(e.seconds for e in estimates if e.stage == "other")
-        lines.append(f"on {n} GPU{'s' if n > 1 else ''}: {(first + a + b + other) / 3600:.2f} h wall clock")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

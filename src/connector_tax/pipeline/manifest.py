@@ -18,10 +18,11 @@ from connector_tax.atomic import write_atomic
 from connector_tax.config import LAUNCH_PHASES, StudyConfig, launch_label, load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
-from connector_tax.contract.records import connector_packages
+from connector_tax.contract.records import connector_packages, connector_version
 from connector_tax.pipeline.provenance import (
     git_sha,
     gpu_description,
+    lmcache_mode,
     mooncake_transport,
     served_by,
     server_versions,
@@ -46,11 +47,14 @@ COLUMNS = [
     "server_versions",
     "connector_packages",
     "workarounds",
+    "interventions",
     "connector_tax_sha",
     "loadgen_code",
     "gpu",
     "hma",
     "mooncake_transport",
+    "lmcache_mode",
+    "sidecars",
     "run_position",
     "step_timing_available",
     "step_timing_reason",
@@ -128,15 +132,22 @@ def _versions(index: PhaseIndex | None, study: StudyConfig) -> dict[str, Any]:
         vllm = f"{study.vllm_version} (configured; not found: {found.get('error', 'no vllm')})"
     return {
         "vllm_version": vllm or "",
-        "mooncake_version": found.get("mooncake-transfer-engine")
-        or found.get("mooncake-transfer-engine-non-cuda")
-        or "",
-        "nixl_version": found.get("nixl") or "",
-        "lmcache_version": found.get("lmcache") or "",
+        "mooncake_version": connector_version(found, "mooncake"),
+        "nixl_version": connector_version(found, "nixl"),
+        "lmcache_version": connector_version(found, "lmcache"),
         "torch_version": found.get("torch") or "",
         "server_versions": json.dumps(found, sort_keys=True),
         "connector_packages": connector_packages(found),
     }
+
+
+def _sidecars(index: PhaseIndex | None) -> str:
+    """The processes the launch started beside its server, with their versions and commands:
+    "lmcache_server: LMCache MP server (lmcache 0.5.6): `lmcache server --host ...`"."""
+    return "; ".join(
+        f"{s.get('name')}: {s.get('label') or s.get('what')}: `{shlex.join(s.get('argv') or [])}`"
+        for s in (index.sidecars if index else [])
+    )
 
 
 def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any]]:
@@ -168,6 +179,8 @@ def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any
             "mooncake_transport": (index.mooncake_transport if index is not None else None)
             or mooncake_transport(study, variant)
             or "",
+            "lmcache_mode": (index.lmcache_mode if index is not None else None) or lmcache_mode(study, variant) or "",
+            "sidecars": _sidecars(index),
         }
         if index is None:
             pre = preflight.get(name, {})
@@ -188,6 +201,7 @@ def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any
             cells_failed="; ".join(f"{c.key}: {c.reason}" for c in index.cells if c.status != COMPLETE),
             launch_command=shlex.join(index.launch_command) if index.launch_command else "",
             workarounds="; ".join(index.workarounds),
+            interventions=" ".join(index.interventions),
             **host_of(layout, index),
         )
         rows.append(row)
@@ -230,7 +244,11 @@ def render_md(study: StudyConfig, rows: list[dict[str, Any]], layout: StudyLayou
         f"- connector packages (the server's Python): {first.get('connector_packages') or '—'}",
     ]
     workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
-    lines += [f"- workaround, {name}: {w}" for name, w in workarounds]
+    lines += [f"- intervention (declared), {name}: {w}" for name, w in workarounds]
+    modes = sorted({(r["variant"], r["lmcache_mode"]) for r in rows if r.get("lmcache_mode")})
+    lines += [f"- LMCache mode, {name}: {mode}" for name, mode in modes]
+    sidecars = sorted({(r["variant"], s) for r in rows for s in (r.get("sidecars") or "").split("; ") if s})
+    lines += [f"- sidecar of {name}: {s}" for name, s in sidecars]
     lines += [
         "",
         "| date | config | phase | run order | status | GPU | step timing | result dir | reason |",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,8 @@ def _attempt(
         policies.saturation.waiting_p50_max,
         cell.phase != PHASE_A and cell.overload_guard,
     )
-    summary, failure = launched.run(cell, staging, t0, precision, guard.overloaded, waiting)
+    # A later attempt sends fresh prompts: the server's prefix cache holds the earlier ones.
+    summary, failure = launched.run(replace(cell, attempt=number), staging, t0, precision, guard.overloaded, waiting)
     judge(summary, policies.validity)
     precision.describe(summary, guard)
     return Attempt(number, staging, summary, failure)

@@ -40,11 +40,10 @@ from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, Pha
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import Policies, ServerDied, Suspect, measure
 from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text, mooncake_transport, served_by
+from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_transport, served_by
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
-from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
 from connector_tax.serving.process import ServerStartError
 from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
@@ -62,6 +61,7 @@ _CARRIED = (
     "workarounds",
     "server_env",
     "idle_threads",
+    "sidecars",
 )
 
 
@@ -113,11 +113,10 @@ def _final_status(index: PhaseIndex) -> str:
 def run_phase(
     study: StudyConfig, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
 ) -> PhaseIndex:
-    """cpus: lease that many CPUs of the host for this job (it has neighbours); None: use all.
-    replicate: which of the study's workload.replicates launches of this variant and phase."""
-    with cpu_lease(cpus) as leased:
-        index = _run_phase(study, study.variant(name), launch_phase, leased, replicate)
-    return index
+    """cpus: lease that many CPUs of the host for this job (it has neighbours), near its GPU, once
+    it launches a server (runners.ServerRunner); None: use all. replicate: which of the study's
+    workload.replicates launches of this variant and phase."""
+    return _run_phase(study, study.variant(name), launch_phase, cpus, replicate)
 
 
 def policies(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex) -> Policies:
@@ -188,7 +187,7 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
 
 
 def _run_phase(
-    study: StudyConfig, variant: Variant, launch_phase: str, leased: list[int] | None, replicate: int = 1
+    study: StudyConfig, variant: Variant, launch_phase: str, cpus: int | None, replicate: int = 1
 ) -> PhaseIndex:
     name = variant.name
     if not 1 <= replicate <= study.workload.replicates:
@@ -212,10 +211,10 @@ def _run_phase(
         run_order=[launch_label(n, r) for n, r in launch_order(study, launch_phase)],
         replicate=replicate,
         server_versions=plan.launch["server_versions"],
-        cpus_leased=leased,
         placement=placement_record(),
         served_by=served_by(study, plan.launch["server_versions"]),
         mooncake_transport=mooncake_transport(study, variant),
+        lmcache_mode=lmcache_mode(study, variant),
     )
     skip = _preflight_reason(layout, name)
     if skip:
@@ -244,7 +243,7 @@ def _run_phase(
     )
     write_atomic(folder.env_txt, env_text(study.backend, plan.launch["server_versions"]))
     index.write(folder.index)
-    runner = VirtualRunner(study, variant) if study.virtual_clock else ServerRunner(study, variant, folder)
+    runner = VirtualRunner(study, variant) if study.virtual_clock else ServerRunner(study, variant, folder, cpus)
     try:
         measure(
             runner, layout, index, todo, lambda: index.write(folder.index), policies(layout, study, name, plan, index)

@@ -20,15 +20,18 @@ from typing import Any
 import httpx
 
 from connector_tax.atomic import write_json
-from connector_tax.config import StudyConfig, Variant, load_study
+from connector_tax.config import ConfigError, StudyConfig, Variant, load_study
+from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
-from connector_tax.launch.command import launch_spec
+from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
+from connector_tax.launch.hostcheck import check_host
 from connector_tax.pipeline.plan import launch_digest
-from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.sidecar import Sidecars
 from connector_tax.serving.slurm import PLACEMENTS, adopt
 
 
@@ -68,6 +71,14 @@ def run_group(argv: list[str], env: dict[str, str], timeout_s: float) -> int:
         watchdog.release()
 
 
+def _on_gpu(gpu: Gpu | None, study: StudyConfig, variant: Variant) -> dict[str, str]:
+    """The environment of a launch on `gpu`, once its memory is released (serving.gpus)."""
+    if gpu is None:
+        return {}
+    wait_released(gpu.index, float(merged_server(study.raw, variant.raw).get("gpu_memory_utilization") or 0.0))
+    return gpu_env(gpu.index)
+
+
 def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict[str, Any]:
     """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     port = free_port(study.host, block=3)
@@ -75,8 +86,9 @@ def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=study.device) as gpu:
-            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-            run_group(argv, env, timeout_s=ready_timeout_s(study, study.variant(name)) + 300)
+            variant = study.variant(name)
+            env = {**os.environ, **_on_gpu(gpu, study, variant)}
+            run_group(argv, env, timeout_s=ready_timeout_s(study, variant) + 300)
         verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
     except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
         verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
@@ -188,7 +200,8 @@ def _readiness(study: StudyConfig, typed: Variant, log_dir: Path) -> dict[str, A
     name, backend, config, variant = typed.name, study.backend, study.raw, typed.raw
     host = typed.host or study.host
     port = free_port(host, block=3 if backend == "vllm" else 1)
-    spec = launch_spec(str(study.source), config, variant, port)
+    sidecar_ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(config, variant)}
+    spec = launch_spec(str(study.source), config, variant, port, sidecars=sidecar_ports)
     if backend == "vllm":
         from connector_tax.launch.vllm import preflight_script
 
@@ -204,15 +217,29 @@ def _readiness(study: StudyConfig, typed: Variant, log_dir: Path) -> dict[str, A
     started = time.monotonic()
     try:
         with gpu_lease(backend, device=device(config)) as gpu:
-            if gpu is not None:
-                spec.env["CUDA_VISIBLE_DEVICES"] = gpu
-            with ServerProcess(spec, url, log_dir) as server:
-                server.wait_ready(ready_timeout_s(study, typed))
+            spec.env.update(_on_gpu(gpu, study, typed))
+            # Sidecars first (an LMCache MP server): ready before the server starts, stopped after it.
+            with Sidecars(spec.sidecars, log_dir) as sidecars, ServerProcess(spec, url, log_dir) as server:
+                server.wait_ready(ready_timeout_s(study, typed), sidecars.failure)
+                sidecars.check_registered()  # the server's connector reached its sidecar
                 ready_s = time.monotonic() - started
                 _one_streamed_request(server.url, model)
+                if (why := sidecars.failure()) is not None:
+                    raise ServerStartError(why)
     except (ServerStartError, httpx.HTTPError, RuntimeError) as exc:
         return {"variant": name, "status": "skip", "reason": str(exc), "backend": backend}
-    return {"variant": name, "status": "ok", "reason": None, "backend": backend, "ready_s": round(ready_s, 3)}
+    out: dict[str, Any] = {
+        "variant": name,
+        "status": "ok",
+        "reason": None,
+        "backend": backend,
+        "ready_s": round(ready_s, 3),
+    }
+    if spec.sidecars:
+        out["sidecars"] = [
+            f"{s.name}: {s.label}, ready" + (" and registered" * bool(s.registered)) for s in spec.sidecars
+        ]
+    return out
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -251,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.variant}: {exc}", file=sys.stderr)
             return 2
         study = load_study(args.config)
+        try:  # what this host would fail on minutes into every launch, refused before the first
+            check_host(study.raw)
+        except ConfigError as exc:
+            print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
+            return 2
         out = Path(args.out)
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)

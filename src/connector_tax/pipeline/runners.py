@@ -21,12 +21,13 @@ from urllib.parse import urlsplit
 
 from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
+from connector_tax.config.merge import merged_server
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.contract.summary import CellSummary
-from connector_tax.launch.command import launch_spec
+from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.affinity import plan_affinity
@@ -41,8 +42,11 @@ from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
 from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.pipeline.watch import ServerWatch
-from connector_tax.serving.gpus import gpu_lease
+from connector_tax.serving.cpus import Leased, cpu_lease
+from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
+from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
+from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
 
 IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
@@ -76,38 +80,69 @@ def _launch_seed(study: StudyConfig, index: PhaseIndex) -> int:
 
 
 class ServerRunner:
-    """Real time: the variant's server (vLLM, `ctax sim`, or an external one), the load
-    generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
+    """Real time: the variant's server (vLLM, `ctax sim`, or an external one) and its sidecars,
+    the load generator, a /metrics sampler and a watch per cell; the step log sliced per cell."""
 
-    def __init__(self, study: StudyConfig, variant: Variant, folder: PhaseLayout) -> None:
+    def __init__(self, study: StudyConfig, variant: Variant, folder: PhaseLayout, cpus: int | None = None) -> None:
+        """cpus: how many CPUs to lease for this job (it has neighbours), near its GPU; None: all."""
         self.study, self.variant, self.folder = study, variant, folder
-        self.gpu: str | None = None
-        self._lease: Any = None
+        self.cpus = cpus
+        self.gpu: Gpu | None = None
+        self.leased: Leased | None = None
+        self._held = contextlib.ExitStack()
 
     def __enter__(self) -> ServerRunner:
         drop_raw_logs(self.folder.raw_steps)  # an earlier launch's cells are sealed or will be redone
-        self._lease = gpu_lease(self.study.backend, device=self.study.device)
-        self.gpu = self._lease.__enter__()
+        with contextlib.ExitStack() as stack:
+            # The GPU first: the CPUs are leased from its NUMA node.
+            self.gpu = stack.enter_context(gpu_lease(self.study.backend, device=self.study.device))
+            self.leased = stack.enter_context(cpu_lease(self.cpus, self.gpu.numa_node if self.gpu else None))
+            self._held = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._lease.__exit__(*exc)
+        self._held.close()  # the leases go whatever ended the job
         if exc[0] is None:
             drop_raw_logs(self.folder.raw_steps)
+
+    def _wait_for_gpu(self, index: PhaseIndex) -> None:
+        """Record where the job runs, and wait for its GPU's memory to be released: vLLM refuses
+        to start below gpu_memory_utilization x total free, and a crashed server's memory comes
+        back seconds after it is gone (serving.gpus)."""
+        index.cpus_leased = self.leased.cpus if self.leased else None
+        placement = dict(index.placement or {})
+        if self.leased is not None:
+            placement.update(self.leased.record())
+        else:  # all of them, or (under SLURM) the allocation's, already in the record
+            placement.setdefault("cpus", None)
+        if self.gpu is None:
+            index.placement = placement
+            return
+        placement.update(self.gpu.record())
+        need = float(merged_server(self.study.raw, self.variant.raw).get("gpu_memory_utilization") or 0.0)
+        waited = wait_released(self.gpu.index, need)
+        placement["gpu_waits_s"] = [*placement.get("gpu_waits_s", []), round(waited, 2)]
+        if index.restarts:  # the relaunch after the last failure
+            index.restarts[-1]["gpu_released_after_s"] = round(waited, 2)
+        index.placement = placement
 
     @contextmanager
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[_ServerLaunch]:
         study, backend = self.study, self.study.backend
         # The launchers read the sections they pass on to a server (server, sim, vllm) themselves.
         config, variant = dict(study.raw), dict(self.variant.raw)
-        index.gpu = gpu_description(self.gpu, backend)
+        index.gpu = gpu_description(self.gpu.index if self.gpu else None, backend)
+        self._wait_for_gpu(index)
         host = self.variant.host or study.host
         port = free_port(host, block=3 if backend == "vllm" else 1)
+        # Each sidecar (an LMCache MP server) on ports of its own, reserved until it stops.
+        sidecar_ports = {name: free_port(host, block=SIDECAR_PORTS) for name in sidecar_names(config, variant)}
         raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
         raw.parent.mkdir(parents=True, exist_ok=True)
-        spec = launch_spec(str(study.source), config, variant, port, str(raw) if backend != "openai" else None)
+        step_log = str(raw) if backend != "openai" else None
+        spec = launch_spec(str(study.source), config, variant, port, step_log, sidecar_ports)
         if self.gpu is not None:
-            spec.env["CUDA_VISIBLE_DEVICES"] = self.gpu
+            spec.env.update(gpu_env(self.gpu.index))
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
             spec.env[LAUNCH_SEED_ENV] = str(_launch_seed(study, index))
         url = spec.url or f"http://{host}:{port}"
@@ -115,26 +150,46 @@ class ServerRunner:
         index.server_env = dict(spec.env)
         if backend == "vllm":
             index.workarounds = workarounds(config, variant)
+            index.interventions = list(self.variant.interventions)
         options = LoadgenOptions.of_study(study, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
-        with ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server:
+        # Sidecars first, each ready before vLLM starts (it would wait minutes for an absent one),
+        # stopped after it; placed where the server is.
+        with (
+            Sidecars(spec.sidecars, self.folder.folder, cpus) as sidecars,
+            ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server,
+        ):
             index.server_cpus = list(server.cpus) or None
+            index.sidecars = sidecars.records()
             save()
-            server.wait_ready(ready_timeout_s(study, self.variant))
+            server.wait_ready(ready_timeout_s(study, self.variant), sidecars.failure)
+            sidecars.check_registered()
+            placement = study.cpu_placement if backend == "vllm" else None
+            if placement and server.proc is not None:  # every server thread but the model's, apart from it
+                threads = pin_server_threads(server.proc.pid, *placement)
+                threads["sidecar_threads"] = sum(pin_sidecar(pid, placement[0]) for pid in sidecars.roots())
+                index.placement = {**(index.placement or {}), "server_threads": threads}
             labels = _thread_labels(raw, backend)
-            # Per-thread CPU of the idle server: once per variant, in its Phase A launch.
+            # Per-thread CPU of the idle server (and its sidecars): once per variant, in its Phase A launch.
             if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
                 idle = self.folder.idle_threads
-                samples = record_idle(server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels)
+                samples = record_idle(
+                    server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels, sidecars.roots()
+                )
                 index.idle_threads = {
                     "file": idle.name,
                     "launch": f"{index.launch_id}.{len(index.restarts)}",
                     "seconds": IDLE_THREADS_S,
                     "samples": samples,
                 }
-            with LoadGenerator(options) as gen:
-                yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels)
+            given_back = pin_this_process(placement[0]) if placement else None  # the load generator too
+            try:
+                with LoadGenerator(options) as gen:
+                    yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels, sidecars)
+            finally:
+                if given_back:
+                    pin_this_process(given_back)
             available, reason = step_timing_status(raw, backend, self.variant.connector is not None)
             index.step_timing_available, index.step_timing_reason = available, reason
 
@@ -154,14 +209,16 @@ class _ServerLaunch:
         gen: LoadGenerator,
         splitter: StepLogSplitter,
         labels: Callable[[], dict[str, str]],
+        sidecars: Sidecars,
     ) -> None:
         self.name, self.server, self.gen, self.splitter, self.labels = name, server, gen, splitter, labels
+        self.sidecars = sidecars
         # The study's own processes on this host: this job (the load generator's main process) with
-        # its descendants and ancestors, and the server's process group (it runs in its own session).
-        # An external server (backend openai) on this host is found by its port: its CPU is the
-        # server's, not contention.
+        # its descendants and ancestors, the server's process group (it runs in its own session)
+        # and its sidecars' groups. An external server (backend openai) on this host is found by
+        # its port: its CPU is the server's, not contention.
         external = None if server.proc else _local_listener(server.url)
-        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external)
+        self.study = HostStudy(os.getpid(), server.proc.pid if server.proc else None, external, sidecars.pgids())
 
     def run(
         self,
@@ -181,7 +238,8 @@ class _ServerLaunch:
             precision,
             threads,
         ):
-            with host, ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}") as watch:
+            watch = ServerWatch(self.server, self.gen, sampler, f"{self.name}/{cell.key}", beside=self.sidecars.failure)
+            with host, watch:
                 summary = self.gen.run_cell(cell, staging.folder, precision.enough, give_up)
         if summary.rt_priority is not None:
             summary.rt_priority.process = priority.describe()
@@ -196,7 +254,9 @@ class _ServerLaunch:
         cell; nothing for an external server (backend openai)."""
         if self.server.proc is None:
             return contextlib.nullcontext()
-        return ThreadSampler(self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels)
+        return ThreadSampler(
+            self.server.proc.pid, staging.threads, METRICS_INTERVAL_S, self.labels, self.sidecars.roots()
+        )
 
 
 def _thread_labels(raw: Any, backend: str) -> Callable[[], dict[str, str]]:

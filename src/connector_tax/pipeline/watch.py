@@ -1,11 +1,12 @@
-"""A real-time cell's watch: its progress on the console, and a stop when its server dies or is
-stuck (the measuring loop seals such a cell as failed and relaunches the server)."""
+"""A real-time cell's watch: its progress on the console, and a stop when its server (or a sidecar
+of it) dies or is stuck (the measuring loop seals such a cell as failed and relaunches the server)."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from tqdm import tqdm
 
@@ -28,9 +29,17 @@ class ServerWatch:
     stuck server."""
 
     def __init__(
-        self, server: ServerProcess, gen: LoadGenerator, sampler: MetricsSampler, name: str, stall_s: float = STALL_S
+        self,
+        server: ServerProcess,
+        gen: LoadGenerator,
+        sampler: MetricsSampler,
+        name: str,
+        stall_s: float = STALL_S,
+        beside: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """beside(): why a process the server needs (a sidecar: serving/sidecar.py) has failed, or None."""
         self.server, self.gen, self.sampler, self.stall_s, self.name = server, gen, sampler, stall_s, name
+        self.beside = beside
         self.failure: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctax-server-watch", daemon=True)
@@ -89,6 +98,8 @@ class ServerWatch:
         code = self.server.exited()
         if code is not None:
             self.failure = f"server exited with code {code} during the cell"
+        elif (why := self.beside()) is not None:
+            self.failure = f"{why} during the cell"
         elif now - since > self.stall_s and now - worked > self.stall_s:
             self.failure = (
                 f"server stuck: no response and no engine work for {self.stall_s:g} s "

@@ -6,12 +6,14 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from connector_tax.analysis.constants import NOOP
 from connector_tax.config import PHASE_A
+from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, mark_totals, stacked_on
 from connector_tax.plots.context import Ctx, Skip
-from connector_tax.plots.style import new_figure, stamp
+from connector_tax.plots.style import new_figure, panels_above_legend, stamp
 
 
 def fig6(ctx: Ctx) -> Figure:
@@ -48,7 +50,8 @@ def fig6(ctx: Ctx) -> Figure:
     ax.set_ylabel("CDF (fraction of steps)")
     ax.set_title(ctx.title(f"Fig. 6: per-step latency CDF at ref_safe = {float(rate):g} req/s (Phase A)"))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(title="variant", fontsize=8, loc="lower right")
+    # Beside the axes: a variant far to the right (NIXL's steps on CPU) ran under a legend inside them.
+    ax.legend(title="variant", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
@@ -81,29 +84,44 @@ def fig7(ctx: Ctx) -> Figure:
         )
     fw = _step_tax(safe, NOOP)
     names = with_steps
-    fig = new_figure(11.0, 4.8)
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = new_figure(11.0, 5.2)
+    (ax1, ax2), holder = panels_above_legend(fig, 2, legend_lines=-(-(5 + len(names)) // 3))
     x = np.arange(len(names))
-    impl = [(_step_tax(safe, c) - fw) if c != NOOP else 0.0 for c in names]
-    ax1.bar(x, [fw] * len(names), 0.6, color="0.75", hatch="..", edgecolor="0.3", linewidth=0.6)
-    ax1.bar(
-        x, impl, 0.6, bottom=[fw] * len(names), color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6
-    )
+    total = [_step_tax(safe, c) for c in names]
+    impl = [(t - fw) if c != NOOP else 0.0 for c, t in zip(names, total)]
+    colours = [ctx.palette(c) for c in names]
+    style: dict[str, Any] = {"edgecolor": "0.3", "linewidth": 0.6}
+    # An outlier (NIXL's step on CPU) is cut at the axis top with its total written on it; a
+    # negative segment hangs from 0, and a black tick marks each stack's sum (plots.bars).
+    cap1 = axis_cap(max(fw, t) for t in total)
+    fws = [fw] * len(names)
+    draw_bars(ax1, x, [Bar(fw)] * len(names), 0.6, cap1, " µs", color="0.75", hatch="..", **style)
+    labels = [Bar(t) for t in total]
+    draw_bars(ax1, x, [Bar(v) for v in impl], 0.6, cap1, " µs", stacked_on(fws, impl), labels, color=colours, **style)
+    mark_totals(ax1, x, total, 0.6, cap1)
+    limit(ax1, cap1)
     ax1.set_title("framework (noop_connector) vs implementation")
     cb = [(_step_value(safe, c, "callback_p50_us") or {"value": 0.0})["value"] for c in names]
     un = [(_step_value(safe, c, "unattributed_p50_us") or {"value": 0.0})["value"] for c in names]
-    ax2.bar(x, cb, 0.6, color=[ctx.palette(c) for c in names], edgecolor="0.3", linewidth=0.6)
-    ax2.bar(
+    sums = [c + u for c, u in zip(cb, un)]
+    cap2 = axis_cap(max(c, t) for c, t in zip(cb, sums))
+    draw_bars(ax2, x, [Bar(v) for v in cb], 0.6, cap2, " µs", color=colours, **style)
+    draw_bars(
+        ax2,
         x,
-        un,
+        [Bar(v) for v in un],
         0.6,
-        bottom=cb,
-        color=[ctx.palette(c) for c in names],
+        cap2,
+        " µs",
+        stacked_on(cb, un),
+        [Bar(t) for t in sums],
+        color=colours,
         alpha=0.45,
         hatch="//",
-        edgecolor="0.3",
-        linewidth=0.6,
+        **style,
     )
+    mark_totals(ax2, x, sums, 0.6, cap2)
+    limit(ax2, cap2)
     ax2.set_title("callback-attributable vs unattributed")
     for ax in (ax1, ax2):
         ax.axhline(0, color="0.2", lw=0.8)
@@ -113,15 +131,16 @@ def fig7(ctx: Ctx) -> Figure:
         ax.set_ylabel(f"tax step p50 vs {taxes['baseline']} (µs)")
         ax.grid(True, axis="y", alpha=0.3)
     # Below the axes, never over bars (the tallest bar's height is not known in advance).
-    fig.legend(
+    holder.legend(
         handles=[
             Patch(facecolor="0.75", hatch="..", edgecolor="0.3", label="framework = tax(noop_connector)"),
             Patch(facecolor="0.45", label="implementation = tax(X) - tax(noop), config colour"),
             Patch(facecolor="0.45", label="callbacks: build_meta + get_finished + start_load_kv (p50)"),
             Patch(facecolor="0.45", alpha=0.45, hatch="//", label="unattributed = tax_step - tax_callback"),
+            Line2D([], [], color="black", lw=1.6, label="tax_step (the sum; a negative part hangs from 0)"),
         ]
         + [Patch(facecolor=ctx.palette(c), label=c) for c in names],
-        loc="outside lower center",
+        loc="center",
         ncol=3,
         fontsize=7,
     )

@@ -17,8 +17,10 @@ import matplotlib
 
 matplotlib.use("Agg", force=False)
 from matplotlib import colormaps  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
 from matplotlib.legend import Legend  # noqa: E402
 
 DPI = 150
@@ -59,20 +61,11 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
 def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
     """Say what served the data: "SIMULATED" across the canvas for the simulator; otherwise the
     server in words in the corner (e.g. "vLLM 0.32.0 on CPU, dummy weights"), so a figure of a
-    CPU study is never taken for a GPU's."""
+    CPU study is never taken for a GPU's. The corner line gets a strip of its own below the
+    layout: drawn over it, it hid the x-axis labels and the legends below the axes."""
     if not simulated:
         if served_by:
-            fig.text(
-                0.005,
-                0.005,
-                f"served by {served_by}",
-                fontsize=7,
-                color="0.25",
-                ha="left",
-                va="bottom",
-                transform=fig.transFigure,
-                gid="served-by-stamp",
-            )
+            _footer(fig, f"served by {served_by}", 0.005, "left", "0.25", "served-by-stamp")
         return
     fig.text(
         0.5,
@@ -88,16 +81,47 @@ def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
         zorder=0,
         gid="simulated-stamp",
     )
+    _footer(fig, "simulated data (backend sim)", 0.995, "right", "red", "simulated-footer")
+
+
+FOOTER_PT = 7
+
+
+def _footer(fig: Figure, text: str, x: float, ha: str, color: str, gid: str) -> None:
+    """A small line (wrapped to the figure's width) at the bottom, with the layout kept above it."""
+    chars = max(40, int(fig.get_figwidth() * 72 / (FOOTER_PT * 0.55)))
+    lines = textwrap.wrap(text, chars) or [text]
     fig.text(
-        0.995,
+        x,
         0.005,
-        "simulated data (backend sim)",
-        fontsize=7,
-        color="red",
-        ha="right",
+        "\n".join(lines),
+        fontsize=FOOTER_PT,
+        color=color,
+        ha=ha,
         va="bottom",
         transform=fig.transFigure,
+        gid=gid,
     )
+    engine = fig.get_layout_engine()
+    if isinstance(engine, ConstrainedLayoutEngine):
+        strip = (len(lines) * FOOTER_PT * 1.25 + 6) / (fig.get_figheight() * 72)
+        engine.set(rect=(0, strip, 1, 1 - strip))
+
+
+LEGEND_HOLDER = "<legend>"
+
+
+def panels_above_legend(fig: Figure, ncols: int, legend_lines: int) -> tuple[list[Axes], Axes]:
+    """`ncols` panels side by side and, below them, an axes-free row that holds the legend.
+
+    A figure legend placed "outside lower center" is drawn at the canvas' bottom edge whatever
+    the layout reserves, so the footer (stamp) covered it; a legend inside a row of the layout
+    stays above the footer's strip. The row's height follows the legend's lines."""
+    grid = fig.add_gridspec(2, ncols, height_ratios=[1.0, 0.05 + 0.045 * legend_lines])
+    panels = [fig.add_subplot(grid[0, i]) for i in range(ncols)]
+    holder = fig.add_subplot(grid[1, :], label=LEGEND_HOLDER)
+    holder.axis("off")
+    return panels, holder
 
 
 def notice(name: str, reason: str, simulated: bool) -> Figure:
@@ -117,6 +141,9 @@ def describe(fig: Figure) -> dict[str, Any]:
             axes.append({"colorbar": True, "ylabel": ax.get_ylabel(), "xlabel": ax.get_xlabel()})
             continue
         legends = [c for c in ax.get_children() if isinstance(c, Legend)]
+        if ax.get_label() == LEGEND_HOLDER:  # no data, no axis: only the legend it holds
+            axes.append({"legend_holder": True, "legend": [t.get_text() for lg in legends for t in lg.get_texts()]})
+            continue
         axes.append(
             {
                 "title": ax.get_title(),

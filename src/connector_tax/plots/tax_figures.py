@@ -10,18 +10,19 @@ from matplotlib.patches import Patch
 
 from connector_tax.analysis.constants import LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
 from connector_tax.config import PHASE_B, PHASE_B_PRIME
+from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, stacked_on
 from connector_tax.plots.context import Ctx, Skip
-from connector_tax.plots.style import new_figure, stamp
+from connector_tax.plots.style import new_figure, panels_above_legend, stamp
 
 
-def _bar_err(est: dict[str, Any] | None, scale: float = 100.0) -> tuple[float, list[float]]:
+def _bar(est: dict[str, Any] | None, scale: float = 100.0) -> Bar:
+    """An estimate as a bar in percent, its interval where it has one."""
     if not est or est.get("value") is None:
-        return np.nan, [0.0, 0.0]
-    v = est["value"] * scale
+        return Bar(np.nan)
     ci = est.get("ci")
     if not ci or None in ci:
-        return v, [0.0, 0.0]
-    return v, [max(v - ci[0] * scale, 0.0), max(ci[1] * scale - v, 0.0)]
+        return Bar(est["value"] * scale)
+    return Bar(est["value"] * scale, ci[0] * scale, ci[1] * scale)
 
 
 def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
@@ -47,30 +48,28 @@ def fig4(ctx: Ctx, skipped: dict[str, str]) -> Figure:
     axes = fig.subplots(1, 2)
     width = 0.38 if has_load else 0.6
     x = np.arange(len(names))
+    series = [(safe, None, 0.95)] + ([(load, "//", 0.55)] if has_load else [])
     for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
-        for j, (entry, hatch, alpha, tag) in enumerate(
-            ((safe, None, 0.95, "ref_safe"), (load, "//", 0.55, "ref_load"))
-        ):
-            if tag == "ref_load" and not has_load:
-                continue
-            vals, errs = [], []
-            for c in names:
-                v, e = _bar_err(((entry.get("variants") or {}).get(c) or {}).get(metric))
-                vals.append(v)
-                errs.append(e)
+        bars = [
+            [_bar(((entry.get("variants") or {}).get(c) or {}).get(metric)) for c in names] for entry, _, _ in series
+        ]
+        cap = axis_cap(max(b.top for b in col) for col in zip(*bars))
+        for j, ((_, hatch, alpha), row) in enumerate(zip(series, bars)):
             off = (j - 0.5) * width if has_load else 0.0
-            ax.bar(
+            draw_bars(
+                ax,
                 x + off,
-                vals,
+                row,
                 width,
-                yerr=np.array(errs).T,
-                capsize=2,
+                cap,
+                " %",
                 color=[ctx.palette(c) for c in names],
                 alpha=alpha,
                 hatch=hatch,
                 edgecolor="0.2",
                 linewidth=0.6,
             )
+        limit(ax, cap)
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -111,21 +110,28 @@ def fig4b(ctx: Ctx) -> Figure:
     fig = new_figure(4.0 + 2.6 * len(shared), 4.6)
     axes = np.atleast_1d(fig.subplots(1, len(shared), sharey=True))
     x = np.arange(len(names))
+    bars = {
+        s: [[_bar(((cells[s]["variants"].get(c)) or {}).get("ttft_p90")) for c in names] for cells in (base, prime)]
+        for s in shared
+    }
+    # One cap for every shape: the panels share their y axis.
+    cap = axis_cap(max(row[i].top for rows in bars.values() for row in rows) for i in range(len(names)))
     for ax, s in zip(axes, shared):
-        for j, (cells, hatch, alpha) in enumerate(((base, None, 0.95), (prime, "//", 0.55))):
-            vals, errs = zip(*[_bar_err(((cells[s]["variants"].get(c)) or {}).get("ttft_p90")) for c in names])
-            ax.bar(
+        for j, (row, hatch, alpha) in enumerate(zip(bars[s], (None, "//"), (0.95, 0.55))):
+            draw_bars(
+                ax,
                 x + (j - 0.5) * 0.38,
-                vals,
+                row,
                 0.38,
-                yerr=np.array(errs).T,
-                capsize=2,
+                cap,
+                " %",
                 hatch=hatch,
                 alpha=alpha,
                 color=[ctx.palette(c) for c in names],
                 edgecolor="0.2",
                 linewidth=0.6,
             )
+        limit(ax, cap)
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -217,17 +223,18 @@ def fig8(ctx: Ctx) -> Figure:
         why = "; ".join(f"{c}: {(safe.get('missing') or {}).get(c) or 'not in the study or skipped'}" for c in missing)
         raise Skip(f"H4 needs {', '.join(need)} at ref_safe; missing {why}")
     h4: dict[str, Any] = next((h for h in ctx.hyp.get("hypotheses") or [] if h["id"] == "H4"), {})
-    fig = new_figure(9.0, 4.8)
-    axes = fig.subplots(1, 2)
+    fig = new_figure(9.0, 5.2)
+    axes, holder = panels_above_legend(fig, 2, legend_lines=2)
     for ax, metric, label in ((axes[0], "ttft_p90", "TTFT p90"), (axes[1], "tpot_p90", "TPOT p90")):
         mb = safe["variants"][MOONCAKE_BOTH][metric]
         lm = safe["variants"][LMCACHE_ONLY][metric]
         mu = safe["variants"][MULTI][metric]
-        (v1, e1), (v2, e2), (v3, e3) = _bar_err(mb), _bar_err(lm), _bar_err(mu)
+        # Not cut at an outlier (plots.bars): the sum is read against multi on one true scale.
+        (v1, e1), (v2, e2), (v3, e3) = ((b.value, b.yerr()) for b in (_bar(mb), _bar(lm), _bar(mu)))
         ax.bar(0, v1, 0.6, yerr=np.array([e1]).T, capsize=3, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2")
         ax.bar(1, v2, 0.6, yerr=np.array([e2]).T, capsize=3, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2")
         ax.bar(2, v1, 0.6, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2", alpha=0.7)
-        ax.bar(2, v2, 0.6, bottom=v1, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2", alpha=0.7)
+        ax.bar(2, v2, 0.6, bottom=stacked_on([v1], [v2]), color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2", alpha=0.7)
         ax.bar(3, v3, 0.6, yerr=np.array([e3]).T, capsize=3, color=ctx.palette(MULTI), edgecolor="0.2")
         total = v1 + v2
         if np.isfinite(total) and total > 0:  # |multi - sum| <= 0.30 multi  <=>  sum/1.3 <= multi <= sum/0.7
@@ -240,10 +247,10 @@ def fig8(ctx: Ctx) -> Figure:
         ax.set_title(label)
         ax.grid(True, axis="y", alpha=0.3)
     rel = ((h4.get("numbers") or {}).get("rel_dev") or {}).get("value")
-    fig.legend(
+    holder.legend(
         handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
         + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
-        loc="outside lower center",
+        loc="center",
         ncol=2,
         fontsize=7,
     )

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -208,17 +209,27 @@ def tail(path: Path, lines: int = 20) -> str:
 
 class ServerProcess:
     def __init__(
-        self, spec: LaunchSpec, url: str, log_dir: Path, grace_s: float = 10.0, cpus: tuple[int, ...] = ()
+        self,
+        spec: LaunchSpec,
+        url: str,
+        log_dir: Path,
+        grace_s: float = 10.0,
+        cpus: tuple[int, ...] = (),
+        name: str = "server",
+        script: str = "launch.sh",
     ) -> None:
         """cpus: where the server may run (empty: anywhere). Set on the process right after
-        launch, before it starts threads or children, which inherit it."""
+        launch, before it starts threads or children, which inherit it. name: the logs'
+        prefix (<name>_stdout.log); script: the file the launch is written to (a sidecar,
+        serving/sidecar.py, is one of these under its own names)."""
         self.spec = spec
         self.cpus = cpus
         self.url = url.rstrip("/")
         self.log_dir = log_dir
         self.grace_s = grace_s
-        self.stdout_path = log_dir / "server_stdout.log"
-        self.stderr_path = log_dir / "server_stderr.log"
+        self.stdout_path = log_dir / f"{name}_stdout.log"
+        self.stderr_path = log_dir / f"{name}_stderr.log"
+        self.script_path = log_dir / script
         self.proc: subprocess.Popen[bytes] | None = None
         self._watchdog: GroupWatchdog | None = None
         self.engine_failed_grace_s = ENGINE_FAILED_GRACE_S
@@ -264,10 +275,12 @@ class ServerProcess:
             script += (
                 f"# launched pinned to CPUs {cpus} (as by taskset -c {cpus}), off the load generator's worker cores\n"
             )
-        (self.log_dir / "launch.sh").write_text(script, encoding="utf-8")
+        self.script_path.write_text(script, encoding="utf-8")
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """/health, then /v1/models, both 200, within timeout_s; else the log tail in the error."""
+    def wait_ready(self, timeout_s: float, beside: Callable[[], str | None] = lambda: None) -> None:
+        """/health, then /v1/models, both 200, within timeout_s; else the log tail in the error.
+        beside(): why a process the server needs (a sidecar) has failed, or None; asked at every
+        poll, so a sidecar that dies fails the start at once (vLLM would wait out its own timeout)."""
         deadline = time.monotonic() + timeout_s
         failed_at: float | None = None  # when the log first said the engine failed
         next_look = 0.0
@@ -276,6 +289,8 @@ class ServerProcess:
                 while True:
                     if self.proc is not None and self.proc.poll() is not None:
                         raise self._failure(f"server exited with code {self.proc.returncode}")
+                    if (why := beside()) is not None:
+                        raise ServerStartError(why)
                     now = time.monotonic()
                     if self.proc is not None and failed_at is None and now >= next_look:
                         next_look = now + 1.0  # the log is read once a second, not every poll

@@ -1,9 +1,50 @@
-"""What it takes to start one server: an argv list (never a shell string) and its environment."""
+"""What it takes to start one server: an argv list (never a shell string) and its environment,
+and the sidecars it needs beside it (processes started before it and stopped after it)."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def _script(argv: list[str], env: dict[str, str], comments: list[str]) -> str:
+    lines = ["#!/usr/bin/env bash", "set -euo pipefail", *comments]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    """A process a variant's server needs beside it: an LMCache multi-process server (what
+    `lmcache_mp` connects to), a Mooncake master, a bootstrap registry. Declared by the launch
+    code (launch/), started and watched by serving/sidecar.py."""
+
+    name: str  # one word, unique in a launch: its logs are sidecar_<name>_std{out,err}.log
+    what: str  # in words, for every output: "LMCache MP server"
+    argv: list[str]
+    env: dict[str, str]
+    port: int  # the first of the ports it binds, reserved with serving.process.free_port
+    # "http://host:port/path" (ready when it answers 200) or "tcp://host:port" (when it accepts)
+    ready: str
+    ready_timeout_s: float
+    version: str | None = None  # "lmcache 0.5.6", from the Python that runs it
+    # An HTTP URL answering JSON in which one of `registered_keys` lists the server's workers once
+    # they have connected (LMCache's /status): the launch checks its connector registered.
+    registered: str | None = None
+    registered_keys: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """ "LMCache MP server (lmcache 0.5.6)": what it is, with its version where known."""
+        return f"{self.what} ({self.version})" if self.version else self.what
+
+    def record(self) -> dict[str, Any]:
+        """What run.json and the manifest say of it."""
+        out = {**asdict(self), "label": self.label}
+        out["registered_keys"] = list(self.registered_keys)
+        return out
 
 
 @dataclass(frozen=True)
@@ -13,13 +54,16 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     # External servers (backend openai) are not launched: url says where they are.
     url: str | None = None
+    # Started in this order before the server, each ready before the next; stopped after it.
+    sidecars: tuple[SidecarSpec, ...] = ()
 
     def script(self) -> str:
         """A runnable launch.sh that reproduces this launch, every value shlex-quoted."""
-        lines = ["#!/usr/bin/env bash", "set -euo pipefail"]
-        lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
-        if self.argv:
-            lines.append("exec " + " ".join(shlex.quote(a) for a in self.argv))
-        else:
-            lines.append(f"# external server, not launched: {self.url}")
-        return "\n".join(lines) + "\n"
+        if not self.argv:
+            return f"#!/usr/bin/env bash\nset -euo pipefail\n# external server, not launched: {self.url}\n"
+        needs = []
+        for s in self.sidecars:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(s.env.items()))
+            needs += [f"# needs sidecar {s.name} ({s.label}) running first, ready at {s.ready}:"]
+            needs += [f"#   {env + ' ' if env else ''}{shlex.join(s.argv)}"]
+        return _script(self.argv, self.env, needs)

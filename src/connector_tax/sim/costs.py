@@ -68,20 +68,27 @@ def connector_terms(
 
     Every connector pays vLLM's framework dispatch once; an implementation adds its own
     work scaled by role; a MultiConnector adds each child's work plus an interaction term.
-    A custom (or noop) connector is modelled as the framework alone.
+    A custom (or noop) connector is modelled as the framework alone; LMCache's multi-process mode
+    (lmcache_mp) with LMCache's hand-set costs (no model of its own: its server is a process beside
+    the engine, which the simulator does not model).
     """
     if not connector:
         return None
     terms = [ConnectorTerm(table["framework"], 1.0)]
-    kind = connector["type"]
+    kind = _KIND_COSTS.get(connector["type"], connector["type"])
     if kind == "multi":
         for child in connector["children"]:
-            if child["type"] in table:
-                terms.append(ConnectorTerm(table[child["type"]], role_scale[child["role"]]))
+            child_kind = _KIND_COSTS.get(child["type"], child["type"])
+            if child_kind in table:
+                terms.append(ConnectorTerm(table[child_kind], role_scale[child["role"]]))
         terms.append(ConnectorTerm(table["multi_interaction"], 1.0))
     elif kind in table and kind != "framework":
         terms.append(ConnectorTerm(table[kind], role_scale[connector["role"]]))
     return terms
+
+
+# Connector types costed as another's.
+_KIND_COSTS = {"lmcache_mp": "lmcache"}
 
 
 class CostModel:

@@ -1,0 +1,61 @@
+"""SIMULATED: the rehearsal of an 8-GPU host (tests/rehearsal.py) as a measurement: the command
+`ctax plan --gpus 8` prints, run through snakemake on the fake host, its placement table (job,
+GPU, CPUs, NUMA node) from each run.json, and the wall time the plan predicted beside the
+measured one (the phases: from the command's start to the last phase job's end; and the whole
+command, analysis included, which the plan does not estimate).
+
+    ctax benchmark gpu_rehearsal [--out DIR] [--launch-s S] [--json FILE]
+
+--launch-s: the plan's start-up per launch (ctax plan --launch-s); by default it is timed here
+first, eight stand-in launches at once, as the command starts them (tests/rehearsal.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import parser, write_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from rehearsal import rehearse  # noqa: E402
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| job | GPU | CPUs | NUMA node (GPU / CPUs) | GPU waits (s) | restarts |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        restarts = "; ".join(
+            f"after {x['after'][:40]}…, GPU back in {x.get('gpu_released_after_s')} s" for x in r["restarts"] or []
+        )
+        lines.append(
+            f"| {r['job']} | {r['gpu']} | {r['cpus']} | {r['numa_node']} / {r['cpus_numa_node']} "
+            f"| {r['gpu_waits_s']} | {restarts or '—'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument("--out", type=Path, help="keep the rehearsal here (default: a temporary folder)")
+    p.add_argument("--launch-s", type=float, help="the plan's start-up per launch, seconds (default: timed here)")
+    args = p.parse_args(argv)
+    folder = args.out or Path(tempfile.mkdtemp(prefix="ctax-rehearsal-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    seen = rehearse(folder, launch_s=args.launch_s)
+    predicted, phases, whole = seen["planned_wall_s"], seen["measured_phases_s"], seen["measured_all_s"]
+    print(f"command: {seen['command']}")
+    print(f"ctax plan --launch-s {seen['launch_s']:.1f} (eight stand-in launches at once, timed here)")
+    print(table(seen["first"]))
+    print(
+        f"wall time: ctax plan predicted {predicted:.0f} s; measured {phases:.0f} s to the last phase job's end "
+        f"({(predicted - phases) / phases:+.0%}), {whole:.0f} s for the whole command (analysis included); "
+        f"the same command again, for the cell the crash cut short: {seen['rerun_s']:.0f} s"
+    )
+    write_json(args.json, {k: v for k, v in seen.items() if k not in ("host", "stdout", "stderr", "config")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

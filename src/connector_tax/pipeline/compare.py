@@ -1,0 +1,58 @@
+"""`ctax compare A B [-o DIR] [--margin M]`: what changed between two studies, or two variants of
+one (`results/<study>:<variant>`), with launch-aware intervals (analysis/compare.py computes,
+plots/compare_figure.py draws, this joins them). Without -o the Markdown goes to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from connector_tax.analysis.compare import DEFAULT_MARGIN, CompareError, compare
+from connector_tax.analysis.compare_report import render, to_csv
+from connector_tax.analysis.core import write_json_atomic
+from connector_tax.atomic import write_atomic
+from connector_tax.plots.compare_figure import draw
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A", help="results/<study>, or results/<study>:<variant>")
+    parser.add_argument("b", metavar="B", help="the same for the other side (changes are B / A - 1)")
+    parser.add_argument(
+        "-o", "--out", type=Path, metavar="DIR", help="write compare.md, compare.csv, compare.json and the figure here"
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"the change below which 'no change' is resolved, as a fraction (default {DEFAULT_MARGIN:g} = ±10 %%)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        doc = compare(args.a, args.b, margin=args.margin)
+    except CompareError as exc:
+        print(f"ctax compare: {exc}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(render(doc))
+        return 0
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"ctax compare: -o {out}: not a folder", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    figure = draw(doc, out)
+    write_atomic(out / "compare.csv", to_csv(doc))
+    write_json_atomic(out / "compare.json", doc)
+    write_atomic(out / "compare.md", render(doc, Path(figure[0]).name if figure else None))
+    counts = {
+        c: sum(r["call"] == c for r in doc["rows"]) for c in ("changed", "no change resolved", "below resolution")
+    }
+    print(
+        f"{len(doc['rows'])} comparisons ("
+        + ", ".join(f"{n} {c}" for c, n in counts.items())
+        + f"), {len(doc['not_comparable'])} not comparable: {out}/compare.md"
+    )
+    return 0
