@@ -104,9 +104,17 @@ def reference_rates_checkpoint(wildcards):
     return checkpoints.reference.get().output[0]
 
 
-def phase_b_plan(name, replicate):
-    """A Phase B job's params, computed once the reference rates exist."""
-    return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B, replicate)
+def reference_input(phase):
+    """A Phase B job waits for the reference checkpoint; a Phase A job has nothing to wait for."""
+    return reference_rates_checkpoint if phase == PHASE_B else []
+
+
+def phase_plan(name, phase, replicate):
+    """A phase job's params.plan (its cells and their fingerprints); Phase B's computed once the
+    reference rates exist."""
+    if phase == PHASE_B:
+        return lambda wildcards, input: job_params(STUDY_CONFIG, SETTINGS, name, PHASE_B, replicate)
+    return job_params(STUDY_CONFIG, SETTINGS, name, phase, replicate)
 
 
 def lease_cpus(wildcards, threads):
