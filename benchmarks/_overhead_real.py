@@ -22,7 +22,7 @@ With one request in flight every streamed chunk is one engine step, so the clien
 latency is the per-step latency, whatever runs inside the step; E2E is the request's whole
 latency. Per prompt: the difference of two servers' median ITL and of their E2E; a comparison's
 result is the median over prompts with a 95% bootstrap CI over prompts, also relative to the
-reference server's median. The instrumented server's own records give the design's fields for
+reference server's median. The instrumented server's own records give the step record's fields for
 scale (step_duration_us, engine_step_us, worker steps).
 """
 

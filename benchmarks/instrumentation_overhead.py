@@ -15,7 +15,7 @@ Real (--real, benchmarks/_overhead_real.py): vLLM's CPU build serving the tiny d
 model (configs/vllm-cpu-tiny.yaml, noop_connector: every hook wrapped), three servers side by
 side, one instrumented and two not, each seeded prompt sent to all three back to back in a
 rotating order: the A/B difference and the A/A one (two identical launches) in one sitting.
-The design's budget is 1% of a step.
+The goal is < 1 % of a step (docs/study-design.md, "What is recorded").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Where the launch-to-launch variance of the real CPU engine comes from (issue 40), and what pinning
-does to it.
+"""Where the launch-to-launch variance of the real CPU engine comes from, and what pinning does to
+it.
 
     ctax benchmark launch_variance [--launches 8] [--rate 8] [--seconds 20]
         [--config configs/vllm-cpu-tiny.yaml] [--out DIR] [--json FILE]
@@ -283,7 +283,7 @@ def decompose(launches: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 AA_VARIANTS = 7  # the replicated CPU study: six measured variants and the A/A control (df (V-1)(k-1))
-TARGETS = {"ttft_p90_ms": 0.10, "tpot_p90_ms": 0.05}  # issue 40's A/A half-widths at ref_safe
+TARGETS = {"ttft_p90_ms": 0.10, "tpot_p90_ms": 0.05}  # the A/A half-widths sought at ref_safe (docs/replicates.md)
 
 
 def aa_widths(launches: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
     ctax benchmark loadgen_capacity [--repeats 3] [--seconds 5] [--json /tmp/loadgen_capacity.json]
         [--competitor-venv /tmp/bench-venv]   # a venv with `pip install 'guidellm[perf]'`
 
-The issue's capacity bar: the highest streaming request rate each client sustains against
+The capacity bar (retired since: benchmarks/README.md): the highest streaming request rate each client sustains against
 benchmarks/_sse_null_server.py on loopback (64-token streams, answered at once in one write),
 and the SSE events per second at that rate; ours should reach >= 3x the best competitor.
 

@@ -5,7 +5,7 @@ minute is printed.
 
     ctax benchmark loadgen_soak [--seconds 600] [--json /tmp/loadgen_soak.json]
 
-The bar (issue 13): RSS growth <= 10 % over the soak. The cell's own summary says how big its
+The bar: RSS growth <= 10 % over the soak. The cell's own summary says how big its
 bounded summary state ended (`summary_state_bytes`) and whether it kept up (`counts`, validity).
 """
 

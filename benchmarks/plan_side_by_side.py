@@ -1,18 +1,18 @@
-"""The design's fixed plan against the adaptive one and the tax-precision one, run on the simulator
+"""The study's fixed plan against the adaptive one and the tax-precision one, run on the simulator
 in virtual time.
 
     ctax benchmark plan_side_by_side [--config configs/h20-qwen3-coder.yaml] [--out DIR] [--json FILE]
                                      [--tax-target 0.05] [--plans fixed,adaptive,tax]
 
-The fixed plan is the design's (seed 002): every cell warm-up 10 s, then max(60 s, the time to
-200 completed requests), up to its cap; every Phase A rate measured; every Phase B shape run
-like any cell, saturated or not; no precision target. The adaptive plan is the config as
-written (knee pruning, the Phase B overload guard, its precision target and floors). The tax plan
-is the adaptive one whose cells stop on the precision of the taxes they feed
-(workload.precision: {of: tax, target: --tax-target}): the baseline's cells run the design's cell
-rule first, every other variant's cell is paired with them request by request and ends once both
-its taxes are within the target (64 completed requests at least), or every baseline request is
-paired. Each plan:
+The fixed plan is the one the study was planned with (docs/study-design.md): every cell warm-up
+10 s, then max(60 s, the time to 200 completed requests), up to its cap; every Phase A rate
+measured; every Phase B shape run like any cell, saturated or not; no precision target. The
+adaptive plan is the config as written (knee pruning, the Phase B overload guard, its precision
+target and floors). The tax plan is the adaptive one whose cells stop on the precision of the
+taxes they feed (workload.precision: {of: tax, target: --tax-target}): the baseline's cells run
+the fixed plan's cell rule first, every other variant's cell is paired with them request by
+request and ends once both its taxes are within the target (64 completed requests at least), or
+every baseline request is paired. Each plan:
 
 1. `ctax plan` and `ctax plan --predict` on the config as the real study (backend vllm): their
    estimates, before anything of the plan's own runs;
@@ -48,7 +48,7 @@ from _common import REPO, parser, positive_float, write_json
 from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
-DESIGN_FIXED = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # seed 002's cell rule
+FIXED_CELL_RULE = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # docs/study-design.md, "The cell rule"
 CELL_FIXED_S = 1.5  # as pipeline/estimate.py counts per cell
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
 
@@ -56,7 +56,7 @@ HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
 def fixed_plan(config: dict[str, Any]) -> dict[str, Any]:
     fixed = copy.deepcopy(config)
     workload = fixed["workload"]
-    workload.update(DESIGN_FIXED)
+    workload.update(FIXED_CELL_RULE)
     workload["precision"] = {"target": None}
     workload["phase_a"]["prune_after_knee"] = False
     workload["phase_b"]["overload_guard"] = False

@@ -14,7 +14,7 @@ in real time (`--clock real`: the user's study, ~5 min a seed, on a quiet host o
 the reference rates it picked, each call with its confidence against the truth, and which calls
 rest on a tax without an interval.
 
-The goal (issue 40): the truth's reference rates in >= 9 of 10 seeds, every call right and
+The goal: the truth's reference rates in >= 9 of 10 seeds, every call right and
 confident (so every tax behind it with an interval).
 """
 

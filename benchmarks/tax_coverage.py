@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--arrival",
         type=arrival_process,
         default="poisson",
-        help="poisson (the design's, the default) | gamma:SHAPE | fixed | config (the study's own)",
+        help="poisson (the study's, the default) | gamma:SHAPE | fixed | config (the study's own)",
     )
     p.add_argument("--replicates", type=positive_int, default=2, help="launches per variant (default 2)")
     p.add_argument(

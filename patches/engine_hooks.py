@@ -1,5 +1,5 @@
 """Engine-process wrappers: EngineCore.step_fn (the whole engine step), Scheduler.schedule()
-(the design's step_duration_us, with the prefill/decode split and the request counts) and the
+(the study's step_duration_us, with the prefill/decode split and the request counts) and the
 scheduler connector's build_connector_meta (build_meta_us, which runs inside schedule()).
 
 Imports nothing from connector_tax or vLLM.

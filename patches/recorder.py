@@ -6,7 +6,7 @@ buffering: a killed server loses at most the line being written):
 
 * engine records (`<base>.engine.<pid>.jsonl`), one per EngineCore.step_fn call, in the process
   that runs the EngineCore: `step_duration_us` is Scheduler.schedule() entry to exit (the
-  design's definition), `build_meta_us` the build_connector_meta time inside it,
+  study's definition), `build_meta_us` the build_connector_meta time inside it,
   `engine_step_us` the whole step_fn call (schedule, execute, update; with async scheduling it
   overlaps the model, since the batch queue holds two batches);
 * worker records (`<base>.worker.<pid>.jsonl`), one per worker-connector step

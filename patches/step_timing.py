@@ -6,7 +6,7 @@ vLLM imports `vllm.v1.engine.core` or the KV connector factory, their classes ar
 (never their source files), and from then on
 
 * every engine step (EngineCore.step_fn: `step` or `step_with_batch_queue`) writes one engine
-  record: `step_duration_us` = Scheduler.schedule() entry to exit (the design's definition),
+  record: `step_duration_us` = Scheduler.schedule() entry to exit (the study's definition),
   `build_meta_us` = build_connector_meta inside it, `engine_step_us` = the whole step_fn call,
   the prefill/decode split of what schedule() returned and the request counts as /metrics
   defines them (engine_hooks.py);

@@ -20,7 +20,7 @@ ENGINE_MODULE = "vllm.v1.engine.core"
 FACTORY_MODULE = "vllm.distributed.kv_transfer.kv_connector.factory"
 BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1."
 
-# Keys of the design's engine-step record, in order (shared/DESIGN.md, Records). An engine
+# Keys of the study's engine-step record, in order (docs/study-design.md). An engine
 # record adds engine_step_us, pid, role, source; a worker record adds WORKER_FIELDS.
 RECORD_FIELDS = (
     "t_ns",

@@ -1,11 +1,11 @@
 # shellcheck shell=bash
-# Shared body of tools/verify_*.sh (sourced, not run). One pre-flight check of the design:
+# Shared body of tools/verify_*.sh (sourced, not run). One pre-flight check (docs/study-design.md):
 #
 #   verify_<check>.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout S]
 #
 # For every configuration of CONFIG that the check gates (or just --only NAME): write the
 # launch script with `ctax launch-command --script`, start it in its own process group, let
-# tools/preflight_client.py check /health, /v1/models, the design's requests and liveness,
+# tools/preflight_client.py check /health, /v1/models, the check's requests and liveness,
 # stop the server, and record {"status": "ok"|"skip", "reason": ...} under the config's name
 # in OUT_DIR/preflight_status.json. Logs: OUT_DIR/verify_<config>.log (the check) and
 # OUT_DIR/verify_<config>.server.log (the server's output).

@@ -14,7 +14,7 @@ mooncake/mooncake_connector.py and mooncake_utils.py):
   A request without kv_transfer_params is prefilled locally and touches no network.
 
 So a kv_consumer needs nothing to start or to serve a plain request; this server exists for the
-design's pre-flight (started first, and its request log shows whether the consumer contacted
+kv_consumer pre-flight check (started first, and its request log shows whether the consumer contacted
 it: it should not) and as a minimal registry that speaks the same two routes: a producer can be
 pointed at it with bootstrap_server_address, and /query answers as vLLM's does.
 

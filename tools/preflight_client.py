@@ -5,7 +5,7 @@
         SERVER_LOG with no exit 20 s later, or --start-timeout), then
         GET /v1/models (200, lists the model), then the plan's requests one after another
         (each 200 with a choice, all within the plan's budget), then /health 200 and the
-        process alive: the design's engine-failure check (vLLM 0.33 has no
+        process alive: the engine-failure check (vLLM 0.33 has no
         vllm:engine_core_failed_total; a dead engine is /health 503 or the process gone).
         Narrative to LOG; the last stdout line is `OK` or `FAIL: <reason>`; exit 0 / 1.
 

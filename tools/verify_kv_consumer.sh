@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pre-flight check of the design (seed 002, "Pre-flight Verification"):
+# Pre-flight check of a risky variant (docs/study-design.md, "Pre-flight"):
 # Mooncake kv_consumer configurations: start tools/dummy_bootstrap.py, launch the consumer,
 # /v1/models must list the model, one request (max_tokens=4, no kv_transfer_params) must
 # return 200 within 30 s, then /health 200 and the process alive.

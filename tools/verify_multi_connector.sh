@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pre-flight check of the design (seed 002, "Pre-flight Verification"):
+# Pre-flight check of a risky variant (docs/study-design.md, "Pre-flight"):
 # MultiConnector configurations (e.g. Mooncake kv_both + LMCacheConnectorV1): launch,
 # 5 sequential requests (max_tokens=32, random content) must all complete within 60 s,
 # then /health 200 and the process alive (vLLM 0.33 has no engine_core_failed_total).

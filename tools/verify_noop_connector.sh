@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pre-flight check of the design (seed 002, "Pre-flight Verification"):
+# Pre-flight check of a risky variant (docs/study-design.md, "Pre-flight"):
 # NoOpConnector (and custom module-path) configurations: launch with the connector loaded
 # through kv_connector_module_path, 5 sequential requests (max_tokens=32) must return 200
 # within 30 s, then /health 200 and the process alive.

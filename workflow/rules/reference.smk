@@ -1,6 +1,7 @@
-# Reference rates: a checkpoint after every Phase A job — saturation per cell by the design's
-# three criteria (with which fired), then ref_safe and ref_load. A checkpoint, so that the
-# Phase B jobs (whose cells run at these rates) are planned only once the rates exist.
+# Reference rates: a checkpoint after every Phase A job — saturation per cell by the study's
+# three criteria (with which fired; docs/study-design.md), then ref_safe and ref_load. A
+# checkpoint, so that the Phase B jobs (whose cells run at these rates) are planned only once the
+# rates exist.
 
 
 checkpoint reference:
