@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_gpu_host import TOTAL_MIB, FakeGpuHost
 
+from connector_tax.serving import gpus as gpus_module
 from connector_tax.serving import topology
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.gpus import gpu_env, gpu_lease, read_gpus, visible_gpus, wait_released
@@ -52,15 +54,33 @@ def test_a_lease_takes_a_free_gpu_and_knows_its_numa_node(host: FakeGpuHost) -> 
     assert gpu_env("3") == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def test_a_gpu_another_process_uses_is_skipped_after_a_short_probe(host: FakeGpuHost) -> None:
+def test_a_gpu_another_process_uses_is_skipped_after_a_short_probe(
+    host: FakeGpuHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GPUs 0, 1 and 3 are held by jobs of ours; GPU 2 is a stranger's. The fourth job probes 2
     # (its lock is free), gives up on it after the probe instead of waiting it out, and takes 3
     # once its job ends.
     host.hold("2", 30000)
+    # GPU 3's job ends once the fourth has begun probing GPU 2 (not on a timer: on a loaded host
+    # the fourth's first look could come after the timer, find 3 free and never probe 2).
+    probing = threading.Event()
+    real_wait = gpus_module.wait_released
+
+    def wait_released(gpu: str, *args: Any, **kwargs: Any) -> float:
+        if gpu == "2":
+            probing.set()
+        return real_wait(gpu, *args, **kwargs)
+
+    monkeypatch.setattr(gpus_module, "wait_released", wait_released)
     with gpu_lease("vllm"), gpu_lease("vllm"):
         third = gpu_lease("vllm")
         assert third.__enter__().index == "3"
-        threading.Timer(0.3, third.__exit__, (None, None, None)).start()
+
+        def end_third() -> None:
+            probing.wait(30)
+            third.__exit__(None, None, None)
+
+        threading.Thread(target=end_third, daemon=True).start()
         start = time.monotonic()
         with gpu_lease("vllm", probe_s=0.5) as fourth:
             took = time.monotonic() - start
