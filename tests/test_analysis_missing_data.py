@@ -99,7 +99,7 @@ def test_a_cell_whose_files_changed_after_its_seal_is_reported_not_used(tmp_path
     assert why.startswith("incomplete: engine_step_phase_a_r4.jsonl has") and "its summary says" in why
 
 
-def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_path):
+def test_the_study_calls_the_point_and_says_when_the_interval_straddles(tmp_path):
     spec = SyntheticSpec(
         variants=["plain", "mooncake_both", "nixl_both"],
         ttft_tax={"mooncake_both": 0.10, "nixl_both": 0.05},
@@ -116,7 +116,7 @@ def test_the_design_calls_the_point_and_says_when_the_interval_straddles(tmp_pat
     value = h1["numbers"]["tax_ttft_p90_mooncake_both"]["value"]
     lo, hi = h1["numbers"]["tax_ttft_p90_mooncake_both"]["ci"]
     assert lo < 0.10 < hi
-    # the verdict is the design's call on the point estimate; the interval's view stands beside it
+    # the verdict is the study's call on the point estimate; the interval's view stands beside it
     assert h1["verdict"] == ("supported" if value >= 0.10 else "refuted")
     assert h1["confidence"] == "within noise" and h1["ci_overlaps_threshold"] is True
     assert "(within noise)" in h1["reason"]

@@ -2,7 +2,7 @@
 
 On vLLM's CPU build (and with TP > 1) the worker connector lives in its own process: engine
 records carry build_meta_us but null get_finished_us / start_load_kv_us, and one worker record
-per worker step carries those hooks. connector_total_us (the design's sum of the three callback
+per worker step carries those hooks. connector_total_us (the study's sum of the three callback
 timings) must include them; each worker step belongs to the engine step that started last
 before it.
 """

@@ -144,7 +144,7 @@ def test_defaults_are_not_shared_between_calls() -> None:
     assert second["saturation"]["waiting_p50_max"] == 1
 
 
-def test_h20_study_is_the_design() -> None:
+def test_h20_study_matches_the_study_design() -> None:
     config = load_config(REPO / "configs/h20-qwen3-coder.yaml")
     assert (config["backend"], config["vllm_version"], config["seed"]) == ("vllm", "0.33.0", 20260526)
     assert config["model"]["name"] == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
@@ -158,7 +158,7 @@ def test_h20_study_is_the_design() -> None:
     assert server["gpu_memory_utilization"] == 0.9
     assert config["sim"]["hardware_profile"] == "h20-qwen3-30b-a3b"
     default = load_config(default_config_path())
-    # the design's eight, then LMCache's multi-process mode as variants of its own
+    # the study's eight, then LMCache's multi-process mode as variants of its own
     assert config["variants"][:8] == default["variants"]
     assert [(v["name"], v["connector"]["type"]) for v in config["variants"][8:]] == [
         ("lmcache_mp_only", "lmcache_mp"),
@@ -170,7 +170,7 @@ def test_h20_study_is_the_design() -> None:
         "shape": {"input": 4096, "output": 256},
         "prune_after_knee": True,
     }
-    # The design's warm-up and 200 requests; its 60 s floor raised to 210 s so the long-context
+    # The fixed plan's warm-up and 200 requests; its 60 s floor raised to 210 s so the long-context
     # cells are bounded, and the tax-precision plan (the header says why)
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 210, 200)
     assert (workload["precision"]["of"], workload["precision"]["target"]) == ("tax", 0.05)

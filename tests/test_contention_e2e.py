@@ -1,4 +1,4 @@
-"""The default study through `snakemake` beside a CPU hog (issue 23): right, or plainly not
+"""The default study through `snakemake` beside a CPU hog: right, or plainly not
 confident where the hog touched it, and never a wrong confident call.
 
 Three runs of configs/default.yaml, each from empty results:

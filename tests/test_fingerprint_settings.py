@@ -5,11 +5,11 @@ settings (without the argv and the server's versions, facts of the host), the la
 host paths replaced, and the hash of each planned cell's settings (Phase B at fixed reference
 rates). A change of what a cell measures must show here, and be made on purpose: regenerate with
 `python tests/test_fingerprint_settings.py > tests/data/fingerprint_settings.json` and say why in
-the commit. History: the simulator's argv changed once, `--connector` -> `--variant` (the
-vocabulary of issue 24); nothing else did. Issue 26 added configs (its calibration: h20-calibrate,
+the commit. History: the simulator's argv changed once, `--connector` -> `--variant` (a server
+variant is one word everywhere); nothing else did. The calibration added configs (h20-calibrate,
 sim-vllm-cpu-tiny, vllm-cpu-tiny-heldout) and changed no entry; re-fitting a profile a config names
-changes its entries (the profile file's sha256 is in the launch settings), on purpose. Issue 25
-changed every cell's entry on purpose (a cell's settings carry its common-random-numbers
+changes its entries (the profile file's sha256 is in the launch settings), on purpose. Common
+random numbers changed every cell's entry on purpose (a cell's settings carry its
 traffic_seed); no launch entry changed. The CPU study and its held-out twin then gave their load
 generator a real-time class (`loadgen.rt_priority: 10`), which changed their cells on purpose; a
 config without it keeps its entries (an unset rt_priority is not hashed).

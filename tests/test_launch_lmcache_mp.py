@@ -89,7 +89,7 @@ def test_on_a_gpu_lmcaches_own_transfer_default_stands() -> None:
     (side,) = spec.sidecars
     assert "--supported-transfer-mode" not in side.argv and "NO_GPU_EXT" not in side.env
     assert side.argv[0] == "lmcache"  # on PATH, as `vllm` is
-    # the design's in-process variant is untouched: no sidecar, its class
+    # the study's in-process variant is untouched: no sidecar, its class
     inproc = launch_spec(str(H20), h20, find_variant(h20, "lmcache_only"), 8000)
     assert _ktc(inproc.argv)["kv_connector"] == "LMCacheConnectorV1" and inproc.sidecars == ()
 

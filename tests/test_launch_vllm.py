@@ -41,7 +41,7 @@ def ktc_of(config: dict, name: str) -> dict | None:
     return json.loads(flag_value(argv, "--kv-transfer-config"))
 
 
-def test_plain_argv_is_exactly_the_design_table(h20):
+def test_plain_argv_is_exactly_the_study_design_launch(h20):
     argv = spec_of(h20, "plain", port=8123).argv
     assert argv == [
         "vllm",
@@ -67,7 +67,7 @@ def test_plain_argv_is_exactly_the_design_table(h20):
     ]
 
 
-def test_every_connector_config_of_the_design(h20):
+def test_every_connector_config_of_the_study_design(h20):
     assert ktc_of(h20, "plain") is None
     assert ktc_of(h20, "noop_connector") == {
         "kv_connector": "NoOpConnector",
@@ -319,7 +319,7 @@ def test_repo_root(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- pre-flight
 
 
-def test_preflight_scripts_gate_the_design_configs(h20):
+def test_preflight_scripts_gate_the_study_design_variants(h20):
     plan = launch.preflight_plan(h20)
     assert {k: v.name for k, v in plan.items()} == {
         "noop_connector": "verify_noop_connector.sh",

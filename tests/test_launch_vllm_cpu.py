@@ -243,10 +243,10 @@ def test_a_connector_that_comes_up_degraded_is_named_with_its_cause():
     assert degraded("INFO:     Application startup complete.\n") is None
 
 
-def test_the_cpu_config_is_valid_and_names_every_design_configuration():
+def test_the_cpu_config_is_valid_and_names_every_study_variant():
     config = load_config(CPU)
     names = [v["name"] for v in config["variants"]]
     h20 = [v["name"] for v in load_config(REPO / "configs" / "h20-qwen3-coder.yaml")["variants"]]
-    assert names == h20[:8]  # the design's eight (the H20 study adds LMCache's MP mode apart)
+    assert names == h20[:8]  # the study's eight (the H20 study adds LMCache's MP mode apart)
     assert config["backend"] == "vllm" and config["vllm"]["device"] == "cpu"
     assert json.dumps(config)  # plain data

@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:  # patches/ is imported by dotted path from the re
 from patches import engine_hooks, step_timing  # noqa: E402
 
 # The package's step record (patches/ may not import it: these tests tie the two together).
-DESIGN_FIELDS = list(STEP_FIELDS)
+STUDY_FIELDS = list(STEP_FIELDS)
 
 
 # --------------------------------------------------------------------------- fakes
@@ -200,7 +200,7 @@ def test_required_instance_names_match_the_package_reader():
     assert step_timing.ENGINE_INSTANCES == steptiming.ENGINE_INSTANCES
     assert step_timing.SCHEDULER_CONNECTOR_INSTANCES == steptiming.SCHEDULER_CONNECTOR_INSTANCES
     assert step_timing.WORKER_CONNECTOR_INSTANCES == steptiming.WORKER_CONNECTOR_INSTANCES
-    assert tuple(DESIGN_FIELDS) == step_timing.RECORD_FIELDS
+    assert tuple(STUDY_FIELDS) == step_timing.RECORD_FIELDS
 
 
 def test_the_instrumentations_record_fields_are_the_package_step_records():
@@ -226,7 +226,7 @@ def instrumented(tmp_path: Path, prompts: list[int], connector: bool = True, run
     return rec, engine, sched_conn, worker_conn
 
 
-def test_engine_steps_write_design_records(tmp_path):
+def test_engine_steps_write_study_records(tmp_path):
     rec, engine, sched_conn, worker_conn = instrumented(tmp_path, [100, 30])
     for _ in range(5):
         engine.step_fn()
@@ -235,9 +235,9 @@ def test_engine_steps_write_design_records(tmp_path):
     assert [r["step_id"] for r in records] == [1, 2, 3, 4, 5]
     for r in records:
         assert list(r) == list(step_timing.ENGINE_FIELDS)
-        assert list(r)[: len(DESIGN_FIELDS)] == DESIGN_FIELDS
+        assert list(r)[: len(STUDY_FIELDS)] == STUDY_FIELDS
         assert r["source"] == "vllm" and r["role"] == "engine" and r["pid"] == os.getpid()
-        # the design's step_duration_us is schedule() alone: inside the whole engine step
+        # the study's step_duration_us is schedule() alone: inside the whole engine step
         assert 0 < r["step_duration_us"] < r["engine_step_us"]
         assert 0 < r["build_meta_us"] < r["step_duration_us"]  # build_connector_meta runs inside
         # the worker connector lives in this process (single-process executor): its hooks'

@@ -108,7 +108,7 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
     hours = float(out.split("one job at a time; ")[1].split(" GPU-hours")[0])
     # Every cell runs at least its floor (duration_s + warmup_s; the shipped config departs from the
-    # design's 60 s floor, so not the design's 4-5.5 h); launches add start-up on top, not hours.
+    # fixed plan's 60 s floor, so not its 4-5.5 h); launches add start-up on top, not hours.
     workload = yaml.safe_load((REPO / "configs" / "h20-qwen3-coder.yaml").read_text())["workload"]
     cells = sum(int(line.split()[2]) for line in out.splitlines() if line.startswith(("phase_a ", "phase_b ")))
     floor_h = cells * (workload["duration_s"] + workload["warmup_s"]) / 3600

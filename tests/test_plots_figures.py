@@ -154,7 +154,7 @@ def test_no_legend_covers_plotted_data(docs, name):
 
 
 def test_figure_1_states_the_thresholds_the_study_used(docs):
-    """Its saturation legend is written from the analysis's thresholds, not from the design's
+    """Its saturation legend is written from the analysis's thresholds, not from the study's
     defaults: a study with TTFT growth 2.0 must not be labelled x1.5."""
     agg, hyp = docs
     agg = copy.deepcopy(agg)

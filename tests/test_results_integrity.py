@@ -281,7 +281,7 @@ def test_a_cell_whose_server_died_is_failed_reported_and_redone(tmp_path) -> Non
 def test_phase_a_stops_at_a_configurations_knee(tmp_path) -> None:
     config = copy.deepcopy(TINY)
     config["variants"] = config["variants"][:1]
-    config.pop("saturation")  # the design's thresholds
+    config.pop("saturation")  # the study's default thresholds
     config["workload"]["phase_a"] = {"rates": [400, 4, 200], "shape": {"input": 512, "output": 16}}
     path = write_config(tmp_path, config)
     result = snakemake(tmp_path, path, "phase_a")

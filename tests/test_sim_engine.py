@@ -222,7 +222,7 @@ def long_short_pattern(k: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_pack_lowers_short_request_ttft_tail_on_the_mixed_workload(seed):
-    """Seed 004's setting: a prefill token budget, no chunking, long-short-short-short
+    """The admission A/B's setting: a prefill token budget, no chunking, long-short-short-short
     arrivals near saturation, where a FIFO queue holds shorts behind a long prompt."""
 
     def short_p99(policy: str) -> float:

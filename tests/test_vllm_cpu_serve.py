@@ -158,7 +158,7 @@ def test_noop_connector_hooks_are_called_by_real_vllm(noop_run):
     assert w["wait_for_layer_load"] % 2 == 0
 
 
-def test_engine_and_worker_records_follow_the_design(noop_run):
+def test_engine_and_worker_records_follow_the_study_design(noop_run):
     log = noop_run["out"] / "steps" / "engine_step.jsonl"
     ok, reason = steptiming.step_timing_status(log, has_connector=True)
     assert ok, reason

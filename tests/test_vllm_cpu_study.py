@@ -208,7 +208,7 @@ def test_report_manifest_and_figures_say_what_served_them(study):
     assert aggregate["served_by"] == SERVED_BY and aggregate["simulated"] is False
     assert aggregate["workarounds"] == {name: [GUARD] for name in WITH_MOONCAKE}
     rows = [r for r in aggregate["rows"] if r["variant"] == "lmcache_only"]
-    # the design's callback time, with the worker process's hooks joined in
+    # the study's callback time, with the worker process's hooks joined in
     assert rows and all(r["connector_total_us_p50"] > r["build_meta_us_p50"] > 0 for r in rows)
     assert all(r["client_tpot_trusted"] in (True, False) for r in aggregate["rows"])
     assert (results / "analysis" / "figures" / "fig6_step_latency_cdf.png").is_file()

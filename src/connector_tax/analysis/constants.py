@@ -1,9 +1,9 @@
-"""Names and numbers the analysis needs: the design's variant names and thresholds (phases and
+"""Names and numbers the analysis needs: the study's variant names and thresholds (phases and
 labels are the study config's, connector_tax.config)."""
 
 from __future__ import annotations
 
-# The design's configurations that the hypotheses name.
+# The study's configurations that the hypotheses name.
 PLAIN = "plain"
 NOOP = "noop_connector"
 MOONCAKE_BOTH = "mooncake_both"
@@ -17,7 +17,7 @@ CRIT_WAITING = "waiting"  # 2: vllm:num_requests_waiting p50 > waiting_p50_max
 CRIT_TTFT = "ttft_growth"  # 3: TTFT p90(r) / TTFT p90(r') > ttft_p90_ratio_max, r' <= r/2
 CRITERIA = (CRIT_THROUGHPUT, CRIT_WAITING, CRIT_TTFT)
 
-# Hypothesis / success-criterion thresholds of the design (seed 002).
+# Hypothesis / success-criterion thresholds of the study (docs/study-design.md).
 H1_MIN_TAX = 0.10  # Mooncake_both TTFT p90 tax >= 10 %
 H2_GAP_PP = (5.0, 10.0)  # NIXL tax below Mooncake tax by 5-10 pp
 PRIOR_TAX = 0.45  # elastic_migration_v2 trace-replay Mooncake_both tax

@@ -1,5 +1,5 @@
-"""Success criteria 1–7 of the design: 1–5 read the hypotheses' numbers (hypotheses.py), 6 and 7 the
-study's artifacts and run time (artifacts.py)."""
+"""Success criteria 1–7 of the study (docs/study-design.md): 1–5 read the hypotheses' numbers
+(hypotheses.py), 6 and 7 the study's artifacts and run time (artifacts.py)."""
 
 from __future__ import annotations
 

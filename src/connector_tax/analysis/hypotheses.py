@@ -1,8 +1,8 @@
 """Verdicts on H1–H6 and success criteria 1–7: rules as data, judged by one function.
 
 Each hypothesis is a `Rule`: the configurations it needs, the estimate it rests on
-(estimates.py: a number and its 95% interval), the design's comparison with its threshold, and
-the words for each outcome. `judge` makes the design's call on the POINT estimate — supported
+(estimates.py: a number and its 95% interval), the study's comparison with its threshold, and
+the words for each outcome. `judge` makes the study's call on the POINT estimate — supported
 or refuted — and reports, beside it, what the interval says: `confidence` is "confident" when
 the whole interval lies on the call's side of every threshold and "within noise" when it
 reaches across one (`ci_overlaps_threshold`). A call resting on a cell the validity gate marked
@@ -13,7 +13,7 @@ ratio (H3's share, H4's relative deviation) whose denominator is a tax these cel
 from 0 (its interval covers 0: confidence "below resolution", `resolution` the denominator with
 its interval). Such a ratio has no interval — any bound is infinite — and the side of the
 threshold its point estimate falls on is noise, so no call is made. A number with an interval
-that merely straddles the threshold keeps the design's call ("within noise").
+that merely straddles the threshold keeps the study's call ("within noise").
 "not_applicable" when a configuration the rule needs did not run, or the study is not the
 connector study. Success criteria 1–5 read the hypotheses' numbers; 6 and 7 the study's
 artifacts and run time (artifacts.py). `compare_calls` says how two studies' calls on one
@@ -35,7 +35,7 @@ from connector_tax.config import PHASE_A, PHASE_B
 BELOW_RESOLUTION = "below resolution"
 CALLED = ("supported", "refuted")
 VERDICT_RULE = (
-    "the design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
+    "the study design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
     "interval agrees (confident) or reaches across the threshold (within noise), and is "
     f"'{contention.PERTURBED}' when a cell behind the number, or behind the choice of ref_safe, was "
     "measured while the host or the load generator perturbed it (never confident then). "
@@ -82,7 +82,7 @@ class Rule:
     estimate: Callable[[Taxes], dict[str, Any] | None]
     test: Test
     unit: str  # how the number reads: "%", "pp", "share", "rel"
-    supported: str  # why, in the design's words
+    supported: str  # why, in the study's words
     refuted: Callable[[float], str]
 
 

@@ -1,4 +1,5 @@
-"""The substrate tax, exactly as the design defines it, with confidence intervals.
+"""The substrate tax, exactly as the study defines it (docs/study-design.md, Taxes), with
+confidence intervals.
 
   tax_TTFT_p90(X, ref) = TTFT_p90(X, ref) / TTFT_p90(baseline, ref) - 1
   tax_TPOT_p90(X, ref) = TPOT_p90(X, ref) / TPOT_p90(baseline, ref) - 1
@@ -277,7 +278,7 @@ def compute_taxes(
         for label in labels:
             b = index.get((baseline, phase, label))
             any_row = next(r for r in rows if r["phase"] == phase and r["cell"] == label)
-            # Which configurations the server could not take at this shape (the design's criteria):
+            # Which configurations the server could not take at this shape (the study's criteria):
             # their taxes stand, but a trend across shapes (H5, H6) must not rest on them.
             saturated = {
                 r["variant"]: r.get("saturation_criteria") or "saturated"

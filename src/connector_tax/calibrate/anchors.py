@@ -1,4 +1,4 @@
-"""The simulator judged as its anchors judge theirs (issue 40), beside check.py's p90 table.
+"""The simulator judged as its anchors judge theirs, beside check.py's p90 table.
 
 LLMServingSim 2.0 and LLM-Emu report the error of *mean* TTFT and TPOT per operating point, and
 Vidur the error of its step-time predictor per batch; a p90 of a 64-request cell moves ±15-40 %
@@ -58,7 +58,7 @@ def _r(x: float | None) -> float | None:
 
 
 def request_means(path: Path) -> dict[str, float | None]:
-    """Mean TTFT, TPOT and E2E (ms) of a cell's completed post-warm-up requests (the design's
+    """Mean TTFT, TPOT and E2E (ms) of a cell's completed post-warm-up requests (the study's
     definitions: TTFT and E2E from the send, TPOT over the tokens after the first)."""
     empty: dict[str, float | None] = {m: None for m in MEANS}
     if not path.exists():

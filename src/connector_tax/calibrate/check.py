@@ -13,9 +13,9 @@ Per cell: TTFT p90, TPOT p90, the step (schedule()) p50, the engine step p50 and
 predicted against measured, the relative error, and whether the prediction lies inside the
 measured 95 % interval (none for a cell too short for batch means). Per variant: each TTFT and
 TPOT tax, predicted against measured and its interval. Beside them, the anchors' measure
-(anchors.py): mean TTFT, TPOT and E2E per cell, step time per batch composition. GOALS are issue 26's: TTFT p90 within
-10 % and TPOT p90 within 5 % on at least 90 % of cells, every tax inside its interval, on a study
-the profile was not fitted on (the split: which cells the profile's provenance lists).
+(anchors.py): mean TTFT, TPOT and E2E per cell, step time per batch composition. GOALS are the
+calibration's bar: TTFT p90 within 10 % and TPOT p90 within 5 % on at least 90 % of cells, every
+tax inside its interval, on a study the profile was not fitted on (the split: which cells the profile's provenance lists).
 """
 
 from __future__ import annotations

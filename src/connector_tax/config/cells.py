@@ -264,7 +264,7 @@ def planned_cells(
 
 
 def run_order(study: StudyConfig, launch_phase: str = PHASE_A) -> list[str]:
-    """The design's defence against drift: configs in a seeded random order, a different one
+    """The study's defence against drift: configs in a seeded random order, a different one
     per phase (a config measured first in Phase A is not first again in Phase B)."""
     names = study.names
     seed = study.seed if launch_phase == PHASE_A else f"{launch_phase}/{study.seed}"

@@ -108,8 +108,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The design's three saturation criteria, and the smallest sample each judges (below it a
-    criterion is "too few to judge", analysis/saturation.py). Their defaults are the schema's
+    """The study's three saturation criteria (docs/study-design.md), and the smallest sample each
+    judges (below it a criterion is "too few to judge", analysis/saturation.py). Their defaults are the schema's
     (workflow/schemas/config.schema.yaml), the one place they are written."""
 
     throughput_ratio_min: float

@@ -1,7 +1,7 @@
 """The study contract: what a study's results are, where they live, and when one may be reused.
 
 This package is the single truth that writers (rules, pipeline, load generator) and readers
-(analysis, manifest) share; ../shared/DESIGN.md is its background.
+(analysis, manifest) share; docs/study-design.md (What is recorded) is its background.
 
 Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
 

@@ -123,7 +123,7 @@ class CellFiles:
         return CellFiles(folder, self.phase, self.label)
 
 
-# The design's figures, one file pair each (plots.figures.FIGURES draws them under these names).
+# The study's figures, one file pair each (plots.figures.FIGURES draws them under these names).
 FIGURES = (
     "fig1_ttft_p90_vs_rate",
     "fig2_tpot_p90_vs_rate",

@@ -22,7 +22,7 @@ S = TypeVar("S", bound=msgspec.Struct)
 class RequestRecord(msgspec.Struct, gc=False):
     """requests_<phase>_<label>.jsonl: one line per request issued (warm-up included, flagged)."""
 
-    # The design's fields, in its order.
+    # The study's fields (docs/study-design.md, What is recorded), in its order.
     request_id: str
     t_scheduled_ns: int
     t_send_ns: int | None
@@ -34,7 +34,7 @@ class RequestRecord(msgspec.Struct, gc=False):
     warmup: bool
     status: str  # REQUEST_STATUSES
     error: str | None
-    # More, as the design welcomes.
+    # More than the study asks for.
     input_len: int = 0
     output_len: int = 0
     chunks: int = 0
@@ -59,11 +59,11 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     """engine_step_<phase>_<label>.jsonl: one line per engine step, from the instrumentation
     (patches/, inside vLLM) or the simulator; null where a process cannot know a field.
 
-    step_duration_us is Scheduler.schedule() entry to exit (the design's step), build_meta_us the
+    step_duration_us is Scheduler.schedule() entry to exit (the study's step), build_meta_us the
     connector's build_connector_meta inside it; engine_step_us is the whole engine step (which
     overlaps the model under async scheduling). An engine record carries engine_step_us; a
     worker record (the worker-side connector hooks of one worker step, patches/README.md) carries
-    worker_step_us and the layer hooks instead. The design's fields are always written."""
+    worker_step_us and the layer hooks instead. The study's fields are always written."""
 
     t_ns: int
     step_id: int | None
@@ -94,7 +94,7 @@ class StepRecord(msgspec.Struct, omit_defaults=True, gc=False):
     kv_cache_usage: float | None = None
 
 
-# The design's step fields (always written), in its order; then what each kind of record adds.
+# The study's step fields (always written), in its order; then what each kind of record adds.
 STEP_FIELDS = StepRecord.__struct_fields__[: StepRecord.__struct_fields__.index("decode_tokens") + 1]
 ENGINE_STEP_FIELDS = (*STEP_FIELDS, "engine_step_us", "pid", "role", "source")
 WORKER_STEP_FIELDS = (

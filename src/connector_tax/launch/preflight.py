@@ -1,4 +1,4 @@
-"""Which of the design's pre-flight verify scripts (tools/verify_*.sh) gates a configuration."""
+"""Which of the study's pre-flight verify scripts (tools/verify_*.sh) gates a configuration."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from connector_tax.config import find_variant
 from connector_tax.launch.paths import tools_dir
 
-# Which pre-flight verify script gates which kind of configuration (the design's three).
+# Which pre-flight verify script gates which kind of configuration (the study's three).
 PREFLIGHT_SCRIPTS = {
     "kv_consumer": "verify_kv_consumer.sh",
     "multi_connector": "verify_multi_connector.sh",
@@ -32,7 +32,7 @@ def preflight_check(variant: dict[str, Any]) -> str | None:
 
 def preflight_script(config: Mapping[str, Any], name: str) -> Path | None:
     """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
-    --only NAME`), or None if the design runs no pre-flight for it."""
+    --only NAME`), or None if the study runs no pre-flight for it."""
     check = preflight_check(find_variant(config, name))
     return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
 

@@ -1,5 +1,5 @@
 """launch/launch_<variant>.sh: every variant's exact server launch as a script a person reads and
-runs on a GPU host, as the design lays the launches out, generated from the study config.
+runs on a GPU host, one script per variant, generated from the study config.
 
     ctax launch-command --config configs/h20-qwen3-coder.yaml --write-scripts launch/
 
@@ -56,7 +56,7 @@ def script(config_path: str | Path, name: str) -> str:
     words = [
         '"${PORT}"' if i > 0 and spec.argv[i - 1] == "--port" else _word(arg, root) for i, arg in enumerate(spec.argv)
     ]
-    # One flag and its value per line: the command reads as the design's launch_<config>.sh did.
+    # One flag and its value per line, so the command reads as a hand-written launch script does.
     rows: list[str] = []
     for i, word in enumerate(words):
         if i > 1 and spec.argv[i - 1].startswith("--") and not spec.argv[i].startswith("--"):

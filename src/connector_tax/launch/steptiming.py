@@ -12,7 +12,7 @@ wait_for_layer_load, save_kv_layer, wait_for_save, get_finished). The pipeline c
 * read_step_records(step_log, role="engine"|"worker") -> the records, oldest first (a
   truncated last line, as a killed server leaves, is skipped);
 * merge_step_log(step_log, dest) -> writes those records as one JSONL file (e.g. the
-  design's engine_step_<phase>_<cell>.jsonl after slicing by t_ns);
+  study's engine_step_<phase>_<cell>.jsonl after slicing by t_ns);
 * thread_labels(step_log) -> {tid: connector}: threads started inside a connector's constructor
   (the per-thread CPU sampler names them with it).
 """

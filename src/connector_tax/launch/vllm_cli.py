@@ -31,8 +31,8 @@ from connector_tax.launch.command import sidecar_names
 from connector_tax.launch.steptiming import step_timing_status
 from connector_tax.launch.vllm import PREFLIGHT_SCRIPTS, preflight_check, side_ports
 
-# The design's pre-flight checks: requests sent one after another, tokens each, and the time
-# all of them must complete in (Pre-flight Verification, seed 002).
+# The study's pre-flight checks: requests sent one after another, tokens each, and the time
+# all of them must complete in (docs/study-design.md, Pre-flight).
 CHECK_PLANS = {
     "kv_consumer": {"requests": 1, "max_tokens": 4, "budget_s": 30.0, "bootstrap": True},
     "multi_connector": {"requests": 5, "max_tokens": 32, "budget_s": 60.0, "bootstrap": False},

@@ -1,4 +1,4 @@
-"""CPU affinity plan for the load generator and its workers (seed 000).
+"""CPU affinity plan for the load generator and its workers.
 
 The main process (session thread + event loop) is the bottleneck, so it gets the fastest
 physical cores; each worker is I/O-bound and gets one whole physical core (all its hyperthreads)
@@ -187,7 +187,8 @@ def _cores(topology: Topology) -> list[_Core]:
 
 
 def plan_affinity(n_workers: int, loadgen_physical_cores: int = 2, topology: Topology | None = None) -> AffinityPlan:
-    """Where the load generator and each worker may run (seed 000's three phases)."""
+    """Where the load generator and each worker may run, in three phases: rank the cores, place
+    the load generator, then the workers."""
     if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
         raise ValueError(f"n_workers: must be a non-negative integer, got {n_workers!r}")
     if (

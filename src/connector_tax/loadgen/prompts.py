@@ -5,7 +5,7 @@ then a byte slice of that text, so a 32k-token body costs a memcpy instead of 32
 encodings on the hot path. The first tokens of every synthetic prompt encode its key (in a
 study cell `prompt_key`: the cell's traffic seed and the request's index; otherwise the request
 id, which names the cell), so no two prompts of a server's life share even their first KV
-block, across cells too (zero prefix reuse, as the design demands), while every variant gets the
+block, across cells too (zero prefix reuse, as the study requires), while every variant gets the
 same prompts in the same cell (common random numbers). Trace prompts map each hash id to a fixed
 512-token block, so equal ids share prefix blocks exactly as the trace says.
 

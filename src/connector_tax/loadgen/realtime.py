@@ -319,8 +319,9 @@ class RealTimeRun:
             self.gate.close()
 
     def _write_events(self) -> None:
-        """Seed 001's events, derived from the records file after the cell: nothing on the hot
-        path. This one reads every record back (memory in proportion to the cell: opt-in)."""
+        """The session's events (LOADGEN_ISSUE_CALLED, FIRST_CHUNK, ...), derived from the records
+        file after the cell: nothing on the hot path. This one reads every record back (memory in
+        proportion to the cell: opt-in)."""
         events = list(self.events)
         for r in read_records(self.files.requests):
             rid = r.request_id

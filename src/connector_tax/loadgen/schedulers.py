@@ -134,8 +134,8 @@ class ConcurrencyGate:
     """Closed-loop issuance: at most current_target(now) requests in flight.
 
     The session thread calls acquire() before each send and the completion path calls release();
-    a threading.Condition gives back-pressure without polling (seed 001). During ramp-up the cap
-    grows linearly from 1 to target over rampup_s (seed 003), so a waiter also wakes when the cap
+    a threading.Condition gives back-pressure without polling. During ramp-up the cap
+    grows linearly from 1 to target over rampup_s, so a waiter also wakes when the cap
     is due to grow, not only on a release.
     """
 

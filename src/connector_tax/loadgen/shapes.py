@@ -1,7 +1,7 @@
 """Which (input_len, output_len) each request of a cell gets.
 
 A cell's shape is the config's `shape` (workflow/schemas/config.schema.yaml): one pair, a
-weighted mix drawn per request, or a repeating pattern such as long-short-short-short (seed 004)
+weighted mix drawn per request, or a repeating pattern such as long-short-short-short
 that makes head-of-line blocking show. The sampler is seeded so a cell replays identically.
 """
 

@@ -1,6 +1,6 @@
 """Waiting for a request's scheduled send time.
 
-A pure busy-wait (seed 001) is precise but burns a whole core even at 1 req/s, and that core is
+A pure busy-wait is precise but burns a whole core even at 1 req/s, and that core is
 one the 2-core study machine cannot spare; a pure sleep is cheap but the kernel wakes us tens of
 microseconds late (timer slack, scheduler latency). So: sleep until shortly before the target,
 then spin the last stretch. The spin window only has to cover the sleep's overshoot.

@@ -1,9 +1,9 @@
 """A worker process: receives request specs over ZMQ, runs them over HTTP, returns results.
 
-Hot path (seed 000): the ZMQ socket is drained synchronously on readability; each FIRE's
+Hot path: the ZMQ socket is drained synchronously on readability; each FIRE's
 body is built on arrival (ahead of its time), and when the timer fires and an idle
 keep-alive connection exists it is written right there in the callback, t_send stamped just
-before the write — the effect of seed 000's eager task factory,
+before the write — the effect of asyncio's eager task factory,
 which Python 3.11 lacks (it arrived in 3.12; where present it is set as well). Only then is a
 task created, and it suspends only when no response bytes are buffered.
 """

@@ -4,7 +4,7 @@ virtual time, with the study's arrival process and request shape.
 A `Cell` is what a study cell asks of the server (rate, arrival process, shape); `run_cell`
 drives the same engine, cost model and settings that `ctax sim` resolves for a configuration
 (settings.resolve) with a seeded open-loop arrival stream of that load and returns every
-request's TTFT and TPOT in arrival order, as the design defines them (TTFT = first token -
+request's TTFT and TPOT in arrival order, as the study defines them (TTFT = first token -
 arrival; TPOT = (last - first) / (tokens - 1)). No HTTP, no load generator, no sleeping: what
 a real run adds on top is discussed in README.md ("The truth oracle").
 

@@ -204,7 +204,7 @@ def truth(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The oracle's document: per configuration and load the true p90s, the true taxes and
-    the true H1–H6, each with its 95% interval and the margin to the design's threshold."""
+    the true H1–H6, each with its 95% interval and the margin to the study's threshold."""
     names = variants or study.names
     if K.PLAIN not in names:
         names = [K.PLAIN, *names]

@@ -80,7 +80,7 @@ def _on_gpu(gpu: Gpu | None, study: StudyConfig, variant: Variant) -> dict[str, 
 
 
 def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict[str, Any]:
-    """The design's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
+    """The study's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
     port = free_port(study.host, block=3)
     argv = ["bash", str(script), str(study.source), str(out_dir), "--only", name, "--port", str(port)]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ validity gate) is never a knee, and a cell whose only saturation sign is TTFT gr
 3) with throughput and queue clean is measured once more before it may become one
 (`ttft_growth_only`, measure.py's `suspect`).
 
-Phase A's cells run from the lowest rate up. After each complete cell, the design's three
+Phase A's cells run from the lowest rate up. After each complete cell, the study's three
 saturation criteria are evaluated on it exactly as the reference stage will (analysis.saturation
 on the cell's sealed files; criterion 3 against the highest complete rate <= r/2). A saturated
 cell is the configuration's knee: every higher rate is recorded as `pruned` with the knee and
@@ -52,7 +52,7 @@ def _row(
 def saturated(
     layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, lower: CellPlan | None = None
 ) -> str | None:
-    """Which of the design's criteria fire for a complete cell (criterion 3 against `lower`,
+    """Which of the study's criteria fire for a complete cell (criterion 3 against `lower`,
     Phase A only), as a phrase; None when it is not saturated."""
     lower_row = _row(layout, study, name, lower) if lower else None
     verdict = cell_criteria(_row(layout, study, name, planned), study.saturation, "offered", lower_row)

@@ -1,4 +1,4 @@
-"""What every figure builder shares: the documents (Ctx), the palette, Skip, the design's names."""
+"""What every figure builder shares: the documents (Ctx), the palette, Skip, the study's names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from connector_tax.config import Saturation, default_saturation
 from connector_tax.plots.style import Palette
 
-# Saturation markers by criterion (the design's); their labels state the study's thresholds.
+# Saturation markers by criterion (the study's three); their labels state the study's thresholds.
 CRITERION_MARKERS: dict[str, dict[str, Any]] = {
     "throughput": dict(marker="X", s=70),
     "waiting": dict(marker="s", s=140, facecolors="none", linewidths=1.3),

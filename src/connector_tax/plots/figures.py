@@ -1,4 +1,5 @@
-"""Figures 1-8 of the design, each built from the analysis documents (aggregate + hypotheses).
+"""Figures 1-8 of the study (docs/study-design.md), each built from the analysis documents
+(aggregate + hypotheses).
 
 Every builder returns a matplotlib Figure or raises Skip(reason): a figure whose data is
 missing is never drawn empty; the reason goes to figures/skipped.json and the report.

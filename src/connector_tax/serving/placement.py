@@ -3,7 +3,7 @@
 vLLM's CPU build binds only the worker's OpenMP compute threads (VLLM_CPU_OMP_THREADS_BIND);
 its API server, its engine core, the worker's other threads and the load generator run wherever
 the kernel puts them, so on a 2-core host they land on the compute core part of the time, each
-launch its own share (issue 40's decomposition: benchmarks/launch_variance.py). With
+launch its own share (decomposed by benchmarks/launch_variance.py). With
 `vllm.cpu.service_cpus` set, once the server is ready every thread of its processes that vLLM did
 not bind to the compute cores is moved to the service cores, and the phase job (the load
 generator, its samplers, and the workers it starts after) runs there too. Threads created later

@@ -1,7 +1,7 @@
 """Prefill admission order for waiting requests: FIFO, or packing under the token budget.
 
-After seed 004: `pack` looks at a window of the waiting queue and greedily picks the
-cheapest prompts that fit the remaining budget, so short prompts are not stuck behind a long
+As in the admission A/B (docs/admission-ab.md): `pack` looks at a window of the waiting queue
+and greedily picks the cheapest prompts that fit the remaining budget, so short prompts are not stuck behind a long
 one (head-of-line blocking); `force_fifo_every` makes every N-th round FIFO so that a long
 prompt is never skipped forever. Selected requests keep their arrival order; what follows
 them in the returned order may still take a prefill chunk of the budget left over.

@@ -28,7 +28,7 @@ class StepCost:
     build_meta_us: float | None
     get_finished_us: float | None
     start_load_kv_us: float | None
-    # The scheduler's share of the step, Scheduler.schedule() entry to exit as the design
+    # The scheduler's share of the step, Scheduler.schedule() entry to exit as the study
     # defines step_duration_us: its own work (part of step_base_us, so it adds no time to the
     # step) plus build_connector_meta, which runs inside schedule().
     schedule_us: float = 0.0

@@ -169,7 +169,7 @@ class EngineCore:
             if self.settings.enable_chunked_prefill:
                 n_new = min(remaining, budget)
             elif remaining <= budget or not scheduled:
-                n_new = remaining  # a prompt over the budget is admitted alone (seed 004)
+                n_new = remaining  # a prompt over the budget is admitted alone
             else:
                 self._release_prefix(req)
                 break  # as vLLM: without chunking, a prompt that does not fit blocks the queue

@@ -10,7 +10,7 @@ Every number here is a model parameter, not a measurement: outputs made with the
             + connector hooks  (build_meta + get_finished + start_load_kv, see HookCost)
 
 and a connector hook costs `fixed_us + per_request_us * running + per_block_us * blocks`.
-The step log's step_duration_us is the scheduler's share of a step, as the design defines it
+The step log's step_duration_us is the scheduler's share of a step, as the study defines it
 (Scheduler.schedule(): schedule_base_us + schedule_request_us * running, part of step_base_us,
 plus build_meta, which runs inside it); engine_step_us is the whole step_us above.
 `blocks` is the number of KV blocks held by running requests, so a connector's tax grows with
@@ -50,8 +50,8 @@ class HardwareProfile:
 # Both are HAND-SET: numbers chosen for a purpose, not fitted to any engine (a calibrated profile is
 # a file `ctax calibrate` writes from a real study, named by `sim.profile`: config/profile.py).
 # tiny-fast: a small, fast "GPU" whose knee falls at tens of req/s with short prompts, so
-# the default study sweeps every stage in minutes. h20-qwen3-30b-a3b: the design's hardware
-# at its own scale (decode step ~10 ms, prefill ~18k tokens/s, ~260k tokens of KV cache:
+# the default study sweeps every stage in minutes. h20-qwen3-30b-a3b: the real
+# study's H20 at its own scale (decode step ~10 ms, prefill ~18k tokens/s, ~260k tokens of KV cache:
 # 96 GB x 0.9 minus 61 GB of weights at 96 KiB of KV per token).
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "tiny-fast": HardwareProfile(

@@ -22,7 +22,7 @@ def _us(value: float | None) -> float | None:
 
 
 def step_record(result: StepResult, t_ns: int) -> StepRecord:
-    """One step: the design's fields, then what only the simulator knows."""
+    """One step: the study's fields, then what only the simulator knows."""
     cost = result.cost
     return StepRecord(
         t_ns=t_ns,
