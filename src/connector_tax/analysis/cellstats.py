@@ -48,7 +48,7 @@ STEP_FIELDS_READ = columns(
     "engine_step_us",
     "worker_step_us",
 )
-# step_duration_us is the design's step (Scheduler.schedule() entry to exit): the step tax and
+# step_duration_us is the study's step (Scheduler.schedule() entry to exit): the step tax and
 # figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
 STEP_STATS = (
     "step_duration_us",
@@ -58,7 +58,7 @@ STEP_STATS = (
     "connector_total_us",
     "engine_step_us",
 )
-# Worker-side hooks that a worker record carries and the design's callback time adds up.
+# Worker-side hooks that a worker record carries and the study's callback time adds up.
 WORKER_CALLBACKS = ("get_finished_us", "start_load_kv_us")
 LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
 
