@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
-from connector_tax.analysis.cellstats import COLUMNS, cell_row
+from connector_tax.analysis.cellstats import cell_row
+from connector_tax.analysis.columns import COLUMNS
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
