@@ -2,7 +2,7 @@
 
 Used by the tests (the analysis must recover what was injected) and by
 benchmarks/analysis_scale.py (size). The files have exactly the pipeline's layout and record
-schemas (shared/DESIGN.md); nothing here talks to a server.
+schemas (the records of src/connector_tax/contract/); nothing here talks to a server.
 
 The model, per config c and cell:
   TTFT ~ base_ttft_ms(shape) * (1 + ttft_tax[c] * shape_factor) * LogNormal(0, sigma)

@@ -1,4 +1,4 @@
-"""Honest numbers on a busy host (issue 23), below the end-to-end tier:
+"""Honest numbers on a busy host (docs/contention.md), below the end-to-end tier:
 
 - the gate (pipeline/gate.py): host contention makes a cell invalid, lateness and host checks
   are perturbations that are measured again, the server's own errors are not;
