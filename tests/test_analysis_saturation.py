@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 from synthetic_study import SyntheticSpec, expected_reference, write_study
 
-from connector_tax.analysis.saturation import cell_criteria, reference_rates
+from connector_tax.analysis.reference import reference_rates
+from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import default_saturation
 
 SAT = default_saturation()  # the schema's thresholds

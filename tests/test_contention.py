@@ -1,4 +1,4 @@
-"""Honest numbers on a busy host, below the end-to-end tier:
+"""Honest numbers on a busy host (docs/contention.md), below the end-to-end tier:
 
 - the gate (pipeline/gate.py): host contention makes a cell invalid, lateness and host checks
   are perturbations that are measured again, the server's own errors are not;
@@ -24,7 +24,8 @@ from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import build
 from connector_tax.analysis.contention import PERTURBED
-from connector_tax.analysis.saturation import cell_criteria, reference_rates
+from connector_tax.analysis.reference import reference_rates
+from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import PHASE_A, default_saturation, default_validity, load_study
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex, read_summary, verify_cell

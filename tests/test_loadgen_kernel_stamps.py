@@ -1,4 +1,4 @@
-"""The worker's reads are timed by the kernel (http.StampedTransport, SO_TIMESTAMPNS): a read's
+"""The worker's reads are timed by the kernel (stamped.StampedTransport, SO_TIMESTAMPNS): a read's
 time is when its bytes reached this host's TCP stack, not when the worker got to them."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from connector_tax.loadgen import http
-from connector_tax.loadgen.http import ConnectionPool, HttpConnection, StampedTransport, realtime_offset
+from connector_tax.loadgen import stamped
+from connector_tax.loadgen.http import ConnectionPool, HttpConnection
+from connector_tax.loadgen.stamped import StampedTransport, realtime_offset
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
 
@@ -83,7 +84,7 @@ def test_a_late_read_keeps_the_time_its_bytes_arrived() -> None:
 
 
 def test_without_a_kernel_stamp_the_read_is_stamped_when_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http, "SO_TIMESTAMPNS", None)
+    monkeypatch.setattr(stamped, "SO_TIMESTAMPNS", None)
     _, _, read_from, reads = _late_read(b"x", 0.02)
     assert reads and reads[0][0] >= read_from
 

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from connector_tax.analysis.batchmeans import percentile_ci
+from connector_tax.analysis.columns import COLUMNS, COUNTS, LATENCIES, METRICS, STEP_STATS, STEPS
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
-from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
 from connector_tax.analysis.streams import stream_stats
 from connector_tax.config import PHASE_A
 from connector_tax.contract.records import MetricsSample, RequestRecord, StepRecord, columns
@@ -48,76 +48,8 @@ STEP_FIELDS_READ = columns(
     "engine_step_us",
     "worker_step_us",
 )
-# step_duration_us is the design's step (Scheduler.schedule() entry to exit): the step tax and
-# figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
-STEP_STATS = (
-    "step_duration_us",
-    "build_meta_us",
-    "get_finished_us",
-    "start_load_kv_us",
-    "connector_total_us",
-    "engine_step_us",
-)
-# Worker-side hooks that a worker record carries and the design's callback time adds up.
+# Worker-side hooks that a worker record carries and the study's callback time adds up.
 WORKER_CALLBACKS = ("get_finished_us", "start_load_kv_us")
-LATENCIES = ("ttft_ms", "ttft_sched_ms", "tpot_ms", "e2e_ms")
-
-_ID = [
-    "variant",
-    "phase",
-    "cell",
-    "replicate",
-    "rate",
-    "input_len",
-    "output_len",
-    "backend",
-    "simulated",
-    "run_status",
-    "valid",
-    "validity_reasons",
-    "complete",
-    "fingerprint",
-]
-_COUNTS = ["n_records", "n_warmup", "n_post_warmup", "n_ok", "n_error", "n_dropped", "n_timeout"]
-_RATES = [
-    "requested_rps",
-    "offered_rps",
-    "achieved_dispatch_rps",
-    "effective_rps",
-    "throughput_ratio",
-    "throughput_ratio_requested",
-    "rates_source",
-]
-_LAT = [f"{m}_{s}" for m in LATENCIES for s in ("n", "p50", "p90", "p99", "p90_ci_lo", "p90_ci_hi")]
-_ITL = ["itl_ms_n", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99"]
-_METRICS = ["metrics_n", "waiting_p50", "running_p50", "kv_cache_usage_p50"]
-_STEPS = ["step_timing_available", "steps_n"] + [
-    f"{f}_{s}" for f in STEP_STATS for s in ("p50", "p90", "p50_ci_lo", "p50_ci_hi")
-]
-_SAT = [
-    "saturated",
-    "saturation_criteria",
-    "crit_throughput",
-    "crit_waiting",
-    "crit_ttft_growth",
-    "ttft_growth_ratio",
-    "ttft_growth_vs_rate",
-]
-# The host around the cell (metrics/host.py via the summary): measured at all (not in virtual
-# time), busy by the validity bounds, outside processes' CPU share (mean over the cell) and the
-# busiest second in cores, steal, run queue; and how many attempts the gate took.
-_HOST = [
-    "host_measured",
-    "host_busy",
-    "host_others_cpu_frac",
-    "host_others_cores_max",
-    "host_steal_frac",
-    "host_run_queue_mean",
-    "attempts",
-]
-COLUMNS: list[str] = (
-    _ID + _COUNTS + _RATES + _LAT + _ITL + _METRICS + _STEPS + _SAT + _HOST + ["window_note"] + STREAM_COLUMNS
-)
 
 
 def time_series_stats(
@@ -161,7 +93,7 @@ def request_stats(
     completed request's TTFT and TPOT with its schedule index (launch_intervals.Series)."""
     row: dict[str, Any] = {}
     if not cell.has("requests"):
-        for k in _COUNTS:
+        for k in COUNTS:
             row[k] = 0
         for m in LATENCIES:
             row.update({f"{m}_{k}": v for k, v in summarize(np.empty(0)).items()})
@@ -213,7 +145,7 @@ def request_stats(
 
 
 def metric_stats(cell: Measurement, window: tuple[int | None, int | None]) -> tuple[dict[str, Any], str | None]:
-    row: dict[str, Any] = {k: None for k in _METRICS}
+    row: dict[str, Any] = {k: None for k in METRICS}
     row["metrics_n"] = 0
     if not cell.has("metrics"):
         return row, None
@@ -268,7 +200,7 @@ def step_stats(
     cell: Measurement, window: tuple[int | None, int | None]
 ) -> tuple[dict[str, Any], str | None, list[float] | None]:
     """(row fields, note, step_duration CDF grid)."""
-    row: dict[str, Any] = {k: None for k in _STEPS}
+    row: dict[str, Any] = {k: None for k in STEPS}
     row["steps_n"] = 0
     if not cell.has("engine_step"):
         return row, None, None

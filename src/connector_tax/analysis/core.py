@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.artifacts import check_artifacts, runtime_of
-from connector_tax.analysis.cellstats import COLUMNS, cell_row
+from connector_tax.analysis.cellstats import cell_row
+from connector_tax.analysis.columns import COLUMNS
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
@@ -32,13 +33,9 @@ from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
 from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
+from connector_tax.analysis.reference import reference_from_rows
 from connector_tax.analysis.report import render_report
-from connector_tax.analysis.saturation import (
-    apply_to_row,
-    cell_criteria,
-    phase_a_saturation_by_launch,
-    reference_from_rows,
-)
+from connector_tax.analysis.saturation import apply_to_row, cell_criteria, phase_a_saturation_by_launch
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import LaunchTaxes, SeriesMap, compute_taxes
 from connector_tax.analysis.threads import thread_tables

@@ -8,12 +8,13 @@ from typing import Any
 from connector_tax.analysis.contention import header_lines
 from connector_tax.analysis.interventions import pointers
 from connector_tax.analysis.interventions import render as render_interventions
-from connector_tax.analysis.launch_intervals import MIN_P90_SAMPLES, survives
+from connector_tax.analysis.report_format import ci_text, num, table
+from connector_tax.analysis.report_taxes import tax_sections
 from connector_tax.analysis.streams import render as render_streams
 from connector_tax.analysis.threads import render as render_threads
-from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, PHASES
+from connector_tax.config import PHASE_A, PHASES
 
-# Which step each number is (the design's "Step-timing instrumentation" and issue 15).
+# Which step each number is (docs/study-design.md, "What is recorded").
 STEP_DEFINITIONS = (
     "Step timing: **step** = `step_duration_us`, `Scheduler.schedule()` entry to exit (build_connector_meta "
     "included), the design's definition, which the step tax and figures 6-7 use; **engine step** = "
@@ -21,68 +22,6 @@ STEP_DEFINITIONS = (
     "`connector_total_us` = build_meta + get_finished + start_load_kv, with the two worker hooks joined from the "
     "worker process's records by time when the worker runs in its own process (vLLM on CPU, TP > 1)."
 )
-
-
-def _f(v: Any, fmt: str = ".1f") -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int) and fmt.endswith("f"):
-        return str(v)
-    if isinstance(v, (int, float)):
-        return format(v, fmt)
-    return str(v)
-
-
-def _pct(est: dict[str, Any] | None) -> str:
-    if not est or est.get("value") is None:
-        return "–"
-    s = f"{est['value'] * 100:+.1f}%"
-    ci = est.get("ci")
-    if ci and None not in ci:
-        s += f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]"
-    return s
-
-
-def _us(est: dict[str, Any] | None) -> str:
-    if not est or est.get("value") is None:
-        return "–"
-    s = f"{est['value']:+.1f}"
-    ci = est.get("ci")
-    if ci and None not in ci:
-        s += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
-    return s
-
-
-def _ratio(est: dict[str, Any] | None) -> str:
-    if not est or est.get("value") is None:
-        return "–"
-    ci = est.get("ci")
-    return f"{est['value']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and None not in ci else "")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
-
-
-def _ci_text(lo: Any, hi: Any, n: Any = None) -> str:
-    if lo is not None and hi is not None:
-        return f" [{_f(lo)}, {_f(hi)}]"
-    if isinstance(n, int) and 0 < n < MIN_P90_SAMPLES:
-        return f" (n {n} < {MIN_P90_SAMPLES}: too few to bound the p90)"
-    return ""
-
-
-def _launch(est: dict[str, Any] | None) -> str:
-    """The share of a tax's variance that is launch to launch, or why there is none."""
-    if not est or est.get("value") is None:
-        return "–"
-    if est.get("launch_share") is not None:
-        return f"{est['launch_share'] * 100:.0f}%"
-    return "not estimated" if (est.get("replicates") or 1) < 2 else "–"
 
 
 def _header(agg: dict[str, Any]) -> list[str]:
@@ -112,9 +51,9 @@ def _header(agg: dict[str, Any]) -> list[str]:
         else f"- Baseline `{agg.get('baseline_requested')}` is not in this study: the connector-specific parts "
         "(taxes, H1–H6, success criteria 1–5, figures 4–8) are **not applicable**; per-cell statistics, "
         "saturation, reference rates and figures 1–3 are reported.",
-        f"- Reference rates ({ref.get('source')}): ref_safe = **{_f(ref.get('ref_safe'), 'g')} req/s**"
+        f"- Reference rates ({ref.get('source')}): ref_safe = **{num(ref.get('ref_safe'), 'g')} req/s**"
         + (f" (FLAGGED: {ref.get('ref_safe_reason')})" if ref.get("ref_safe_flagged") else "")
-        + f", ref_load = **{_f(ref.get('ref_load'), 'g')} req/s**"
+        + f", ref_load = **{num(ref.get('ref_load'), 'g')} req/s**"
         + (f" (FLAGGED: {ref.get('ref_load_reason')})" if ref.get("ref_load_flagged") else ""),
         "- Measured by: "
         + (", ".join(f"{k} {v}" for k, v in sorted((agg.get("code") or {}).items()) if isinstance(v, str)) or "–")
@@ -183,12 +122,12 @@ def _variants(agg: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 f"`{name}`",
-                _f(st.get("preflight")) + (f": {st['preflight_reason']}" if st.get("preflight_reason") else ""),
+                num(st.get("preflight")) + (f": {st['preflight_reason']}" if st.get("preflight_reason") else ""),
                 *cells,
                 str(step),
             ]
         )
-    L += _table(["variant", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
+    L += table(["variant", "preflight", "Phase A", "Phase B", "Phase B'", "step timing"], rows)
 
     return L
 
@@ -200,7 +139,7 @@ def _settings(agg: dict[str, Any]) -> list[str]:
     if settings:
         keys = sorted({k for row in settings.values() for k in row})
         L += ["## Server settings, as each launch recorded them (like for like)", ""]
-        L += _table(["variant"] + keys, [[f"`{n}`"] + [_f(row.get(k)) for k in keys] for n, row in settings.items()])
+        L += table(["variant"] + keys, [[f"`{n}`"] + [num(row.get(k)) for k in keys] for n, row in settings.items()])
 
     return L
 
@@ -209,21 +148,21 @@ def _verdicts(hyp: dict[str, Any]) -> list[str]:
     """H1-H6 and the success criteria, with their intervals and caveats."""
     L: list[str] = []
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
-    L += _table(
+    L += table(
         ["id", "verdict (design's call)", "95% interval", "why"],
         [
-            [h["id"], f"**{h['verdict']}**", _f(h.get("confidence")), h["reason"].replace("|", "/")]
+            [h["id"], f"**{h['verdict']}**", num(h.get("confidence")), h["reason"].replace("|", "/")]
             for h in hyp["hypotheses"]
         ],
     )
-    L += _table(
+    L += table(
         ["criterion", "status", "outcome", "95% interval", "why"],
         [
             [
                 s["title"].split(":")[0],
                 f"**{s['status']}**",
-                _f(s.get("outcome")),
-                _f(s.get("confidence")),
+                num(s.get("outcome")),
+                num(s.get("confidence")),
                 s["reason"].replace("|", "/"),
             ]
             for s in hyp["success_criteria"]
@@ -266,7 +205,7 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
             "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.",
             "",
         ]
-        L += _table(
+        L += table(
             [
                 "variant",
                 "rate (req/s)",
@@ -284,187 +223,32 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
             [
                 [
                     f"`{r['variant']}`" + (f" r{r.get('replicate') or 1}" if several else ""),
-                    _f(r["rate"], "g"),
-                    _f(r["n_ok"], "d"),
-                    _f(r["ttft_ms_p90"]) + _ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"], r.get("ttft_ms_n")),
-                    _f(r["tpot_ms_p90"], ".2f"),
-                    _f(r["e2e_ms_p90"]),
-                    _f(r["throughput_ratio"], ".3f"),
-                    _f(r["waiting_p50"], "g"),
-                    _f(r["step_duration_us_p50"]),
-                    _f(r["engine_step_us_p50"]),
-                    (r["saturation_criteria"] or "yes") if r["saturated"] else _f(r["saturated"]),
-                    _f(r["valid"]) + (" (host busy)" if r.get("host_busy") else ""),
+                    num(r["rate"], "g"),
+                    num(r["n_ok"], "d"),
+                    num(r["ttft_ms_p90"]) + ci_text(r["ttft_ms_p90_ci_lo"], r["ttft_ms_p90_ci_hi"], r.get("ttft_ms_n")),
+                    num(r["tpot_ms_p90"], ".2f"),
+                    num(r["e2e_ms_p90"]),
+                    num(r["throughput_ratio"], ".3f"),
+                    num(r["waiting_p50"], "g"),
+                    num(r["step_duration_us_p50"]),
+                    num(r["engine_step_us_p50"]),
+                    (r["saturation_criteria"] or "yes") if r["saturated"] else num(r["saturated"]),
+                    num(r["valid"]) + (" (host busy)" if r.get("host_busy") else ""),
                 ]
                 for r in pa
             ],
         )
     sat_rates = ref.get("per_variant") or {}
     if sat_rates:
-        L += _table(
+        L += table(
             ["variant", "saturation rate (req/s)", "criteria fired there"],
             [
-                [f"`{n}`", _f(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
+                [f"`{n}`", num(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
                 for n, v in sat_rates.items()
             ],
         )
 
     return L
-
-
-def _taxes(agg: dict[str, Any]) -> list[str]:
-    """The taxes at the reference rates, their queueing amplification, and Phase B / B'."""
-    L: list[str] = []
-    taxes = agg.get("taxes")
-    if taxes:
-        L += [
-            "## Substrate tax",
-            "",
-            f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; launch: the share of the "
-            "tax's variance that is launch to launch; step: µs difference of p50 step duration (first launch); "
-            "callback: connector hooks' p50 (µs); unattributed = step − callback; engine step: relative p50 tax "
-            "of the whole engine step (schedule, model, update) [95% CI]. A TTFT/TPOT tax without an interval "
-            f"comes from a cell with fewer than {MIN_P90_SAMPLES} requests, too few to bound a p90.",
-            "",
-        ]
-        for ref_name in ("ref_safe", "ref_load"):
-            e = taxes["phase_a"].get(ref_name) or {}
-            if not e.get("variants"):
-                L += [
-                    f"No tax at {ref_name}: "
-                    + (
-                        "; ".join(f"{k}: {v}" for k, v in (e.get("missing") or {}).items())
-                        or "no Phase A cell at that rate"
-                    ),
-                    "",
-                ]
-                continue
-            L += [f"### Phase A at {ref_name} = {_f(e.get('rate'), 'g')} req/s (cell {e.get('cell')})", ""]
-            L += _table(
-                [
-                    "variant",
-                    "tax TTFT p90",
-                    "launch",
-                    "tax TPOT p90",
-                    "launch",
-                    "tax step p50 (µs)",
-                    "callback p50 (µs)",
-                    "unattributed (µs)",
-                    "tax engine step p50",
-                ],
-                [
-                    [
-                        f"`{n}`",
-                        _pct(t.get("ttft_p90")),
-                        _launch(t.get("ttft_p90")),
-                        _pct(t.get("tpot_p90")),
-                        _launch(t.get("tpot_p90")),
-                        _us(t.get("step_p50_us")),
-                        _us(t.get("callback_p50_us")),
-                        _us(t.get("unattributed_p50_us")),
-                        _pct(t.get("engine_step_p50")),
-                    ]
-                    for n, t in e["variants"].items()
-                ],
-            )
-        amp = {
-            n: a
-            for n, a in (taxes.get("amplification") or {}).items()
-            if (a.get("ttft_p90") or {}).get("value") is not None
-        }
-        if amp:
-            L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
-            L += _table(
-                ["variant", "TTFT p90 tax", "TPOT p90 tax"],
-                [[f"`{n}`", _ratio(a.get("ttft_p90")), _ratio(a.get("tpot_p90"))] for n, a in amp.items()],
-            )
-        for phase, title in (
-            (PHASE_B, "Phase B (shapes at ref_safe)"),
-            (PHASE_B_PRIME, "Phase B' (shapes at ref_load)"),
-        ):
-            cells = (taxes.get(phase) or {}).get("cells") or {}
-            if not cells:
-                continue
-            names = sorted({n for c in cells.values() for n in c["variants"]}, key=agg["variants"].index)
-            L += [f"### {title}: tax TTFT p90 / tax TPOT p90", ""]
-            L += _table(
-                ["shape"] + [f"`{n}`" for n in names],
-                [
-                    [label]
-                    + [
-                        f"{_pct((c['variants'].get(n) or {}).get('ttft_p90'))} / "
-                        f"{_pct((c['variants'].get(n) or {}).get('tpot_p90'))}"
-                        for n in names
-                    ]
-                    for label, c in cells.items()
-                ],
-            )
-
-        L += _noise_floor(agg, taxes)
-    return L
-
-
-def _tax_entries(taxes: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(where, variant, that variant's taxes) for every cell with taxes."""
-    out = []
-    for ref_name in ("ref_safe", "ref_load"):
-        e = taxes["phase_a"].get(ref_name) or {}
-        for n, t in (e.get("variants") or {}).items():
-            out.append((f"Phase A {ref_name} ({e.get('cell')})", n, t))
-    for phase, name in ((PHASE_B, "Phase B"), (PHASE_B_PRIME, "Phase B'")):
-        for label, c in ((taxes.get(phase) or {}).get("cells") or {}).items():
-            for n, t in c["variants"].items():
-                out.append((f"{name} {label}", n, t))
-    return out
-
-
-def _noise_floor(agg: dict[str, Any], taxes: dict[str, Any]) -> list[str]:
-    """The A/A control's own "tax" (the study's noise floor) and which taxes stand out of it."""
-    aa = agg.get("aa_controls") or {}
-    base = taxes.get("baseline")
-    controls = [a for a, b in aa.items() if b == base]
-    entries = _tax_entries(taxes)
-    if not controls:
-        return []
-    control = controls[0]
-    floor = {(where, m): t.get(m) for where, n, t in entries if n == control for m in ("ttft_p90", "tpot_p90")}
-    L = [
-        f"### Noise floor: the A/A control `{control}` (= `{base}`, launched apart)",
-        "",
-        f"`{control}` is `{base}` again, so its true tax is 0: its intervals below are the study's own noise "
-        "floor, launches included. A tax **survives** when its interval excludes 0 and its size exceeds the "
-        "largest the A/A interval allows at the same cell.",
-        "",
-    ]
-    L += _table(
-        ["cell", "A/A TTFT p90", "A/A TPOT p90", "covers 0"],
-        [
-            [
-                where,
-                _pct(floor.get((where, "ttft_p90"))),
-                _pct(floor.get((where, "tpot_p90"))),
-                " / ".join(_covers_zero(floor.get((where, m))) for m in ("ttft_p90", "tpot_p90")),
-            ]
-            for where in dict.fromkeys(w for w, _ in floor)
-        ],
-    )
-    rows = []
-    for where, n, t in entries:
-        if n in aa:
-            continue
-        for m, label in (("ttft_p90", "TTFT"), ("tpot_p90", "TPOT")):
-            ok, why = survives(t.get(m), floor.get((where, m)))
-            rows.append([where, f"`{n}`", label, _pct(t.get(m)), _launch(t.get(m)), _f(ok), why])
-    L += ["Which taxes survive the noise floor:", ""]
-    L += _table(["cell", "variant", "metric", "tax [95% CI]", "launch share", "survives", "why"], rows)
-    return L
-
-
-def _covers_zero(est: dict[str, Any] | None) -> str:
-    ci = (est or {}).get("ci")
-    if not ci or None in ci:
-        return "no interval"
-    return "yes" if ci[0] <= 0 <= ci[1] else "**no**"
 
 
 def _server_cpu(agg: dict[str, Any]) -> list[str]:
@@ -560,7 +344,7 @@ def render_report(
         _settings(agg),
         _verdicts(hyp),
         _phase_a(agg),
-        _taxes(agg),
+        tax_sections(agg),
         render_interventions(agg),
         _server_cpu(agg),
         _figures(figures, skipped, figures_made),

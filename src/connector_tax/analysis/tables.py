@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from connector_tax.analysis.cellstats import COLUMNS
+from connector_tax.analysis.columns import COLUMNS
 from connector_tax.atomic import write_atomic
 from connector_tax.contract.estimate import Estimate, unit_of
 
@@ -44,7 +44,7 @@ TAX_COLUMNS = [
 
 
 def cells_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The per-cell rows, columns in the order cellstats.COLUMNS defines."""
+    """The per-cell rows, columns in the order columns.COLUMNS defines."""
     return pd.DataFrame.from_records(rows, columns=COLUMNS)
 
 
