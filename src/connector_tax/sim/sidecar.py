@@ -8,7 +8,7 @@ frontend at Q answering /healthcheck and /status as LMCache's does), so that a s
 runs the sidecar's whole lifecycle (ports, readiness, per-thread CPU, stop, faults) without
 LMCache. It stores nothing: the simulator models a connector's cost, not its transfers. Faults
 (sim.faults.sidecar_*): exit at start with a reason, never answer /healthcheck, or exit a while
-after being ready. Standard library only (the simulator is a leaf).
+after its first healthy answer. Standard library only (the simulator is a leaf).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def _handler(ready: threading.Event) -> type[BaseHTTPRequestHandler]:
+def _handler(ready: threading.Event, seen: threading.Event) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             body: dict[str, object]
             if self.path == "/healthcheck" and ready.is_set():
                 code, body = 200, {"status": "healthy"}
+                seen.set()
             elif self.path == "/status" and ready.is_set():
                 code, body = 200, {"is_healthy": True, "engine_type": "simulated"}
             else:
@@ -58,14 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RuntimeError: {args.fail_start}", file=sys.stderr, flush=True)
         return 1
     listener = socket.create_server((args.host, args.port))  # the request port: taken, or the start fails
-    ready = threading.Event()
-    http = ThreadingHTTPServer((args.host, args.http_port), _handler(ready))
+    ready, seen = threading.Event(), threading.Event()  # seen: its owner has been told it is ready
+    http = ThreadingHTTPServer((args.host, args.http_port), _handler(ready, seen))
     threading.Thread(target=http.serve_forever, name="sidecar-http", daemon=True).start()
     print(f"simulated LMCache MP server on {args.host}:{args.port} (HTTP {args.http_port})", flush=True)
     if not args.never_ready:
         ready.set()
     try:
         if args.crash_after_s is not None:
+            # Counted from the first healthy answer, not from the start: on a loaded host the
+            # owner's first readiness poll may come later than S, and the fault would hit the
+            # start instead of the running server.
+            seen.wait()
             time.sleep(args.crash_after_s)
             print("RuntimeError: simulated LMCache server crash (sim.faults.sidecar_crash_after_s)", file=sys.stderr)
             return 1
