@@ -190,9 +190,11 @@ def test_inflight_at_send_drops_those_finished_before_the_send(sims: dict[str, S
         summary, records = run(g, out, "ahead", arrival="fixed", rate=10.0, duration_s=0.6)
     assert len(records) >= 5 and all(r["status"] == "ok" for r in records)
     spans = [(r["t_send_ns"], r["t_last_token_ns"]) for r in records]
-    for r in records:
-        really = sum(1 for s, e in spans if s < r["t_send_ns"] < e)
-        assert r["inflight_at_send"] == really == 0
+    # Each is counted against the streams really open when it was sent: on a quiet host none (a
+    # stream takes a few ms), on a loaded one a slow stream may still be open, and then it counts.
+    really = [sum(1 for s, e in spans if s < r["t_send_ns"] < e) for r in records]
+    assert [r["inflight_at_send"] for r in records] == really
+    assert sum(really) < len(records)  # the pending ones that had finished were dropped
 
 
 def test_pinning_is_given_back_so_the_next_generator_plans_the_same(sims: dict[str, SimProcess]) -> None:
