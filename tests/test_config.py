@@ -144,7 +144,7 @@ def test_defaults_are_not_shared_between_calls() -> None:
     assert second["saturation"]["waiting_p50_max"] == 1
 
 
-def test_h20_study_is_the_design() -> None:
+def test_h20_study_is_the_one_planned() -> None:
     config = load_config(REPO / "configs/h20-qwen3-coder.yaml")
     assert (config["backend"], config["vllm_version"], config["seed"]) == ("vllm", "0.33.0", 20260526)
     assert config["model"]["name"] == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
@@ -158,7 +158,7 @@ def test_h20_study_is_the_design() -> None:
     assert server["gpu_memory_utilization"] == 0.9
     assert config["sim"]["hardware_profile"] == "h20-qwen3-30b-a3b"
     default = load_config(default_config_path())
-    # the design's eight, then LMCache's multi-process mode as variants of its own
+    # the study's eight variants (docs/study-design.md), then LMCache's multi-process mode as two more
     assert config["variants"][:8] == default["variants"]
     assert [(v["name"], v["connector"]["type"]) for v in config["variants"][8:]] == [
         ("lmcache_mp_only", "lmcache_mp"),
@@ -170,7 +170,7 @@ def test_h20_study_is_the_design() -> None:
         "shape": {"input": 4096, "output": 256},
         "prune_after_knee": True,
     }
-    # The design's warm-up and 200 requests; its 60 s floor raised to 210 s so the long-context
+    # The planned warm-up and 200 requests (docs/study-design.md); its 60 s floor raised to 210 s so the long-context
     # cells are bounded, and the tax-precision plan (the header says why)
     assert (workload["warmup_s"], workload["duration_s"], workload["min_completed"]) == (10, 210, 200)
     assert (workload["precision"]["of"], workload["precision"]["target"]) == ("tax", 0.05)
@@ -649,6 +649,17 @@ def test_openai_backend_with_url_is_valid() -> None:
     config["backend"] = "openai"
     config["openai"] = {"url": "http://10.0.0.5:8000/v1", "api_key_env": "OPENAI_API_KEY"}
     assert validate_config(config)["openai"]["url"] == "http://10.0.0.5:8000/v1"
+
+
+def test_load_study_says_whether_the_file_names_a_hardware_profile() -> None:
+    """`ctax plan --predict` models a vLLM study's server only by a profile its config chose: the
+    schema's default (tiny-fast) is filled in for every config, so only the file can tell."""
+    from connector_tax.config import load_study
+
+    named = load_study(REPO / "configs/h20-qwen3-coder.yaml")
+    assert named.hardware_profile_named and named.sim["hardware_profile"] == "h20-qwen3-30b-a3b"
+    unnamed = load_study(REPO / "configs/vllm-cpu-tiny.yaml")
+    assert not unnamed.hardware_profile_named and unnamed.sim["hardware_profile"] == "tiny-fast"
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))

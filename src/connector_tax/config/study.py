@@ -108,9 +108,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The design's three saturation criteria, and the smallest sample each judges (below it a
-    criterion is "too few to judge", analysis/saturation.py). Their defaults are the schema's
-    (workflow/schemas/config.schema.yaml), the one place they are written."""
+    """The study's three saturation criteria (docs/study-design.md), and the smallest sample each
+    judges (below it a criterion is "too few to judge", analysis/saturation.py). Their defaults are
+    the schema's (workflow/schemas/config.schema.yaml), the one place they are written."""
 
     throughput_ratio_min: float
     waiting_p50_max: float
@@ -246,6 +246,9 @@ class StudyConfig:
     api_key_env: str | None = None  # backend openai: the variable holding the API key
     source: Path | None = None  # the file it was read from (a server it launches reads it too)
     vllm_version: str | None = None  # the vLLM the study is designed for (the manifest's, when none is found)
+    # The file itself names sim.hardware_profile (load_study; the schema fills in tiny-fast when it
+    # does not): a vLLM study's server is modelled only by a profile its config chose.
+    hardware_profile_named: bool = False
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> StudyConfig:
