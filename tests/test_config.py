@@ -651,6 +651,17 @@ def test_openai_backend_with_url_is_valid() -> None:
     assert validate_config(config)["openai"]["url"] == "http://10.0.0.5:8000/v1"
 
 
+def test_load_study_says_whether_the_file_names_a_hardware_profile() -> None:
+    """`ctax plan --predict` models a vLLM study's server only by a profile its config chose: the
+    schema's default (tiny-fast) is filled in for every config, so only the file can tell."""
+    from connector_tax.config import load_study
+
+    named = load_study(REPO / "configs/h20-qwen3-coder.yaml")
+    assert named.hardware_profile_named and named.sim["hardware_profile"] == "h20-qwen3-30b-a3b"
+    unnamed = load_study(REPO / "configs/vllm-cpu-tiny.yaml")
+    assert not unnamed.hardware_profile_named and unnamed.sim["hardware_profile"] == "tiny-fast"
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")))
 def test_every_shipped_config_loads_as_typed_objects(path: Path) -> None:
     """The typed view carries the schema's defaults (no reader has a default of its own) and is read-only."""

@@ -130,17 +130,22 @@ def _read_yaml(path: Path, label: str) -> Any:
         raise ConfigError(None, f"YAML syntax error: {exc}", file=label) from None
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read, validate and default-fill a study config file; raises ConfigError (one line,
-    prefixed with the file name as given)."""
+def _load(path: str | Path) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    """The config file as written, and validated with the schema's defaults filled in."""
     label = str(path)
     data = _read_yaml(Path(path), label)
     if data is None:
         raise ConfigError("(top level)", "the file is empty; expected a mapping of study settings", file=label)
     try:
-        return validate_config(data)
+        return data, validate_config(data)
     except ConfigError as exc:
         raise exc.in_file(label) from None
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read, validate and default-fill a study config file; raises ConfigError (one line,
+    prefixed with the file name as given)."""
+    return _load(path)[1]
 
 
 def section_defaults(section: str) -> dict[str, Any]:
@@ -176,8 +181,11 @@ def default_validity() -> Validity:
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    """`load_config`, as the typed objects of config.study (which remember `path`)."""
-    return dataclasses.replace(StudyConfig.from_mapping(load_config(path)), source=Path(path))
+    """`load_config`, as the typed objects of config.study (which remember `path`, and whether
+    the file itself names sim.hardware_profile: the schema fills one in when it does not)."""
+    written, config = _load(path)
+    named = isinstance(written.get("sim"), Mapping) and "hardware_profile" in written["sim"]
+    return dataclasses.replace(StudyConfig.from_mapping(config), source=Path(path), hardware_profile_named=named)
 
 
 def find_variant(config: Mapping[str, Any], name: str) -> dict[str, Any]:

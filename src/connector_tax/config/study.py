@@ -246,6 +246,9 @@ class StudyConfig:
     api_key_env: str | None = None  # backend openai: the variable holding the API key
     source: Path | None = None  # the file it was read from (a server it launches reads it too)
     vllm_version: str | None = None  # the vLLM the study is designed for (the manifest's, when none is found)
+    # The file itself names sim.hardware_profile (load_study; the schema fills in tiny-fast when it
+    # does not): a vLLM study's server is modelled only by a profile its config chose.
+    hardware_profile_named: bool = False
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> StudyConfig:

@@ -1,0 +1,41 @@
+"""`ctax config check [--static] FILE`: the file (schema and cross-field checks), Phase B cells it
+cannot bound (a warning), then, unless --static, what this host would trip over at launch.
+
+config/ validates, resolution.py finds the unbounded cells, launch/hostcheck.py checks the host;
+this joins them. Exit 0, or 2 with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from connector_tax.config import ConfigError, StudyConfig, check_file, load_config
+from connector_tax.launch.hostcheck import check_host
+from connector_tax.pipeline.resolution import unbounded_warnings
+
+
+def add_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument("file", help="path to a study config YAML")
+    check.add_argument(
+        "--static",
+        action="store_true",
+        help="the file only; by default a vLLM study on GPUs is also checked against this host "
+        "(model downloaded, PYTORCH_CUDA_ALLOC_CONF, RDMA devices)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if check_file(args.file) != 0:
+        return 2
+    config = load_config(args.file)
+    for line in unbounded_warnings(StudyConfig.from_mapping(config)):
+        print(f"warning: {line}")
+    if args.static:
+        return 0
+    try:
+        check_host(config)
+    except ConfigError as exc:
+        print(f"{args.file}: on this host: {exc}", file=sys.stderr)
+        return 2
+    return 0
