@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,11 +90,22 @@ def snakemake(
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+def _interruptible() -> None:
+    # SIGINT as a terminal's Ctrl-C delivers it: a test run started in the background by a
+    # non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would snakemake.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_snakemake(folder: Path, config: Path, *args: str, cores: int = 1) -> subprocess.Popen[bytes]:
     """In its own session, so the test can signal or kill the whole job tree."""
     argv = [*SNAKEMAKE, "--cores", str(cores), *args, "--configfile", str(config), "--directory", str(folder)]
     return subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        argv,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_interruptible,
     )
 
 
