@@ -44,7 +44,7 @@ from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_t
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
 from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
-from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals
+from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals, stop_requested
 from connector_tax.serving.process import ServerStartError
 from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
 
@@ -249,6 +249,11 @@ def _run_phase(
             runner, layout, index, todo, lambda: index.write(folder.index), policies(layout, study, name, plan, index)
         )
     except (ServerStartError, ServerDied, OSError, RuntimeError, ValueError) as exc:
+        if (signal_name := stop_requested()) is not None:  # under SLURM scancel's SIGTERM reaches the
+            # server too: what failed on the way out is the stop, and the next run resumes the cells
+            index.status, index.reason, index.finished = "interrupted", f"stopped by {signal_name} ({exc})", now_iso()
+            index.write(folder.index)
+            raise KeyboardInterrupt(signal_name) from exc
         index.reason = str(exc)
         for entry in index.cells:
             if entry.status == "pending":

@@ -121,8 +121,19 @@ class AncestorWatch:
                     return
 
 
+_STOPPED: list[str] = []  # the stop signals this process received
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+    _STOPPED.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(f"signal {_STOPPED[-1]}")
+
+
+def stop_requested() -> str | None:
+    """The first stop signal (SIGTERM, SIGHUP) this process received since stop_on_signals, if any:
+    an error raised while it unwinds (a server the same signal took down, a lock it left) is the
+    stop, not a measurement's outcome."""
+    return _STOPPED[0] if _STOPPED else None
 
 
 def stop_on_signals() -> None:
