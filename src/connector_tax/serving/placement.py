@@ -40,12 +40,16 @@ def _threads(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def _tree(root_pid: int) -> list[int]:
+    """A process and its descendants (psutil.Error when the root is gone)."""
+    return [root_pid] + [p.pid for p in psutil.Process(root_pid).children(recursive=True)]
+
+
 def pin_server_threads(root_pid: int, service: tuple[int, ...], compute: tuple[int, ...]) -> dict[str, Any]:
     """Move every thread of the server's process tree that is not bound within `compute` to
     `service`; what was done, for run.json (`placement.server_threads`)."""
     try:
-        root = psutil.Process(root_pid)
-        pids = [root_pid] + [p.pid for p in root.children(recursive=True)]
+        pids = _tree(root_pid)
     except psutil.Error as exc:
         return {"error": f"server process {root_pid}: {exc}"}
     compute_set = set(compute)
@@ -85,8 +89,7 @@ def pin_sidecar(root_pid: int, service: tuple[int, ...]) -> int:
     """Every thread of a sidecar's process tree (an LMCache server: no model compute of its own)
     onto the service cores; how many were moved."""
     try:
-        root = psutil.Process(root_pid)
-        pids = [root_pid] + [p.pid for p in root.children(recursive=True)]
+        pids = _tree(root_pid)
     except psutil.Error:
         return 0
     moved = 0
