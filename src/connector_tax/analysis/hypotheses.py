@@ -35,7 +35,7 @@ from connector_tax.config import PHASE_A, PHASE_B
 BELOW_RESOLUTION = "below resolution"
 CALLED = ("supported", "refuted")
 VERDICT_RULE = (
-    "the study design's call on the point estimate (supported / refuted); `confidence` says whether the 95% "
+    "the call is made on the point estimate (supported / refuted); `confidence` says whether the 95% "
     "interval agrees (confident) or reaches across the threshold (within noise), and is "
     f"'{contention.PERTURBED}' when a cell behind the number, or behind the choice of ref_safe, was "
     "measured while the host or the load generator perturbed it (never confident then). "

@@ -17,7 +17,7 @@ from connector_tax.config import PHASE_A, PHASES
 # Which step each number is (docs/study-design.md, "What is recorded").
 STEP_DEFINITIONS = (
     "Step timing: **step** = `step_duration_us`, `Scheduler.schedule()` entry to exit (build_connector_meta "
-    "included), the design's definition, which the step tax and figures 6-7 use; **engine step** = "
+    "included), the study's definition (docs/study-design.md), which the step tax and figures 6-7 use; **engine step** = "
     "`engine_step_us`, the whole engine step (schedule, model, update), shown for scale only; **callback** = "
     "`connector_total_us` = build_meta + get_finished + start_load_kv, with the two worker hooks joined from the "
     "worker process's records by time when the worker runs in its own process (vLLM on CPU, TP > 1)."
@@ -149,14 +149,14 @@ def _verdicts(hyp: dict[str, Any]) -> list[str]:
     L: list[str] = []
     L += ["## Verdicts", "", f"Rule: {hyp['verdict_rule']}.", ""]
     L += table(
-        ["id", "verdict (design's call)", "95% interval", "why"],
+        ["id", "verdict (on the point estimate)", "confidence (from the 95% interval)", "why"],
         [
             [h["id"], f"**{h['verdict']}**", num(h.get("confidence")), h["reason"].replace("|", "/")]
             for h in hyp["hypotheses"]
         ],
     )
     L += table(
-        ["criterion", "status", "outcome", "95% interval", "why"],
+        ["criterion", "status", "outcome", "confidence (from the 95% interval)", "why"],
         [
             [
                 s["title"].split(":")[0],
