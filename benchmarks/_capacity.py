@@ -71,8 +71,8 @@ def source_state() -> dict[str, Any]:
 
     src = HERE.parent / "src" / "connector_tax" / "loadgen"
     h = hashlib.sha256()
-    for f in sorted(src.glob("*.py")):
-        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(src.rglob("*.py")):
+        h.update(str(f.relative_to(src)).encode() + f.read_bytes())
     try:
         head = subprocess.run(
             ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],

@@ -35,7 +35,7 @@ from typing import IO
 import httptools
 import uvloop
 
-from connector_tax.loadgen.stamped import StampedTransport
+from connector_tax.loadgen.worker.stamped import StampedTransport
 
 
 class Stream:

@@ -6,7 +6,7 @@ Two processes pinned to different CPUs play ping-pong over pipes; before every r
 sender sleeps 2 ms so that the other CPU goes idle, as it does between a load generator's
 requests. Printed per variant: the cost of the write itself (it wakes the reader) and the
 round trip, p50/p99/max in µs. "held" holds /dev/cpu_dma_latency at 0 µs the way the load
-generator does (connector_tax.loadgen.cpu_latency); the variants alternate, repeats times.
+generator does (connector_tax.loadgen.host.cpu_latency); the variants alternate, repeats times.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from _common import parser, positive_int, write_json
 
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
 
 
 def ping_pong(rounds: int, cpus: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -54,7 +54,7 @@ from _bench_procs import MODEL, CpuMonitor, NullServer, kill_all, kill_tree, on_
 from _capacity import Ctx, cell_line, saturated, source_state, summarize
 from _common import comma_list, parser, positive_float, positive_int, write_json
 
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
 
 RATES = comma_list(positive_float, "rates above 0")
 COUNTS = comma_list(positive_int, "whole numbers of 1 or more")

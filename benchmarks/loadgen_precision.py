@@ -38,8 +38,8 @@ import yaml
 from _common import REPO, parser, write_json
 
 from connector_tax.config import Cell
-from connector_tax.loadgen.affinity import plan_affinity
-from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.host.affinity import plan_affinity
+from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 
 MODEL = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
 

@@ -16,8 +16,8 @@ import time
 from _common import parser, positive_int, write_json
 from _sse_null_server import Responses
 
-from connector_tax.loadgen.http import HttpConnection, Response
-from connector_tax.loadgen.sse import SSEReader
+from connector_tax.loadgen.worker.http import HttpConnection, Response
+from connector_tax.loadgen.worker.sse import SSEReader
 
 
 def best_us(fn, runs: int) -> float:  # type: ignore[no-untyped-def]

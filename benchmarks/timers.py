@@ -23,7 +23,7 @@ import time
 
 from _common import parser, pct, write_json
 
-from connector_tax.loadgen.timing import wait_until
+from connector_tax.loadgen.worker.timing import wait_until
 from connector_tax.sim.costs import CostModel, connector_terms
 from connector_tax.sim.engine import EngineCore, EngineSettings, SimRequest, StepResult
 from connector_tax.sim.profiles import connector_cost_table, hardware_profile

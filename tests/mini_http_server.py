@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sim_server import MODEL  # noqa: E402
 
 from connector_tax.loadgen import ipc  # noqa: E402
-from connector_tax.loadgen.firetimer import FireTimer  # noqa: E402
-from connector_tax.loadgen.http import ConnectionPool  # noqa: E402
-from connector_tax.loadgen.prompts import BodySettings  # noqa: E402
-from connector_tax.loadgen.sse import SSEReader  # noqa: E402
-from connector_tax.loadgen.worker import Worker, WorkerConfig  # noqa: E402
+from connector_tax.loadgen.worker.firetimer import FireTimer  # noqa: E402
+from connector_tax.loadgen.worker.http import ConnectionPool  # noqa: E402
+from connector_tax.loadgen.worker.process import Worker, WorkerConfig  # noqa: E402
+from connector_tax.loadgen.worker.prompts import BodySettings  # noqa: E402
+from connector_tax.loadgen.worker.sse import SSEReader  # noqa: E402
 
 SSE_BODY = (
     b'data: {"id":"cmpl-1","choices":[{"index":0,"text":" a","finish_reason":null}]}\n\n'

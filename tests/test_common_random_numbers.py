@@ -13,11 +13,11 @@ from pathlib import Path
 from connector_tax.config import PHASE_A, PHASE_B, load_study, planned_cells
 from connector_tax.config.cells import traffic_seed
 from connector_tax.contract.layout import CellFiles
-from connector_tax.loadgen.collect import Progress
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, prompt_key
-from connector_tax.loadgen.realtime import RealTimeRun, Session
-from connector_tax.loadgen.rules import CellRules
+from connector_tax.loadgen.schedule.options import LoadgenOptions
+from connector_tax.loadgen.schedule.realtime import RealTimeRun, Session
+from connector_tax.loadgen.schedule.rules import CellRules
+from connector_tax.loadgen.stats.collect import Progress
+from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve
 

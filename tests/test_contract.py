@@ -27,7 +27,7 @@ from connector_tax.contract.estimate import Estimate, unit_of
 from connector_tax.contract.fingerprint import cell_settings, code_versions, differences, fingerprint, launch_settings
 from connector_tax.contract.index import IndexEntry, PhaseIndex, read_index, seal_cell, verify_cell
 from connector_tax.contract.summary import SUMMARY_SCHEMA, FileCount, decode_summary, to_builtins
-from connector_tax.loadgen.shapes import ShapeSampler
+from connector_tax.loadgen.schedule.shapes import ShapeSampler
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ import pytest
 from study_runner import TINY, consistent, our_processes, sealed_cells, snakemake, start_snakemake, write_config
 
 from connector_tax.contract import StudyLayout
-from connector_tax.loadgen.affinity import plan_affinity
+from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.pipeline.studyfolder import is_pipeline_job
 
 pytestmark = pytest.mark.e2e

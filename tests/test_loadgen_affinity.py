@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from connector_tax.loadgen.affinity import (
+from connector_tax.loadgen.host.affinity import (
     AffinityPlan,
     CpuInfo,
     Topology,

@@ -16,11 +16,11 @@ import pytest
 from connector_tax.config import Cell, default_validity
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.collect import Collector, Progress
-from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
-from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.sketch import PENDING, REL_ERR, Quantiles
-from connector_tax.loadgen.stats import RequestStats
+from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.stats.collect import Collector, Progress
+from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.stats.sketch import PENDING, REL_ERR, Quantiles
+from connector_tax.loadgen.stats.summary import RequestStats
 
 MS = 1_000_000
 

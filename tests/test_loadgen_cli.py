@@ -23,8 +23,8 @@ from test_loadgen_urls import ran  # noqa: E402
 from connector_tax.cli import main as ctax_main  # noqa: E402
 from connector_tax.loadgen import cli as bench_cli  # noqa: E402
 from connector_tax.loadgen.flags import OneLineParser  # noqa: E402
-from connector_tax.loadgen.records import read_records  # noqa: E402
-from connector_tax.loadgen.session import Progress  # noqa: E402
+from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
+from connector_tax.loadgen.stats.records import read_records  # noqa: E402
 
 NUM = r"\d+(?:\.\d+)?"
 SUMMARY_LINE = re.compile(
@@ -292,7 +292,7 @@ def test_the_request_defaults_are_written_once_in_the_schema() -> None:
     """`ctax bench`'s flags, the load generator's options and a study config that leaves the
     request settings out all get the schema's defaults (config.load.default_request)."""
     from connector_tax.config import default_request, load_study
-    from connector_tax.loadgen.options import LoadgenOptions
+    from connector_tax.loadgen.schedule.options import LoadgenOptions
 
     schema = default_request()
     parser = OneLineParser(prog="ctax bench")

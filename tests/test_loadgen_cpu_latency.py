@@ -15,8 +15,8 @@ import pytest
 
 from connector_tax.contract.summary import CpuLatency
 from connector_tax.loadgen.cli import add_bench_arguments
-from connector_tax.loadgen.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
 from connector_tax.loadgen.flags import OneLineParser
+from connector_tax.loadgen.host.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
 
 
 def _driver(tmp_path: Path, name: str = "haltpoll") -> Path:
@@ -73,7 +73,7 @@ def test_acquire_twice_opens_once(tmp_path: Path) -> None:
 _OWNER = """
 import sys, time
 from pathlib import Path
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
 hold = CpuLatencyHold(0, device=Path(sys.argv[1]))
 state = hold.acquire()
 print(hold.holder.pid if state.held else "not held", flush=True)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mini_http_server import SSE_BODY, MiniServer, make_worker, plain_response, run, sse_response, worker_exchange  # noqa: E402
 
 from connector_tax.loadgen import ipc  # noqa: E402
-from connector_tax.loadgen.sse import SSEReader  # noqa: E402
+from connector_tax.loadgen.worker.sse import SSEReader  # noqa: E402
 
 
 # -- Worker._exchange: retry once on a dropped keep-alive connection ---------------------

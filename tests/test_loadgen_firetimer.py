@@ -9,8 +9,8 @@ import time
 
 import uvloop
 
-from connector_tax.loadgen import firetimer
-from connector_tax.loadgen.firetimer import BLIND_SPIN_NS, RUN_DUE_NS, FireTimer, spin_window
+from connector_tax.loadgen.worker.firetimer import BLIND_SPIN_NS, RUN_DUE_NS, FireTimer, spin_window
+from connector_tax.loadgen.worker.process import firetimer
 
 
 def test_spin_window_is_a_share_of_the_mean_gap_within_bounds() -> None:
@@ -154,7 +154,7 @@ def test_io_arriving_during_the_spin_is_handled_when_it_arrives() -> None:
 
 
 def test_no_timerfd_falls_back_to_the_loop_timer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import connector_tax.loadgen.firetimer as firetimer
+    import connector_tax.loadgen.worker.firetimer as firetimer
 
     monkeypatch.setattr(firetimer, "_timerfd", lambda: None)
 

@@ -25,8 +25,8 @@ from mini_http_server import (  # noqa: E402
 )
 from sim_server import running_sim  # noqa: E402
 
-from connector_tax.loadgen.http import ConnectionPool, HttpConnection, Response  # noqa: E402
-from connector_tax.loadgen.sse import SSEReader  # noqa: E402
+from connector_tax.loadgen.worker.http import ConnectionPool, HttpConnection, Response  # noqa: E402
+from connector_tax.loadgen.worker.sse import SSEReader  # noqa: E402
 
 
 # -- the pool against the mini server ---------------------------------------------------

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from connector_tax.loadgen import stamped
-from connector_tax.loadgen.http import ConnectionPool, HttpConnection
-from connector_tax.loadgen.stamped import StampedTransport, realtime_offset
+from connector_tax.loadgen.worker.http import ConnectionPool, HttpConnection
+from connector_tax.loadgen.worker.process import stamped
+from connector_tax.loadgen.worker.stamped import StampedTransport, realtime_offset
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
 

@@ -1,4 +1,4 @@
-"""The load generator's real-time class (loadgen/priority.py): per thread, given back, never passed
+"""The load generator's real-time class (loadgen/host/priority.py): per thread, given back, never passed
 to a process started under it unless asked, and a refusal said in one line rather than raised."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from connector_tax.config import load_config
 from connector_tax.config.cells import Cell
 from connector_tax.contract.fingerprint import cell_settings
 from connector_tax.contract.summary import Priority
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.priority import raised, set_fifo
+from connector_tax.loadgen.host.priority import raised, set_fifo
+from connector_tax.loadgen.schedule.options import LoadgenOptions
 
 FIFO = os.SCHED_FIFO
 root = pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (or an RLIMIT_RTPRIO) here")
@@ -89,7 +89,7 @@ def test_the_fingerprint_holds_the_priority_only_when_set() -> None:
 @root
 def test_raised_process_takes_every_thread_and_gives_each_its_class_back() -> None:
     # the phase job's samplers share the sending thread's GIL: all of them run real-time in a cell
-    from connector_tax.loadgen.priority import raised_process
+    from connector_tax.loadgen.host.priority import raised_process
 
     stop = threading.Event()
     before = threading.Thread(target=stop.wait)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from connector_tax.loadgen.prompts import (
+from connector_tax.loadgen.worker.prompts import (
     TOKEN_HIGH,
     TOKEN_LOW,
     TRACE_BLOCK_TOKENS,

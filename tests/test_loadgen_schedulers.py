@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from connector_tax.loadgen.schedulers import (
+from connector_tax.loadgen.schedule.schedulers import (
     ConcurrencyGate,
     arrivals,
     fixed,

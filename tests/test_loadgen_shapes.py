@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from connector_tax.loadgen.shapes import ShapePair, ShapeSampler, parse_shapes, shape_spec
+from connector_tax.loadgen.schedule.shapes import ShapePair, ShapeSampler, parse_shapes, shape_spec
 
 MIX = {
     "mix": [

@@ -1,4 +1,4 @@
-"""Text and chat prompts sized by the server's count before the first cell (loadgen/sizing.py),
+"""Text and chat prompts sized by the server's count before the first cell (loadgen/schedule/sizing.py),
 against a small server whose tokenizer the test controls (fake_openai.py): by /tokenize, by the
 usage of one-token requests, by a tokenizer file (the chat template measured apart); each way
 exact; what cannot be sized is one line (ServerProblem / ValueError), never a crash."""
@@ -14,10 +14,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import CHATML_TOKENS, SIM_TOKEN_PATTERN, Fake, serving, write_word_tokenizer  # noqa: E402
 
-from connector_tax.loadgen.options import LoadgenOptions  # noqa: E402
-from connector_tax.loadgen.probe import Api, ServerProblem  # noqa: E402
-from connector_tax.loadgen.prompts import BodyBuilder, BodySettings  # noqa: E402
-from connector_tax.loadgen.sizing import CANDIDATES, LEAD, one_token_words, size_prompts  # noqa: E402
+from connector_tax.loadgen.schedule.options import LoadgenOptions  # noqa: E402
+from connector_tax.loadgen.schedule.probe import Api, ServerProblem  # noqa: E402
+from connector_tax.loadgen.schedule.sizing import CANDIDATES, LEAD, one_token_words, size_prompts  # noqa: E402
+from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings  # noqa: E402
 
 pytest.importorskip("tokenizers")
 

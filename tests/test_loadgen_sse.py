@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from connector_tax.loadgen.sse import SSEReader
+from connector_tax.loadgen.worker.sse import SSEReader
 
 USAGE = {"prompt_tokens": 5, "total_tokens": 9, "completion_tokens": 4}
 

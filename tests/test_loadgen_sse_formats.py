@@ -21,7 +21,7 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector_tax.loadgen.sse import MAX_EVENT_BYTES, SSEReader
+from connector_tax.loadgen.worker.sse import MAX_EVENT_BYTES, SSEReader
 
 STYLES = ("vllm", "sglang", "tgi", "llamacpp", "openai")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

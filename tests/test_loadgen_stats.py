@@ -9,9 +9,9 @@ import pytest
 
 from connector_tax.config import Validity, default_validity, load_config
 from connector_tax.contract.summary import to_builtins
-from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.stats import RequestStats, summarize
-from connector_tax.loadgen.usage import ShapeRule
+from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.summary import RequestStats, summarize
+from connector_tax.loadgen.stats.usage import ShapeRule
 
 MS = 1_000_000
 

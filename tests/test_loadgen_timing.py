@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from connector_tax.loadgen import timing
-from connector_tax.loadgen.timing import set_timer_slack, wait_until
+from connector_tax.loadgen.worker.process import timing
+from connector_tax.loadgen.worker.timing import set_timer_slack, wait_until
 
 
 def test_never_early() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from connector_tax.loadgen.trace import (
+from connector_tax.loadgen.schedule.trace import (
     BLOCK_TOKENS,
     TraceRequest,
     load_trace,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from connector_tax.cli import main as ctax_main
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.worker.urls import parse_url
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "benchmarks" / "_sse_bench_server.py"

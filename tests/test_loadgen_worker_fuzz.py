@@ -17,8 +17,8 @@ from mini_http_server import (
     worker_exchange,
 )
 
-from connector_tax.loadgen.sse import MAX_EVENT_BYTES
-from connector_tax.loadgen.worker import MAX_ERROR_BODY
+from connector_tax.loadgen.worker.process import MAX_ERROR_BODY
+from connector_tax.loadgen.worker.sse import MAX_EVENT_BYTES
 
 PIECES = [
     b"data:",

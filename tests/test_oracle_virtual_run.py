@@ -11,7 +11,7 @@ import pytest
 from connector_tax.config import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.summary import to_builtins
-from connector_tax.loadgen.options import LoadgenOptions
+from connector_tax.loadgen.schedule.options import LoadgenOptions
 from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from connector_tax.loadgen.collect import Progress
+from connector_tax.loadgen.stats.collect import Progress
 from connector_tax.pipeline import watch as measure
 
 

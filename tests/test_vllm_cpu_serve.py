@@ -195,7 +195,7 @@ def test_the_metrics_sampler_saw_the_vllm_series(noop_run):
     def grew(series: str) -> float:
         return last.get(series, 0.0) - first.get(series, 0.0)
 
-    # n measured requests and ctax bench's one-token check before them (loadgen/probe.py check_server)
+    # n measured requests and ctax bench's one-token check before them (loadgen/schedule/probe.py check_server)
     assert grew('vllm:request_success_total{finished_reason="length"}') == n + 1
     assert grew('vllm:request_success_total{finished_reason="abort"}') == 0
     assert n * INPUT < grew("vllm:prompt_tokens_total") <= n * INPUT + 8  # the check's prompt: "Hello"

@@ -14,7 +14,7 @@ directory holds only what vLLM reads without weights:
   padded with plain entries `<tN>` up to the model's (deterministic: same arguments, same
   files; entries of the BPE model itself, not added tokens, which make loading slow).
   The vocabulary is that large because the load generator's token-id prompts use ids up to
-  ~95.5k (connector_tax.loadgen.prompts: 1000-30000 plus request-unique ids above), and vLLM
+  ~95.5k (connector_tax.loadgen.worker.prompts: 1000-30000 plus request-unique ids above), and vLLM
   rejects ids beyond the model's and the tokenizer's vocabulary; every id, prompted or
   generated, decodes to text;
 * a chat template (ChatML, in tokenizer_config.json), so `/v1/chat/completions` and `/tokenize`

@@ -10,7 +10,7 @@ import pytest
 from loadgen_common import SIM_FLAGS, options
 from sim_server import SimProcess, launch
 
-from connector_tax.loadgen.session import LoadGenerator
+from connector_tax.loadgen.schedule.session import LoadGenerator
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ from sim_server import MODEL
 
 from connector_tax.config import Cell
 from connector_tax.contract.summary import to_builtins
-from connector_tax.loadgen.records import read_records
-from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.stats.records import read_records
 
 RECORD_KEYS = [
     "request_id",

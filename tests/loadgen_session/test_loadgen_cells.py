@@ -21,10 +21,10 @@ from loadgen_common import (
 )
 from sim_server import SimProcess
 
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
-from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.session import LoadGenerator
-from connector_tax.loadgen.trace import TraceRequest
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.schedule.session import LoadGenerator
+from connector_tax.loadgen.schedule.trace import TraceRequest
+from connector_tax.loadgen.stats.records import RequestRecord
 
 
 # -- the basic cell: records, warm-up, fidelity, side files ------------------------------
@@ -224,7 +224,8 @@ def test_cpu_latency_limit_is_let_go_on_every_exit(sims: dict[str, SimProcess], 
     device = tmp_path / "cpu_dma_latency"
     device.write_bytes(b"")
     monkeypatch.setattr(
-        "connector_tax.loadgen.session.CpuLatencyHold", lambda max_us: CpuLatencyHold(max_us, device, tmp_path / "x")
+        "connector_tax.loadgen.schedule.session.CpuLatencyHold",
+        lambda max_us: CpuLatencyHold(max_us, device, tmp_path / "x"),
     )
     g = LoadGenerator(options(sims["plain"].url))
     with g:

@@ -3,7 +3,7 @@
 Every usable cell of the real study is computed again in the simulator's virtual time with the
 profile: the same cell (its rate, from the study's own reference rates, shape, warm-up, floor,
 min-completed), the same arrival schedule and shapes (the load generator's generators with the
-study's seed), the same cell rules (loadgen/rules.py, through the pipeline's VirtualRunner, with
+study's seed), the same cell rules (loadgen/schedule/rules.py, through the pipeline's VirtualRunner, with
 the precision watch and Phase B's overload guard as the measuring loop sets them up). Both
 sides then go through the analysis's own code: the cell's row (analysis.cellstats.cell_row, the
 measured one from analysis.build) and the taxes (analysis.taxes.compute_taxes at the study's

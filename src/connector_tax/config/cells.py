@@ -30,7 +30,7 @@ def traffic_seed(study_seed: int, phase: str, label: str, replicate: int = 1) ->
     ids. Derived from (study seed, phase, label, replicate) and nothing else, so every variant
     gets the same traffic in the same cell and replicate (common random numbers: a tax compares
     two servers on identical requests), while two cells, or two replicates of one cell, draw
-    independent traffic. Both clocks use it (loadgen.realtime, oracle.virtual_run)."""
+    independent traffic. Both clocks use it (loadgen.schedule.realtime, oracle.virtual_run)."""
     return _derived("traffic", study_seed, phase, label, replicate)
 
 
@@ -55,7 +55,7 @@ def rate_label(rate: float) -> str:
 
 def _short_hash(obj: Any) -> str:
     # Canonical JSON: the label depends on the shape's content only, not on key order or on
-    # whether a mix weight of 1 was written out (loadgen.shapes.ShapeSampler.label agrees).
+    # whether a mix weight of 1 was written out (loadgen.schedule.shapes.ShapeSampler.label agrees).
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
@@ -72,7 +72,7 @@ def shape_label(shape: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a replayed trace (loadgen.trace reads them from a Mooncake-format file)."""
+    """One request of a replayed trace (loadgen.schedule.trace reads them from a Mooncake-format file)."""
 
     timestamp_ms: float
     input_length: int
@@ -112,7 +112,7 @@ class Cell:
     # taxes it feeds, paired against the baseline's cell (pipeline.precision).
     precision_of: str = "p90"
     # Which measurement of the cell in its launch this is (pipeline.measure's attempts): not a
-    # setting (not fingerprinted); a later attempt's prompts differ (loadgen.prompts.prompt_key).
+    # setting (not fingerprinted); a later attempt's prompts differ (loadgen.worker.prompts.prompt_key).
     attempt: int = 1
 
     @property

@@ -163,7 +163,7 @@ def section_defaults(section: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def default_request() -> Request:
     """The request settings as the schema sets them when a config leaves them out: the load
-    generator's own defaults (loadgen.options, `ctax bench`), written once, in the schema."""
+    generator's own defaults (loadgen.schedule.options, `ctax bench`), written once, in the schema."""
     with schema_path().open(encoding="utf-8") as fh:
         keys = yaml.safe_load(fh)["$defs"]["workload"]["properties"]
     return Request.from_mapping({k: keys[k]["default"] for k in Request.KEYS})

@@ -47,7 +47,7 @@ class RequestRecord(msgspec.Struct, gc=False):
     usage_completion_tokens: int | None = None
     token_mismatch: bool = False
     # The server's usage.prompt_tokens alone (prompt_tokens falls back to the requested length):
-    # None when the server sent no usage. Checked against the cell (loadgen.usage).
+    # None when the server sent no usage. Checked against the cell (loadgen.stats.usage).
     usage_prompt_tokens: int | None = None
 
 

@@ -1,7 +1,7 @@
 """A cell's summary (summary_<phase>_<label>.json) as one typed record, from the load generator's
 statistics to the seal, and its decoder.
 
-The load generator makes it (loadgen.stats: counts, rates, latencies, the instrument's validity
+The load generator makes it (loadgen.stats.summary: counts, rates, latencies, the instrument's validity
 checks; the run adds how it ran), the runner adds the host's report (metrics.host), the measuring
 loop the gate's verdict, why the cell ended and its attempts (pipeline.measure), and the seal its
 fingerprint and the files it vouches for (contract.index). Every field has a default, so a summary
@@ -83,7 +83,7 @@ class Rates(msgspec.Struct):
 
 class Percentiles(msgspec.Struct):
     """A latency's count, mean and percentiles; `approx_rel_err` when they come from the sketch
-    past its exact cap (loadgen.sketch); `max` where the summary keeps it (lateness)."""
+    past its exact cap (loadgen.stats.sketch); `max` where the summary keeps it (lateness)."""
 
     n: int = 0
     mean: float | None = None
@@ -124,16 +124,16 @@ class TokenCounts(msgspec.Struct):
 
 
 class ShapeRuleNote(msgspec.Struct):
-    """How close the server's counts had to be, in words (loadgen.usage.ShapeRule.describe)."""
+    """How close the server's counts had to be, in words (loadgen.stats.usage.ShapeRule.describe)."""
 
     prompt: str = ""
     completion: str = ""
 
 
 class Usage(msgspec.Struct):
-    """Is the cell the shape it claims (loadgen.usage): the server's own token counts of the
+    """Is the cell the shape it claims (loadgen.stats.usage): the server's own token counts of the
     measured requests against what they asked for; `status` checked | unchecked (with why) | no
-    requests; `sizing`, how text prompts were sized on the server (loadgen.sizing.Sizing.describe)."""
+    requests; `sizing`, how text prompts were sized on the server (loadgen.schedule.sizing.Sizing.describe)."""
 
     requests: int = 0
     rule: ShapeRuleNote = msgspec.field(default_factory=ShapeRuleNote)
@@ -179,7 +179,7 @@ class HostReport(msgspec.Struct):
 
 
 class Priority(msgspec.Struct):
-    """SCHED_FIFO of the timing threads (loadgen.priority): asked, applied, and why not."""
+    """SCHED_FIFO of the timing threads (loadgen.host.priority): asked, applied, and why not."""
 
     requested: int | None = None
     applied: bool = False
@@ -194,7 +194,7 @@ class RtPriority(Priority):
 
 
 class CpuLatency(msgspec.Struct):
-    """The PM QoS CPU wake-up limit held while the cell ran (loadgen.cpu_latency)."""
+    """The PM QoS CPU wake-up limit held while the cell ran (loadgen.host.cpu_latency)."""
 
     requested_us: int | None = None
     held: bool = False
@@ -235,7 +235,7 @@ class CellSummary(msgspec.Struct):
     traffic_seed: int | None = None
     replicate: int = 1
     attempt: int = 1  # which measurement of the cell in its launch (a later one sends fresh prompts)
-    # What the load generator measured (loadgen.stats).
+    # What the load generator measured (loadgen.stats.summary).
     counts: Counts = msgspec.field(default_factory=Counts)
     rates: Rates = msgspec.field(default_factory=Rates)
     latency_ms: Latencies = msgspec.field(default_factory=Latencies)
@@ -243,7 +243,7 @@ class CellSummary(msgspec.Struct):
     lateness_us: Percentiles = msgspec.field(default_factory=Percentiles)
     cpu_frac: dict[str, float | None] = msgspec.field(default_factory=dict)
     validity: Verdict = msgspec.field(default_factory=Verdict)
-    # How the run went (loadgen.realtime, oracle.virtual_run).
+    # How the run went (loadgen.schedule.realtime, oracle.virtual_run).
     cell_id: str | None = None
     clock: str | None = None  # "virtual" for a cell computed in virtual time
     wall_s: float | None = None

@@ -11,12 +11,12 @@ from pathlib import Path
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen import flags
-from connector_tax.loadgen.options import check_cell
-from connector_tax.loadgen.probe import Api, ServerProblem, check_server
-from connector_tax.loadgen.prompts import POOL_TOKENS
-from connector_tax.loadgen.schedulers import ARRIVAL_KINDS
-from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.shapes import parse_shapes, shape_spec
+from connector_tax.loadgen.schedule.options import check_cell
+from connector_tax.loadgen.schedule.probe import Api, ServerProblem, check_server
+from connector_tax.loadgen.schedule.schedulers import ARRIVAL_KINDS
+from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.schedule.shapes import parse_shapes, shape_spec
+from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
 _FLAGS = {
@@ -117,7 +117,7 @@ def cells_from_args(args: argparse.Namespace) -> list[Cell]:
         max_duration_s=args.max_duration,
     )
     if args.trace:
-        from connector_tax.loadgen.trace import load_trace
+        from connector_tax.loadgen.schedule.trace import load_trace
 
         try:
             trace = tuple(load_trace(args.trace))

@@ -9,8 +9,8 @@ import os
 import re
 from typing import Any, NoReturn
 
-from connector_tax.loadgen.shapes import ShapePair, parse_shapes
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.schedule.shapes import ShapePair, parse_shapes
+from connector_tax.loadgen.worker.urls import parse_url
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -13,7 +13,7 @@ cannot fire, and an unstable one fails criteria 1 and 3 long before a steady sta
 
 A study whose short cells pick other rates than these has a bias to explain (the default study's
 quiet runs picked ref_safe 32 while this says 16: a re-measured cell re-sent its prompts into the
-server's prefix cache; loadgen.prompts.prompt_key).
+server's prefix cache; loadgen.worker.prompts.prompt_key).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@ schedule and cell rules driving the simulated engine, leaving the records a real
 
 A real simulated cell sleeps through its seconds; this one computes them. Everything that
 decides what a cell measures is the real cell's: the arrival offsets, shapes and prompts' token
-ids come from the load generator's own generators with the cell's traffic seed (loadgen.schedulers,
-loadgen.shapes, loadgen.prompts; config.cells.traffic_seed), so every variant and both clocks
+ids come from the load generator's own generators with the cell's traffic seed (loadgen.schedule.schedulers,
+loadgen.schedule.shapes, loadgen.worker.prompts; config.cells.traffic_seed), so every variant and both clocks
 send the same requests in the same cell and replicate (common random numbers); the
-cell's course is the load generator's own rules (loadgen.rules.CellRules: warm-up, floor,
+cell's course is the load generator's own rules (loadgen.schedule.rules.CellRules: warm-up, floor,
 min-completed, the caller's `enough` and `give_up`, the cap, the in-flight cap, the drain
 budget), asking `enough` once a virtual second as the pipeline's precision watch recomputes once
 a second; the scrapes land in the caller's `waiting` list as a metrics sampler's do (the overload
-guard reads them); the summary is the load generator's own (loadgen.stats.RequestStats). The engine
+guard reads them); the summary is the load generator's own (loadgen.stats.summary.RequestStats). The engine
 is the one `ctax sim` serves with (settings.resolve), stepped in virtual time (sim/virtual.py's
 convention: a token is stamped at the end of the step that produced it).
 
@@ -35,14 +35,14 @@ from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.records import encode_line
 from connector_tax.contract.summary import CellSummary, write_summary
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, prompt_key
-from connector_tax.loadgen.records import RecordWriter, RequestRecord
-from connector_tax.loadgen.rules import CellRules
-from connector_tax.loadgen.schedulers import arrivals
-from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
-from connector_tax.loadgen.stats import RequestStats
-from connector_tax.loadgen.usage import shape_rule
+from connector_tax.loadgen.schedule.options import LoadgenOptions
+from connector_tax.loadgen.schedule.rules import CellRules
+from connector_tax.loadgen.schedule.schedulers import arrivals
+from connector_tax.loadgen.schedule.shapes import ShapeSampler, shape_seed
+from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord
+from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.usage import shape_rule
+from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.engine import EngineCore, SimRequest, StepResult
 from connector_tax.sim.metrics import cache_config_labels
@@ -261,7 +261,7 @@ class VirtualTimeRun:
         cell, opts = self.cell, self.opts
         wall0 = time.monotonic()
         try:
-            seed = cell.seed if cell.seed is not None else opts.seed  # as loadgen.realtime
+            seed = cell.seed if cell.seed is not None else opts.seed  # as loadgen.schedule.realtime
             schedule = arrivals(cell.arrival, cell.rate, seed, cell.gamma_shape, cell.num_requests)
             shapes = ShapeSampler(cell.shape, shape_seed(seed) if cell.seed is not None else seed)
             t_issue_end = self.t0

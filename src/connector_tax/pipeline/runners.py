@@ -5,7 +5,7 @@ simulator computing each cell in virtual time (`VirtualRunner`, `sim.clock: virt
 A runner is entered once per phase job (what the job holds while it measures: a GPU lease);
 `launch()` is one server launch (the loop launches again after a failure); a launch's `run()`
 measures one cell into its staging folder and returns its summary and, if the server failed
-during it, why. Both run the cell by the load generator's cell rules (loadgen.rules); the
+during it, why. Both run the cell by the load generator's cell rules (loadgen.schedule.rules); the
 overload guard reads the `waiting` scrapes the runner appends to, whichever clock made them.
 """
 
@@ -30,9 +30,9 @@ from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
-from connector_tax.loadgen.affinity import plan_affinity
-from connector_tax.loadgen.priority import raised_process
-from connector_tax.loadgen.session import LoadGenerator, LoadgenOptions
+from connector_tax.loadgen.host.affinity import plan_affinity
+from connector_tax.loadgen.host.priority import raised_process
+from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler

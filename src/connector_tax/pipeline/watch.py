@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from connector_tax.loadgen.session import LoadGenerator, Progress
+from connector_tax.loadgen.schedule.session import LoadGenerator, Progress
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.serving.process import ServerProcess
 

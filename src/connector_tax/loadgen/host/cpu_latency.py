@@ -60,7 +60,7 @@ class CpuLatencyHold:
             [
                 sys.executable,
                 "-m",
-                "connector_tax.loadgen.latency_holder",
+                "connector_tax.loadgen.host.latency_holder",
                 str(os.getpid()),
                 str(self.max_us),
                 str(self.device),

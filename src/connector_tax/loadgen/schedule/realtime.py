@@ -20,21 +20,21 @@ from connector_tax.config.cells import Cell
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.summary import CellSummary, RtPriority, write_summary
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.collect import Collector, Progress
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.priority import raised
-from connector_tax.loadgen.prompts import BodySettings, prompt_key
-from connector_tax.loadgen.records import RecordWriter, RequestRecord, read_records
-from connector_tax.loadgen.rules import CellRules
-from connector_tax.loadgen.schedulers import ConcurrencyGate, arrivals
-from connector_tax.loadgen.shapes import ShapeSampler, shape_seed
-from connector_tax.loadgen.sizing import Sizing
-from connector_tax.loadgen.stats import RequestStats
-from connector_tax.loadgen.timing import set_timer_slack
-from connector_tax.loadgen.trace import prefix_blocks, trace_arrivals
-from connector_tax.loadgen.usage import shape_rule
-from connector_tax.loadgen.workers import WorkerPool
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.host.priority import raised
+from connector_tax.loadgen.schedule.options import LoadgenOptions
+from connector_tax.loadgen.schedule.rules import CellRules
+from connector_tax.loadgen.schedule.schedulers import ConcurrencyGate, arrivals
+from connector_tax.loadgen.schedule.shapes import ShapeSampler, shape_seed
+from connector_tax.loadgen.schedule.sizing import Sizing
+from connector_tax.loadgen.schedule.trace import prefix_blocks, trace_arrivals
+from connector_tax.loadgen.schedule.workers import WorkerPool
+from connector_tax.loadgen.stats.collect import Collector, Progress
+from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.usage import shape_rule
+from connector_tax.loadgen.worker.prompts import BodySettings, prompt_key
+from connector_tax.loadgen.worker.timing import set_timer_slack
 
 START_LEAD_NS = 20_000_000  # let the first wait begin from a settled state
 _RUNS = itertools.count(1)  # cell runs in this process: a cell id is unique even when a label repeats

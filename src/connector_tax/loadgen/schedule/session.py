@@ -11,15 +11,15 @@ from pathlib import Path
 
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
-from connector_tax.loadgen.collect import Progress
-from connector_tax.loadgen.cpu_latency import CpuLatencyHold
-from connector_tax.loadgen.options import LoadgenOptions, check_cell
-from connector_tax.loadgen.probe import Api
-from connector_tax.loadgen.prompts import BodySettings
-from connector_tax.loadgen.realtime import RealTimeRun, Session
-from connector_tax.loadgen.shapes import ShapeSampler
-from connector_tax.loadgen.sizing import Sizing, size_prompts
-from connector_tax.loadgen.workers import WorkerPool
+from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
+from connector_tax.loadgen.schedule.options import LoadgenOptions, check_cell
+from connector_tax.loadgen.schedule.probe import Api
+from connector_tax.loadgen.schedule.realtime import RealTimeRun, Session
+from connector_tax.loadgen.schedule.shapes import ShapeSampler
+from connector_tax.loadgen.schedule.sizing import Sizing, size_prompts
+from connector_tax.loadgen.schedule.workers import WorkerPool
+from connector_tax.loadgen.stats.collect import Progress
+from connector_tax.loadgen.worker.prompts import BodySettings
 
 __all__ = ["LoadGenerator", "LoadgenOptions", "Progress"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from connector_tax.contract.summary import Check, ShapeRuleNote, Spread, TokenCounts, Usage
-from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP, Quantiles
+from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP, Quantiles
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ import zmq
 
 from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.affinity import apply_affinity, pin_helper_threads
-from connector_tax.loadgen.firetimer import FireTimer
-from connector_tax.loadgen.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
-from connector_tax.loadgen.priority import set_fifo
-from connector_tax.loadgen.prompts import BodyBuilder, BodySettings
-from connector_tax.loadgen.sse import SSEReader
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.host.affinity import apply_affinity, pin_helper_threads
+from connector_tax.loadgen.host.priority import set_fifo
+from connector_tax.loadgen.worker.firetimer import FireTimer
+from connector_tax.loadgen.worker.http import ConnectionClosed, ConnectionPool, HttpConnection, Response
+from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings
+from connector_tax.loadgen.worker.sse import SSEReader
+from connector_tax.loadgen.worker.urls import parse_url
 
 PR_SET_PDEATHSIG = 1
 MAX_ERROR_BODY = 64 * 1024  # of a non-200 or non-SSE body, kept for the message; the rest is not read

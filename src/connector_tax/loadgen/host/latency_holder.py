@@ -1,6 +1,6 @@
 """The process that holds the CPU wake-up latency limit on behalf of a load generator (its owner).
 
-    python -m connector_tax.loadgen.latency_holder OWNER_PID MAX_US DEVICE
+    python -m connector_tax.loadgen.host.latency_holder OWNER_PID MAX_US DEVICE
 
 The kernel keeps a PM QoS request while its file is open, whoever holds it, so the holder is a
 process of its own, in its own session, watching its owner: the request is dropped while the

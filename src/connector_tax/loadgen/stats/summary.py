@@ -24,9 +24,9 @@ import numpy as np
 
 from connector_tax.config import Validity
 from connector_tax.contract.summary import CellSummary, Check, Counts, Latencies, Percentiles, Rates, Verdict
-from connector_tax.loadgen.records import RequestRecord
-from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP, Quantiles
-from connector_tax.loadgen.usage import ShapeRule, UsageTally
+from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP, Quantiles
+from connector_tax.loadgen.stats.usage import ShapeRule, UsageTally
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
 # Window counts resolve completion and schedule times to 10 ms: at 1,000 req/s an edge is off by

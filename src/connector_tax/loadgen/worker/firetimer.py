@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from connector_tax.loadgen.timing import wait_until
+from connector_tax.loadgen.worker.timing import wait_until
 
 CLOCK_MONOTONIC = 1
 TFD_NONBLOCK = 0o4000

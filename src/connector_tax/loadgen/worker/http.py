@@ -25,7 +25,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from connector_tax.loadgen.stamped import StampedTransport
+from connector_tax.loadgen.worker.stamped import StampedTransport
 
 
 class ConnectionClosed(Exception):

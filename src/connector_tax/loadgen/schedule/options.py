@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from connector_tax.config import StudyConfig, Validity, default_request, default_validity
 from connector_tax.config.cells import Cell
 from connector_tax.config.checks import tokenizer_problem
-from connector_tax.loadgen.prompts import POOL_TOKENS
-from connector_tax.loadgen.shapes import ShapeSampler
-from connector_tax.loadgen.sketch import DEFAULT_EXACT_CAP
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.schedule.shapes import ShapeSampler
+from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP
+from connector_tax.loadgen.worker.prompts import POOL_TOKENS
+from connector_tax.loadgen.worker.urls import parse_url
 
 
 def check_cell(cell: Cell) -> None:

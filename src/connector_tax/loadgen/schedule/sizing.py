@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector_tax.loadgen.probe import Api, ServerProblem, error_message
-from connector_tax.loadgen.prompts import BodyBuilder, BodySettings, TextLayout
+from connector_tax.loadgen.schedule.probe import Api, ServerProblem, error_message
+from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings, TextLayout
 
 LEAD = "Text:"
 MIN_WORDS = 16  # fewer one-token words than this: prompts would repeat too soon to be unique

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from connector_tax.config.cells import Cell, TraceRequest
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.trace import trace_arrivals
+from connector_tax.loadgen.schedule.options import LoadgenOptions
+from connector_tax.loadgen.schedule.trace import trace_arrivals
 
 _NS = 1_000_000_000
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from connector_tax.loadgen.options import LoadgenOptions
-from connector_tax.loadgen.urls import parse_url
+from connector_tax.loadgen.schedule.options import LoadgenOptions
+from connector_tax.loadgen.worker.urls import parse_url
 
 PROBE_TIMEOUT_S = 30.0  # a first request may wait for a cold engine's first step
 MESSAGE_CHARS = 300  # of a server's error, in the one line

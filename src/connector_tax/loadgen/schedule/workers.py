@@ -25,10 +25,10 @@ import zmq
 
 from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.affinity import AffinityPlan, apply_affinity, plan_affinity
-from connector_tax.loadgen.priority import raised
-from connector_tax.loadgen.prompts import BodySettings
-from connector_tax.loadgen.worker import WorkerConfig, worker_main
+from connector_tax.loadgen.host.affinity import AffinityPlan, apply_affinity, plan_affinity
+from connector_tax.loadgen.host.priority import raised
+from connector_tax.loadgen.worker.process import WorkerConfig, worker_main
+from connector_tax.loadgen.worker.prompts import BodySettings
 
 Handler = Callable[[ipc.ToMain], None]
 
