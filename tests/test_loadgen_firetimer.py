@@ -9,8 +9,8 @@ import time
 
 import uvloop
 
+from connector_tax.loadgen.worker import firetimer
 from connector_tax.loadgen.worker.firetimer import BLIND_SPIN_NS, RUN_DUE_NS, FireTimer, spin_window
-from connector_tax.loadgen.worker.process import firetimer
 
 
 def test_spin_window_is_a_share_of_the_mean_gap_within_bounds() -> None:

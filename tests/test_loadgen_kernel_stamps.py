@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from connector_tax.loadgen.worker import stamped
 from connector_tax.loadgen.worker.http import ConnectionPool, HttpConnection
-from connector_tax.loadgen.worker.process import stamped
 from connector_tax.loadgen.worker.stamped import StampedTransport, realtime_offset
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")

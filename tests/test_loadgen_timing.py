@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from connector_tax.loadgen.worker.process import timing
+from connector_tax.loadgen.worker import timing
 from connector_tax.loadgen.worker.timing import set_timer_slack, wait_until
 
 

@@ -208,7 +208,7 @@ def test_a_result_the_receiver_cannot_handle_does_not_stop_the_drain(
 ) -> None:
     """One bad message costs its own request (recorded as an error), not the rest of the cell, and
     the cell says so (the receiver's fd is edge-triggered: a drain that stopped would read no more)."""
-    from connector_tax.loadgen.stats.summary import collect as collector_module
+    from connector_tax.loadgen.stats import collect as collector_module
 
     real = collector_module.Collector.on_result
     seen = {"n": 0}
