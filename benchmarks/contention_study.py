@@ -11,7 +11,7 @@ this checkout's results/. It prints, and writes with --json:
 
 - the wall time of `snakemake --cores 1 all`;
 - each call on H1-H6 with its confidence, against the simulator's truth for the default study
-  (tests/test_oracle_truth_default.py: H1, H3, H6 supported; H2, H4, H5 refuted), and whether
+  (tests/e2e/test_oracle_truth_default.py: H1, H3, H6 supported; H2, H4, H5 refuted), and whether
   any call is wrong AND confident (the property this study is held to: never);
 - the contention the study measured: cells measured while the host was busy, cells that stand
   perturbed, cells measured again, the others' CPU share (median / max over cells), steal, run
@@ -36,7 +36,7 @@ import yaml
 from _bench_procs import Hog, kill_all
 from _common import REPO, parser, write_json
 
-# The simulator's own answer for configs/default.yaml (tests/test_oracle_truth_default.py).
+# The simulator's own answer for configs/default.yaml (tests/e2e/test_oracle_truth_default.py).
 TRUTH = {"H1": "supported", "H2": "refuted", "H3": "supported", "H4": "refuted", "H5": "refuted", "H6": "supported"}
 
 

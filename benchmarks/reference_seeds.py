@@ -6,7 +6,7 @@
 The truth first: the true reference rates (`ctax truth --true-reference`: the study's own
 saturation criteria on the oracle's steady-state cells at every Phase A rate,
 oracle/reference.py) and the true H1-H6 at those rates (the oracle, as
-tests/test_oracle_truth_default.py computes them). Then, for each seed, the whole study through
+tests/e2e/test_oracle_truth_default.py computes them). Then, for each seed, the whole study through
 its real entry point (`snakemake --cores 1 all`, in a scratch folder, the study's seed replaced:
 other arrival times and prompts), in virtual time by default (`--clock virtual`: minutes for ten
 seeds; the statistics of the study's short cells, without HTTP, the load generator or the host) or

@@ -1,6 +1,6 @@
 """What the step-timing instrumentation touches in vLLM, and the checks made before it wraps.
 
-Imports nothing from connector_tax or vLLM. tests/test_vllm_static.py checks TARGETS against
+Imports nothing from connector_tax or vLLM. tests/unit/test_vllm_static.py checks TARGETS against
 vLLM 0.33.0's source; at run time each target's parameters are compared with the table (with
 inspect) before anything is wrapped, so a changed signature is reported, never wrapped blind.
 """

@@ -1,8 +1,13 @@
 """The suite's tiers and how two processes share them (docs/testing.md).
 
-`pytest` runs the fast tier: pyproject's addopts deselect the end-to-end tier (marker `e2e`),
-the real-vLLM tests (`vllm_cpu`) and the SLURM tests (`slurm`); the summary says how to run what it left out. `pytest -n 2`
-(pytest-xdist, `--dist loadgroup` from addopts) spreads the tests over two processes:
+A test's tier is the folder it lives in: tests/unit is the fast tier, and every other tier has its
+folder, named as its marker (tests/e2e, tests/vllm_cpu, tests/slurm, tests/rehearsal, tests/gpu_env,
+tests/frontdoor; a folder inside one adds its own: tests/e2e/contention is e2e and contention). The
+collection hook below (its rules in tests/tiers.py) gives each test the markers of its folders, so
+`-m` selects by folder, and a test marked for a tier its folder is not is an error at collection.
+`pytest` runs the fast tier:
+pyproject's addopts deselect every other tier; the summary says how to run what it left out.
+`pytest -n 2` (pytest-xdist, `--dist loadgroup` from addopts) spreads the tests over two processes:
 
 - a module whose tests share a module-scoped fixture (a whole study, a server) is one unit, so
   the fixture is made once; every other test is a unit of its own, so one long module (the fault
@@ -15,17 +20,7 @@ the real-vLLM tests (`vllm_cpu`) and the SLURM tests (`slurm`); the summary says
 from __future__ import annotations
 
 import pytest
-
-# The tiers a plain `pytest` leaves out, and how to run each.
-TIERS = {
-    "e2e": "the end-to-end tier: pytest -m e2e (with -n 2 in two processes)",
-    "vllm_cpu": "real vLLM on this host's CPU: CONNECTOR_TAX_VLLM_PYTHON=... pytest -m vllm_cpu",
-    "contention": "the default study beside a CPU hog: pytest -m contention",
-    "slurm": "the study on a local SLURM: bash tools/slurm_local.sh start --gpus 2, then pytest -m slurm",
-    "rehearsal": "an 8-GPU host rehearsed without a GPU: pytest -m rehearsal",
-    "gpu_env": "the GPU environment installed into a fresh venv (several GB): pytest -m gpu_env",
-    "frontdoor": "the README's commands from a fresh clone: pytest -m frontdoor (pip install -e '.[browser]' and chromium)",
-}
+from tiers import TIERS, tier_from_folder
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
@@ -41,6 +36,9 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # first, so that `-m` (pytest's own hook, after this one) selects by folder
+    for item in items:
+        tier_from_folder(item)
     # xdist's processes see `--dist loadgroup` as option.loadgroup (their own dist is "no")
     if not getattr(config.option, "loadgroup", False):
         return

@@ -69,7 +69,7 @@ TINY: dict[str, Any] = {
     "server": {"ready_timeout_s": 120},
     # The validity gate is not what these tests test, and the host they run on is shared: one
     # attempt per cell, and bounds no busy host reaches, so a cell's reuse does not depend on
-    # the neighbours (tests/test_contention.py tests the gate).
+    # the neighbours (tests/unit/test_contention.py tests the gate).
     "validity": LENIENT_VALIDITY,
 }
 

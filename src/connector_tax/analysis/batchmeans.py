@@ -10,11 +10,11 @@ centred on the percentile of all requests:
     q ± t(0.975, k-1) · sd(q_1..q_k) / sqrt(k)
 
 With batches much longer than the correlation time, the batch percentiles are close to
-independent and the interval keeps its coverage (tests/test_analysis_batchmeans.py checks it on
+independent and the interval keeps its coverage (tests/unit/test_analysis_batchmeans.py checks it on
 autocorrelated series whose true percentile is known). The batches are long before they are
 many: k = n // PREFERRED_BATCH, between MIN_BATCHES and MAX_BATCHES. Twenty batches of 20
 requests under-covered the TPOT p90 tax of smooth (gamma-4) arrivals, 65-80 % for a nominal
-95 % (the simulator's truth, tests/test_oracle_truth_coverage.py); five of 80 covered 97-100 %.
+95 % (the simulator's truth, tests/e2e/test_oracle_truth_coverage.py); five of 80 covered 97-100 %.
 Fewer than MIN_BATCHES x MIN_PER_BATCH values give no interval: a missing interval means
 "cannot tell", never a number.
 """

@@ -27,7 +27,7 @@ A cell is compared only where it is the same cell on both sides: the same backen
 (study-wide), the same phase, label, rate, shape and arrival process; others are listed with the
 reason, not compared. The settings and versions that differ come from the study configs, each
 variant's first launch index (run.json: launch settings, server versions, code) and the
-manifests. Reads files only; `tests/test_compare*.py` check it, and its coverage against the
+manifests. Reads files only; `tests/*/test_compare*.py` check it, and its coverage against the
 simulator's truth is oracle/compare_coverage.py's.
 """
 

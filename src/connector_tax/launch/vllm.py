@@ -3,7 +3,7 @@
 Everything is built as lists and dicts from the validated config; nothing passes through a
 shell. `vllm_command` is what `ctax launch-command` prints and what launch.sh reproduces.
 
-Facts of vLLM 0.33 this relies on (checked against its source by tests/test_vllm_static.py):
+Facts of vLLM 0.33 this relies on (checked against its source by tests/unit/test_vllm_static.py):
 
 * `--kv-transfer-config` is parsed strictly into KVTransferConfig: unknown keys are errors,
   kv_role is required whenever kv_connector is set. A MultiConnector child is a

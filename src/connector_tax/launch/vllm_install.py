@@ -21,7 +21,7 @@ from pathlib import Path
 from connector_tax.config import ConfigError
 
 # Flags of `vllm serve` by the release that added them (from `vllm serve --help=all` of 0.32.0
-# and the argument parser of 0.33.0's source; tests/test_vllm_cpu_serve.py checks the 0.32 side
+# and the argument parser of 0.33.0's source; tests/vllm_cpu/test_vllm_cpu_serve.py checks the 0.32 side
 # against the installed CLI when the CPU environment is present). 0.32 already has
 # --device-memory-utilization, as an alias of --gpu-memory-utilization, so it is not here.
 FLAGS_SINCE: dict[str, tuple[int, ...]] = {

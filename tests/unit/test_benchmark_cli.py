@@ -1,0 +1,269 @@
+"""`ctax benchmark`: the benchmarks listed and run by name through one parser helper; helpers are
+not listed; bad names and arguments are one line and exit 2; one benchmark end to end; no
+benchmark imports another (they share code through the underscore helpers only); and the CPU
+price per chunk is over the chunks the benchmark server wrote."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from connector_tax import benchmark as benchmark_cli
+from connector_tax.cli import main as ctax
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+RUNNABLE = sorted(p.stem for p in BENCHMARKS.glob("[!_]*.py"))
+HELPERS = ("_common", "_bench_procs", "_bench_guidellm", "_capacity", "_peer_clients", "_overhead_real")
+SERVERS = ("_sse_null_server", "_sse_bench_server")  # run as scripts by benchmarks and tests
+
+
+@pytest.fixture
+def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Running a benchmark in this process puts benchmarks/ on sys.path and its modules in
+    sys.modules; take them out again so that later tests see the process as it was."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(BENCHMARKS)):
+            del sys.modules[name]
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_list_shows_every_benchmark_with_its_description_and_no_helper(capsys: pytest.CaptureFixture[str]) -> None:
+    assert {"sse_parse", "sim_startup", "loadgen_capacity", "loadgen_peers"} <= set(RUNNABLE)
+    assert ctax(["benchmark", "--list"]) == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()[1:]}
+    assert sorted(listed) == RUNNABLE
+    for name in (*HELPERS, *SERVERS, "bench_procs", "sse_null_server", "overhead_real", "capacity_report"):
+        assert name not in listed
+    for name, text in listed.items():
+        doc = ast.get_docstring(ast.parse((BENCHMARKS / f"{name}.py").read_text(encoding="utf-8")))
+        assert doc and text == doc.splitlines()[0], name
+    assert ctax(["benchmark"]) == 0  # no NAME: the same list
+    assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_every_benchmark_parses_through_the_shared_helper(
+    name: str, capsys: pytest.CaptureFixture[str], isolated_imports: None
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        ctax(["benchmark", name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: ctax benchmark {name} "), out[:200]
+    assert "--json FILE" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["benchmark", "no_such_benchmark"], "no_such_benchmark"),
+        (["benchmark", "_bench_procs"], "_bench_procs"),  # a helper is not a benchmark
+        (["benchmark", "--bogus"], "--bogus"),
+        (["benchmark", "--list", "extra"], "extra"),
+    ],
+)
+def test_a_bad_name_is_one_line_and_exit_2(argv: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctax(argv) == 2
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert line.startswith("ctax benchmark: ") and names in line
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["sse_parse", "--bogus"], "--bogus"),
+        (["sse_parse", "--runs", "0"], "--runs"),
+        (["sim_startup", "--repeats", "two"], "--repeats"),
+        (["loadgen_capacity", "--rates", "100,fast"], "--rates"),
+        (["tax_coverage", "--arrival", "gamma:x"], "--arrival"),
+        (["loadgen_peers", "--cpu-tokens", "0"], "--cpu-tokens"),
+        (["loadgen_precision", "--spin", "sometimes"], "--spin"),
+    ],
+)
+def test_a_bad_argument_is_one_line_naming_it_and_exit_2(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str], isolated_imports: None
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        ctax(["benchmark", *argv])
+    assert done.value.code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"ctax benchmark {argv[0]}: ") and flag in line
+
+
+def test_without_a_checkout_it_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(benchmark_cli.resources, "root", lambda: tmp_path)  # a bundle: no benchmarks/
+    assert ctax(["benchmark", "--list"]) == 2
+    assert "CONNECTOR_TAX_ROOT" in _one_line(capsys.readouterr().err)
+
+    def nowhere() -> Path:
+        raise ValueError("CONNECTOR_TAX_ROOT: cannot find the project's files")
+
+    monkeypatch.setattr(benchmark_cli.resources, "root", nowhere)
+    assert ctax(["benchmark", "sse_parse"]) == 2
+    assert _one_line(capsys.readouterr().err).startswith("ctax benchmark: CONNECTOR_TAX_ROOT")
+
+
+def test_a_benchmark_runs_end_to_end_and_writes_its_numbers_with_the_conditions(tmp_path: Path) -> None:
+    out = tmp_path / "sse_parse.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "benchmark", "sse_parse", "--runs", "20", "--json", str(out)],
+        cwd=tmp_path,  # away from the checkout: found through the package
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SSE, one read per event" in done.stdout and f"wrote {out}" in done.stdout
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "sse_parse"
+    assert record["argv"] == ["--runs", "20", "--json", str(out)]
+    for when in ("start", "end"):
+        state = record["conditions"][when]
+        assert state["cpus"] >= 1 and len(state["load_average_1_5_15m"]) == 3
+    assert record["conditions"]["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    results = record["results"]
+    assert results["runs_per_timing"] == 20 and results["events"] == 66  # 64 tokens + usage + [DONE]
+    for value in results["us"].values():
+        assert math.isfinite(value) and 0 < value < 1e6
+
+
+def test_a_benchmark_still_runs_as_a_script(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "sse_parse.py"), "--runs", "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SSE, one read:" in done.stdout
+
+
+def _local_imports(path: Path) -> set[str]:
+    local = {p.stem for p in BENCHMARKS.glob("*.py")}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & local
+
+
+def test_no_benchmark_imports_another() -> None:
+    for path in BENCHMARKS.glob("*.py"):
+        imported = _local_imports(path)
+        assert not imported & set(RUNNABLE), f"{path.name} imports the benchmark(s) {imported & set(RUNNABLE)}"
+        if path.stem in RUNNABLE:
+            assert "_common" in imported, f"{path.name} does not build its parser with _common"
+
+
+def test_steady_cpu_prices_the_chunks_the_server_wrote(isolated_imports: None) -> None:
+    """CPU per chunk is the window's CPU over the chunks written in it, counted, not requests
+    times a stream length: a client that cuts streams short must not look cheaper per chunk."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from _bench_procs import SteadyCpu, kill_tree, spawn
+
+    ticks = iter(range(10**6))
+
+    def stats() -> dict[str, int]:
+        i = next(ticks)
+        return {"requests": i, "chunks": 5 * i}  # streams of 5 chunks each, whatever was asked
+
+    mon = SteadyCpu(stats, set(), interval_s=0.02).start()
+    busy = spawn(
+        [sys.executable, "-c", "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"]
+    )
+    busy.wait(30)
+    cost = mon.stop()
+    kill_tree(busy)
+    assert cost["chunks"] == 5 * cost["requests"] > 0
+    assert cost["cpu_s"] > 0.3  # the child's busy second, seen from the 10 % to the 90 % sample
+    assert cost["cpu_us_per_chunk"] == pytest.approx(cost["cpu_s"] / cost["chunks"] * 1e6, rel=0.01)
+    assert cost["cpu_ms_per_request"] == pytest.approx(cost["cpu_s"] / cost["requests"] * 1e3, rel=0.01)
+
+
+@contextmanager
+def bench_server(token_interval_ms: float) -> Iterator[str]:
+    """The peers benchmark's SSE server on a free port: its URL."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(BENCHMARKS / "_sse_bench_server.py"),
+            "--port",
+            "0",
+            "--token-interval-ms",
+            str(token_interval_ms),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield (proc.stdout.readline() if proc.stdout else "").split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def server_stats(url: str) -> dict[str, int]:
+    with urllib.request.urlopen(url + "/stats", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_the_benchmark_server_counts_each_chunk_it_writes() -> None:
+    with bench_server(0.1) as url:
+        for tokens in (3, 7):
+            body = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": tokens, "stream": True}).encode()
+            request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as r:
+                assert b'"completion_tokens": %d}' % tokens in r.read()
+        time.sleep(0.1)
+        stats = server_stats(url)
+        assert stats["requests"] == 2 and stats["chunks"] == 10
+
+
+def test_the_bare_c_reader_reads_whole_streams(tmp_path: Path, isolated_imports: None) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    from _peer_clients import build_floor_c
+
+    exe, note = build_floor_c(tmp_path)
+    if exe is None:
+        pytest.skip(note)  # the benchmark skips it the same way, and says so
+    with bench_server(0.2) as url:
+        port = url.rsplit(":", 1)[1]
+        done = subprocess.run(
+            [str(exe), "127.0.0.1", port, "40", "1", "7", "3"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        stats = server_stats(url)
+        assert out["requests"] == stats["requests"] > 10  # ~40 in 1 s, each read to its end
+        assert stats["chunks"] == 7 * stats["requests"]
+        assert 1 <= out["reads_per_request"] <= 8
+        bad = subprocess.run([str(exe), "localhost", port, "1", "1", "1", "1"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "HOST" in bad.stderr

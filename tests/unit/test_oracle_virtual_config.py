@@ -1,0 +1,40 @@
+"""A virtual-time study's refusals before anything runs: a variant cannot set the clock of its own, and
+`ctax plan --predict` needs a profile of the server. The studies themselves:
+tests/e2e/test_oracle_virtual_study.py."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+from study_runner import REPO, TINY, snakemake, write_config
+
+
+def virtual(study: str) -> dict:
+    config = copy.deepcopy(TINY)
+    config["study"] = study
+    config["sim"]["clock"] = "virtual"
+    config["workload"]["min_completed"] = 20  # in virtual time a bigger cell costs nothing here
+    return config
+
+
+def test_a_config_cannot_set_the_clock_of_its_own(tmp_path):
+    config = virtual("own-clock")
+    config["variants"][1]["sim"] = {"clock": "real"}
+    result = snakemake(tmp_path, write_config(tmp_path, config), "all")
+    assert result.returncode != 0
+    assert "variants[1].sim.clock" in result.stderr and "top-level" in result.stderr
+
+
+def _ctax(*args: str, cwd) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "connector_tax.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_ctax_plan_predict_needs_a_profile_of_the_server(tmp_path):
+    result = _ctax("plan", "--config", str(REPO / "configs" / "vllm-cpu-tiny.yaml"), "--predict", cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ctax plan: --predict: the config names no sim.hardware_profile or sim.profile for its server "
+        "(or give --profile FILE)"
+    )

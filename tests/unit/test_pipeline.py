@@ -1,0 +1,124 @@
+"""The Snakemake study: DAGs build for every shipped config, lint is clean, a bad config is one
+line (colliding cell labels included), before anything runs. Whole studies run in the end-to-end
+tier: tests/e2e/test_results_integrity.py and tests/e2e/test_faults.py."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from study_runner import TINY, write_config
+from study_runner import snakemake as study_snakemake
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
+
+
+def snakemake(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("config", ["default.yaml", "h20-qwen3-coder.yaml", "test-tiny.yaml"])
+def test_dry_run_builds_the_dag_without_a_gpu(config, tmp_path):
+    result = snakemake(
+        "-n", "--cores", "1", "--configfile", str(REPO / "configs" / config), "--directory", str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "preflight_config" in result.stdout
+
+
+def test_the_top_level_snakefile_is_the_study_with_its_default_profile(tmp_path):
+    """`snakemake --cores 1 all` in a checkout finds ./Snakefile (which includes workflow/Snakefile)
+    and the default profile (its rerun-incomplete is what lets a killed study resume)."""
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--cores",
+            "1",
+            "all",
+            "--configfile",
+            str(REPO / "configs" / "default.yaml"),
+        ]
+        + ["--directory", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "workflow specific profile profiles/default" in dry.stdout + dry.stderr
+    assert "preflight_config" in dry.stdout and "phase_a_plain" in dry.stdout
+
+
+def test_lint_is_clean():
+    result = snakemake("--lint")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Congratulations" in result.stdout + result.stderr
+
+
+def test_a_bad_config_fails_before_anything_runs_with_one_line(tmp_path):
+    config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    config["workload"]["phase_a"]["rates"] = []
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = snakemake("-n", "--cores", "1", "--configfile", str(path), "--directory", str(tmp_path))
+    assert result.returncode != 0
+    assert "config error: workload.phase_a.rates:" in result.stderr + result.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_duplicate_labels_are_one_line_before_any_launch(tmp_path):
+    config = copy.deepcopy(TINY)
+    config["workload"]["phase_a"]["rates"] = [100, 100.000001]
+    result = study_snakemake(tmp_path, write_config(tmp_path, config), "all", "-n")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert lines == [
+        "config error: workload.phase_a.rates[1]: 100.000001 gives the same cell label r100 as rates[0] "
+        "(100); rates must differ in their first 6 significant digits"
+    ]
+    assert not (tmp_path / "results").exists()
+
+
+def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "connector_tax.cli",
+            "plan",
+            "--config",
+            str(REPO / "configs" / "h20-qwen3-coder.yaml"),
+            "--gpus",
+            "8",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
+    hours = float(out.split("one job at a time; ")[1].split(" GPU-hours")[0])
+    # Every cell runs at least its floor (duration_s + warmup_s; the shipped config departs from the
+    # fixed plan's 60 s floor, so not its 4-5.5 h); launches add start-up on top, not hours.
+    workload = yaml.safe_load((REPO / "configs" / "h20-qwen3-coder.yaml").read_text())["workload"]
+    cells = sum(int(line.split()[2]) for line in out.splitlines() if line.startswith(("phase_a ", "phase_b ")))
+    floor_h = cells * (workload["duration_s"] + workload["warmup_s"]) / 3600
+    assert floor_h <= hours <= 1.25 * floor_h, (cells, floor_h, hours)
+    one = float(out.split("total ")[1].split(" h")[0])
+    eight = float(out.split("wall clock with that command: ")[1].split(" h")[0])
+    assert eight < one / 4
+    assert f"snakemake all --cores 48 --resources gpu=8 --configfile {REPO / 'configs' / 'h20-qwen3-coder.yaml'}" in out
+    assert "no reference_rates.json yet" in out
+    bad = subprocess.run(
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.strip() == "ctax plan: --gpus: 0 is not a number of GPUs (1 or more)"
