@@ -4,7 +4,12 @@ GPU, CPUs, NUMA node) from each run.json, and the wall time the plan predicted b
 measured one (the phases: from the command's start to the last phase job's end; and the whole
 command, analysis included, which the plan does not estimate).
 
-    ctax benchmark gpu_rehearsal [--out DIR] [--launch-s S] [--json FILE]
+    ctax benchmark gpu_rehearsal [--gpus N] [--no-crash] [--out DIR] [--launch-s S] [--json FILE]
+
+--gpus: the free GPUs of the fake host (default 8, as the test; the plan gets `--gpus N`). Eight
+phase jobs share this machine's two cores; with 2 the jobs have a core each, as on a GPU host,
+so the plan's concurrency (N at once, in waves) is checked without the oversubscription.
+--no-crash: no server killed mid-phase (the relaunch is a cost the plan cannot foresee).
 
 --launch-s: the plan's start-up per launch (ctax plan --launch-s); by default it is timed here
 first, eight stand-in launches at once, as the command starts them (tests/rehearsal.py).
@@ -40,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__file__, __doc__)
     p.add_argument("--out", type=Path, help="keep the rehearsal here (default: a temporary folder)")
     p.add_argument("--launch-s", type=float, help="the plan's start-up per launch, seconds (default: timed here)")
+    p.add_argument("--gpus", type=int, default=8, choices=range(1, 9), metavar="N", help="free GPUs, 1-8 (default 8)")
+    p.add_argument("--no-crash", action="store_true", help="kill no server mid-phase")
     args = p.parse_args(argv)
     folder = args.out or Path(tempfile.mkdtemp(prefix="ctax-rehearsal-"))
     folder.mkdir(parents=True, exist_ok=True)
-    seen = rehearse(folder, launch_s=args.launch_s)
+    seen = rehearse(folder, launch_s=args.launch_s, gpus=args.gpus + 1, crash=not args.no_crash)
     predicted, phases, whole = seen["planned_wall_s"], seen["measured_phases_s"], seen["measured_all_s"]
     print(f"command: {seen['command']}")
-    print(f"ctax plan --launch-s {seen['launch_s']:.1f} (eight stand-in launches at once, timed here)")
+    print(f"ctax plan --gpus {args.gpus} --launch-s {seen['launch_s']:.1f} ({args.gpus} stand-in launches at once)")
     print(table(seen["first"]))
     print(
         f"wall time: ctax plan predicted {predicted:.0f} s; measured {phases:.0f} s to the last phase job's end "

@@ -171,16 +171,20 @@ def rehearse(
     busy: str | None = BUSY_GPU,
     variants: list[str] | None = None,
     slurm_env: dict[str, str] | None = None,
+    crash: bool = True,
 ) -> dict:
-    """Plan (`ctax plan --gpus 8 --launch-s`, a launch timed here first unless given), run the planned command (under
-    SLURM: the slurm-local profile, docs/slurm.md), and return what a test or benchmark reads."""
+    """Plan (`ctax plan --gpus N --launch-s`, N the free GPUs, at most 8; a launch timed here first
+    unless given), run the planned command (under SLURM: the slurm-local profile, docs/slurm.md),
+    and return what a test or benchmark reads. `crash`: SIGKILL one server mid-phase (a relaunch the
+    plan cannot foresee; without it the measured time is the plan's to match)."""
     host, config, env = make(folder, gpus, busy, variants)
     env = {**(slurm_env or os.environ), **env}
+    side_by_side = min(8, gpus - (busy is not None))  # the GPUs the study may use: every free one
     if launch_s is None:
-        launch_s = launch_seconds(config, env, folder / "timed", min(8, gpus - (busy is not None)))
+        launch_s = launch_seconds(config, env, folder / "timed", side_by_side)
     plan_json = folder / "plan.json"
     plan = subprocess.run(
-        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", "8"]
+        [sys.executable, "-m", "connector_tax.cli", "plan", "--config", str(config), "--gpus", str(side_by_side)]
         + ["--json", str(plan_json)]
         + ["--launch-s", f"{launch_s:.1f}"],
         capture_output=True,
@@ -194,8 +198,8 @@ def rehearse(
     command = planned["command"].split()
     results = folder / "results" / "rehearsal-h20"
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True)
-    killer.start()
+    if crash:
+        threading.Thread(target=_kill_mid_phase, args=(host, results, stop, killed), daemon=True).start()
     start = time.time()
     argv = [*SNAKEMAKE, *command[1:], "--directory", str(folder)]
     if slurm_env is not None:
