@@ -11,7 +11,8 @@ from study_runner import REPO
 
 from connector_tax.config import load_config, load_study
 from connector_tax.config.profile import check_model, read_profile
-from connector_tax.pipeline.estimate import Timing, plan_study
+from connector_tax.metrics.threads import IDLE_WINDOW_S
+from connector_tax.pipeline.estimate import JOB_FIXED_S, Timing, plan_study
 
 CONFIGS = REPO / "configs"
 
@@ -78,6 +79,8 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
     assert by[("phase_a", "lmcache_only")].seconds == 1.0 and by[("phase_a", "lmcache_only")].cells == 0
     without, _ = plan_study(study)
     plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))
-    assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - 150.0 + 50.0)  # LAUNCH_S replaced
+    # LAUNCH_S and the generic job time replaced by the measured phase overhead
+    generic = 150.0 + JOB_FIXED_S + IDLE_WINDOW_S
+    assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - generic + 50.0)
     assert by[("other", "(study)")].seconds == 40.0
     assert any("measured by the calibration study (a test)" in n and "lmcache_only assumed SKIP" in n for n in notes)

@@ -105,7 +105,7 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                  9" in out
+    assert "phase_a    mooncake_both                  7" in out and "phase_b    mooncake_both                 12" in out
     hours = float(out.split("one job at a time; ")[1].split(" GPU-hours")[0])
     # Every cell runs at least its floor (duration_s + warmup_s; the shipped config departs from the
     # fixed plan's 60 s floor, so not its 4-5.5 h); launches add start-up on top, not hours.

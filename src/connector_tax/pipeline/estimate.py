@@ -7,7 +7,8 @@ simulator's is measured in seconds, vLLM's in minutes) and the load generator's.
 previous run of the same study left sealed cells, their measured wall time replaces the
 estimate, and their launches' start-up is measured too. Phase B's rate and Phase A's knees are
 only known after Phase A: without a previous run, Phase B is estimated at the middle Phase A
-rate and no rate is assumed pruned (an upper bound), and the output says so.
+rate, Phase B' as if it runs and no rate is assumed pruned (an upper bound), and the output says
+so. A job costs its own time besides (JOB_FIXED_S; a vLLM Phase A launch samples its idle server).
 
 With a calibrated profile (`ctax plan --profile FILE`, or the config's `sim.profile`) a vLLM
 study's launches take the times that profile's own study measured on its host (Timing: a
@@ -38,6 +39,7 @@ from connector_tax.config import (
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
+from connector_tax.metrics.threads import IDLE_WINDOW_S
 from connector_tax.pipeline.plan import job_threads
 from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
@@ -46,6 +48,10 @@ from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 # graphs; measured values from a previous run replace these).
 LAUNCH_S = {"sim": 3.0, "vllm": 150.0, "openai": 1.0}
 CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
+# A job's own time besides its launch and cells: the process and its imports, the GPU/CPU
+# leases, the server's stop, the index; as the 8-GPU rehearsal measured it (docs/gpu-host.md).
+JOB_FIXED_S = 3.0
+PREFLIGHT_CHECKS_S = 2.0  # a preflight's requests and probes once its server is ready
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,16 @@ def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
     return float(prefill + decode) / 1e6
 
 
+def _job_fixed_s(study: StudyConfig, stage: str) -> float:
+    """A job's time besides its launch and cells: a preflight's checks; the job's own (none in
+    virtual time, where nothing launches); a vLLM Phase A launch's idle window."""
+    checks = PREFLIGHT_CHECKS_S if stage == "preflight" else 0.0
+    if study.virtual_clock:
+        return checks
+    idle = IDLE_WINDOW_S if study.backend == "vllm" and stage == PHASE_A else 0.0
+    return checks + JOB_FIXED_S + idle
+
+
 def cell_seconds(study: StudyConfig, cell: Cell) -> float:
     issue = max(cell.duration_s, cell.min_completed / cell.rps)
     return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + CELL_FIXED_S
@@ -130,11 +146,13 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
         return json.loads(layout.reference_rates.read_text(encoding="utf-8")), None
     except (OSError, ValueError):
         rates = sorted(study.workload.phase_a.rates)
-        mid = rates[len(rates) // 2]
+        mid, top = rates[len(rates) // 2], rates[-1]
+        # An upper bound, as for the knees: Phase B' counted (it runs only where ref_load differs
+        # from ref_safe), at the top Phase A rate.
         return (
-            {"ref_safe": mid, "ref_load": mid},
-            f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s), "
-            "without Phase B' (it runs only where ref_load differs from ref_safe)",
+            {"ref_safe": mid, "ref_load": top},
+            f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s)"
+            + (f", Phase B' at the top one ({top:g} req/s) as if it runs" if study.workload.phase_b_prime else ""),
         )
 
 
@@ -175,14 +193,17 @@ def plan_study(
             continue
         if timing is not None:
             launch = timing.phase_overhead_s
-        out.append(Estimate("preflight", name, 0, timing.preflight_s if timing else launch + 2.0))
+        out.append(
+            Estimate("preflight", name, 0, timing.preflight_s if timing else launch + _job_fixed_s(study, "preflight"))
+        )
         for replicate in replicates:
             who = launch_label(name, replicate)
             for stage, cells in (
                 (PHASE_A, phase_a_cells(study, replicate, name)),
                 (PHASE_B, phase_b_cells(study, name, reference, replicate)),
             ):
-                seconds, measured = launch, 0
+                # A calibrated profile's phase overhead is the whole job's time around its cells.
+                seconds, measured = launch + (0.0 if timing is not None else _job_fixed_s(study, stage)), 0
                 for cell in cells:
                     # An earlier (or predicted) cell of the same launch, else the first launch's (a
                     # replicate takes as long), else the baseline's for Phase B (the same shape and

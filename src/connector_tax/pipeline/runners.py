@@ -36,7 +36,7 @@ from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
-from connector_tax.metrics.threads import ThreadSampler, record_idle
+from connector_tax.metrics.threads import IDLE_WINDOW_S, ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.pipeline.precision import PrecisionWatch
 from connector_tax.pipeline.provenance import gpu_description
@@ -48,8 +48,6 @@ from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
-
-IDLE_THREADS_S = 3.0  # vLLM: per-thread CPU of the ready, idle server before its Phase A cells
 
 # (monotonic seconds on the cell's clock, vllm:num_requests_waiting) of every scrape
 Waiting = list[tuple[float, float]]
@@ -175,12 +173,12 @@ class ServerRunner:
             if backend == "vllm" and server.proc is not None and index.phase == PHASE_A:
                 idle = self.folder.idle_threads
                 samples = record_idle(
-                    server.proc.pid, idle, IDLE_THREADS_S, METRICS_INTERVAL_S, labels, sidecars.roots()
+                    server.proc.pid, idle, IDLE_WINDOW_S, METRICS_INTERVAL_S, labels, sidecars.roots()
                 )
                 index.idle_threads = {
                     "file": idle.name,
                     "launch": f"{index.launch_id}.{len(index.restarts)}",
-                    "seconds": IDLE_THREADS_S,
+                    "seconds": IDLE_WINDOW_S,
                     "samples": samples,
                 }
             given_back = pin_this_process(placement[0]) if placement else None  # the load generator too
