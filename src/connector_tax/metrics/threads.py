@@ -36,9 +36,9 @@ import psutil
 from connector_tax.contract.records import ProcessSample, ThreadCpu, ThreadSample, encode_line
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-IDLE_WINDOW_S = (
-    3.0  # the ready, idle server sampled before its first cell (a vLLM Phase A launch; `ctax plan` counts it)
-)
+# The ready, idle server is sampled this long before its first cell (a vLLM Phase A launch);
+# `ctax plan` counts it in the job's time.
+IDLE_WINDOW_S = 3.0
 
 
 def _stat(path: str) -> tuple[str, list[str]] | None:
