@@ -49,7 +49,7 @@ from _common import REPO, write_json
 
 sys.path.insert(0, str(REPO / "tests"))  # vllm_cpu_env: where the CPU environment is
 
-from connector_tax.config import find_variant, load_config  # noqa: E402
+from connector_tax.config import StudyConfig, load_config  # noqa: E402
 from connector_tax.launch import steptiming  # noqa: E402
 from connector_tax.launch.command import launch_spec  # noqa: E402
 from connector_tax.serving.process import ServerProcess, free_port  # noqa: E402
@@ -131,13 +131,14 @@ def launch_order(rotation: int) -> list[str]:
 
 
 def _launch(config: dict[str, Any], tmp: Path, control: bool, rotation: int) -> dict[str, ServerProcess]:
-    variant = find_variant(config, "noop_connector")
+    study = StudyConfig.from_mapping(config)
+    variant = study.variant("noop_connector")
     servers: dict[str, ServerProcess] = {}
     for name in launch_order(rotation):  # one at a time: start-up saturates both cores
         port = free_port("127.0.0.1", block=3)
         instrumented = name == "instrumented" and not control
         step_log = str(tmp / name / "steps" / "engine_step.jsonl") if instrumented else None
-        spec = launch_spec(str(CONFIG), config, variant, port, step_log)
+        spec = launch_spec(str(CONFIG), study, variant, port, step_log)
         servers[name] = ServerProcess(spec, f"http://127.0.0.1:{port}", tmp / name, grace_s=30.0)
         servers[name].start()
         servers[name].wait_ready(600)

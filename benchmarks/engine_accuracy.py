@@ -48,7 +48,7 @@ from _common import REPO, comma_list, parser, positive_float, positive_int, writ
 from _peer_clients import MODEL, find_aiperf, run_aiperf, run_ctax, run_guidellm, run_vllm
 from prometheus_client.parser import text_string_to_metric_families
 
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import StudyConfig, load_config
 from connector_tax.launch.command import launch_spec
 from connector_tax.serving.process import ServerProcess, free_port
 
@@ -84,7 +84,8 @@ class VllmServer:
         config["model"].update(name=str(model), served_name=MODEL)
         config["vllm"]["executable"] = str(venv / "bin" / "vllm")
         port = free_port("127.0.0.1", block=3)
-        spec = launch_spec(str(config_path), config, find_variant(config, "plain"), port, None)
+        study = StudyConfig.from_mapping(config)
+        spec = launch_spec(str(config_path), study, study.variant("plain"), port, None)
         self.url = f"http://127.0.0.1:{port}"
         self.server = ServerProcess(spec, self.url, log_dir, grace_s=30.0)
         self.server.start()

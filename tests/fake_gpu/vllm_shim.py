@@ -36,9 +36,9 @@ def _variant(config_path: str, argv: list[str], port: int) -> str:
     from connector_tax.launch.vllm import vllm_argv
 
     study = load_study(config_path)
-    for variant in study.raw["variants"]:
-        if vllm_argv(study.raw, variant, port)[1:] == argv:
-            return variant["name"]
+    for variant in study.variants:
+        if vllm_argv(study, variant, port)[1:] == argv:
+            return variant.name
     raise SystemExit(f"vllm stand-in: no variant of {config_path} launches with {argv}")
 
 

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import yaml
+from typed import typed
 
 from connector_tax.calibrate.anchors import request_means
 from connector_tax.calibrate.anchors import summarize as anchor_summary
@@ -147,8 +148,8 @@ def test_the_profile_is_the_studys_not_a_variants(profile_file):
 def test_a_step_costs_what_the_fitted_terms_say(profile_file):
     config = study_with(profile_file)
     batch = BatchShape(prefill_tokens=100, decode_seqs=3, context_tokens=500, running=4, blocks_in_use=20)
-    plain = resolve(config, config["variants"][0], {})
-    nixl = resolve(config, config["variants"][1], {})
+    plain = resolve(*typed(config, config["variants"][0]["name"]), {})
+    nixl = resolve(*typed(config, config["variants"][1]["name"]), {})
     assert plain.costs_source == "none" and nixl.costs_source == "calibrated"
     assert "known (calibrated" in nixl.profile
     forward = 3000 + 40 * 100 + 400 * 3 + 0.5 * 500  # 8450
@@ -170,14 +171,14 @@ def test_a_variant_the_profile_did_not_fit_keeps_the_hand_set_model_and_says_so(
         profile_file,
         variants=[{"name": "plain"}, {"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}}],
     )
-    settings = resolve(config, config["variants"][1], {})
+    settings = resolve(*typed(config, config["variants"][1]["name"]), {})
     assert settings.costs_source == "hand-set"
     assert settings.cost_model.step(BatchShape(0, 1, 64, 1, 2)).build_meta_us > 0
 
 
 def test_hand_set_profiles_are_named_hand_set():
     config = validate_config({**copy.deepcopy(STUDY), "model": {"name": "Qwen/Qwen3-Coder-30B-A3B-Instruct"}})
-    settings = resolve(config, config["variants"][0], {})
+    settings = resolve(*typed(config, config["variants"][0]["name"]), {})
     assert settings.profile == "tiny-fast (hand-set)" and settings.api is None
 
 

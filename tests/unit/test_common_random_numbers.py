@@ -10,6 +10,8 @@ import json
 import threading
 from pathlib import Path
 
+from typed import typed
+
 from connector_tax.config import PHASE_A, PHASE_B, load_study, planned_cells
 from connector_tax.config.cells import traffic_seed
 from connector_tax.contract.layout import CellFiles
@@ -57,7 +59,7 @@ def _virtual(tmp_path: Path, variant: str, cell) -> tuple[dict, list[dict]]:
     config = _study().raw
     files = CellFiles(tmp_path / variant, cell.phase, cell.label)
     options = LoadgenOptions(url="virtual:", model="m", seed=config["seed"])
-    settings = resolve(config, next(v for v in config["variants"] if v["name"] == variant), {})
+    settings = resolve(*typed(config, variant), {})
     summary = VirtualTimeRun(settings, cell, options, files, T0, lambda: True, lambda: False, [], 1.0).run()
     return summary, [json.loads(line) for line in files.requests.read_text().splitlines()]
 

@@ -15,6 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
+from typed import study_of, typed
 
 from connector_tax.config import find_variant, load_config
 from connector_tax.config.interventions import INTERVENTIONS_ENV, REGISTRY
@@ -73,20 +74,20 @@ def test_the_launch_asks_for_it_only_for_the_variants_that_declare_it():
     cpu = load_config(CPU)
     for name in ("mooncake_producer", "mooncake_consumer", "mooncake_both", "multi_mooncake_lmcache"):
         assert find_variant(cpu, name)["interventions"] == [cpu_guard.NAME]  # the CPU study declares it
-        env = vllm_env(cpu, find_variant(cpu, name), 8000)
+        env = vllm_env(*typed(cpu, name), 8000)
         assert env[INTERVENTIONS_ENV] == cpu_guard.NAME and str(REPO / "patches" / "site") in env["PYTHONPATH"]
-        assert workarounds(cpu, find_variant(cpu, name)) == [cpu_guard.DISCLOSURE]
+        assert workarounds(typed(cpu, name)[1]) == [cpu_guard.DISCLOSURE]
     for name in ("plain", "noop_connector", "nixl_both", "lmcache_only"):
-        assert INTERVENTIONS_ENV not in vllm_env(cpu, find_variant(cpu, name), 8000)
-        assert workarounds(cpu, find_variant(cpu, name)) == []
+        assert INTERVENTIONS_ENV not in vllm_env(*typed(cpu, name), 8000)
+        assert workarounds(typed(cpu, name)[1]) == []
     gpu = load_config(GPU)  # a GPU study declares none: never, Mooncake or not
-    for variant in gpu["variants"]:
-        assert INTERVENTIONS_ENV not in vllm_env(gpu, variant, 8000) and workarounds(gpu, variant) == []
+    for variant in study_of(gpu).variants:
+        assert INTERVENTIONS_ENV not in vllm_env(study_of(gpu), variant, 8000) and workarounds(variant) == []
     # the site hook is on the path for the guard even when step timing is off
     quiet = copy.deepcopy(cpu)
     quiet["vllm"]["step_timing"] = False
-    assert str(REPO / "patches" / "site") in vllm_env(quiet, find_variant(quiet, "mooncake_both"), 8000)["PYTHONPATH"]
-    assert str(REPO / "patches" / "site") not in vllm_env(quiet, find_variant(quiet, "plain"), 8000)["PYTHONPATH"]
+    assert str(REPO / "patches" / "site") in vllm_env(*typed(quiet, "mooncake_both"), 8000)["PYTHONPATH"]
+    assert str(REPO / "patches" / "site") not in vllm_env(*typed(quiet, "plain"), 8000)["PYTHONPATH"]
 
 
 def test_the_disclosure_is_the_same_on_both_sides():

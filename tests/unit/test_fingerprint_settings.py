@@ -53,7 +53,7 @@ def settings_snapshot(root: Path) -> dict[str, Any]:
         reference = {"ref_safe": rates[len(rates) // 2], "ref_load": rates[-1]}
         for name in study.names:
             variant = find_variant(config, name)
-            argv = [a.replace(str(root), "<repo>") for a in launch_argv(str(path), config, variant, 8000)]
+            argv = [a.replace(str(root), "<repo>") for a in launch_argv(str(path), study, study.variant(name), 8000)]
             if argv and argv[0].endswith("/vllm"):
                 argv[0] = "<vllm>"  # where vLLM is installed is the host's
             entry: dict[str, Any] = {"launch": sha(launch_settings(config, variant, [], {})), "argv": argv}

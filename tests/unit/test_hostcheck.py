@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fake_gpu_host import FakeGpuHost
+from typed import study_of, typed
 
 from connector_tax.config import ConfigError, StudyConfig, load_config
 from connector_tax.launch.hostcheck import check_host
@@ -43,13 +44,13 @@ def h20(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
 
 def one_line(config: dict) -> str:
     with pytest.raises(ConfigError) as err:
-        check_host(config)
+        check_host(study_of(config))
     assert "\n" not in str(err.value)
     return str(err.value)
 
 
 def test_a_model_that_is_not_downloaded_is_refused(h20: dict, tmp_path: Path, monkeypatch) -> None:
-    check_host(h20)  # downloaded: fine
+    check_host(study_of(h20))  # downloaded: fine
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     assert one_line(h20).startswith(f"model.name: {MODEL} is not in this host's Hugging Face cache")
     assert "900 s start-up limit (server.ready_timeout_s)" in one_line(h20)
@@ -57,7 +58,7 @@ def test_a_model_that_is_not_downloaded_is_refused(h20: dict, tmp_path: Path, mo
     assert one_line(h20).startswith("model.name:")
     dummy = copy.deepcopy(h20)
     dummy["model"]["load_format"] = "dummy"  # dummy weights: the config is all vLLM reads
-    check_host(dummy)
+    check_host(study_of(dummy))
 
 
 def test_expandable_segments_is_refused_where_connectors_are(h20: dict, monkeypatch) -> None:
@@ -65,10 +66,10 @@ def test_expandable_segments_is_refused_where_connectors_are(h20: dict, monkeypa
     assert one_line(h20).startswith("PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:True,max_split_size_mb:512'")
     plain = copy.deepcopy(h20)
     plain["variants"] = [v for v in plain["variants"] if not v.get("connector")]
-    check_host(plain)  # vLLM runs plain with it
+    check_host(study_of(plain))  # vLLM runs plain with it
     cumem = copy.deepcopy(h20)
     cumem["server"]["extra_args"] = ["--enable-cumem-allocator"]
-    check_host(cumem)
+    check_host(study_of(cumem))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     in_variant = copy.deepcopy(h20)
     in_variant["variants"][4]["env"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -81,9 +82,9 @@ def test_an_rdma_device_the_host_lacks_is_refused(h20: dict, tmp_path: Path) -> 
     rdma["vllm"]["mooncake"] = {"protocol": "rdma", "device_name": "mlx5_0,mlx5_3"}
     assert one_line(rdma).startswith("vllm.mooncake.device_name: 'mlx5_3' is not an RDMA device of this host")
     rdma["vllm"]["mooncake"]["device_name"] = "mlx5_1"
-    check_host(rdma)
+    check_host(study_of(rdma))
     rdma["vllm"]["mooncake"]["device_name"] = "auto"
-    check_host(rdma)
+    check_host(study_of(rdma))
     for p in (tmp_path / "sys/class/infiniband").iterdir():
         p.rmdir()
     assert one_line(rdma).startswith("vllm.mooncake.device_name: auto: this host lists no RDMA device")
@@ -92,9 +93,10 @@ def test_an_rdma_device_the_host_lacks_is_refused(h20: dict, tmp_path: Path) -> 
 def test_auto_leaves_the_nic_to_mooncakes_own_discovery(h20: dict) -> None:
     config = copy.deepcopy(h20)
     config["vllm"]["mooncake"] = {"protocol": "rdma", "device_name": "auto"}
-    both = next(v for v in config["variants"] if v["name"] == "mooncake_both")
-    assert kv_transfer_config(config, both)["kv_connector_extra_config"] == {"mooncake_protocol": "rdma"}
-    assert mooncake_transport(config, both).startswith("rdma (auto: Mooncake's topology discovery")
+    assert kv_transfer_config(*typed(config, "mooncake_both"))["kv_connector_extra_config"] == {
+        "mooncake_protocol": "rdma"
+    }
+    assert mooncake_transport(*typed(config, "mooncake_both")).startswith("rdma (auto: Mooncake's topology discovery")
 
 
 def test_config_check_refuses_on_this_host_and_static_does_not(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from typed import study_of, typed
 
 from connector_tax.config import ConfigError, find_variant, load_config, validate_config
 from connector_tax.config.interventions import INTERVENTIONS_ENV, REGISTRY
@@ -71,16 +72,17 @@ def test_a_bad_declaration_is_one_line_naming_the_key(variant, backend, says):
 
 def test_only_a_declaring_variant_gets_them_and_they_are_in_its_fingerprint():
     config = validate_config(_cpu(interventions=["nixl_progress_off"]))
-    plain, nixl = find_variant(config, "plain"), find_variant(config, "nixl_both")
-    assert vllm_env(config, nixl, 8000)[INTERVENTIONS_ENV] == "nixl_progress_off"
-    assert INTERVENTIONS_ENV not in vllm_env(config, plain, 8000)
-    assert workarounds(config, nixl) == [REGISTRY["nixl_progress_off"].disclosure] and workarounds(config, plain) == []
+    study = study_of(config)
+    plain, nixl = study.variant("plain"), study.variant("nixl_both")
+    assert vllm_env(study, nixl, 8000)[INTERVENTIONS_ENV] == "nixl_progress_off"
+    assert INTERVENTIONS_ENV not in vllm_env(study, plain, 8000)
+    assert workarounds(nixl) == [REGISTRY["nixl_progress_off"].disclosure] and workarounds(plain) == []
     bare = validate_config(_cpu())
-    assert INTERVENTIONS_ENV not in vllm_env(bare, find_variant(bare, "nixl_both"), 8000)
+    assert INTERVENTIONS_ENV not in vllm_env(*typed(bare, "nixl_both"), 8000)
     before = launch_settings(bare, find_variant(bare, "nixl_both"), [], {})
-    after = launch_settings(config, nixl, [], {})
+    after = launch_settings(config, nixl.raw, [], {})
     assert before != after and after["variant"]["interventions"] == ["nixl_progress_off"]
-    assert launch_settings(bare, find_variant(bare, "plain"), [], {}) == launch_settings(config, plain, [], {})
+    assert launch_settings(bare, find_variant(bare, "plain"), [], {}) == launch_settings(config, plain.raw, [], {})
 
 
 def test_the_overlay_measures_nixl_beside_its_interventions_and_an_aa_twin_copies_them():

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typed import typed
 
-from connector_tax.config import StudyConfig, find_variant, load_config
+from connector_tax.config import StudyConfig, load_config
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.lmcache_mp import PLANNED_PORT, mode
 from connector_tax.pipeline.provenance import lmcache_mode
@@ -38,9 +39,9 @@ def _ktc(argv: list[str]) -> dict:
 
 
 def test_the_cpu_launch_is_lmcaches_mp_connector_on_its_servers_reserved_port(cpu) -> None:
-    variant = find_variant(cpu, "lmcache_only")
-    assert sidecar_names(cpu, variant) == ["lmcache_server"] and SIDECAR_PORTS == 2
-    spec = launch_spec(str(CPU), cpu, variant, 24000, sidecars={"lmcache_server": 25000})
+    study, variant = typed(cpu, "lmcache_only")
+    assert sidecar_names(study, variant) == ["lmcache_server"] and SIDECAR_PORTS == 2
+    spec = launch_spec(str(CPU), study, variant, 24000, sidecars={"lmcache_server": 25000})
     assert _ktc(spec.argv) == {
         "kv_connector": "LMCacheMPConnector",
         "kv_role": "kv_both",
@@ -64,8 +65,7 @@ def test_the_cpu_launch_is_lmcaches_mp_connector_on_its_servers_reserved_port(cp
 
 
 def test_an_lmcache_mp_child_of_a_multiconnector_points_at_the_same_server(cpu) -> None:
-    variant = find_variant(cpu, "multi_mooncake_lmcache")
-    spec = launch_spec(str(CPU), cpu, variant, 24000, sidecars={"lmcache_server": 25000})
+    spec = launch_spec(str(CPU), *typed(cpu, "multi_mooncake_lmcache"), 24000, sidecars={"lmcache_server": 25000})
     mooncake, lmcache = _ktc(spec.argv)["kv_connector_extra_config"]["connectors"]
     assert mooncake["kv_connector"] == "MooncakeConnector"
     assert lmcache["kv_connector"] == "LMCacheMPConnector" and lmcache["kv_role"] == "kv_both"
@@ -75,33 +75,31 @@ def test_an_lmcache_mp_child_of_a_multiconnector_points_at_the_same_server(cpu) 
 
 def test_planned_launches_hold_no_reserved_port(cpu) -> None:
     """Plans and printed commands (no ports reserved) use LMCache's default, so fingerprints are stable."""
-    spec = launch_spec(str(CPU), cpu, find_variant(cpu, "lmcache_only"), 8000)
+    spec = launch_spec(str(CPU), *typed(cpu, "lmcache_only"), 8000)
     assert _ktc(spec.argv)["kv_connector_extra_config"]["lmcache.mp.port"] == PLANNED_PORT
     assert spec.sidecars[0].port == PLANNED_PORT
-    assert launch_spec(str(CPU), cpu, find_variant(cpu, "plain"), 8000).sidecars == ()
+    assert launch_spec(str(CPU), *typed(cpu, "plain"), 8000).sidecars == ()
 
 
 def test_on_a_gpu_lmcaches_own_transfer_default_stands() -> None:
     h20 = load_config(H20)
-    spec = launch_spec(str(H20), h20, find_variant(h20, "lmcache_mp_only"), 8000, sidecars={"lmcache_server": 25000})
+    spec = launch_spec(str(H20), *typed(h20, "lmcache_mp_only"), 8000, sidecars={"lmcache_server": 25000})
     extra = _ktc(spec.argv)["kv_connector_extra_config"]
     assert extra == {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 25000}
     (side,) = spec.sidecars
     assert "--supported-transfer-mode" not in side.argv and "NO_GPU_EXT" not in side.env
     assert side.argv[0] == "lmcache"  # on PATH, as `vllm` is
     # the study's in-process variant is untouched: no sidecar, its class
-    inproc = launch_spec(str(H20), h20, find_variant(h20, "lmcache_only"), 8000)
+    inproc = launch_spec(str(H20), *typed(h20, "lmcache_only"), 8000)
     assert _ktc(inproc.argv)["kv_connector"] == "LMCacheConnectorV1" and inproc.sidecars == ()
 
 
 def test_every_output_names_the_mode(cpu) -> None:
-    assert mode(cpu, find_variant(cpu, "lmcache_only")) == (
-        "multi-process (LMCacheMPConnector + lmcache server, engine_driven)"
-    )
+    assert mode(*typed(cpu, "lmcache_only")) == ("multi-process (LMCacheMPConnector + lmcache server, engine_driven)")
     h20 = load_config(H20)
-    assert mode(h20, find_variant(h20, "lmcache_only")) == "in-process (LMCacheConnectorV1)"
-    assert mode(h20, find_variant(h20, "multi_mooncake_lmcache_mp")).startswith("multi-process")
-    assert mode(h20, find_variant(h20, "mooncake_both")) is None
+    assert mode(*typed(h20, "lmcache_only")) == "in-process (LMCacheConnectorV1)"
+    assert mode(*typed(h20, "multi_mooncake_lmcache_mp")).startswith("multi-process")
+    assert mode(*typed(h20, "mooncake_both")) is None
     sim = {**h20, "backend": "sim"}
     study = StudyConfig.from_mapping(sim)
     assert (lmcache_mode(study, study.variant("lmcache_mp_only")) or "").endswith(", simulated")

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typed import typed
 
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import load_config
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.scripts import script, write_scripts
 
@@ -47,7 +48,7 @@ def test_a_script_execs_the_pipelines_own_launch(name: str, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     ran = json.loads(done.stdout)
     config = load_config(STUDY)
-    spec = launch_spec(STUDY, config, find_variant(config, name), 9100, str(step_log))
+    spec = launch_spec(STUDY, *typed(config, name), 9100, str(step_log))
     assert ["vllm", *ran["argv"]] == spec.argv
     for key, value in spec.env.items():
         assert ran["env"][key] == value, key

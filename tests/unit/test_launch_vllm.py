@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typed import study_of, typed
 
 from connector_tax.config import ConfigError, find_variant, load_config, validate_config
 from connector_tax.launch import vllm as launch
@@ -27,7 +28,7 @@ def h20() -> dict:
 
 
 def spec_of(config: dict, name: str, port: int = 8000, step_log: str | None = None):
-    return launch.vllm_command(config, find_variant(config, name), port, step_log)
+    return launch.vllm_command(*typed(config, name), port, step_log)
 
 
 def flag_value(argv: list[str], flag: str) -> str:
@@ -96,7 +97,7 @@ def test_every_connector_config_of_the_study_design(h20):
 
 
 def test_hma_is_disabled_on_every_launch_by_default(h20):
-    assert launch.hma_policy(h20) == "disabled"
+    assert launch.hma_policy(study_of(h20)) == "disabled"
     for variant in h20["variants"]:
         assert launch.HMA_FLAG in spec_of(h20, variant["name"]).argv
 
@@ -104,7 +105,7 @@ def test_hma_is_disabled_on_every_launch_by_default(h20):
 def test_hma_auto_leaves_it_to_vllm(h20):
     config = copy.deepcopy(h20)
     config["vllm"]["hybrid_kv_cache_manager"] = "auto"
-    assert launch.hma_policy(config) == "auto"
+    assert launch.hma_policy(study_of(config)) == "auto"
     assert launch.HMA_FLAG not in spec_of(config, "noop_connector").argv
 
 
@@ -140,14 +141,14 @@ def test_custom_module_path_is_split_into_module_and_class(h20):
 
 def test_mooncake_over_rdma_needs_a_device_and_the_transport_is_recorded(h20):
     config = copy.deepcopy(h20)
-    assert launch.mooncake_transport(config, find_variant(config, "mooncake_both")) == "tcp"
-    assert launch.mooncake_transport(config, find_variant(config, "plain")) is None
+    assert launch.mooncake_transport(*typed(config, "mooncake_both")) == "tcp"
+    assert launch.mooncake_transport(*typed(config, "plain")) is None
     config["vllm"]["mooncake"] = {"protocol": "rdma"}
     with pytest.raises(ConfigError, match=r"^vllm\.mooncake\.device_name: .*rdma"):
         spec_of(config, "mooncake_both")
     spec_of(config, "nixl_both")  # no Mooncake: no transport to name
     config["vllm"]["mooncake"]["device_name"] = "mlx5_0"
-    assert launch.mooncake_transport(config, find_variant(config, "multi_mooncake_lmcache")) == "rdma (mlx5_0)"
+    assert launch.mooncake_transport(*typed(config, "multi_mooncake_lmcache")) == "rdma (mlx5_0)"
 
 
 def test_pythonpath_is_prepended_to_the_callers(h20, monkeypatch):
@@ -306,7 +307,7 @@ def test_ctax_launch_command_bad_input_is_one_line_and_exit_2(args, message):
 
 
 def test_dispatcher_picks_vllm_for_backend_vllm(h20):
-    spec = launch_spec(H20, h20, find_variant(h20, "plain"), 8000)
+    spec = launch_spec(H20, *typed(h20, "plain"), 8000)
     assert spec.argv[:2] == ["vllm", "serve"]
 
 
@@ -320,7 +321,7 @@ def test_repo_root(monkeypatch, tmp_path):
 
 
 def test_preflight_scripts_gate_the_study_design_variants(h20):
-    plan = launch.preflight_plan(h20)
+    plan = launch.preflight_plan(study_of(h20))
     assert {k: v.name for k, v in plan.items()} == {
         "noop_connector": "verify_noop_connector.sh",
         "mooncake_consumer": "verify_kv_consumer.sh",
@@ -329,10 +330,10 @@ def test_preflight_scripts_gate_the_study_design_variants(h20):
     }
     for script in plan.values():
         assert script.is_file() and os.access(script, os.X_OK)
-    assert launch.preflight_script(h20, "plain") is None
-    assert launch.preflight_script(h20, "mooncake_producer") is None
+    assert launch.preflight_script(study_of(h20), "plain") is None
+    assert launch.preflight_script(study_of(h20), "mooncake_producer") is None
     with pytest.raises(ConfigError, match="no variant named"):
-        launch.preflight_script(h20, "nope")
+        launch.preflight_script(study_of(h20), "nope")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

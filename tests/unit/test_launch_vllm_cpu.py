@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typed import study_of, typed
 
-from connector_tax.config import ConfigError, StudyConfig, find_variant, load_config, load_study
+from connector_tax.config import ConfigError, StudyConfig, load_config, load_study
 from connector_tax.config.vllm_rules import device
 from connector_tax.launch import vllm as launch
 from connector_tax.launch import vllm_cpu, vllm_install
@@ -53,7 +54,7 @@ def cpu(tmp_path) -> dict:
 
 
 def spec(config: dict, name: str = "plain", step_log: str | None = None):
-    return launch.vllm_command(config, find_variant(config, name), 18000, step_log)
+    return launch.vllm_command(*typed(config, name), 18000, step_log)
 
 
 def test_cpu_launch_argv_and_env(cpu, tmp_path):
@@ -170,9 +171,9 @@ def test_launch_command_prints_the_cpu_launch(cpu, tmp_path):
 
 
 def test_describe_says_cpu_and_dummy_weights(cpu):
-    assert vllm_cpu.describe(cpu, "0.32.0") == "vLLM 0.32.0 on CPU, dummy weights"
+    assert vllm_cpu.describe(study_of(cpu), "0.32.0") == "vLLM 0.32.0 on CPU, dummy weights"
     h20 = load_config(REPO / "configs" / "h20-qwen3-coder.yaml")
-    assert vllm_cpu.describe(h20, None) == "vLLM 0.33.0 (configured) on GPU"
+    assert vllm_cpu.describe(study_of(h20), None) == "vLLM 0.33.0 (configured) on GPU"
 
 
 def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typed import typed
 
 from connector_tax.analysis import constants as K
-from connector_tax.config import Cell, StudyConfig, find_variant, load_config
+from connector_tax.config import Cell, StudyConfig, load_config
 from connector_tax.config.cells import PHASE_A
 from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.truth import TruthSettings, truth
@@ -42,7 +43,7 @@ def _small(config: dict, phase_b: bool = False) -> dict:
 
 def _unloaded(config: dict, name: str):
     """Requests 2 s apart with ~0.1 s lives: each meets an empty engine."""
-    settings = resolve(config, find_variant(config, name), {})
+    settings = resolve(*typed(config, name), {})
     run = run_cell(settings, Cell(PHASE_A, "r0.5", 0.5, SHAPE, arrival="fixed"), 6, seed=3)
     return settings, run
 

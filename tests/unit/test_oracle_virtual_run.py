@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typed import typed
 
-from connector_tax.config import Cell
+from connector_tax.config import Cell, validate_config
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.schedule.options import LoadgenOptions
@@ -16,12 +17,25 @@ from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve
 
-CONFIG = {"backend": "sim", "model": {"name": "m"}, "server": {}, "sim": {"hardware_profile": "tiny-fast"}}
+# The smallest valid simulated study: one variant, the schema's engine settings.
+CONFIG = validate_config(
+    {
+        "study": "virtual-run",
+        "backend": "sim",
+        "model": {"name": "m"},
+        "sim": {"hardware_profile": "tiny-fast"},
+        "variants": [{"name": "plain"}],
+        "workload": {
+            "phase_a": {"rates": [1], "shape": {"input": 128, "output": 16}},
+            "phase_b": {"inputs": [128], "outputs": [16]},
+        },
+    }
+)
 T0 = 10**12
 
 
 def settings():
-    return resolve(CONFIG, {"name": "plain"}, {})
+    return resolve(*typed(CONFIG, "plain"), {})
 
 
 def run(tmp_path: Path, cell: Cell, enough=lambda: True, give_up=lambda: False, **opts):

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from typed import typed
 
 from connector_tax.config import (
     PHASE_A,
@@ -78,7 +79,7 @@ def test_the_aa_control_is_the_baseline_again_and_stays_one():
     assert "plain_aa" in config["workload"]["phase_b_prime"]["variants"]  # beside plain in Phase B'
     assert validate_config(copy.deepcopy(config)) == config  # the staged copy validates to itself
     assert StudyConfig.from_mapping(config).aa_controls == {"plain_aa": "plain"}
-    same = [resolve(config, v, {}) for v in config["variants"] if v["name"] in ("plain", "plain_aa")]
+    same = [resolve(*typed(config, name), {}) for name in ("plain", "plain_aa")]
     assert same[0].cost_model.terms == same[1].cost_model.terms is None and same[0].engine == same[1].engine
 
 
@@ -113,20 +114,21 @@ def test_bad_replicate_settings_are_one_line_naming_the_key(change, key):
 
 def test_the_launch_bias_is_a_seeded_speed_factor_off_by_default():
     config = _config()
-    plain = config["variants"][0]
-    assert resolve(config, plain, {}, launch_seed=123).speed_factor == 1.0  # off by default
+    plain = config["variants"][0]["name"]
+    assert resolve(*typed(config, plain), {}, launch_seed=123).speed_factor == 1.0  # off by default
     config["sim"]["launch_bias_sd"] = 0.05
-    factors = [resolve(config, plain, {}, launch_seed=s).speed_factor for s in range(200)]
-    assert factors == [resolve(config, plain, {}, launch_seed=s).speed_factor for s in range(200)]
+    factors = [resolve(*typed(config, plain), {}, launch_seed=s).speed_factor for s in range(200)]
+    assert factors == [resolve(*typed(config, plain), {}, launch_seed=s).speed_factor for s in range(200)]
     logs = [math.log(f) for f in factors]
     mean = sum(logs) / len(logs)
     sd = (sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)) ** 0.5
     assert abs(mean) < 0.01 and 0.04 < sd < 0.06
-    assert resolve(config, plain, {}).speed_factor == 1.0  # no launch seed: the nominal engine
-    mooncake = next(v for v in config["variants"] if v["name"] == "mooncake_both")
-    fast, slow = (resolve(config, mooncake, {}, launch_seed=s) for s in (factors.index(min(factors)), 0))
+    assert resolve(*typed(config, plain), {}).speed_factor == 1.0  # no launch seed: the nominal engine
+    mooncake = typed(config, "mooncake_both")
+    fast, slow = (resolve(*mooncake, {}, launch_seed=s) for s in (factors.index(min(factors)), 0))
     batch = BatchShape(prefill_tokens=512, decode_seqs=4, context_tokens=2048, running=5, blocks_in_use=64)
-    nominal = resolve({**config, "sim": {**config["sim"], "launch_bias_sd": 0}}, mooncake, {}).cost_model.step(batch)
+    unbiased = {**config, "sim": {**config["sim"], "launch_bias_sd": 0}}
+    nominal = resolve(*typed(unbiased, "mooncake_both"), {}).cost_model.step(batch)
     for s in (fast, slow):
         cost = s.cost_model.step(batch)
         assert cost.duration_us == pytest.approx(nominal.duration_us * s.speed_factor)

@@ -35,8 +35,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from typed import study_of, typed
 
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import load_config
 from connector_tax.launch import vllm as launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -387,13 +388,13 @@ def check_ktc(src: Path, ktc: dict, child: bool) -> None:
 
 @pytest.mark.parametrize("config, name", all_variants())
 def test_kv_transfer_config_is_valid_for_vllm(vllm_src, config, name):
-    ktc = launch.kv_transfer_config(config, find_variant(config, name))
+    ktc = launch.kv_transfer_config(*typed(config, name))
     if name == "plain":
         assert ktc is None
         return
     check_ktc(vllm_src, ktc, child=False)
     # what the launch prints is the same object
-    argv = launch.vllm_argv(config, find_variant(config, name), 8000)
+    argv = launch.vllm_argv(*typed(config, name), 8000)
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == ktc
 
 
@@ -452,7 +453,7 @@ def test_serve_parser_takes_a_positional_model(vllm_src):
 @pytest.mark.parametrize("config, name", all_variants())
 def test_every_serve_flag_exists(vllm_src, config, name):
     flags, booleans = serve_flags(vllm_src)
-    argv = launch.vllm_argv(config, find_variant(config, name), 8000)
+    argv = launch.vllm_argv(*typed(config, name), 8000)
     assert argv[1:3] == ["serve", config["model"]["name"]]
     used = [a for a in argv[3:] if a.startswith("-")]
     for flag in used:
@@ -467,12 +468,12 @@ def test_every_serve_flag_exists(vllm_src, config, name):
 
 
 def test_smoke_config_flags_exist(vllm_src):
-    from connector_tax.launch.vllm_cli import smoke_config
+    from connector_tax.config.smoke import smoke_config
 
     flags, _ = serve_flags(vllm_src)
-    config = smoke_config(load_config(CONFIGS[0]))
-    for variant in config["variants"]:
-        argv = launch.vllm_argv(config, variant, 8000)
+    study = study_of(smoke_config(load_config(CONFIGS[0])))
+    for variant in study.variants:
+        argv = launch.vllm_argv(study, variant, 8000)
         assert all(a in flags for a in argv[3:] if a.startswith("--") and not a.startswith("--no-"))
 
 

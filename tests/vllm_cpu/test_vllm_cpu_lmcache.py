@@ -25,8 +25,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typed import typed
 
-from connector_tax.config import find_variant, load_config, validate_config
+from connector_tax.config import load_config, validate_config
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.lmcache_mp import server as lmcache_server
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
@@ -101,11 +102,11 @@ def servers(cpu_config, tmp_path_factory) -> Iterator[dict]:
     with contextlib.ExitStack() as stack:
         out: dict = {}
         for name in NAMES:
-            variant = find_variant(cpu_config, name)
+            study, variant = typed(cpu_config, name)
             folder = tmp_path_factory.mktemp(name)
-            ports = {n: free_port(block=SIDECAR_PORTS) for n in sidecar_names(cpu_config, variant)}
+            ports = {n: free_port(block=SIDECAR_PORTS) for n in sidecar_names(study, variant)}
             port = free_port(block=3)
-            spec = launch_spec(str(CONFIG), cpu_config, variant, port, str(folder / "steps.jsonl"), ports)
+            spec = launch_spec(str(CONFIG), study, variant, port, str(folder / "steps.jsonl"), ports)
             sidecars = stack.enter_context(Sidecars(spec.sidecars, folder))
             server = stack.enter_context(ServerProcess(spec, f"http://127.0.0.1:{port}", folder, grace_s=30.0))
             out[name] = {"server": server, "sidecars": sidecars, "folder": folder}

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 from sim_server import ran
+from typed import typed
 
-from connector_tax.config import StudyConfig, find_variant, load_config, validate_config
+from connector_tax.config import load_config, validate_config
 from connector_tax.launch import steptiming
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_install import FLAGS_SINCE, installed_vllm
@@ -64,7 +65,7 @@ def cpu_config(tmp_path_factory) -> dict:
 
 def start(config: dict, name: str, out: Path, env: dict[str, str] | None = None) -> ServerProcess:
     port = free_port("127.0.0.1", block=3)
-    spec = launch_spec(str(CONFIG), config, find_variant(config, name), port, str(out / "steps" / "engine_step.jsonl"))
+    spec = launch_spec(str(CONFIG), *typed(config, name), port, str(out / "steps" / "engine_step.jsonl"))
     spec.env.update(env or {})
     server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0)
     server.start()
@@ -224,9 +225,9 @@ def test_installed_connectors_are_launched_not_probed_away(cpu_config, probe_cac
     """NIXL and Mooncake (tools/vllm_cpu_env.sh installs them) import in vLLM's Python: the
     preflight's probe finds no reason to skip them, so they get the real launch."""
     for name in ("mooncake_producer", "mooncake_consumer", "mooncake_both", "nixl_both"):
-        variant = find_variant(cpu_config, name)
-        env = launch_spec(str(CONFIG), cpu_config, variant, 8000).env
-        assert missing_library(StudyConfig.from_mapping(cpu_config), variant, env, probe_cache) is None, name
+        study, variant = typed(cpu_config, name)
+        env = launch_spec(str(CONFIG), study, variant, 8000).env
+        assert missing_library(study, variant, env, probe_cache) is None, name
 
 
 def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config, probe_cache):
@@ -250,9 +251,9 @@ def test_lmcache_is_skipped_with_its_own_reason_not_a_missing_module(cpu_config,
     ]
     config = validate_config(config)
     for name in ("lmcache_in_process", "multi_mooncake_lmcache_in_process"):
-        variant = find_variant(config, name)
-        env = launch_spec(str(CONFIG), config, variant, 8000).env
-        missing = missing_library(StudyConfig.from_mapping(config), variant, env, probe_cache)
+        study, variant = typed(config, name)
+        env = launch_spec(str(CONFIG), study, variant, 8000).env
+        missing = missing_library(study, variant, env, probe_cache)
         assert missing is not None and missing["kind"] == "degraded", missing
         assert missing["error"] == "No supported cpu connector found."
         assert "CreateGPUConnector (LMCache 0.5.6, torch device 'cpu')" in missing["raised_by"]
@@ -287,5 +288,5 @@ def test_the_installed_cli_lacks_exactly_the_flags_the_launch_refuses(cpu_config
     flags = {w.rstrip(",") for w in done.stdout.split() if w.startswith("--")}
     for flag, since in FLAGS_SINCE.items():
         assert (flag in flags) == (installed.release >= since), flag
-    argv = launch_spec(str(CONFIG), cpu_config, find_variant(cpu_config, "noop_connector"), 8000).argv
+    argv = launch_spec(str(CONFIG), *typed(cpu_config, "noop_connector"), 8000).argv
     assert all(a in flags for a in argv[3:] if a.startswith("--"))

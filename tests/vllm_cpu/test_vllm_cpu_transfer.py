@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typed import typed
 
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch import steptiming
@@ -98,7 +99,7 @@ def _start(config: dict, name: str, out: Path, core: int) -> tuple[ServerProcess
     config = copy.deepcopy(config)
     config["vllm"].setdefault("cpu", {})["omp_threads_bind"] = str(core)
     port = free_port("127.0.0.1", block=3)
-    spec = launch_spec(str(CONFIG), config, find_variant(config, name), port, str(out / "steps" / "engine_step.jsonl"))
+    spec = launch_spec(str(CONFIG), *typed(config, name), port, str(out / "steps" / "engine_step.jsonl"))
     server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0, cpus=(core,))
     server.start()
     assert server.cpus == (core,), f"{name}: could not pin the server to core {core}"

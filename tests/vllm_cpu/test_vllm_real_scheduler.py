@@ -60,14 +60,14 @@ def _vllm_python() -> str | None:
 
 
 def _launch_argvs() -> dict[str, list[str]]:
-    from connector_tax.config import load_config
+    from connector_tax.config import load_study
     from connector_tax.launch.vllm import vllm_argv
 
     out = {}
     for path in (REPO / "configs" / "h20-qwen3-coder.yaml", REPO / "configs" / "default.yaml"):
-        config = load_config(path)
-        for variant in config["variants"]:
-            out[f"{path.stem}:{variant['name']}"] = vllm_argv(config, variant, 8000)
+        study = load_study(path)
+        for variant in study.variants:
+            out[f"{path.stem}:{variant.name}"] = vllm_argv(study, variant, 8000)
     return out
 
 

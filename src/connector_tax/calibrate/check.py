@@ -39,7 +39,7 @@ from connector_tax.calibrate import anchors
 from connector_tax.calibrate.anchors import GOALS as ANCHOR_GOALS
 from connector_tax.calibrate.records import CalibrationError, open_study, read_study
 from connector_tax.calibrate.speed import at_speed, launch_speeds
-from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig, find_variant
+from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.contract.layout import CellFiles
 from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
@@ -211,10 +211,8 @@ def check(
         raise CalibrationError(str(exc)) from None
     measured_cells = study.cells()
     variants = [v for v in study.variants if any(c.variant == v for c in measured_cells)]
-    missing = [
-        v for v in variants if profile.variant_for(v, find_variant(study.settings.raw, v).get("connector")) is None
-    ]
-    missing = [v for v in missing if find_variant(study.settings.raw, v).get("connector")]
+    missing = [v for v in variants if profile.variant_for(v, study.settings.variant(v).connector) is None]
+    missing = [v for v in missing if study.settings.variant(v).connector]
     if missing:
         raise CalibrationError(
             f"--profile: {profile_file} has no fitted costs for variant {missing[0]} "
@@ -262,7 +260,7 @@ def check(
                 if launch not in runners:
                     launch_config = config
                     if launch in speeds:
-                        connector = find_variant(config, variant).get("connector")
+                        connector = study.settings.variant(variant).connector
                         path = at_speed(profile, variant, connector, speeds[launch], root / "profiles")
                         launch_config = study.settings.virtual(str(read_profile(path).source))
                     launch_study = StudyConfig.from_mapping(launch_config)

@@ -15,6 +15,7 @@ measurement. It is a diagnostic, never the headline: the check's goals are judge
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,12 @@ def launch_speeds(profile: EngineProfile, data: StudyData) -> dict[tuple[str, st
 
 
 def at_speed(
-    profile: EngineProfile, variant: str, connector: dict[str, Any] | None, speed: float, folder: Path
+    profile: EngineProfile, variant: str, connector: Mapping[str, Any] | None, speed: float, folder: Path
 ) -> Path:
     """A copy of the profile whose `variant` runs `speed` times slower, written under `folder`."""
-    fitted = profile.variant_for(variant, connector) or VariantProfile(connector=connector)
+    fitted = profile.variant_for(variant, connector) or VariantProfile(
+        connector=None if connector is None else dict(connector)
+    )
     slowed = dataclasses.replace(
         fitted,
         forward_scale=fitted.forward_scale * speed,

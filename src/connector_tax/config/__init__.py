@@ -26,6 +26,7 @@ from connector_tax.config.cells import (
     shape_label,
 )
 from connector_tax.config.errors import ConfigError
+from connector_tax.config.gate import Saturation, Validity
 from connector_tax.config.load import (
     check_file,
     default_config_path,
@@ -38,7 +39,7 @@ from connector_tax.config.load import (
     schema_path,
     validate_config,
 )
-from connector_tax.config.study import LmcacheServer, Model, Request, Saturation, StudyConfig, Validity, Variant
+from connector_tax.config.study import LmcacheServer, Model, Request, StudyConfig, Variant
 
 __all__ = [
     "LAUNCH_OF",

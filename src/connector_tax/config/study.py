@@ -2,8 +2,8 @@
 
 The schema has filled every default before these are built, so no reader downstream needs a
 `.get(key, default)` of its own (a second default that could drift from the schema's). The
-sections that are passed on whole to a server or a fingerprint (model, server, sim, vllm,
-connectors, shapes) stay mappings: their meaning belongs to the launcher that reads them, and
+sections that are passed on whole to a server or a fingerprint (server, sim, vllm, connectors,
+shapes) stay mappings: their meaning belongs to the launcher that reads them, and
 `raw` is the validated mapping itself, which is what fingerprints and staged configs hash.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
+from connector_tax.config.gate import Saturation, Validity
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class Request:
 class Model:
     name: str
     served_name: str | None
+    local: bool = False  # a folder on this host (relative to the repository root), not a hub id
+    load_format: str | None = None  # vLLM's --load-format (dummy: random weights)
+
+    @classmethod
+    def from_mapping(cls, model: Mapping[str, Any]) -> Model:
+        return cls(model["name"], model.get("served_name"), bool(model.get("local")), model.get("load_format"))
 
     @property
     def served(self) -> str:
@@ -104,60 +111,6 @@ class Workload:
     phase_b_prime: Mapping[str, Any] | None
     replicates: int = 1  # launches per variant and phase
     aa_control: bool = False
-
-
-@dataclass(frozen=True)
-class Saturation:
-    """The study's three saturation criteria (docs/study-design.md), and the smallest sample each
-    judges (below it a criterion is "too few to judge", analysis/saturation.py). Their defaults are the schema's
-    (workflow/schemas/config.schema.yaml), the one place they are written."""
-
-    throughput_ratio_min: float
-    waiting_p50_max: float
-    ttft_p90_ratio_max: float
-    min_requests: int
-    min_scrapes: int
-
-
-@dataclass(frozen=True)
-class Validity:
-    """The gate a measured cell must pass (the `validity:` section; defaults and the rationale of
-    each bound are the schema's, workflow/schemas/config.schema.yaml): the instrument's checks,
-    judged by what lateness does to the measurement, the host's contention, and how many times a
-    cell that fails is measured before the least perturbed attempt stands."""
-
-    max_lateness_gap_frac: float
-    max_lateness_ttft_frac: float
-    max_lateness_p99_us: float | None
-    max_lateness_max_us: float
-    max_rate_error: float
-    max_error_frac: float
-    max_dropped_frac: float
-    max_cpu_frac: float
-    max_unissued: int
-    max_overrun_ms: float
-    max_unmatched: int
-    max_prompt_token_error: float
-    max_others_cpu_frac: float
-    max_steal_frac: float
-    attempts: int
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> Validity:
-        """From a validated `validity` section; a key this type does not know is an error (a
-        misspelt bound must not be silently dropped)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"validity.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
-        missing = sorted(known - set(values))
-        if missing:
-            raise ConfigError(f"validity.{missing[0]}", "missing (validate the config first: the schema fills it)")
-        return cls(**values)
-
-    def replace(self, **changes: Any) -> Validity:
-        """A copy with some bounds changed (tests, `ctax bench`); unknown names are an error."""
-        return Validity.from_mapping({**asdict(self), **changes})
 
 
 @dataclass(frozen=True)
@@ -217,6 +170,18 @@ class Variant:
         """Its own server.host, where it overrides the study's."""
         host: str | None = self.server.get("host")
         return host
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """Its own environment for its server (over the study's vllm.env)."""
+        env: Mapping[str, str] = self.raw.get("env") or {}
+        return env
+
+    @property
+    def sim(self) -> Mapping[str, Any]:
+        """Its own `sim` overrides (merged over the study's by the simulator)."""
+        sim: Mapping[str, Any] = self.raw.get("sim") or {}
+        return sim
 
     @property
     def interventions(self) -> tuple[str, ...]:
@@ -283,7 +248,7 @@ class StudyConfig:
             validity=Validity.from_mapping(config["validity"]),
             loadgen=LoadgenSettings(**config["loadgen"]),
             raw=config,
-            model=Model(config["model"]["name"], config["model"].get("served_name")),
+            model=Model.from_mapping(config["model"]),
             host=config["server"]["host"],
             api_key_env=(config.get("openai") or {}).get("api_key_env") if config["backend"] == "openai" else None,
             vllm_version=config.get("vllm_version"),
@@ -299,7 +264,7 @@ class StudyConfig:
     @property
     def sim(self) -> Mapping[str, Any]:
         """The `sim` section (the simulated server's settings), passed on whole to the simulator."""
-        sim: Mapping[str, Any] = self.raw["sim"]
+        sim: Mapping[str, Any] = self.raw.get("sim") or {}
         return sim
 
     @property
@@ -341,6 +306,26 @@ class StudyConfig:
     def openai_url(self) -> str | None:
         """backend openai: the external server's URL."""
         return (self.raw.get("openai") or {}).get("url") if self.backend == "openai" else None
+
+    @property
+    def vllm(self) -> Mapping[str, Any]:
+        """The `vllm` section (how vLLM is launched: executable, device, cpu, mooncake, lmcache,
+        lmcache_mp, env, ...), passed on whole to the vLLM launcher, which knows its keys; empty
+        for a study that has none."""
+        vllm: Mapping[str, Any] = self.raw.get("vllm") or {}
+        return vllm
+
+    def server_of(self, variant: Variant) -> dict[str, Any]:
+        """The `server` settings a variant launches with: the study's, its overrides on top
+        (config/merge.py: extra_args of both, without those that cannot change a measurement)."""
+        from connector_tax.config.merge import merged_server
+
+        return merged_server(self.raw, variant.raw)
+
+    @property
+    def lmcache_server(self) -> LmcacheServer:
+        """`vllm.lmcache_mp`: the LMCache MP server of the study's lmcache_mp variants."""
+        return LmcacheServer.from_config(self.raw)
 
     @property
     def vllm_executable(self) -> str:

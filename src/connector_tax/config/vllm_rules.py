@@ -60,7 +60,7 @@ def check_server(server: dict[str, Any], where: str) -> None:
 DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
 
 
-def connector_types(connector: dict[str, Any] | None) -> set[str]:
+def connector_types(connector: Mapping[str, Any] | None) -> set[str]:
     """Every connector type a variant's connector holds (a MultiConnector's children included)."""
     if not connector:
         return set()

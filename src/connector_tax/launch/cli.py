@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from connector_tax.config import ConfigError, find_variant, load_config
+from connector_tax.config import ConfigError, load_study
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.scripts import write_scripts
 
@@ -48,9 +48,9 @@ def main(args: argparse.Namespace) -> int:
             for path in write_scripts(args.config, args.write_scripts):
                 print(path)
             return 0
-        config = load_config(args.config)
-        variant = find_variant(config, args.variant)
-        spec = launch_spec(args.config, config, variant, args.port, args.step_log, _sidecar_ports(args.sidecar_port))
+        study = load_study(args.config)
+        variant = study.variant(args.variant)
+        spec = launch_spec(args.config, study, variant, args.port, args.step_log, _sidecar_ports(args.sidecar_port))
     except (ConfigError, ValueError) as exc:
         print(f"ctax launch-command: {exc}", file=sys.stderr)
         return 2

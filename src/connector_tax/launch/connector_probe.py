@@ -18,18 +18,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
 from typing import Any
 
+from connector_tax.config import Variant
 from connector_tax.launch.paths import tools_dir
 
 # Connector types named after their library (lmcache_mp: LMCache's multi-process mode, the same package).
 LIBRARIES = ("mooncake", "nixl", "lmcache", "lmcache_mp")
 
 
-def libraries(variant: Mapping[str, Any]) -> list[str]:
+def libraries(variant: Variant) -> list[str]:
     """The libraries a variant's connector loads, in vLLM's order (a MultiConnector's children)."""
-    connector = variant.get("connector") or {}
+    connector = variant.connector or {}
     found = [connector.get("type")] + [child.get("type") for child in connector.get("children") or []]
     return list(dict.fromkeys(lib for lib in found if lib in LIBRARIES))
 

@@ -18,9 +18,7 @@ setting, the first found:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from connector_tax.config import ConfigError, StudyConfig
 from connector_tax.launch.vllm import MOONCAKE_AUTO, model_path
@@ -45,13 +43,13 @@ def _has_model(folder: Path, dummy: bool) -> bool:
     return (folder / "config.json").is_file() and (dummy or any(any(folder.glob(w)) for w in WEIGHTS))
 
 
-def check_model(config: Mapping[str, Any]) -> None:
-    model = config["model"]
-    if model.get("local"):
-        model_path(config)  # its own one-line error
+def check_model(study: StudyConfig) -> None:
+    model = study.model
+    if model.local:
+        model_path(study)  # its own one-line error
         return
-    name = model["name"]
-    dummy = model.get("load_format") == "dummy"
+    name = model.name
+    dummy = model.load_format == "dummy"
     if Path(name).is_absolute():
         if _has_model(Path(name), dummy):
             return
@@ -59,7 +57,6 @@ def check_model(config: Mapping[str, Any]) -> None:
     snapshots = hf_cache() / f"models--{name.replace('/', '--')}" / "snapshots"
     if snapshots.is_dir() and any(_has_model(s, dummy) for s in snapshots.iterdir()):
         return
-    study = StudyConfig.from_mapping(config)
     ready = max(ready_timeout_s(study, v) for v in study.variants)
     raise ConfigError(
         "model.name",
@@ -69,28 +66,27 @@ def check_model(config: Mapping[str, Any]) -> None:
     )
 
 
-def check_alloc_conf(config: Mapping[str, Any]) -> None:
-    sources = [("the environment", os.environ), ("vllm.env", (config.get("vllm") or {}).get("env") or {})]
-    extra = list((config.get("server") or {}).get("extra_args") or [])
-    for i, variant in enumerate(config["variants"]):
-        if not variant.get("connector"):
+def check_alloc_conf(study: StudyConfig) -> None:
+    sources = [("the environment", os.environ), ("vllm.env", study.vllm.get("env") or {})]
+    for i, variant in enumerate(study.variants):
+        if not variant.connector:
             continue
-        if CUMEM_FLAG in extra + list((variant.get("server") or {}).get("extra_args") or []):
+        if CUMEM_FLAG in study.server_of(variant)["extra_args"]:
             continue
-        for where, env in [*sources, (f"variants[{i}].env", variant.get("env") or {})]:
+        for where, env in [*sources, (f"variants[{i}].env", variant.env)]:
             value = str(env.get(ALLOC_CONF) or "")
             if EXPANDABLE in value:
                 key = ALLOC_CONF if where == "the environment" else f"{where}.{ALLOC_CONF}"
                 raise ConfigError(
                     key,
                     f"{value!r} (from {where}): vLLM 0.33 refuses every KV connector with {EXPANDABLE} "
-                    f"({variant['name']} and the others would SKIP, plain would run); unset it, or add "
+                    f"({variant.name} and the others would SKIP, plain would run); unset it, or add "
                     f"{CUMEM_FLAG} to server.extra_args",
                 )
 
 
-def check_rdma(config: Mapping[str, Any]) -> None:
-    mooncake = (config.get("vllm") or {}).get("mooncake") or {}
+def check_rdma(study: StudyConfig) -> None:
+    mooncake = study.vllm.get("mooncake") or {}
     if mooncake.get("protocol", "rdma") != "rdma" or not mooncake.get("device_name"):
         return  # tcp, or rdma without a device: the launch refuses that itself
     have = topology.rdma_devices()
@@ -110,11 +106,11 @@ def check_rdma(config: Mapping[str, Any]) -> None:
             )
 
 
-def check_host(config: Mapping[str, Any]) -> None:
+def check_host(study: StudyConfig) -> None:
     """ConfigError (one line, naming the setting) for the first thing this host would fail on;
     nothing for studies that launch no vLLM on a GPU."""
-    if config["backend"] != "vllm" or (config.get("vllm") or {}).get("device") == "cpu":
+    if study.backend != "vllm" or study.device == "cpu":
         return
-    check_alloc_conf(config)
-    check_rdma(config)
-    check_model(config)
+    check_alloc_conf(study)
+    check_rdma(study)
+    check_model(study)

@@ -28,12 +28,11 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import LmcacheServer
-from connector_tax.config.vllm_rules import check_lmcache_server, connector_types, device
+from connector_tax.config import StudyConfig, Variant
+from connector_tax.config.vllm_rules import check_lmcache_server, connector_types
 from connector_tax.serving.spec import SidecarSpec
 
 KIND = "lmcache_mp"
@@ -44,43 +43,43 @@ PORTS = 2  # the server's ZMQ port P and its HTTP frontend at P+1
 PLANNED_PORT = 5555
 
 
-def uses(variant: Mapping[str, Any]) -> bool:
-    return KIND in connector_types(variant.get("connector"))
+def uses(variant: Variant) -> bool:
+    return KIND in connector_types(variant.connector)
 
 
-def transfer_mode(config: Mapping[str, Any]) -> str | None:
+def transfer_mode(study: StudyConfig) -> str | None:
     """The transfer mode both sides are told, or None for LMCache's own default (a GPU host)."""
-    mode = LmcacheServer.from_config(config).transfer_mode
+    mode = study.lmcache_server.transfer_mode
     if mode == "auto":
-        return "engine_driven" if device(config) == "cpu" else None
+        return "engine_driven" if study.device == "cpu" else None
     return mode
 
 
-def connector(config: Mapping[str, Any], host: str, port: int) -> dict[str, Any]:
+def connector(study: StudyConfig, host: str, port: int) -> dict[str, Any]:
     """The kv_connector_extra_config of an lmcache_mp connector whose server listens at host:port."""
     extra: dict[str, Any] = {"lmcache.mp.host": f"tcp://{host}", "lmcache.mp.port": port}
-    if (mode := transfer_mode(config)) is not None:
+    if (mode := transfer_mode(study)) is not None:
         extra["lmcache.mp.mp_transfer_mode"] = mode
     return extra
 
 
-def mode(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
+def mode(study: StudyConfig, variant: Variant) -> str | None:
     """Which LMCache mode a variant runs, in the words every output uses; None without LMCache."""
-    kinds = connector_types(variant.get("connector"))
+    kinds = connector_types(variant.connector)
     if KIND in kinds:
-        how = transfer_mode(config) or "LMCache's default transfer"
+        how = transfer_mode(study) or "LMCache's default transfer"
         return f"multi-process (LMCacheMPConnector + lmcache server, {how})"
     if "lmcache" in kinds:
         return "in-process (LMCacheConnectorV1)"
     return None
 
 
-def executable(config: Mapping[str, Any]) -> str:
+def executable(study: StudyConfig) -> str:
     """vllm.lmcache_mp.executable, else the `lmcache` script beside vllm.executable, else on PATH."""
-    settings = LmcacheServer.from_config(config)
+    settings = study.lmcache_server
     if settings.executable:
         return settings.executable
-    vllm = (config.get("vllm") or {}).get("executable", "vllm")
+    vllm = str(study.vllm.get("executable", "vllm"))
     found = shutil.which(vllm) if os.sep not in vllm else vllm
     beside = Path(found).parent / "lmcache" if found else None
     return str(beside) if beside is not None and beside.is_file() else "lmcache"
@@ -101,19 +100,19 @@ def version(script: str) -> str | None:
         return None
 
 
-def server(config: Mapping[str, Any], host: str, port: int) -> SidecarSpec:
+def server(study: StudyConfig, host: str, port: int) -> SidecarSpec:
     """The LMCache MP server of a launch, on `port` (its ZMQ requests) and port+1 (HTTP)."""
-    settings = LmcacheServer.from_config(config)
-    check_lmcache_server(config)  # checked at load too; again for a config edited since
-    script = executable(config)
+    settings = study.lmcache_server
+    check_lmcache_server(study.raw)  # checked at load too; again for a config edited since
+    script = executable(study)
     argv = [script, "server", "--host", host, "--port", str(port), "--http-host", host]
     argv += ["--http-port", str(port + 1), "--chunk-size", str(settings.chunk_size)]
     argv += ["--l1-size-gb", f"{settings.l1_size_gb:g}", "--eviction-policy", settings.eviction_policy]
-    if (mode := transfer_mode(config)) is not None:
+    if (mode := transfer_mode(study)) is not None:
         argv += ["--supported-transfer-mode", mode]
     argv += list(settings.extra_args)
     env = {"LMCACHE_DISABLE_BANNER": "1", "LMCACHE_TRACK_USAGE": "false"}
-    if device(config) == "cpu":
+    if study.device == "cpu":
         env["NO_GPU_EXT"] = "1"
     env.update(settings.env)
     found = version(script)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from connector_tax.config import find_variant
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.launch.paths import tools_dir
 
 # Which pre-flight verify script gates which kind of configuration (the study's three).
@@ -17,9 +15,9 @@ PREFLIGHT_SCRIPTS = {
 }
 
 
-def preflight_check(variant: dict[str, Any]) -> str | None:
+def preflight_check(variant: Variant) -> str | None:
     """Which pre-flight check gates a variant (a key of PREFLIGHT_SCRIPTS), or None."""
-    connector = variant.get("connector") or {}
+    connector = variant.connector or {}
     kind, role = connector.get("type"), connector.get("role")
     if kind == "multi":
         return "multi_connector"
@@ -30,18 +28,18 @@ def preflight_check(variant: dict[str, Any]) -> str | None:
     return None
 
 
-def preflight_script(config: Mapping[str, Any], name: str) -> Path | None:
+def preflight_script(study: StudyConfig, name: str) -> Path | None:
     """The verify script that gates config `name` (run it as `bash SCRIPT CONFIG_FILE OUT_DIR
     --only NAME`), or None if the study runs no pre-flight for it."""
-    check = preflight_check(find_variant(config, name))
+    check = preflight_check(study.variant(name))
     return None if check is None else tools_dir() / PREFLIGHT_SCRIPTS[check]
 
 
-def preflight_plan(config: dict[str, Any]) -> dict[str, Path]:
+def preflight_plan(study: StudyConfig) -> dict[str, Path]:
     """{config name: verify script} for every gated config of the study."""
     plan = {}
-    for variant in config["variants"]:
-        script = preflight_script(config, variant["name"])
+    for variant in study.variants:
+        script = preflight_script(study, variant.name)
         if script is not None:
-            plan[variant["name"]] = script
+            plan[variant.name] = script
     return plan

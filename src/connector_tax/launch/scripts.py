@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from connector_tax import resources
-from connector_tax.config import find_variant, load_config
+from connector_tax.config import load_study
 from connector_tax.launch.command import launch_spec
 
 _PORT = 8000  # planned with this port, then written as $PORT
@@ -30,8 +30,8 @@ def _word(text: str, root: str) -> str:
 
 def script(config_path: str | Path, name: str) -> str:
     """The launch script of variant `name` of the study config at `config_path`."""
-    config = load_config(config_path)
-    spec = launch_spec(config_path, config, find_variant(config, name), _PORT, _STEP_LOG)
+    study = load_study(config_path)
+    spec = launch_spec(config_path, study, study.variant(name), _PORT, _STEP_LOG)
     root = str(resources.root())
     lines = [
         "#!/usr/bin/env bash",
@@ -71,9 +71,9 @@ def write_scripts(config_path: str | Path, out: Path) -> list[Path]:
     """launch_<variant>.sh for every variant of the study, into `out`; returns the files."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for variant in load_config(config_path)["variants"]:
-        path = out / f"launch_{variant['name']}.sh"
-        path.write_text(script(config_path, variant["name"]), encoding="utf-8")
+    for name in load_study(config_path).names:
+        path = out / f"launch_{name}.sh"
+        path.write_text(script(config_path, name), encoding="utf-8")
         path.chmod(0o755)
         written.append(path)
     return written

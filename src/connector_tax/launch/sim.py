@@ -4,11 +4,9 @@ LMCache server (sim/sidecar.py) beside it for a variant with an lmcache_mp conne
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from connector_tax.config import LmcacheServer
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.merge import deep_merge
 from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch import lmcache_mp
@@ -17,13 +15,13 @@ from connector_tax.serving.spec import LaunchSpec, SidecarSpec
 
 def sim_command(
     config_path: str | Path,
-    config: Mapping[str, Any],
-    variant: Mapping[str, Any],
+    study: StudyConfig,
+    variant: Variant,
     port: int,
     step_log: str | None = None,
     sidecar_ports: dict[str, int] | None = None,
 ) -> LaunchSpec:
-    host = variant.get("server", {}).get("host") or config["server"]["host"]
+    host = variant.host or study.host
     argv = [
         sys.executable,
         "-m",
@@ -32,29 +30,29 @@ def sim_command(
         "--config",
         str(config_path),
         "--variant",
-        variant["name"],
+        variant.name,
         "--host",
         host,
         "--port",
         str(port),
         "--seed",
-        str(config.get("seed", 0)),
+        str(study.seed),
     ]
-    env = dict(variant.get("env", {}))
+    env = dict(variant.env)
     if step_log:
         env[STEP_LOG_ENV] = step_log
     sidecars: tuple[SidecarSpec, ...] = ()
     if lmcache_mp.uses(variant):
         port = (sidecar_ports or {}).get(lmcache_mp.SIDECAR, lmcache_mp.PLANNED_PORT)
-        sidecars = (_lmcache_server(config, variant, host, port),)
+        sidecars = (_lmcache_server(study, variant, host, port),)
     return LaunchSpec(argv=argv, env=env, sidecars=sidecars)
 
 
-def _lmcache_server(config: Mapping[str, Any], variant: Mapping[str, Any], host: str, port: int) -> SidecarSpec:
+def _lmcache_server(study: StudyConfig, variant: Variant, host: str, port: int) -> SidecarSpec:
     """A stand-in for the LMCache MP server an lmcache_mp variant needs (sim/sidecar.py): a process
     with its own ports and readiness, so the sidecar's lifecycle is tested without LMCache; its
     faults (sim.faults.sidecar_*) are the variant's."""
-    faults = deep_merge(config.get("sim") or {}, variant.get("sim") or {}).get("faults") or {}
+    faults = deep_merge(dict(study.sim), dict(variant.sim)).get("faults") or {}
     argv = [sys.executable, "-m", "connector_tax.sim.sidecar", "--host", host, "--port", str(port)]
     argv += ["--http-port", str(port + 1)]
     if faults.get("sidecar_fail_start"):
@@ -70,5 +68,5 @@ def _lmcache_server(config: Mapping[str, Any], variant: Mapping[str, Any], host:
         env={},
         port=port,
         ready=f"http://{host}:{port + 1}/healthcheck",
-        ready_timeout_s=LmcacheServer.from_config(config).ready_timeout_s,
+        ready_timeout_s=study.lmcache_server.ready_timeout_s,
     )

@@ -35,16 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax import resources
-from connector_tax.config import ConfigError
+from connector_tax.config import ConfigError, StudyConfig, Variant
 from connector_tax.config.interventions import INTERVENTIONS_ENV, disclosures
-from connector_tax.config.merge import merged_server
 from connector_tax.config.vllm_rules import (
     MANAGED_FLAGS,
     check_extra_args,
     check_lmcache_chunk,
     check_server,
     connector_types,
-    device,
 )
 from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch import lmcache_mp, vllm_cpu
@@ -101,28 +99,25 @@ _LMCACHE_DEFAULT_ENV = {
 # --------------------------------------------------------------------------- settings
 
 
-def _vllm_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    return config.get("vllm") or {}
-
-
-def hma_policy(config: Mapping[str, Any]) -> str:
+def hma_policy(study: StudyConfig) -> str:
     """How the hybrid KV cache manager is set in every launch of this study, for the manifest:
     "disabled" (--disable-hybrid-kv-cache-manager on every launch, plain included: like for
     like) or "auto" (vLLM decides per launch: it turns HMA off for connectors without
     SupportsHMA, e.g. LMCacheConnectorV1, so configurations are NOT like for like)."""
-    return str(_vllm_settings(config).get("hybrid_kv_cache_manager", "disabled"))
+    return str(study.vllm.get("hybrid_kv_cache_manager", "disabled"))
 
 
-def step_timing_enabled(config: Mapping[str, Any]) -> bool:
+def step_timing_enabled(study: StudyConfig) -> bool:
     """Whether launches load patches/ (the step log is written only when a path is given)."""
-    return bool(_vllm_settings(config).get("step_timing", True))
+    return bool(study.vllm.get("step_timing", True))
 
 
-def _variant_where(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
-    for i, v in enumerate(config.get("variants", [])):
-        if v is variant or v.get("name") == variant.get("name"):
+def _variant_where(study: StudyConfig, variant: Variant) -> str:
+    """Where the config declares `variant`, for an error that names the key."""
+    for i, v in enumerate(study.variants):
+        if v.name == variant.name:
             return f"variants[{i}]"
-    return f"variants[{variant.get('name')!r}]"
+    return f"variants[{variant.name!r}]"
 
 
 def _check_port(port: Any) -> int:
@@ -144,7 +139,11 @@ def side_ports(port: int) -> dict[str, int]:
 
 
 def _one_connector(
-    conn: dict[str, Any], settings: dict[str, Any], where: str, child: bool, lmcache: dict[str, Any] | None = None
+    conn: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    where: str,
+    child: bool,
+    lmcache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """lmcache: the kv_connector_extra_config that points an lmcache_mp connector at its server."""
     kind = conn["type"]
@@ -177,7 +176,7 @@ def _one_connector(
     return out
 
 
-def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
+def _mooncake_defaults(settings: Mapping[str, Any]) -> dict[str, str]:
     """The transport every Mooncake connector of the study uses: named, never vLLM's default."""
     mooncake = settings.get("mooncake") or {}
     protocol = mooncake.get("protocol", "rdma")
@@ -193,13 +192,13 @@ def _mooncake_defaults(settings: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) -> str | None:
+def mooncake_transport(study: StudyConfig, variant: Variant) -> str | None:
     """How this variant's Mooncake connector moves KV, for the run record: "tcp", "rdma
     (mlx5_0)", or None when it has no Mooncake connector."""
-    if "mooncake" not in connector_types(variant.get("connector")):
+    conn = variant.connector
+    if conn is None or "mooncake" not in connector_types(conn):
         return None
-    defaults = _mooncake_defaults(_vllm_settings(config))
-    conn = variant["connector"]
+    defaults = _mooncake_defaults(study.vllm)
     for c in [conn, *conn.get("children", [])]:
         if c["type"] == "mooncake":
             defaults.update(
@@ -211,10 +210,10 @@ def mooncake_transport(config: Mapping[str, Any], variant: Mapping[str, Any]) ->
     return defaults["mooncake_protocol"] + (f" ({device})" if device else "")
 
 
-def workarounds(config: Mapping[str, Any], variant: Mapping[str, Any]) -> list[str]:
+def workarounds(variant: Variant) -> list[str]:
     """What the launch of `variant` changes in vLLM's behaviour (its declared interventions, in
     the words every output shows)."""
-    return disclosures(variant)
+    return disclosures(variant.raw)
 
 
 def _connect_host(host: str) -> str:
@@ -223,20 +222,20 @@ def _connect_host(host: str) -> str:
 
 
 def kv_transfer_config(
-    config: Mapping[str, Any], variant: Mapping[str, Any], lmcache_port: int = lmcache_mp.PLANNED_PORT
+    study: StudyConfig, variant: Variant, lmcache_port: int = lmcache_mp.PLANNED_PORT
 ) -> dict[str, Any] | None:
     """The --kv-transfer-config object of a variant; None for plain vLLM (no connector).
     lmcache_port: where its LMCache MP server listens (lmcache_mp connectors)."""
-    connector = variant.get("connector")
+    connector = variant.connector
     if not connector:
         return None
-    where = f"{_variant_where(config, variant)}.connector"
-    host = _connect_host(str(merged_server(config, variant)["host"]))
-    lmcache = lmcache_mp.connector(config, host, lmcache_port) if lmcache_mp.uses(variant) else None
-    return _one_connector(connector, _vllm_settings(config), where, child=False, lmcache=lmcache)
+    where = f"{_variant_where(study, variant)}.connector"
+    host = _connect_host(str(study.server_of(variant)["host"]))
+    lmcache = lmcache_mp.connector(study, host, lmcache_port) if lmcache_mp.uses(variant) else None
+    return _one_connector(connector, study.vllm, where, child=False, lmcache=lmcache)
 
 
-def sidecar_ports(variant: Mapping[str, Any], reserved: dict[str, int] | None) -> dict[str, int]:
+def sidecar_ports(variant: Variant, reserved: dict[str, int] | None) -> dict[str, int]:
     """{sidecar name: its first port}: those reserved for this launch, else the planned ones."""
     needs = [lmcache_mp.SIDECAR] if lmcache_mp.uses(variant) else []
     return {name: (reserved or {}).get(name, lmcache_mp.PLANNED_PORT) for name in needs}
@@ -245,28 +244,25 @@ def sidecar_ports(variant: Mapping[str, Any], reserved: dict[str, int] | None) -
 # --------------------------------------------------------------------------- argv and env
 
 
-def vllm_argv(
-    config: Mapping[str, Any], variant: Mapping[str, Any], port: int, sidecars: dict[str, int] | None = None
-) -> list[str]:
+def vllm_argv(study: StudyConfig, variant: Variant, port: int, sidecars: dict[str, int] | None = None) -> list[str]:
     """The exact `vllm serve` command line of a variant on `port` (its sidecars on `sidecars`:
     {name: port}, the planned ports where not given)."""
     _check_port(port)
-    server = merged_server(config, variant)
-    where = _variant_where(config, variant)
-    check_extra_args(list(config.get("server", {}).get("extra_args") or []), "server.extra_args")
-    check_extra_args(list((variant.get("server") or {}).get("extra_args") or []), f"{where}.server.extra_args")
-    settings = _vllm_settings(config)
-    executable = settings.get("executable", "vllm")
-    on_cpu = device(config) == "cpu"
+    server = study.server_of(variant)
+    where = _variant_where(study, variant)
+    check_extra_args(list(study.server.get("extra_args") or []), "server.extra_args")
+    check_extra_args(list(variant.server.get("extra_args") or []), f"{where}.server.extra_args")
+    executable = str(study.vllm.get("executable", "vllm"))
+    on_cpu = study.device == "cpu"
     if on_cpu:
         check_server(server, "server")
     if lmcache_mp.uses(variant):
-        check_lmcache_chunk(config, server, "server")
-    model = config["model"]
+        check_lmcache_chunk(study.raw, server, "server")
+    model = study.model
     argv = [
         executable,
         "serve",
-        model_path(config),
+        model_path(study),
         "--host",
         str(server["host"]),
         "--port",
@@ -288,13 +284,13 @@ def vllm_argv(
         argv += ["--block-size", str(server["block_size"])]
     if server.get("enforce_eager") and "--enforce-eager" not in server["extra_args"]:
         argv.append("--enforce-eager")  # a flag without a value: a repeat would be harmless
-    if model.get("load_format"):
-        argv += ["--load-format", model["load_format"]]
-    if model.get("served_name"):
-        argv += ["--served-model-name", model["served_name"]]
-    if hma_policy(config) == "disabled":
+    if model.load_format:
+        argv += ["--load-format", model.load_format]
+    if model.served_name:
+        argv += ["--served-model-name", model.served_name]
+    if hma_policy(study) == "disabled":
         argv.append(HMA_FLAG)
-    ktc = kv_transfer_config(config, variant, sidecar_ports(variant, sidecars).get(lmcache_mp.SIDECAR, 0))
+    ktc = kv_transfer_config(study, variant, sidecar_ports(variant, sidecars).get(lmcache_mp.SIDECAR, 0))
     if ktc is not None:
         argv += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"), sort_keys=True)]
     argv += server["extra_args"]
@@ -307,43 +303,41 @@ def vllm_argv(
     return argv
 
 
-def model_path(config: Mapping[str, Any]) -> str:
+def model_path(study: StudyConfig) -> str:
     """model.name as `vllm serve` gets it: a hub id as written; with model.local a folder,
     relative to the repository root unless absolute, that must exist (checked here, before any
     launch: a missing dummy-weight model is a one-line error, not a server that dies)."""
-    model = config["model"]
-    if not model.get("local"):
-        return str(model["name"])
-    path = Path(model["name"])
+    model = study.model
+    if not model.local:
+        return model.name
+    path = Path(model.name)
     if not path.is_absolute():
         path = resources.workdir() / path
     if not (path / "config.json").is_file():
         raise ConfigError(
             "model.name",
             f"{path}: no model folder (config.json) there; make the tiny one with "
-            f"`python tools/tiny_model.py {model['name']}` (in the vLLM CPU environment)",
+            f"`python tools/tiny_model.py {model.name}` (in the vLLM CPU environment)",
         )
     return str(path)
 
 
-def vllm_env(
-    config: Mapping[str, Any], variant: Mapping[str, Any], port: int, step_log: str | None = None
-) -> dict[str, str]:
+def vllm_env(study: StudyConfig, variant: Variant, port: int, step_log: str | None = None) -> dict[str, str]:
     """The environment a launch sets (on top of the caller's)."""
     ports = side_ports(port)
-    settings = _vllm_settings(config)
+    settings = study.vllm
     root = repo_root()
     paths = [str(root)]
-    kinds = connector_types(variant.get("connector"))
-    interventions = list(variant.get("interventions") or [])
-    if step_timing_enabled(config) or interventions:  # the site hook loads both
+    kinds = connector_types(variant.connector)
+    interventions = list(variant.interventions)
+    if step_timing_enabled(study) or interventions:  # the site hook loads both
         paths.append(str(root / "patches" / "site"))
     # Prepended, not replacing: what the caller's environment needs on the path stays there
     # (after ours, so our sitecustomize is the one Python imports; it runs the shadowed one).
     caller = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
     env = {"PYTHONPATH": os.pathsep.join(paths + caller)}
-    if device(config) == "cpu":
-        env.update(vllm_cpu.cpu_env(config, resources.workdir()))
+    if study.device == "cpu":
+        env.update(vllm_cpu.cpu_env(study, resources.workdir()))
     if interventions:  # never set otherwise: the site hook loads nothing a variant did not declare
         env[INTERVENTIONS_ENV] = ",".join(interventions)
     if "mooncake" in kinds:
@@ -352,16 +346,16 @@ def vllm_env(
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports["nixl_side_channel"])
     if "lmcache" in kinds:
         env.update((settings.get("lmcache") or {}).get("env", _LMCACHE_DEFAULT_ENV))
-    if step_log and step_timing_enabled(config):
+    if step_log and step_timing_enabled(study):
         env[STEP_LOG_ENV] = os.path.abspath(step_log)
     env.update(settings.get("env") or {})
-    env.update(variant.get("env") or {})
+    env.update(variant.env)
     return env
 
 
 def vllm_command(
-    config: Mapping[str, Any],
-    variant: Mapping[str, Any],
+    study: StudyConfig,
+    variant: Variant,
     port: int,
     step_log: str | None = None,
     sidecars: dict[str, int] | None = None,
@@ -370,7 +364,7 @@ def vllm_command(
     MP server for lmcache_mp) on the ports `sidecars` reserved for them (raises ConfigError or
     ValueError, one line naming the key or argument, on bad input)."""
     ports = sidecar_ports(variant, sidecars)
-    argv = vllm_argv(config, variant, port, ports)
-    host = str(merged_server(config, variant)["host"])
-    specs = tuple(lmcache_mp.server(config, host, p) for name, p in ports.items() if name == lmcache_mp.SIDECAR)
-    return LaunchSpec(argv=argv, env=vllm_env(config, variant, port, step_log), sidecars=specs)
+    argv = vllm_argv(study, variant, port, ports)
+    host = str(study.server_of(variant)["host"])
+    specs = tuple(lmcache_mp.server(study, host, p) for name, p in ports.items() if name == lmcache_mp.SIDECAR)
+    return LaunchSpec(argv=argv, env=vllm_env(study, variant, port, step_log), sidecars=specs)

@@ -17,7 +17,6 @@ Python client in tools/ reads. Bad input: one line on stderr naming the key, exi
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -26,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from connector_tax.config import ConfigError, find_variant, load_config, validate_config
+from connector_tax.config import ConfigError, StudyConfig, load_study
+from connector_tax.config.smoke import SMOKE_MODEL, smoke_config
 from connector_tax.launch.command import sidecar_names
 from connector_tax.launch.steptiming import step_timing_status
 from connector_tax.launch.vllm import PREFLIGHT_SCRIPTS, preflight_check, side_ports
@@ -40,7 +40,6 @@ CHECK_PLANS = {
     "smoke": {"requests": 3, "max_tokens": 16, "budget_s": 120.0, "bootstrap": False},
 }
 
-SMOKE_MODEL = "Qwen/Qwen3-0.6B"
 # How much of a failed server's log root-cause reads (as ServerProcess does for ServerStartError):
 # vLLM prints the engine's root cause a few dozen lines above its last line.
 ROOT_CAUSE_LINES = 200
@@ -55,66 +54,26 @@ def connect_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def plan(config: dict[str, Any], name: str, port: int, check: str | None = None) -> dict[str, Any]:
-    variant = find_variant(config, name)
+def plan(study: StudyConfig, name: str, port: int, check: str | None = None) -> dict[str, Any]:
+    variant = study.variant(name)
     check = check or preflight_check(variant) or "smoke"
     if check not in CHECK_PLANS:
         raise ValueError(f"CHECK: {check!r} is not one of {', '.join(CHECK_PLANS)}")
-    server = dict(config["server"], **(variant.get("server") or {}))
     side_ports(port)
     return {
         "name": name,
         "check": check,
-        "backend": config["backend"],
-        "url": f"http://{connect_host(str(server['host']))}:{port}",
-        "model": config["model"].get("served_name") or config["model"]["name"],
-        "has_connector": bool(variant.get("connector")),
-        "sidecars": sidecar_names(config, variant),
-        "endpoint": config["workload"].get("endpoint", "completions"),
+        "backend": study.backend,
+        "url": f"http://{connect_host(variant.host or study.host)}:{port}",
+        "model": study.model.served,
+        "has_connector": bool(variant.connector),
+        "sidecars": sidecar_names(study, variant),
+        "endpoint": study.workload.request.endpoint,
         **CHECK_PLANS[check],
     }
 
 
-def smoke_config(
-    base: dict[str, Any],
-    model: str = SMOKE_MODEL,
-    max_model_len: int = 4096,
-    gpu_memory_utilization: float = 0.6,
-    mooncake_protocol: str = "tcp",
-    enforce_eager: bool = True,
-) -> dict[str, Any]:
-    """A copy of a study config for the GPU smoke test: a small model, short context, a
-    workload that fits it, and every configuration of the base."""
-    config = copy.deepcopy(base)
-    config["study"] = f"{base['study']}-gpu-smoke"
-    config["backend"] = "vllm"
-    config["model"] = {"name": model}
-    server = config.setdefault("server", {})
-    server.update(
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=min(int(server.get("max_num_seqs", 256)), 32),
-    )
-    if enforce_eager:
-        server["enforce_eager"] = True
-    for variant in config["variants"]:
-        variant.pop("sim", None)
-        if "max_model_len" in (variant.get("server") or {}):
-            variant["server"]["max_model_len"] = max_model_len
-    config.setdefault("vllm", {}).setdefault("mooncake", {})["protocol"] = mooncake_protocol
-    config.pop("sim", None)
-    config["workload"] = {
-        "warmup_s": 1,
-        "duration_s": 5,
-        "min_completed": 3,
-        "request_timeout_s": 120,
-        "phase_a": {"rates": [1], "shape": {"input": 128, "output": 16}},
-        "phase_b": {"inputs": [128], "outputs": [16]},
-    }
-    return validate_config(config)
-
-
-def run_sidecars(config: dict[str, Any], name: str, log_dir: Path, ports_file: Path) -> int:
+def run_sidecars(study: StudyConfig, name: str, log_dir: Path, ports_file: Path) -> int:
     """Start a variant's sidecars (serving/sidecar.py) on ports of their own and keep them until
     SIGTERM, SIGINT or the end of one of them; once every one is ready, `ports_file` gets a line
     `name=port` each (the verify scripts pass them to `ctax launch-command --sidecar-port`).
@@ -125,10 +84,9 @@ def run_sidecars(config: dict[str, Any], name: str, log_dir: Path, ports_file: P
     from connector_tax.serving.sidecar import Sidecars
 
     stop_on_signals()
-    variant = find_variant(config, name)
-    host = str(dict(config["server"], **(variant.get("server") or {}))["host"])
-    ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(config, variant)}
-    spec = launch_spec("-", config, variant, 8000, sidecars=ports)  # only its sidecars are started
+    variant = study.variant(name)
+    ports = {n: free_port(variant.host or study.host, block=SIDECAR_PORTS) for n in sidecar_names(study, variant)}
+    spec = launch_spec("-", study, variant, 8000, sidecars=ports)  # only its sidecars are started
     try:
         with Sidecars(spec.sidecars, log_dir) as sidecars:
             ports_file.write_text("".join(f"{n}={p}\n" for n, p in ports.items()), encoding="utf-8")
@@ -212,21 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     prog = "vllm_cli"
     try:
         if args.command == "names":
-            for variant in load_config(args.config)["variants"]:
-                print(variant["name"])
+            for name in load_study(args.config).names:
+                print(name)
         elif args.command == "gated":
-            config = load_config(args.config)
-            names = [v["name"] for v in config["variants"] if preflight_check(v) == args.check]
+            study = load_study(args.config)
+            names = [v.name for v in study.variants if preflight_check(v) == args.check]
             if args.only:
-                find_variant(config, args.only)
+                study.variant(args.only)  # ConfigError naming it
                 names = [n for n in names if n == args.only]
             for name in names:
                 print(name)
         elif args.command == "plan":
-            print(json.dumps(plan(load_config(args.config), args.name, args.port, args.check)))
+            print(json.dumps(plan(load_study(args.config), args.name, args.port, args.check)))
         elif args.command == "smoke-config":
             config = smoke_config(
-                load_config(args.base),
+                load_study(args.base).raw,
                 model=args.model,
                 max_model_len=args.max_model_len,
                 gpu_memory_utilization=args.gpu_memory_utilization,
@@ -250,13 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(reason)
         elif args.command == "sidecars":
-            return run_sidecars(load_config(args.config), args.name, args.log_dir, args.ports_file)
+            return run_sidecars(load_study(args.config), args.name, args.log_dir, args.ports_file)
         elif args.command == "wait-released":
-            from connector_tax.config.merge import merged_server
             from connector_tax.serving.gpus import wait_released
 
-            config = load_config(args.config)
-            need = merged_server(config, find_variant(config, args.name))["gpu_memory_utilization"]
+            study = load_study(args.config)
+            need = study.server_of(study.variant(args.name))["gpu_memory_utilization"]
             try:
                 print(f"{wait_released(args.gpu, float(need)):.1f}")
             except RuntimeError as exc:

@@ -25,15 +25,13 @@ The config's vllm.env and a variant's env still win over all of these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from connector_tax.config.vllm_rules import device
+from connector_tax.config import StudyConfig
 
 
-def cpu_env(config: Mapping[str, Any], root: Path) -> dict[str, str]:
-    cpu = (config.get("vllm") or {}).get("cpu") or {}
+def cpu_env(study: StudyConfig, root: Path) -> dict[str, str]:
+    cpu = study.vllm.get("cpu") or {}
     cache_root = cpu.get("cache_root") or str(root / "results" / ".vllm-cache")
     cache = Path(cache_root)
     if not cache.is_absolute():
@@ -47,11 +45,10 @@ def cpu_env(config: Mapping[str, Any], root: Path) -> dict[str, str]:
     }
 
 
-def describe(config: Mapping[str, Any], version: str | None) -> str:
+def describe(study: StudyConfig, version: str | None) -> str:
     """What served a vLLM study, for its report and manifest: e.g. "vLLM 0.32.0 on CPU, dummy
     weights" (never "simulated", never "GPU" when it ran on a CPU)."""
-    where = "on CPU" if device(config) == "cpu" else "on GPU"
-    model = config.get("model") or {}
-    weights = ", dummy weights" if model.get("load_format") == "dummy" else ""
-    release = version.partition("+")[0] if version else f"{config.get('vllm_version', '?')} (configured)"
+    where = "on CPU" if study.device == "cpu" else "on GPU"
+    weights = ", dummy weights" if study.model.load_format == "dummy" else ""
+    release = version.partition("+")[0] if version else f"{study.vllm_version or '?'} (configured)"
     return f"vLLM {release} {where}{weights}"

@@ -99,7 +99,7 @@ def launch_cell(job: tuple[Any, ...]) -> dict[str, Any]:
     gives two studies of one seed launches of their own (compare_coverage.py) and the same traffic."""
     study, name, load, seed, replicate, cs, *tag = job
     variant = study.variant(K.PLAIN if name == AA else name)
-    settings = resolve(study.raw, variant.raw, {}, launch_seed(seed, "".join(tag) + name, PHASE_A, replicate))
+    settings = resolve(study, variant, {}, launch_seed(seed, "".join(tag) + name, PHASE_A, replicate))
     warmup_s = study.workload.warmup_s if cs.warmup_s is None else cs.warmup_s
     warmup = int(round(warmup_s * load.rps))
     run = run_cell(

@@ -37,7 +37,7 @@ from connector_tax.sim.settings import resolve
 def _replicate(job: tuple[StudyConfig, str, Cell, int, TruthSettings]) -> tuple[str, float, float, float]:
     """(variant, rate, TTFT p90 ms, throughput ratio) of one replication."""
     study, name, load, rep, ts = job
-    settings = resolve(study.raw, study.variant(name).raw, {})
+    settings = resolve(study, study.variant(name), {})
     run = run_cell(
         settings,
         load,

@@ -75,7 +75,7 @@ def _replicate(
     job: tuple[StudyConfig, str, Cell, int, TruthSettings],
 ) -> tuple[str, str, int, dict[str, np.ndarray]]:
     study, name, load, rep, ts = job
-    settings = resolve(study.raw, study.variant(name).raw, {})
+    settings = resolve(study, study.variant(name), {})
     run = run_cell(
         settings,
         load,

@@ -34,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
     if args.static:
         return 0
     try:
-        check_host(config)
+        check_host(StudyConfig.from_mapping(config))
     except ConfigError as exc:
         print(f"{args.file}: on this host: {exc}", file=sys.stderr)
         return 2

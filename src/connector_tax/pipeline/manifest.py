@@ -121,7 +121,7 @@ def hma_note(study: StudyConfig) -> str:
         return "n/a (not vLLM)"
     from connector_tax.launch.vllm import hma_policy
 
-    return hma_policy(study.raw)
+    return hma_policy(study)
 
 
 def _versions(index: PhaseIndex | None, study: StudyConfig) -> dict[str, Any]:

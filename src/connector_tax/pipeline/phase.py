@@ -29,7 +29,6 @@ from connector_tax.config import (
     PHASE_B_PRIME,
     Cell,
     StudyConfig,
-    Variant,
     launch_label,
     launch_order,
     load_study,
@@ -110,15 +109,6 @@ def _final_status(index: PhaseIndex) -> str:
     return "failed"
 
 
-def run_phase(
-    study: StudyConfig, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
-) -> PhaseIndex:
-    """cpus: lease that many CPUs of the host for this job (it has neighbours), near its GPU, once
-    it launches a server (runners.ServerRunner); None: use all. replicate: which of the study's
-    workload.replicates launches of this variant and phase."""
-    return _run_phase(study, study.variant(name), launch_phase, cpus, replicate)
-
-
 def policies(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPlan, index: PhaseIndex) -> Policies:
     """The study's policies for one launch's cells: its saturation and validity settings, Phase A
     pruning past the knee and Phase B' on saturated shapes, pairing with the baseline, and a
@@ -186,10 +176,15 @@ def _suspect(layout: StudyLayout, study: StudyConfig, name: str, plan: LaunchPla
     return check
 
 
-def _run_phase(
-    study: StudyConfig, variant: Variant, launch_phase: str, cpus: int | None, replicate: int = 1
+def run_phase(
+    study: StudyConfig, name: str, launch_phase: str, cpus: int | None = None, replicate: int = 1
 ) -> PhaseIndex:
-    name = variant.name
+    """One launch of variant `name` for `launch_phase`: plan its cells, reuse those already sealed,
+    measure the rest by the study's policies, and keep its index. cpus: lease that many CPUs of the
+    host for this job (it has neighbours), near its GPU, once it launches a server
+    (runners.ServerRunner); None: use all. replicate: which of the study's workload.replicates
+    launches of this variant and phase."""
+    variant = study.variant(name)
     if not 1 <= replicate <= study.workload.replicates:
         raise ValueError(f"--replicate {replicate}: the study has workload.replicates {study.workload.replicates}")
     layout = StudyLayout.of(study.study)

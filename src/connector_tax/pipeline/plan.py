@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, find_variant, launch_label, planned_cells
+from connector_tax.config import PHASE_A, PHASE_B, Cell, StudyConfig, Variant, launch_label, planned_cells
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import (
     cell_settings,
@@ -57,9 +56,9 @@ class LaunchPlan:
         return " ".join(f"{c.cell.key}={short(c.fingerprint)}" for c in self.cells)
 
 
-def launch_argv(config_path: str | Path, config: Mapping[str, Any], variant: Mapping[str, Any], port: int) -> list[str]:
+def launch_argv(config_path: str | Path, study: StudyConfig, variant: Variant, port: int) -> list[str]:
     """The launch argv as the fingerprint sees it: port and run-specific paths as placeholders."""
-    spec = launch_spec(config_path, config, variant, port)
+    spec = launch_spec(config_path, study, variant, port)
     return normalize_argv(spec.argv, port, {"<study_config>": str(config_path), "<python>": sys.executable})
 
 
@@ -79,14 +78,14 @@ def launch_plan(
     reference: dict[str, Any] | None,
     replicate: int = 1,
 ) -> LaunchPlan:
-    config = study.raw
-    variant = find_variant(config, name)
-    argv = launch_argv(config_path, config, variant, _PLAN_PORT)
-    launch = launch_settings(config, variant, argv, server_versions(study))
+    variant = study.variant(name)
+    argv = launch_argv(config_path, study, variant, _PLAN_PORT)
+    # The fingerprint hashes the config as written (contract/fingerprint.py): the raw sections.
+    launch = launch_settings(study.raw, variant.raw, argv, server_versions(study))
     code = code_versions(study.backend)
     cells = []
     for cell in planned_cells(study, name, launch_phase, reference, replicate):
-        settings = cell_settings(config, cell)
+        settings = cell_settings(study.raw, cell)
         cells.append(CellPlan(cell, settings, fingerprint(launch, settings, code)))
     return LaunchPlan(name, launch_phase, launch, code, cells, replicate)
 
@@ -215,7 +214,6 @@ def job_threads(study: StudyConfig) -> int:
 
 def launch_digest(study: StudyConfig, config_path: str | Path, name: str) -> str:
     """The launch settings of a configuration, hashed: preflight re-runs when they change."""
-    config = study.raw
-    variant = find_variant(config, name)
-    argv = launch_argv(config_path, config, variant, _PLAN_PORT)
-    return short(sha(launch_settings(config, variant, argv, server_versions(study))))
+    variant = study.variant(name)
+    argv = launch_argv(config_path, study, variant, _PLAN_PORT)
+    return short(sha(launch_settings(study.raw, variant.raw, argv, server_versions(study))))

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,6 @@ import httpx
 
 from connector_tax.atomic import write_json
 from connector_tax.config import ConfigError, StudyConfig, Variant, load_study
-from connector_tax.config.merge import merged_server
-from connector_tax.config.vllm_rules import device
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
@@ -75,7 +72,7 @@ def _on_gpu(gpu: Gpu | None, study: StudyConfig, variant: Variant) -> dict[str, 
     """The environment of a launch on `gpu`, once its memory is released (serving.gpus)."""
     if gpu is None:
         return {}
-    wait_released(gpu.index, float(merged_server(study.raw, variant.raw).get("gpu_memory_utilization") or 0.0))
+    wait_released(gpu.index, float(study.server_of(variant).get("gpu_memory_utilization") or 0.0))
     return gpu_env(gpu.index)
 
 
@@ -114,9 +111,7 @@ def check_readiness(study: StudyConfig, name: str, log_dir: Path) -> dict[str, A
         }
 
 
-def missing_library(
-    study: StudyConfig, variant: Mapping[str, Any], env: dict[str, str], cache: Path
-) -> dict[str, Any] | None:
+def missing_library(study: StudyConfig, variant: Variant, env: dict[str, str], cache: Path) -> dict[str, Any] | None:
     """Why the first connector library of `variant` cannot serve vLLM here, found without a launch
     (launch/connector_probe.py); None when every library is there and usable, or the probe cannot
     tell: the real launch decides then. The answer's `kind`:
@@ -196,27 +191,26 @@ def _probe_skip(name: str, missing: dict[str, Any]) -> dict[str, Any]:
 
 
 def _readiness(study: StudyConfig, typed: Variant, log_dir: Path) -> dict[str, Any]:
-    # The launchers read the sections they pass on to a server (server, sim, vllm) themselves.
-    name, backend, config, variant = typed.name, study.backend, study.raw, typed.raw
+    name, backend = typed.name, study.backend
     host = typed.host or study.host
     port = free_port(host, block=3 if backend == "vllm" else 1)
-    sidecar_ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(config, variant)}
-    spec = launch_spec(str(study.source), config, variant, port, sidecars=sidecar_ports)
+    sidecar_ports = {n: free_port(host, block=SIDECAR_PORTS) for n in sidecar_names(study, typed)}
+    spec = launch_spec(str(study.source), study, typed, port, sidecars=sidecar_ports)
     if backend == "vllm":
         from connector_tax.launch.vllm import preflight_script
 
         # A connector library vLLM's Python lacks: vLLM's own error, without a launch that can only fail.
-        missing = missing_library(study, variant, spec.env, StudyLayout.of(study.study).preflight_probe)
+        missing = missing_library(study, typed, spec.env, StudyLayout.of(study.study).preflight_probe)
         if missing is not None:
             return _probe_skip(name, missing)
-        script = preflight_script(config, name)
+        script = preflight_script(study, name)
         if script is not None:
             return run_gate(study, name, script, log_dir)
     url = spec.url or f"http://{host}:{port}"
     model = study.model.served
     started = time.monotonic()
     try:
-        with gpu_lease(backend, device=device(config)) as gpu:
+        with gpu_lease(backend, device=study.device) as gpu:
             spec.env.update(_on_gpu(gpu, study, typed))
             # Sidecars first (an LMCache MP server): ready before the server starts, stopped after it.
             with Sidecars(spec.sidecars, log_dir) as sidecars, ServerProcess(spec, url, log_dir) as server:
@@ -279,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         study = load_study(args.config)
         try:  # what this host would fail on minutes into every launch, refused before the first
-            check_host(study.raw)
+            check_host(study)
         except ConfigError as exc:
             print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
             return 2

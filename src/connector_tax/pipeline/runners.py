@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 
 from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.cells import PHASE_A, Cell, launch_seed
-from connector_tax.config.merge import merged_server
 from connector_tax.contract.fingerprint import METRICS_INTERVAL_S
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import CellFiles, PhaseLayout
@@ -117,7 +116,7 @@ class ServerRunner:
             index.placement = placement
             return
         placement.update(self.gpu.record())
-        need = float(merged_server(self.study.raw, self.variant.raw).get("gpu_memory_utilization") or 0.0)
+        need = float(self.study.server_of(self.variant).get("gpu_memory_utilization") or 0.0)
         waited = wait_released(self.gpu.index, need)
         placement["gpu_waits_s"] = [*placement.get("gpu_waits_s", []), round(waited, 2)]
         if index.restarts:  # the relaunch after the last failure
@@ -126,19 +125,17 @@ class ServerRunner:
 
     @contextmanager
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[_ServerLaunch]:
-        study, backend = self.study, self.study.backend
-        # The launchers read the sections they pass on to a server (server, sim, vllm) themselves.
-        config, variant = dict(study.raw), dict(self.variant.raw)
+        study, backend, variant = self.study, self.study.backend, self.variant
         index.gpu = gpu_description(self.gpu.index if self.gpu else None, backend)
         self._wait_for_gpu(index)
-        host = self.variant.host or study.host
+        host = variant.host or study.host
         port = free_port(host, block=3 if backend == "vllm" else 1)
         # Each sidecar (an LMCache MP server) on ports of its own, reserved until it stops.
-        sidecar_ports = {name: free_port(host, block=SIDECAR_PORTS) for name in sidecar_names(config, variant)}
+        sidecar_ports = {name: free_port(host, block=SIDECAR_PORTS) for name in sidecar_names(study, variant)}
         raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
         raw.parent.mkdir(parents=True, exist_ok=True)
         step_log = str(raw) if backend != "openai" else None
-        spec = launch_spec(str(study.source), config, variant, port, step_log, sidecar_ports)
+        spec = launch_spec(str(study.source), study, variant, port, step_log, sidecar_ports)
         if self.gpu is not None:
             spec.env.update(gpu_env(self.gpu.index))
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
@@ -147,8 +144,8 @@ class ServerRunner:
         index.launch_command = spec.argv
         index.server_env = dict(spec.env)
         if backend == "vllm":
-            index.workarounds = workarounds(config, variant)
-            index.interventions = list(self.variant.interventions)
+            index.workarounds = workarounds(variant)
+            index.interventions = list(variant.interventions)
         options = LoadgenOptions.of_study(study, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
@@ -271,7 +268,7 @@ class VirtualRunner:
 
     def __init__(self, study: StudyConfig, variant: Variant) -> None:
         self.study, self.variant = study, variant
-        self.settings = resolve(dict(study.raw), dict(variant.raw), {})
+        self.settings = resolve(study, variant, {})
         self.options = LoadgenOptions.of_study(study, "virtual:")
 
     def __enter__(self) -> VirtualRunner:
@@ -284,7 +281,7 @@ class VirtualRunner:
     def launch(self, index: PhaseIndex, save: Callable[[], None]) -> Iterator[VirtualRunner]:
         index.launch_command = None
         index.step_timing_available, index.step_timing_reason = True, None  # the engine model writes every step
-        self.settings = resolve(dict(self.study.raw), dict(self.variant.raw), {}, _launch_seed(self.study, index))
+        self.settings = resolve(self.study, self.variant, {}, _launch_seed(self.study, index))
         yield self
 
     def run(

@@ -21,7 +21,7 @@ from typing import IO
 import uvicorn
 import uvloop
 
-from connector_tax.config import ConfigError, default_config_path, find_variant, load_config
+from connector_tax.config import ConfigError, default_config_path, load_study
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.sim.api import SimApp
 from connector_tax.sim.cli_args import FAULT_FLAGS
@@ -67,9 +67,9 @@ def main(args: argparse.Namespace) -> int:
     config_path = Path(args.config) if args.config else default_config_path()
     cli_faults = {name: getattr(args, name) for name in FAULT_FLAGS if getattr(args, name) is not None}
     try:
-        config = load_config(config_path)
+        study = load_study(config_path)
         launch = os.environ.get(LAUNCH_SEED_ENV)
-        settings = resolve(config, find_variant(config, args.variant), cli_faults, int(launch) if launch else None)
+        settings = resolve(study, study.variant(args.variant), cli_faults, int(launch) if launch else None)
     except (ConfigError, ValueError) as exc:
         return _error(str(exc))
     if settings.faults.fail_start:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from connector_tax.config import StudyConfig, Variant
 from connector_tax.config.merge import deep_merge
 from connector_tax.config.profile import ApiProfile, EngineProfile, check_study_profile
 from connector_tax.sim.admission import AdmissionSettings
@@ -38,12 +38,12 @@ class SimSettings:
 
 
 def _calibrated(
-    profile: EngineProfile, sim: dict[str, Any], variant: Mapping[str, Any]
+    profile: EngineProfile, sim: dict[str, Any], variant: Variant
 ) -> tuple[HardwareProfile, FittedCosts | None, ApiProfile, str]:
     """The hardware, this variant's fitted costs (None: none fitted) and API delays of a
     calibrated profile, with the config's `sim.hardware` overrides on top."""
     hardware = HardwareProfile(**{**profile.hardware, **(sim.get("hardware") or {})})
-    fitted = profile.variant_for(variant["name"], variant.get("connector"))
+    fitted = profile.variant_for(variant.name, variant.connector)
     if fitted is None:
         return hardware, None, profile.api, "hand-set"
     hooks = {h: (t["fixed_us"], t["per_request_us"], t["per_block_us"]) for h, t in fitted.hooks.items()}
@@ -66,17 +66,18 @@ def speed_factor(bias_sd: float, launch_seed: int | None) -> float:
 
 
 def resolve(
-    config: Mapping[str, Any], variant: Mapping[str, Any], faults: dict[str, Any], launch_seed: int | None = None
+    study: StudyConfig, variant: Variant, faults: dict[str, Any], launch_seed: int | None = None
 ) -> SimSettings:
-    """`config` is a validated study config and `variant` one of its `configs` entries;
-    `faults` (from the command line) override the config's own; `launch_seed` draws this launch's
-    speed factor when the study turns the per-launch bias on (sim.launch_bias_sd)."""
-    server = deep_merge(config.get("server", {}), variant.get("server", {}))
-    sim = deep_merge(config.get("sim", {}), variant.get("sim", {}))
+    """`variant` is one of the `study`'s; `faults` (from the command line) override the config's
+    own; `launch_seed` draws this launch's speed factor when the study turns the per-launch bias on
+    (sim.launch_bias_sd). The `server` and `sim` sections are the simulator's to read: the
+    engine's settings and the simulator's own, a variant's on top of the study's."""
+    server = deep_merge(dict(study.server), dict(variant.server))
+    sim = deep_merge(dict(study.sim), dict(variant.sim))
     admission = AdmissionSettings(**sim.get("admission", {}))
     table, role_scale = connector_cost_table(sim.get("connector_costs"))
-    connector = variant.get("connector")
-    profile = check_study_profile({**config, "sim": sim})
+    connector = dict(variant.connector) if variant.connector else None
+    profile = check_study_profile({**study.raw, "sim": sim})
     fitted: FittedCosts | None = None
     api: ApiProfile | None = None
     if profile is not None:
@@ -106,10 +107,10 @@ def resolve(
             f"{label} profile ({capacity} tokens)"
         )
     return SimSettings(
-        variant=variant["name"],
-        model=config["model"].get("served_name") or config["model"]["name"],
+        variant=variant.name,
+        model=study.model.served,
         host=server.get("host", "127.0.0.1"),
-        vllm_version=config.get("vllm_version", "0.33.0"),
+        vllm_version=study.vllm_version or "0.33.0",
         engine=engine,
         cost_model=CostModel(hardware, terms, fitted, speed),
         faults=FaultSettings.from_dict({**sim.get("faults", {}), **faults}),
