@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typed import typed
+from typed import study_of, typed
 
 from connector_tax.config import load_config, validate_config
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
@@ -146,6 +146,6 @@ def test_a_taken_port_fails_the_lmcache_server_at_once_with_its_reason(cpu_confi
     with socket.create_server(("127.0.0.1", port)):
         t0 = time.monotonic()
         with pytest.raises(ServerStartError, match="exited with code .*Address already in use") as err:
-            with Sidecars((lmcache_server(cpu_config, "127.0.0.1", port),), tmp_path):
+            with Sidecars((lmcache_server(study_of(cpu_config), "127.0.0.1", port),), tmp_path):
                 pass
     assert time.monotonic() - t0 < 120 and "\n" not in str(err.value)
