@@ -17,6 +17,7 @@ from typing import Any
 
 from connector_tax.config.errors import ConfigError
 from connector_tax.config.gate import Saturation, Validity
+from connector_tax.config.merge import merged_server
 
 
 @dataclass(frozen=True)
@@ -318,8 +319,6 @@ class StudyConfig:
     def server_of(self, variant: Variant) -> dict[str, Any]:
         """The `server` settings a variant launches with: the study's, its overrides on top
         (config/merge.py: extra_args of both, without those that cannot change a measurement)."""
-        from connector_tax.config.merge import merged_server
-
         return merged_server(self.raw, variant.raw)
 
     @property
