@@ -79,7 +79,7 @@ def executable(study: StudyConfig) -> str:
     settings = study.lmcache_server
     if settings.executable:
         return settings.executable
-    vllm = str(study.vllm.get("executable", "vllm"))
+    vllm = study.vllm_executable
     found = shutil.which(vllm) if os.sep not in vllm else vllm
     beside = Path(found).parent / "lmcache" if found else None
     return str(beside) if beside is not None and beside.is_file() else "lmcache"

@@ -252,7 +252,7 @@ def vllm_argv(study: StudyConfig, variant: Variant, port: int, sidecars: dict[st
     where = _variant_where(study, variant)
     check_extra_args(list(study.server.get("extra_args") or []), "server.extra_args")
     check_extra_args(list(variant.server.get("extra_args") or []), f"{where}.server.extra_args")
-    executable = str(study.vllm.get("executable", "vllm"))
+    executable = study.vllm_executable
     on_cpu = study.device == "cpu"
     if on_cpu:
         check_server(server, "server")

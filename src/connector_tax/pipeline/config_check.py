@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from connector_tax.config import ConfigError, StudyConfig, check_file, load_config
+from connector_tax.config import ConfigError, check_file, load_study
 from connector_tax.launch.hostcheck import check_host
 from connector_tax.pipeline.resolution import unbounded_warnings
 
@@ -28,13 +28,13 @@ def add_arguments(check: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if check_file(args.file) != 0:
         return 2
-    config = load_config(args.file)
-    for line in unbounded_warnings(StudyConfig.from_mapping(config)):
+    study = load_study(args.file)
+    for line in unbounded_warnings(study):
         print(f"warning: {line}")
     if args.static:
         return 0
     try:
-        check_host(StudyConfig.from_mapping(config))
+        check_host(study)
     except ConfigError as exc:
         print(f"{args.file}: on this host: {exc}", file=sys.stderr)
         return 2
