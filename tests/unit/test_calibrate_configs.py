@@ -75,7 +75,9 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
     )
     estimates, notes = plan_study(study, timing=timing)
     by = {(e.stage, e.variant): e for e in estimates}
-    assert by[("preflight", "plain")].seconds == 60.0 and by[("preflight", "lmcache_only")].seconds == 4.0
+    assert by[("preflight", "lmcache_only")].seconds == 4.0
+    # vllm.preflight_launch: gated: only a verify script's variant launches in the preflight
+    assert by[("preflight", "noop_connector")].seconds == 60.0 and by[("preflight", "plain")].seconds == 4.0
     assert by[("phase_a", "lmcache_only")].seconds == 1.0 and by[("phase_a", "lmcache_only")].cells == 0
     without, _ = plan_study(study)
     plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))

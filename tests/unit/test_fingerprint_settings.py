@@ -23,6 +23,9 @@ LMCache's multi-process mode changed their launch entries on purpose and added t
 two MP variants; `vllm.lmcache_mp` is hashed only for variants that use it.
 The H20 study's cells changed on purpose (a 210 s floor that bounds its long-context cells, and
 the tax-precision plan); no launch entry changed.
+The CPU study, its simulated and held-out twins, went from four Phase B shapes to the three that
+decide H5 and H6 (512x64 removed) and added `vllm.preflight_launch: gated`, which is not hashed
+(no server starts differently for it): entries removed, none changed.
 """
 
 from __future__ import annotations

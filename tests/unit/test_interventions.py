@@ -96,7 +96,8 @@ def test_the_overlay_measures_nixl_beside_its_interventions_and_an_aa_twin_copie
     assert declared["plain"] == [] and declared["nixl_both"] == []
     assert sorted(i for v in declared.values() for i in v) == ["nixl_progress_delay_1ms", "nixl_progress_off"]
     assert config["workload"]["replicates"] == 2 and config["study"] == "vllm-cpu-nixl-progress"
-    assert (config["workload"]["phase_b"]["inputs"], config["workload"]["phase_b"]["outputs"]) == ([512], [64])
+    assert config["workload"]["phase_b"]["shapes"] == [{"input": 512, "output": 64}]
+    assert "inputs" not in config["workload"]["phase_b"]  # the overlay replaces the base's shapes
     twin = validate_config(
         {**config, "variants": [*config["variants"], {"name": "again", "aa_of": "nixl_progress_off"}]}
     )

@@ -88,8 +88,11 @@ def fake_vllm(root: Path) -> Path:
     return script
 
 
-def study(tmp_path: Path) -> Path:
+def study(tmp_path: Path, preflight_launch: str = "all") -> Path:
+    """The CPU study against a stand-in vLLM; `all`: every variant's readiness launch (a GPU
+    host's default), `gated`: as the shipped CPU config, only the verify scripts launch."""
     config = copy.deepcopy(load_config(CPU))
+    config["vllm"]["preflight_launch"] = preflight_launch
     model = tmp_path / "tiny"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -203,4 +206,19 @@ def test_lmcache_mp_whose_server_cannot_start_is_skipped_with_why_before_vllm_st
     assert status["reason"] == (
         f"sidecar lmcache_server (LMCache MP server): cannot start {tmp_path}/env/bin/lmcache: No such file or directory"
     )
+    assert lines(tmp_path / "launches") == []
+
+
+def test_with_gated_launches_an_ungated_variant_is_ok_without_a_launch_and_a_missing_library_still_skips(tmp_path):
+    """The shipped CPU config (`vllm.preflight_launch: gated`): a variant no verify script gates
+    whose libraries are there passes without a vLLM launch, saying so (its Phase A launch is the
+    check); one whose library is missing is still the probe's SKIP, with vLLM's own words."""
+    study(tmp_path, "gated")
+    status = preflight(tmp_path, "plain")
+    assert status["status"] == "ok" and status["launched"] is False, status
+    assert status["note"].startswith("not launched (vllm.preflight_launch: gated)")
+    assert lines(tmp_path / "launches") == []
+    status = preflight(tmp_path, "nixl_both")  # the stand-in vLLM has no NIXL
+    assert status["status"] == "skip" and status["probe"]["kind"] == "absent", status
+    assert "NIXL is not available" in status["reason"]
     assert lines(tmp_path / "launches") == []

@@ -22,6 +22,7 @@ def test_vllm_defaults_are_filled() -> None:
     assert config["vllm"] == {
         "executable": "vllm",
         "device": "cuda",
+        "preflight_launch": "all",
         "hybrid_kv_cache_manager": "disabled",
         "step_timing": True,
         "mooncake": {"protocol": "rdma"},
@@ -51,6 +52,7 @@ def test_vllm_settings_are_kept() -> None:
         "executable": "/opt/vllm/bin/vllm",
         "device": "cpu",
         "cpu": {"kvcache_space_gib": 2, "omp_threads_bind": "0-1", "cache_root": "/tmp/vc"},
+        "preflight_launch": "gated",
         "hybrid_kv_cache_manager": "auto",
         "step_timing": False,
         "mooncake": {"protocol": "tcp", "device_name": "mlx5_0"},

@@ -214,7 +214,7 @@ def build(results_dir: Path, baseline: str | None = PLAIN, throughput_basis: str
         pf = study.preflight.get(name) or {}
         config_status[name] = {
             "preflight": pf.get("status"),
-            "preflight_reason": pf.get("reason"),
+            "preflight_reason": pf.get("reason") or pf.get("note"),
             "phases": {
                 phase_folder(ph, rep): {
                     "status": r.status,

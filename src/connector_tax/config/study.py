@@ -333,6 +333,12 @@ class StudyConfig:
         return executable
 
     @property
+    def preflight_gated_only(self) -> bool:
+        """backend vllm, `vllm.preflight_launch: gated`: only the verify scripts launch in the
+        preflight; an ungated variant's first phase launch is its readiness check."""
+        return self.backend == "vllm" and self.raw["vllm"]["preflight_launch"] == "gated"
+
+    @property
     def names(self) -> list[str]:
         return [v.name for v in self.variants]
 

@@ -110,12 +110,14 @@ def launch_settings(
 # neither hashes nor re-measures on them (and studies from before a section existed keep their
 # fingerprints).
 _TYPE_SECTIONS = ("lmcache_mp",)
+# vllm settings of the study's plan, not of a launch: no server starts differently for them.
+_NOT_LAUNCH = ("preflight_launch",)
 
 
 def _vllm_in_use(section: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
     connector = variant.get("connector") or {}
     types = {connector.get("type")} | {c.get("type") for c in connector.get("children") or []}
-    return {k: v for k, v in section.items() if k not in _TYPE_SECTIONS or k in types}
+    return {k: v for k, v in section.items() if k not in _NOT_LAUNCH and (k not in _TYPE_SECTIONS or k in types)}
 
 
 def _file_sha(path: Path) -> str:

@@ -39,6 +39,7 @@ from connector_tax.config import (
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
+from connector_tax.launch.preflight import preflight_check
 from connector_tax.metrics.threads import IDLE_WINDOW_S
 from connector_tax.pipeline.plan import job_threads
 from connector_tax.serving import topology
@@ -193,9 +194,12 @@ def plan_study(
             continue
         if timing is not None:
             launch = timing.phase_overhead_s
-        out.append(
-            Estimate("preflight", name, 0, timing.preflight_s if timing else launch + _job_fixed_s(study, "preflight"))
-        )
+        if study.preflight_gated_only and preflight_check(study.variant(name)) is None:
+            # no readiness launch of its own: the library probe only, about what a SKIP costs
+            pre = timing.preflight_skip_s if timing else _job_fixed_s(study, "preflight")
+        else:
+            pre = timing.preflight_s if timing else launch + _job_fixed_s(study, "preflight")
+        out.append(Estimate("preflight", name, 0, pre))
         for replicate in replicates:
             who = launch_label(name, replicate)
             for stage, cells in (

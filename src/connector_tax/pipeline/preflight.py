@@ -206,6 +206,17 @@ def _readiness(study: StudyConfig, typed: Variant, log_dir: Path) -> dict[str, A
         script = preflight_script(study, name)
         if script is not None:
             return run_gate(study, name, script, log_dir)
+        if study.preflight_gated_only:
+            # One vLLM start-up saved where launches run one at a time; the probe above has
+            # already refused a missing library, and a phase launch that fails records its reason.
+            return {
+                "variant": name,
+                "status": "ok",
+                "reason": None,
+                "backend": backend,
+                "launched": False,
+                "note": "not launched (vllm.preflight_launch: gated): its first phase launch is its readiness check",
+            }
     url = spec.url or f"http://{host}:{port}"
     model = study.model.served
     started = time.monotonic()
@@ -280,13 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)
-        if previous and previous.get("status") == "ok" and previous.get("launch") == digest:
+        # An ok without a launch (preflight_launch: gated) is no ok once every variant must launch.
+        reusable = previous is not None and (previous.get("launched", True) or study.preflight_gated_only)
+        if previous and previous.get("status") == "ok" and previous.get("launch") == digest and reusable:
             print(f"{args.variant}: ok (reused: this launch passed preflight with the same settings)")
             return 0
         with AncestorWatch():
             result = check_readiness(study, args.variant, Path(args.log_dir))
         write_json(out, {**result, "launch": digest})
-        print(f"{args.variant}: {result['status']}" + (f" ({result['reason']})" if result.get("reason") else ""))
+        why = result.get("reason") or result.get("note")
+        print(f"{args.variant}: {result['status']}" + (f" ({why})" if why else ""))
     else:
         write_json(Path(args.out), merge_status([Path(p) for p in args.parts]))
     return 0

@@ -85,9 +85,11 @@ def ttft_growth_only(
     layout: StudyLayout, study: StudyConfig, name: str, planned: CellPlan, files: CellFiles, done: list[CellPlan]
 ) -> str | None:
     """Why a Phase A attempt (in `files`, not sealed yet) must be measured once more before it may
-    become a knee: saturation criterion 3 (TTFT growth) fires, or cannot be ruled out, while
-    throughput and queue are clean. One stalled stretch of a short cell moves a p90 that much;
-    throughput and queue would show a real knee too. `done`: the complete cells below it."""
+    become a knee: saturation criterion 3 (TTFT growth) fires while throughput and queue are
+    clean. One stalled stretch of a short cell moves a p90 that much; throughput and queue would
+    show a real knee too. A straddling interval is no knee, and another cell of the same size
+    straddles as often (the second replaces the first): it stands "unknown" with one measurement.
+    `done`: the complete cells below it."""
     if planned.cell.phase != PHASE_A:
         return None
     lower = [p for p in done if p.cell.rps <= planned.cell.rps / 2 + 1e-9 and valid(layout, name, p)]
@@ -98,12 +100,11 @@ def ttft_growth_only(
     crit = verdict["criteria"]
     clean = crit[CRIT_THROUGHPUT]["fired"] is False and crit[CRIT_WAITING]["fired"] is False
     growth = crit[CRIT_TTFT]
-    if not clean or not (growth.get("fired") or growth.get("undecided")):
+    if not clean or not growth.get("fired"):
         return None
     shown = f"{growth['value']:.3g}" + (f" [{growth['ci'][0]:.3g}, {growth['ci'][1]:.3g}]" if growth.get("ci") else "")
-    how = "tripped only" if growth.get("fired") else "could not rule out"
     return (
-        f"{how} saturation criterion 3 (TTFT p90 growth {shown} vs {growth['threshold']:g} against "
+        f"tripped only saturation criterion 3 (TTFT p90 growth {shown} vs {growth['threshold']:g} against "
         f"{lower[-1].cell.label}) with throughput and queue clean: measured again before it may become a knee"
     )
 
