@@ -396,3 +396,30 @@ def test_the_banner_says_whether_a_quieter_host_would_help() -> None:
     assert "the server under test took the CPUs it needed" in quiet and "quiet host" not in quiet
     busy = header_lines(study_contention(rows((True, False), (False, True))), ["H1"])[0]
     assert "Run the study again on a quiet host" in busy
+
+
+@pytest.mark.parametrize(
+    ("growth", "again"),
+    [
+        ({"fired": True, "value": 2.6, "ci": [2.2, 3.1], "threshold": 2.0}, True),
+        ({"fired": None, "undecided": True, "value": 1.9, "ci": [1.2, 2.9], "threshold": 2.0}, False),
+        ({"fired": False, "value": 1.1, "ci": [0.9, 1.3], "threshold": 2.0}, False),
+    ],
+    ids=["fired", "straddles", "clean"],
+)
+def test_only_a_criterion_3_that_fires_alone_is_measured_again(tiny, monkeypatch, growth, again) -> None:
+    """A straddling interval is no knee, and a second cell of the same size (which replaces the
+    first) straddles as often: only a criterion 3 that fires with throughput and queue clean is
+    measured once more (pipeline.prune.ttft_growth_only)."""
+    from connector_tax.pipeline import prune
+
+    study, plan, layout, _ = tiny
+    r4, r8 = plan.cells
+    clean = {"fired": False}
+    verdict = {"criteria": {prune.CRIT_THROUGHPUT: clean, prune.CRIT_WAITING: clean, prune.CRIT_TTFT: growth}}
+    monkeypatch.setattr(prune, "_row", lambda *a, **k: {})
+    monkeypatch.setattr(prune, "cell_criteria", lambda *a, **k: verdict)
+    why = prune.ttft_growth_only(layout, study, "plain", r8, None, [r4])  # type: ignore[arg-type]
+    assert (why is not None) is again, why
+    if again:
+        assert why.startswith("tripped only saturation criterion 3 (TTFT p90 growth 2.6 [2.2, 3.1] vs 2")
