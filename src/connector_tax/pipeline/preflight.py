@@ -292,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         digest = launch_digest(study, args.config, args.variant)
         previous = _read(out)
         # An ok without a launch (preflight_launch: gated) is no ok once every variant must launch.
-        reusable = previous is not None and (previous.get("launched", True) or study.preflight_gated_only)
-        if previous and previous.get("status") == "ok" and previous.get("launch") == digest and reusable:
+        if (
+            previous
+            and previous.get("status") == "ok"
+            and previous.get("launch") == digest
+            and (previous.get("launched", True) or study.preflight_gated_only)
+        ):
             print(f"{args.variant}: ok (reused: this launch passed preflight with the same settings)")
             return 0
         with AncestorWatch():
