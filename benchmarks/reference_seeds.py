@@ -82,9 +82,20 @@ def _one(config: dict[str, Any], seed: int, clock: str, out: Path) -> dict[str, 
         "seed": seed,
         "returncode": rc,
         "seconds": round(seconds, 1),
+        "cell_s": round(_cell_seconds(root), 1),
         "reference": {"ref_safe": ref.get("ref_safe"), "ref_load": ref.get("ref_load")},
         "calls": {h["id"]: {"verdict": h["verdict"], "confidence": h["confidence"]} for h in hyp["hypotheses"]},
     }
+
+
+def _cell_seconds(root: Path) -> float:
+    """The measuring time of a study: its sealed cells' wall times (warm-up, floor, drain), in
+    the study's clock. A virtual run's total is what the same cells take in real time, so a change
+    to the cell rules can be costed in minutes for ten seeds before the user's clock pays for it."""
+    total = 0.0
+    for path in root.glob("*/phase_*/summary_*.json"):
+        total += float(json.loads(path.read_text()).get("wall_s") or 0.0)
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  seed {r['seed']}: ref_safe {r['reference']['ref_safe']:g} ref_load {r['reference']['ref_load']:g}"
             f"{'' if right_ref else '  <- not the truth'}; calls right {len(right)}/6, confident {len(confident)}/6"
-            f"{'; no interval: ' + ','.join(unbounded) if unbounded else ''}; {r['seconds']:.0f} s",
+            f"{'; no interval: ' + ','.join(unbounded) if unbounded else ''}; {r['seconds']:.0f} s "
+            f"(cells {r['cell_s']:.0f} s)",
             flush=True,
         )
     summary = {
