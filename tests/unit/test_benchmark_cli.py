@@ -267,3 +267,22 @@ def test_the_bare_c_reader_reads_whole_streams(tmp_path: Path, isolated_imports:
         assert 1 <= out["reads_per_request"] <= 8
         bad = subprocess.run([str(exe), "localhost", port, "1", "1", "1", "1"], capture_output=True, text=True)
         assert bad.returncode == 2 and "HOST" in bad.stderr
+
+
+def test_reference_seeds_sums_every_cells_wall_time_and_nothing_else(tmp_path: Path, isolated_imports: None) -> None:
+    """A study's cell seconds are its sealed cells' wall times over every variant and phase (what a
+    virtual run predicts of the real clock); the study's other JSON files are not cells."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from reference_seeds import _cell_seconds
+
+    for variant, phase, cell, wall in (
+        ("plain", "phase_a", "r8", 8.5),
+        ("plain", "phase_b", "64x8", 4.5),
+        ("multi", "phase_b_prime", "64x8", 2.5),
+    ):
+        folder = tmp_path / variant / phase
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"summary_{phase}_{cell}.json").write_text(json.dumps({"wall_s": wall}))
+        (folder / "run.json").write_text(json.dumps({"wall_s": 100.0}))
+    (tmp_path / "reference_rates.json").write_text(json.dumps({"wall_s": 100.0}))
+    assert _cell_seconds(tmp_path) == pytest.approx(15.5)
