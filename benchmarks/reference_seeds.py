@@ -35,6 +35,7 @@ from _common import REPO, parser, positive_int, write_json
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import StudyConfig, load_config
+from connector_tax.contract.summary import read_summary_file
 from connector_tax.oracle.reference import true_reference
 from connector_tax.oracle.truth import TruthSettings, truth
 
@@ -92,10 +93,8 @@ def _cell_seconds(root: Path) -> float:
     """The measuring time of a study: its sealed cells' wall times (warm-up, floor, drain), in
     the study's clock. A virtual run's total is what the same cells take in real time, so a change
     to the cell rules can be costed in minutes for ten seeds before the user's clock pays for it."""
-    total = 0.0
-    for path in root.glob("*/phase_*/summary_*.json"):
-        total += float(json.loads(path.read_text()).get("wall_s") or 0.0)
-    return total
+    summaries = (read_summary_file(path) for path in root.glob("*/phase_*/summary_*.json"))
+    return sum(s.wall_s or 0.0 for s in summaries if s is not None)
 
 
 def main(argv: list[str] | None = None) -> int:
