@@ -54,3 +54,36 @@ def test_a_share_over_a_tax_without_an_interval_has_no_interval() -> None:
     assert share is not None and share["value"] == 0.25 and share["ci"] is None
     dev = h4_rel_dev(t)
     assert dev is not None and dev["ci"] is None
+
+
+def test_h4_interval_counts_multi_once() -> None:
+    """H4's rel_dev is 1 - sum / multi; its interval is the box image of the sum's and multi's
+    intervals. The taxes are seed 4 of the real-clock default study (docs/simulator.md: paired
+    per request, launch_intervals' method), whose truth is +0.67: dividing the deviation (which
+    contains multi) by multi gave [+0.24, +1.35], reaching the 0.30 threshold; counting multi
+    once keeps the interval clear of it, and the box still holds whenever both intervals hold."""
+    from connector_tax.analysis.estimates import ci_of, div_interval, h4_rel_dev
+    from connector_tax.analysis.quantiles import tax_combination
+
+    def tax(value: float, lo: float, hi: float) -> dict:
+        return {"value": value, "ci": [lo, hi], "method": "launch"}
+
+    mb, lmc, multi = tax(0.6050, 0.4994, 0.7179), tax(0.3065, 0.2056, 0.4159), tax(2.5655, 1.8423, 3.4728)
+    variants = {"mooncake_both": mb, "lmcache_only": lmc, "multi_mooncake_lmcache": multi}
+    t = Taxes({"phase_a": {"ref_safe": {"variants": {n: {"ttft_p90": e} for n, e in variants.items()}}}})
+    h4 = h4_rel_dev(t)
+    assert h4 is not None and h4["value"] == (multi["value"] - mb["value"] - lmc["value"]) / multi["value"]
+    total = ci_of(tax_combination([(1.0, mb), (1.0, lmc)]))
+    assert total is not None
+    assert h4["ci"] == [1 - total[1] / multi["ci"][0], 1 - total[0] / multi["ci"][1]]
+    # Every corner of the two intervals lands inside it: the box holds whenever both hold.
+    for s in total:
+        for m in multi["ci"]:
+            assert h4["ci"][0] <= 1 - s / m <= h4["ci"][1]
+    # The deviation-over-multi box from the same taxes is wider and reaches the threshold.
+    dev = ci_of(tax_combination([(1.0, multi), (-1.0, mb), (-1.0, lmc)]))
+    assert dev is not None
+    old = div_interval(dev, multi["ci"])
+    assert old is not None and old[0] < 0.30 < h4["ci"][0] and h4["ci"][1] < old[1]
+    hyp = evaluate(t.doc, {}, ["plain", *variants], "plain", {"ok": True}, {}, True)
+    assert next(h for h in hyp["hypotheses"] if h["id"] == "H4")["confidence"] == "confident"
