@@ -1,6 +1,8 @@
 """A benchmark session: one worker pool and its CPU-latency hold, many cells in a row (a rate sweep
 or a shape sweep); each cell runs on the calling thread (realtime.py). Text and chat prompts are
-sized by the server's tokenizer once, before the workers start (sizing.py): the server must be up."""
+sized by the server's tokenizer once, before the workers start (sizing.py): the server must be up.
+Token-id prompts need nothing from the server, so a session of them may start while it boots
+(`needs_server`)."""
 
 from __future__ import annotations
 
@@ -24,17 +26,26 @@ from connector_tax.loadgen.worker.prompts import BodySettings
 __all__ = ["LoadGenerator", "LoadgenOptions", "Progress"]
 
 
+def _body(options: LoadgenOptions) -> BodySettings:
+    return BodySettings(
+        model=options.model,
+        endpoint=options.endpoint,
+        prompt=options.prompt,
+        temperature=options.temperature,
+        ignore_eos=options.ignore_eos,
+    )
+
+
+def needs_server(options: LoadgenOptions) -> bool:
+    """Does building a LoadGenerator of `options` ask the server (text prompts are sized on it)?"""
+    return _body(options).sends_text
+
+
 class LoadGenerator:
     def __init__(self, options: LoadgenOptions) -> None:
         options.check()
         self.options = options
-        body = BodySettings(
-            model=options.model,
-            endpoint=options.endpoint,
-            prompt=options.prompt,
-            temperature=options.temperature,
-            ignore_eos=options.ignore_eos,
-        )
+        body = _body(options)
         self.sizing: Sizing | None = None
         if body.sends_text:  # ServerProblem / ValueError in one line when it cannot be done
             with Api(options) as api:
