@@ -149,13 +149,13 @@ class ServerRunner:
         options = LoadgenOptions.of_study(study, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
-        # Sidecars first, each ready before vLLM starts (it would wait minutes for an absent one),
-        # stopped after it; placed where the server is.
-        # The load generator's workers start while the server boots (their start-up, ~0.4 s, is
-        # otherwise added to every launch: 16 in the default study) when they need nothing from
-        # it. Not for vLLM: the load generator is pinned after the server's threads, its idle
+        # The load generator's workers start while the server boots when they need nothing from
+        # it (0.35 s less a launch side by side, 16 launches in the default study: docs/simulator.md).
+        # Not for vLLM: the load generator is pinned after the server's threads, its idle
         # threads are recorded with no load generator running, and its boot takes a minute.
         overlap = backend != "vllm" and not needs_server(options)
+        # Sidecars first, each ready before vLLM starts (it would wait minutes for an absent one),
+        # stopped after it; placed where the server is.
         with (
             Sidecars(spec.sidecars, self.folder.folder, cpus) as sidecars,
             ServerProcess(spec, url, self.folder.folder, cpus=cpus) as server,
@@ -186,7 +186,7 @@ class ServerRunner:
                 }
             given_back = pin_this_process(placement[0]) if placement else None  # the load generator too
             try:
-                with contextlib.nullcontext(early) if early else LoadGenerator(options) as gen:
+                with contextlib.nullcontext(early) if early is not None else LoadGenerator(options) as gen:
                     yield _ServerLaunch(index.variant, server, gen, StepLogSplitter(raw), labels, sidecars)
             finally:
                 if given_back:
