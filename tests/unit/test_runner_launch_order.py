@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from connector_tax.config import load_study
+from connector_tax.config import StudyConfig, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.pipeline import runners
@@ -52,7 +52,12 @@ def _events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, phase:
     monkeypatch.setattr(runners, "ServerProcess", Server)
     monkeypatch.setattr(runners, "LoadGenerator", Generator)
     monkeypatch.chdir(tmp_path)
-    study = load_study(REPO / "configs" / config)
+    raw = load_config(REPO / "configs" / config)
+    if raw["model"].get("local"):  # a clean checkout has no tiny model: a folder vLLM's check accepts
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "config.json").write_text("{}")
+        raw["model"]["name"] = str(tmp_path / "model")
+    study = StudyConfig.from_mapping(raw)
     name = study.variants[0].name
     folder = StudyLayout.of(study.study).phase(name, phase, 1)
     index = PhaseIndex(study.study, name, phase, study.backend, {}, {}, [])
