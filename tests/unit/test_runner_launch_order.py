@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from connector_tax.config import StudyConfig, load_config
+from connector_tax.config import PHASE_B, StudyConfig, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.pipeline import runners
@@ -18,7 +18,7 @@ from connector_tax.pipeline import runners
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, phase: str = "phase_b") -> list[str]:
+def _events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str) -> list[str]:
     events: list[str] = []
 
     class Server:
@@ -59,8 +59,8 @@ def _events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, phase:
         raw["model"]["name"] = str(tmp_path / "model")
     study = StudyConfig.from_mapping(raw)
     name = study.variants[0].name
-    folder = StudyLayout.of(study.study).phase(name, phase, 1)
-    index = PhaseIndex(study.study, name, phase, study.backend, {}, {}, [])
+    folder = StudyLayout.of(study.study).phase(name, PHASE_B, 1)
+    index = PhaseIndex(study.study, name, PHASE_B, study.backend, {}, {}, [])
     with runners.ServerRunner(study, study.variant(name), folder).launch(index, lambda: None) as launched:
         assert launched.gen.options.url == launched.server.url
         events.append("cells")
