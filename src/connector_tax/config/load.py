@@ -55,10 +55,16 @@ _DefaultFillingValidator = _extend_with_default(Draft202012Validator)
 
 
 @functools.lru_cache(maxsize=1)
-def _validator() -> Any:
+def _schema() -> dict[str, Any]:
+    """The config schema, parsed once per process (read only: callers never change it)."""
     with schema_path().open(encoding="utf-8") as fh:
-        schema = yaml.load(fh, Loader=_SafeLoader)  # noqa: S506 - a safe loader
-    return _DefaultFillingValidator(schema)
+        schema: dict[str, Any] = yaml.load(fh, Loader=_SafeLoader)  # noqa: S506 - a safe loader
+    return schema
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    return _DefaultFillingValidator(_schema())
 
 
 def _renamed(config: Mapping[str, Any]) -> None:
@@ -159,10 +165,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def section_defaults(section: str) -> dict[str, Any]:
     """A top-level section of the config with only the schema's defaults (e.g. `saturation`)."""
-    with schema_path().open(encoding="utf-8") as fh:
-        schema = yaml.safe_load(fh)
     filled: dict[str, Any] = {}
-    _DefaultFillingValidator({"type": "object", "properties": {section: schema["properties"][section]}}).validate(
+    _DefaultFillingValidator({"type": "object", "properties": {section: _schema()["properties"][section]}}).validate(
         filled
     )
     section_filled: dict[str, Any] = filled[section]
@@ -173,8 +177,7 @@ def section_defaults(section: str) -> dict[str, Any]:
 def default_request() -> Request:
     """The request settings as the schema sets them when a config leaves them out: the load
     generator's own defaults (loadgen.schedule.options, `ctax bench`), written once, in the schema."""
-    with schema_path().open(encoding="utf-8") as fh:
-        keys = yaml.safe_load(fh)["$defs"]["workload"]["properties"]
+    keys = _schema()["$defs"]["workload"]["properties"]
     return Request.from_mapping({k: keys[k]["default"] for k in Request.KEYS})
 
 
