@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 NULL_INT = np.iinfo(np.int64).min
 BLOCK_BYTES = 64 << 20
 # Below this, line by line is the faster read (a 30 KB requests file: 1.3 ms against pyarrow's
-# 2.5 ms; a 276 KB step log: 17.5 ms against 5.6 ms; docs/performance.md).
+# 2.5 ms; a 276 KB step log: 17.5 ms against 5.6 ms, measured on the development host).
 ARROW_MIN_BYTES = 64 << 10
 _PARSE_BLOCK = 1 << 20  # pyarrow's unit of parallel work; must exceed the longest line
 
