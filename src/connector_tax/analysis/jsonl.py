@@ -1,8 +1,8 @@
 """Column reads of the raw JSONL records, fast enough for 10 M step records.
 
-`read_columns(path, fields)` returns only the named fields as numpy arrays. It parses a file of
-ARROW_MIN_BYTES or more with pyarrow's multi-threaded JSON reader in blocks of BLOCK_BYTES (so memory stays bounded
-whatever the file size), keeping only the requested columns; a truncated last line (a writer
+`read_columns(path, fields)` returns only the named fields as numpy arrays. It parses a file
+of ARROW_MIN_BYTES or more with pyarrow's multi-threaded JSON reader in blocks of BLOCK_BYTES
+(so memory stays bounded whatever the file size), keeping only the requested columns; a truncated last line (a writer
 killed mid-line) is dropped before parsing. If pyarrow is missing, or rejects a block (a
 corrupt line in the middle, a value of an unexpected type), that file is read again line by
 line with the stdlib json module, skipping lines that do not parse: slower, never wrong. A
