@@ -2,13 +2,13 @@
 
 `read_columns(path, fields)` returns only the named fields as numpy arrays. It parses a file
 of ARROW_MIN_BYTES or more with pyarrow's multi-threaded JSON reader in blocks of BLOCK_BYTES
-(so memory stays bounded whatever the file size), keeping only the requested columns; a truncated last line (a writer
-killed mid-line) is dropped before parsing. If pyarrow is missing, or rejects a block (a
-corrupt line in the middle, a value of an unexpected type), that file is read again line by
-line with the stdlib json module, skipping lines that do not parse: slower, never wrong. A
-smaller file is read line by line from the start: faster at that size, and pyarrow's first
-conversion to numpy imports pandas (~0.5 s), which a phase job's saturation checks (one cell's
-requests, tens of KB) would otherwise pay in every launch.
+(so memory stays bounded whatever the file size), keeping only the requested columns; a
+truncated last line (a writer killed mid-line) is dropped before parsing. If pyarrow is
+missing, or rejects a block (a corrupt line in the middle, a value of an unexpected type), that
+file is read again line by line with the stdlib json module, skipping lines that do not parse:
+slower, never wrong. A smaller file is read line by line from the start: faster at that size,
+and pyarrow's first conversion to numpy imports pandas (~0.5 s), which a phase job's
+saturation checks (one cell's requests, tens of KB) would otherwise pay in every launch.
 
 Types: "int" -> int64 with nulls as NULL_INT; "float" -> float64 with nulls as NaN;
 "bool" -> bool with nulls False; "str" -> object array with nulls None.
