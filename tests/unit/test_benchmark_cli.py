@@ -98,6 +98,8 @@ def test_a_bad_name_is_one_line_and_exit_2(argv: list[str], names: str, capsys: 
         (["sim_startup", "--repeats", "two"], "--repeats"),
         (["loadgen_capacity", "--rates", "100,fast"], "--rates"),
         (["tax_coverage", "--arrival", "gamma:x"], "--arrival"),
+        (["p90_band", "--cells", "64,1"], "--cells"),
+        (["p90_band", "--coverage", "/nonexistent/cov.json"], "--coverage"),
         (["loadgen_peers", "--cpu-tokens", "0"], "--cpu-tokens"),
         (["loadgen_precision", "--spin", "sometimes"], "--spin"),
     ],

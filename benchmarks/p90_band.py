@@ -1,0 +1,159 @@
+"""SIMULATED: what a short cell's p90 tax estimates, against the truth's tax at exactly p90.
+
+For each variant of a study config at ref_safe (its Phase A cell), one long virtual-time run on
+common random numbers (`--requests` measured requests after 200 discarded). Per tax (TTFT and
+TPOT p90): the tax at quantile levels 0.85-0.95 (where it changes across that band, a cell's p90
+is no estimate of the tax at exactly 0.9), and the tax an n-request cell's p90s centre on for each
+`--cells` size (oracle/quantile_band.py: the expected sample p90s from the order statistics).
+With `--coverage FILE` (a `tax_coverage --json` of the same config and rate), that benchmark's
+intervals are scored again against the band's tax at its own cell size, beside their coverage
+of the truth: an interval that covers the band but not the point is centred where its cell's
+p90 is, and the point is a sharp spot of the distribution. Virtual time: no server, no HTTP.
+
+    ctax benchmark p90_band                                          # default study, 16 req/s
+    ctax benchmark tax_coverage --arrival config --requests 64 --replicates 1 \\
+        --launch-bias-sd 0 --no-aa-control --json /tmp/cov.json
+    ctax benchmark p90_band --coverage /tmp/cov.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import REPO, parser, positive_float, positive_int, write_json
+
+from connector_tax.analysis import constants as K
+from connector_tax.config import StudyConfig, load_config
+from connector_tax.oracle.cells import study_loads
+from connector_tax.oracle.coverage import CoverageSettings, launch_cell
+from connector_tax.oracle.quantile_band import band_tax, point_tax
+
+LEVELS = (0.85, 0.88, 0.90, 0.92, 0.95)
+METRICS = ("ttft", "tpot")
+
+
+def sizes(text: str) -> list[int]:
+    """--cells: comma-separated cell sizes, each 2 or more requests."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers of 2 or more")
+    return values
+
+
+def long_runs(
+    study: StudyConfig, names: list[str], rate: float, requests: int, seed: int
+) -> tuple[str, dict[str, Any]]:
+    """The Phase A cell's label at `rate`, and each variant's TTFT and TPOT over one long run
+    there, on the same traffic."""
+    load = study_loads(study, K.PLAIN, {"ref_safe": rate, "ref_load": rate})[0]
+    # 200 requests discarded first, as the truth's replications in tax_coverage.py.
+    cs = CoverageSettings(requests=requests, warmup_s=200 / rate, seeds=1, launch_bias_sd=0.0, aa_control=False)
+    out = {}
+    for name in names:
+        cell = launch_cell((study, name, load, seed, 0, cs))
+        out[name] = {m: cell["series"][f"{m}_ms"].values for m in METRICS}
+    return load.label, out
+
+
+def rescore(path: Path, bands: dict[str, float]) -> dict[str, Any]:
+    """A tax_coverage JSON's launch-method intervals against the band's tax at its cell size."""
+    doc = json.loads(path.read_text(encoding="utf-8"))["results"]
+    truth = {f"{t['variant']}/{t['cell']}/{t['metric']}": t["value"] for t in doc["truth"]["taxes"] if "cell" in t}
+    out = {}
+    for sd, run in doc["coverage"].items():
+        n = run["settings"]["requests"]
+        for key in sorted(run["seeds"][0]["launch"]["taxes"]):
+            band = bands.get(f"{key}@{n}")
+            if band is None:
+                continue
+            rows = [s["launch"]["taxes"][key] for s in run["seeds"] if s["launch"]["taxes"].get(key, {}).get("ci")]
+            values = np.array([r["value"] for r in rows])
+            cis = np.array([r["ci"] for r in rows])
+            out[f"{key} (bias sd {sd})"] = {
+                "cells": len(rows),
+                "requests": n,
+                "truth": truth[key],
+                "band": band,
+                "mean_estimate": float(values.mean()),
+                "covers_truth": int(((cis[:, 0] <= truth[key]) & (truth[key] <= cis[:, 1])).sum()),
+                "covers_band": int(((cis[:, 0] <= band) & (band <= cis[:, 1])).sum()),
+                "median_half_width": float(np.median((cis[:, 1] - cis[:, 0]) / 2)),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__file__, __doc__)
+    p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    p.add_argument("--ref-safe", type=positive_float, default=16.0, help="the Phase A rate (default 16)")
+    p.add_argument("--variants", help="only these configurations, comma-separated (plain is always added)")
+    p.add_argument("--requests", type=positive_int, default=50000, help="measured requests of each long run")
+    p.add_argument("--cells", type=sizes, default=[64, 256, 2000], help="cell sizes (default 64,256,2000)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--coverage", type=Path, help="a tax_coverage --json to score again against the band")
+    args = p.parse_args(argv)
+    if not Path(args.config).is_file():
+        p.error(f"argument --config: {args.config}: no such file")
+    if args.coverage is not None and not args.coverage.is_file():
+        p.error(f"argument --coverage: {args.coverage}: no such file")
+    config = load_config(args.config)
+    config["workload"]["phase_b"] = None
+    config["workload"]["phase_b_prime"] = None
+    study = StudyConfig.from_mapping(config)
+    names = [v.name for v in study.variants]
+    if args.variants:
+        asked = args.variants.split(",")
+        unknown = [n for n in asked if n not in names]
+        if unknown:
+            p.error(f"argument --variants: {', '.join(unknown)}: not a variant of {args.config}")
+        names = [K.PLAIN] + [n for n in asked if n != K.PLAIN]
+    t0 = time.monotonic()
+    label, runs = long_runs(study, names, args.ref_safe, args.requests, args.seed)
+    print(
+        f"SIMULATED p90 band: {args.config}, {args.ref_safe:g} req/s, one run of {args.requests} requests per "
+        f"variant ({time.monotonic() - t0:.0f} s)\n"
+    )
+    head = " ".join(f"q={q:.2f}" for q in LEVELS)
+    cells = " ".join(f"n={n:<5d}" for n in args.cells)
+    print(f"  {'tax (%)':<42} {head}   cell p90 centres on: {cells}")
+    rows, bands = {}, {}
+    base = runs[K.PLAIN]
+    for name in names[1:]:
+        for m in METRICS:
+            key = f"{name}/phase_a/{label}/{m}_p90"
+            at = {q: point_tax(runs[name][m], base[m], q) for q in LEVELS}
+            band = {n: band_tax(runs[name][m], base[m], n) for n in args.cells}
+            bands.update({f"{key}@{n}": v for n, v in band.items()})
+            rows[key] = {"at_level": {f"{q:.2f}": v for q, v in at.items()}, "cell_centre": band}
+            print(
+                f"  {key:<42} "
+                + " ".join(f"{100 * v:6.2f}" for v in at.values())
+                + "   "
+                + " ".join(f"{100 * v:7.2f}" for v in band.values())
+            )
+    results: dict[str, Any] = {"config": args.config, "rate": args.ref_safe, "requests": args.requests, "taxes": rows}
+    if args.coverage is not None:
+        scored = rescore(args.coverage, bands)
+        print(f"\n  {args.coverage}: launch-method intervals against the truth and against the band at their cell size")
+        for key, s in scored.items():
+            print(
+                f"  {key:<58} truth {100 * s['truth']:7.2f} %  band {100 * s['band']:7.2f} %  mean {100 * s['mean_estimate']:7.2f} %"
+                f"  covers truth {s['covers_truth']:3d}/{s['cells']}  band {s['covers_band']:3d}/{s['cells']}"
+                f"  half-width {100 * s['median_half_width']:.1f} pp"
+            )
+        results["coverage"] = scored
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
