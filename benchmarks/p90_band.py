@@ -64,9 +64,18 @@ def long_runs(
     return load.label, out
 
 
-def rescore(path: Path, bands: dict[str, float]) -> dict[str, Any]:
-    """A tax_coverage JSON's launch-method intervals against the band's tax at its cell size."""
-    doc = json.loads(path.read_text(encoding="utf-8"))["results"]
+def coverage_doc(path: Path) -> dict[str, Any] | None:
+    """The results of a tax_coverage --json, None when the file is not one."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))["results"]
+        _ = [run["settings"]["requests"] for run in doc["coverage"].values()], doc["truth"]["taxes"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def rescore(doc: dict[str, Any], bands: dict[str, float]) -> dict[str, Any]:
+    """A tax_coverage run's launch-method intervals against the band's tax at its cell size."""
     truth = {f"{t['variant']}/{t['cell']}/{t['metric']}": t["value"] for t in doc["truth"]["taxes"] if "cell" in t}
     out = {}
     for sd, run in doc["coverage"].items():
@@ -103,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not Path(args.config).is_file():
         p.error(f"argument --config: {args.config}: no such file")
-    if args.coverage is not None and not args.coverage.is_file():
-        p.error(f"argument --coverage: {args.coverage}: no such file")
+    coverage = None
+    if args.coverage is not None:
+        coverage = coverage_doc(args.coverage)
+        if coverage is None:
+            p.error(f"argument --coverage: {args.coverage}: not a JSON written by tax_coverage --json")
+        # the band at the coverage run's own cell size, whatever --cells says
+        args.cells = sorted({*args.cells, *(run["settings"]["requests"] for run in coverage["coverage"].values())})
     config = load_config(args.config)
     config["workload"]["phase_b"] = None
     config["workload"]["phase_b_prime"] = None
@@ -141,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
                 + " ".join(f"{100 * v:7.2f}" for v in band.values())
             )
     results: dict[str, Any] = {"config": args.config, "rate": args.ref_safe, "requests": args.requests, "taxes": rows}
-    if args.coverage is not None:
-        scored = rescore(args.coverage, bands)
+    if coverage is not None:
+        scored = rescore(coverage, bands)
+        if not scored:
+            p.error(
+                f"argument --coverage: {args.coverage}: none of its taxes is at {args.ref_safe:g} req/s of {args.config}"
+            )
         print(f"\n  {args.coverage}: launch-method intervals against the truth and against the band at their cell size")
         for key, s in scored.items():
             print(
