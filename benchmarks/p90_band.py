@@ -49,11 +49,8 @@ def sizes(text: str) -> list[int]:
     return values
 
 
-def long_runs(
-    study: StudyConfig, names: list[str], rate: float, requests: int, seed: int
-) -> tuple[str, dict[str, Any]]:
-    """The Phase A cell's label at `rate`, and each variant's TTFT and TPOT over one long run
-    there, on the same traffic."""
+def long_runs(study: StudyConfig, names: list[str], rate: float, requests: int, seed: int) -> dict[str, Any]:
+    """Each variant's TTFT and TPOT over one long run at `rate` (its Phase A cell), on the same traffic."""
     load = study_loads(study, K.PLAIN, {"ref_safe": rate, "ref_load": rate})[0]
     # 200 requests discarded first, as the truth's replications in tax_coverage.py.
     cs = CoverageSettings(requests=requests, warmup_s=200 / rate, seeds=1, launch_bias_sd=0.0, aa_control=False)
@@ -61,7 +58,7 @@ def long_runs(
     for name in names:
         cell = launch_cell((study, name, load, seed, 0, cs))
         out[name] = {m: cell["series"][f"{m}_ms"].values for m in METRICS}
-    return load.label, out
+    return out
 
 
 def coverage_doc(path: Path) -> dict[str, Any] | None:
@@ -131,7 +128,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"argument --variants: {', '.join(unknown)}: not a variant of {args.config}")
         names = [K.PLAIN] + [n for n in asked if n != K.PLAIN]
     t0 = time.monotonic()
-    label, runs = long_runs(study, names, args.ref_safe, args.requests, args.seed)
+    label = study_loads(study, K.PLAIN, {"ref_safe": args.ref_safe, "ref_load": args.ref_safe})[0].label
+    if coverage is not None and not any(
+        f"/phase_a/{label}/" in key
+        for run in coverage["coverage"].values()
+        for key in run["seeds"][0]["launch"]["taxes"]
+    ):
+        p.error(
+            f"argument --coverage: {args.coverage}: none of its taxes is at {args.ref_safe:g} req/s of {args.config}"
+        )
+    runs = long_runs(study, names, args.ref_safe, args.requests, args.seed)
     print(
         f"SIMULATED p90 band: {args.config}, {args.ref_safe:g} req/s, one run of {args.requests} requests per "
         f"variant ({time.monotonic() - t0:.0f} s)\n"
@@ -157,10 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"config": args.config, "rate": args.ref_safe, "requests": args.requests, "taxes": rows}
     if coverage is not None:
         scored = rescore(coverage, bands)
-        if not scored:
-            p.error(
-                f"argument --coverage: {args.coverage}: none of its taxes is at {args.ref_safe:g} req/s of {args.config}"
-            )
         print(f"\n  {args.coverage}: launch-method intervals against the truth and against the band at their cell size")
         for key, s in scored.items():
             print(

@@ -115,6 +115,28 @@ def test_a_bad_argument_is_one_line_naming_it_and_exit_2(
     assert line.startswith(f"ctax benchmark {argv[0]}: ") and flag in line
 
 
+def test_p90_band_refuses_a_coverage_run_at_another_rate_before_its_long_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], isolated_imports: None
+) -> None:
+    """A tax_coverage JSON of 16 req/s cells, asked at 32: refused in one line, nothing simulated."""
+    taxes = {"noop_connector/phase_a/r16/tpot_p90": {"value": 0.02, "ci": [0.01, 0.03]}}
+    doc = {
+        "results": {
+            "truth": {"taxes": []},
+            "coverage": {"0.0": {"settings": {"requests": 64}, "seeds": [{"launch": {"taxes": taxes}}]}},
+        }
+    }
+    path = tmp_path / "cov.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as done:
+        ctax(["benchmark", "p90_band", "--ref-safe", "32", "--coverage", str(path)])
+    assert done.value.code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("ctax benchmark p90_band: argument --coverage: ") and "32 req/s" in line
+    assert time.monotonic() - started < 30  # 50,000-request runs per variant would take minutes
+
+
 def test_without_a_checkout_it_says_so_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
