@@ -61,6 +61,11 @@ def long_runs(study: StudyConfig, names: list[str], rate: float, requests: int, 
     return out
 
 
+def tax_key(name: str, label: str, metric: str) -> str:
+    """A tax's key as tax_coverage's JSON names it: variant/phase_a/cell/metric_p90."""
+    return f"{name}/phase_a/{label}/{metric}_p90"
+
+
 def coverage_doc(path: Path) -> dict[str, Any] | None:
     """The results of a tax_coverage --json, None when the file is not one."""
     try:
@@ -68,7 +73,7 @@ def coverage_doc(path: Path) -> dict[str, Any] | None:
         _ = [run["settings"]["requests"] for run in doc["coverage"].values()], doc["truth"]["taxes"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return doc if isinstance(doc, dict) else None
+    return doc
 
 
 def rescore(doc: dict[str, Any], bands: dict[str, float]) -> dict[str, Any]:
@@ -84,13 +89,16 @@ def rescore(doc: dict[str, Any], bands: dict[str, float]) -> dict[str, Any]:
             rows = [s["launch"]["taxes"][key] for s in run["seeds"] if s["launch"]["taxes"].get(key, {}).get("ci")]
             values = np.array([r["value"] for r in rows])
             cis = np.array([r["ci"] for r in rows])
+            true = truth[key]
             out[f"{key} (bias sd {sd})"] = {
                 "cells": len(rows),
                 "requests": n,
-                "truth": truth[key],
+                "truth": true,
                 "band": band,
                 "mean_estimate": float(values.mean()),
-                "covers_truth": int(((cis[:, 0] <= truth[key]) & (truth[key] <= cis[:, 1])).sum()),
+                "sd_estimate": float(values.std()),
+                "covers_truth": int(((cis[:, 0] <= true) & (true <= cis[:, 1])).sum()),
+                "misses_truth_below": int((cis[:, 1] < true).sum()),
                 "covers_band": int(((cis[:, 0] <= band) & (band <= cis[:, 1])).sum()),
                 "median_half_width": float(np.median((cis[:, 1] - cis[:, 0]) / 2)),
             }
@@ -130,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     label = study_loads(study, K.PLAIN, {"ref_safe": args.ref_safe, "ref_load": args.ref_safe})[0].label
     if coverage is not None and not any(
-        f"/phase_a/{label}/" in key
+        tax_key(name, label, m) in run["seeds"][0]["launch"]["taxes"]
         for run in coverage["coverage"].values()
-        for key in run["seeds"][0]["launch"]["taxes"]
+        for name in names
+        for m in METRICS
     ):
         p.error(
             f"argument --coverage: {args.coverage}: none of its taxes is at {args.ref_safe:g} req/s of {args.config}"
@@ -142,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         f"SIMULATED p90 band: {args.config}, {args.ref_safe:g} req/s, one run of {args.requests} requests per "
         f"variant ({time.monotonic() - t0:.0f} s)\n"
     )
+    for m in METRICS:
+        x = runs[K.PLAIN][m]
+        p50, p90, p99 = np.percentile(x, [50, 90, 99])
+        distinct = np.unique(np.round(x, 4)).size / x.size  # 0.1 µs: the simulator's steps repeat exactly
+        print(f"  plain {m.upper()}: p50 {p50:.3f} ms, p90 {p90:.3f}, p99 {p99:.3f}; {distinct:.1%} distinct values")
+    print()
     head = " ".join(f"q={q:.2f}" for q in LEVELS)
     cells = " ".join(f"n={n:<5d}" for n in args.cells)
     print(f"  {'tax (%)':<42} {head}   cell p90 centres on: {cells}")
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     base = runs[K.PLAIN]
     for name in names[1:]:
         for m in METRICS:
-            key = f"{name}/phase_a/{label}/{m}_p90"
+            key = tax_key(name, label, m)
             at = {q: point_tax(runs[name][m], base[m], q) for q in LEVELS}
             band = {n: band_tax(runs[name][m], base[m], n) for n in args.cells}
             bands.update({f"{key}@{n}": v for n, v in band.items()})
@@ -167,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, s in scored.items():
             print(
                 f"  {key:<58} truth {100 * s['truth']:7.2f} %  band {100 * s['band']:7.2f} %  mean {100 * s['mean_estimate']:7.2f} %"
-                f"  covers truth {s['covers_truth']:3d}/{s['cells']}  band {s['covers_band']:3d}/{s['cells']}"
+                f" (sd {100 * s['sd_estimate']:.2f} pp)  covers truth {s['covers_truth']:3d}/{s['cells']}"
+                f" ({s['misses_truth_below']} misses below)  band {s['covers_band']:3d}/{s['cells']}"
                 f"  half-width {100 * s['median_half_width']:.1f} pp"
             )
         results["coverage"] = scored
