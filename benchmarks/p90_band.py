@@ -3,8 +3,11 @@
 For each variant of a study config at ref_safe (its Phase A cell), one long virtual-time run on
 common random numbers (`--requests` measured requests after 200 discarded). Per tax (TTFT and
 TPOT p90): the tax at quantile levels 0.85-0.95 (where it changes across that band, a cell's p90
-is no estimate of the tax at exactly 0.9), and the tax an n-request cell's p90s centre on for each
-`--cells` size (oracle/quantile_band.py: the expected sample p90s from the order statistics).
+is no estimate of the tax at exactly 0.9), and, for each `--cells` size n, the tax an n-request
+cell's p90s centre on: with independent requests (the band: the expected sample p90s from the
+order statistics, oracle/quantile_band.py) and with requests that share load as one cell's do (the
+mean over the long run's consecutive n-request windows). A study's cells differ from the windows
+by their start only (a fresh engine after `workload.warmup_s`).
 With `--coverage FILE` (a `tax_coverage --json` of the same config and rate), that benchmark's
 intervals are scored again against the band's tax at its own cell size, beside their coverage
 of the truth: an interval that covers the band but not the point is centred where its cell's
@@ -32,7 +35,7 @@ from connector_tax.analysis import constants as K
 from connector_tax.config import StudyConfig, load_config
 from connector_tax.oracle.cells import study_loads
 from connector_tax.oracle.coverage import CoverageSettings, launch_cell
-from connector_tax.oracle.quantile_band import band_tax, point_tax
+from connector_tax.oracle.quantile_band import band_tax, point_tax, windowed_tax
 
 LEVELS = (0.85, 0.88, 0.90, 0.92, 0.95)
 METRICS = ("ttft", "tpot")
@@ -76,7 +79,7 @@ def coverage_doc(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def rescore(doc: dict[str, Any], bands: dict[str, float]) -> dict[str, Any]:
+def rescore(doc: dict[str, Any], bands: dict[str, float], windows: dict[str, float]) -> dict[str, Any]:
     """A tax_coverage run's launch-method intervals against the band's tax at its cell size."""
     truth = {f"{t['variant']}/{t['cell']}/{t['metric']}": t["value"] for t in doc["truth"]["taxes"] if "cell" in t}
     out = {}
@@ -90,17 +93,24 @@ def rescore(doc: dict[str, Any], bands: dict[str, float]) -> dict[str, Any]:
             values = np.array([r["value"] for r in rows])
             cis = np.array([r["ci"] for r in rows])
             true = truth[key]
+            half = (cis[:, 1] - cis[:, 0]) / 2
+            covers = (cis[:, 0] <= true) & (true <= cis[:, 1])
             out[f"{key} (bias sd {sd})"] = {
                 "cells": len(rows),
                 "requests": n,
                 "truth": true,
                 "band": band,
+                "windows": windows.get(f"{key}@{n}"),
                 "mean_estimate": float(values.mean()),
                 "sd_estimate": float(values.std()),
-                "covers_truth": int(((cis[:, 0] <= true) & (true <= cis[:, 1])).sum()),
+                "covers_truth": int(covers.sum()),
                 "misses_truth_below": int((cis[:, 1] < true).sum()),
                 "covers_band": int(((cis[:, 0] <= band) & (band <= cis[:, 1])).sum()),
-                "median_half_width": float(np.median((cis[:, 1] - cis[:, 0]) / 2)),
+                "median_half_width": float(np.median(half)),
+                # the width is an estimate too: how far it spreads, and whether it shrinks with the estimate
+                "half_width_p05_p95": [float(v) for v in np.percentile(half, [5, 95])],
+                "corr_estimate_half_width": float(np.corrcoef(values, half)[0, 1]),
+                "misses_half_width_median": float(np.median(half[~covers])) if (~covers).any() else None,
             }
     return out
 
@@ -159,32 +169,46 @@ def main(argv: list[str] | None = None) -> int:
     print()
     head = " ".join(f"q={q:.2f}" for q in LEVELS)
     cells = " ".join(f"n={n:<5d}" for n in args.cells)
-    print(f"  {'tax (%)':<42} {head}   cell p90 centres on: {cells}")
-    rows, bands = {}, {}
+    print(f"  {'':<42} {'':<{len(head)}}   {'a cell p90 centres on:':<{len(cells)}}")
+    print(f"  {'':<42} {'':<{len(head)}}   {'independent requests':<{len(cells)}}   shared load (windows)")
+    print(f"  {'tax (%)':<42} {head}   {cells}   {cells}")
+    rows, bands, windows = {}, {}, {}
     base = runs[K.PLAIN]
     for name in names[1:]:
         for m in METRICS:
             key = tax_key(name, label, m)
             at = {q: point_tax(runs[name][m], base[m], q) for q in LEVELS}
             band = {n: band_tax(runs[name][m], base[m], n) for n in args.cells}
+            window = {n: windowed_tax(runs[name][m], base[m], n) for n in args.cells}
             bands.update({f"{key}@{n}": v for n, v in band.items()})
-            rows[key] = {"at_level": {f"{q:.2f}": v for q, v in at.items()}, "cell_centre": band}
+            windows.update({f"{key}@{n}": v for n, v in window.items()})
+            rows[key] = {"at_level": {f"{q:.2f}": v for q, v in at.items()}, "cell_centre": band, "windows": window}
             print(
                 f"  {key:<42} "
                 + " ".join(f"{100 * v:6.2f}" for v in at.values())
                 + "   "
                 + " ".join(f"{100 * v:7.2f}" for v in band.values())
+                + "   "
+                + " ".join(f"{100 * v:7.2f}" for v in window.values())
             )
     results: dict[str, Any] = {"config": args.config, "rate": args.ref_safe, "requests": args.requests, "taxes": rows}
     if coverage is not None:
-        scored = rescore(coverage, bands)
+        scored = rescore(coverage, bands, windows)
         print(f"\n  {args.coverage}: launch-method intervals against the truth and against the band at their cell size")
         for key, s in scored.items():
             print(
-                f"  {key:<58} truth {100 * s['truth']:7.2f} %  band {100 * s['band']:7.2f} %  mean {100 * s['mean_estimate']:7.2f} %"
+                f"  {key:<58} truth {100 * s['truth']:7.2f} %  band {100 * s['band']:7.2f} %  windows {100 * s['windows']:7.2f} %"
+                f"  mean {100 * s['mean_estimate']:7.2f} %"
                 f" (sd {100 * s['sd_estimate']:.2f} pp)  covers truth {s['covers_truth']:3d}/{s['cells']}"
                 f" ({s['misses_truth_below']} misses below)  band {s['covers_band']:3d}/{s['cells']}"
                 f"  half-width {100 * s['median_half_width']:.1f} pp"
+            )
+            lo, hi = s["half_width_p05_p95"]
+            missed = s["misses_half_width_median"]
+            print(
+                f"  {'':<58} half-widths {100 * lo:.1f}-{100 * hi:.1f} pp (5th-95th percentile),"
+                f" r(estimate, half-width) {s['corr_estimate_half_width']:.2f}"
+                + ("" if missed is None else f", the misses' median half-width {100 * missed:.1f} pp")
             )
         results["coverage"] = scored
     write_json(args.json, results)

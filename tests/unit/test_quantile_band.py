@@ -10,6 +10,7 @@ from connector_tax.oracle.quantile_band import (
     expected_order_statistic,
     expected_sample_quantile,
     point_tax,
+    windowed_tax,
 )
 
 
@@ -56,3 +57,34 @@ def test_an_order_statistic_outside_the_sample_is_refused(k: int, n: int) -> Non
 def test_a_quantile_of_one_draw_is_refused() -> None:
     with pytest.raises(ValueError, match="not 1"):
         expected_sample_quantile(np.ones(10), 1)
+
+
+def test_windows_see_the_tax_of_their_own_load_where_independent_requests_see_the_pooled_one() -> None:
+    """Load that changes from window to window: the baseline alternates between light (1.0) and
+    heavy (2.0) windows of 64 requests, and the variant pays 50 % only when heavy. Pooled, the
+    p90s are both in the heavy windows (a 50 % tax, and so is an independent 64-request draw's);
+    a window's p90 is of its own load, so the windows average 0 % and 50 %."""
+    light, heavy = np.ones(64), np.full(64, 2.0)
+    baseline = np.concatenate([light, heavy] * 50)
+    variant = np.concatenate([light, 1.5 * heavy] * 50)
+    assert point_tax(variant, baseline) == pytest.approx(0.5)
+    assert band_tax(variant, baseline, 64) == pytest.approx(0.5, abs=0.01)
+    assert windowed_tax(variant, baseline, 64) == pytest.approx(0.25)
+
+
+def test_the_windows_are_consecutive_and_whole() -> None:
+    rng = np.random.default_rng(5)
+    baseline, variant = rng.gamma(4.0, size=200), rng.gamma(4.0, size=200) * 1.2
+    by_hand = np.mean(
+        [np.percentile(variant[i : i + 64], 90) / np.percentile(baseline[i : i + 64], 90) for i in (0, 64, 128)]
+    )
+    # the last 8 requests make no window
+    assert windowed_tax(variant, baseline, 64) == pytest.approx(by_hand - 1.0)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "n", "what"), [((100, 99), 10, "paired"), ((100, 100), 1, "2 or more"), ((50, 50), 64, "window")]
+)
+def test_windows_of_unpaired_runs_or_of_no_request_are_refused(sizes: tuple[int, int], n: int, what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        windowed_tax(np.ones(sizes[0]), np.ones(sizes[1]), n)

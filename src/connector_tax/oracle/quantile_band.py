@@ -52,3 +52,21 @@ def band_tax(variant: np.ndarray, baseline: np.ndarray, n: int, q: float = 0.9) 
 def point_tax(variant: np.ndarray, baseline: np.ndarray, q: float = 0.9) -> float:
     """The tax at exactly quantile level q of the two long runs (the truth's estimand)."""
     return float(np.quantile(variant, q) / np.quantile(baseline, q)) - 1.0
+
+
+def windowed_tax(variant: np.ndarray, baseline: np.ndarray, n: int, q: float = 0.9) -> float:
+    """The mean p90 tax over consecutive n-request windows of two long runs of common traffic (both
+    in send order, request i of one paired with request i of the other): what a cell of n requests
+    in steady state centres on when its requests share load, as one cell's do (the band assumes
+    them independent). Whole windows only."""
+    if n < 2:
+        raise ValueError(f"a sample quantile needs 2 or more draws, not {n}")
+    v, b = np.asarray(variant, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    if v.size != b.size:
+        raise ValueError(f"paired runs of {v.size} and {b.size} requests")
+    k = v.size // n
+    if k == 0:
+        raise ValueError(f"a window of {n} requests in a run of {v.size}")
+    per_v = np.percentile(v[: k * n].reshape(k, n), 100 * q, axis=1)
+    per_b = np.percentile(b[: k * n].reshape(k, n), 100 * q, axis=1)
+    return float(np.mean(per_v / per_b)) - 1.0
