@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"argument --coverage: {args.coverage}: not a JSON written by tax_coverage --json")
         # the band at the coverage run's own cell size, whatever --cells says
         args.cells = sorted({*args.cells, *(run["settings"]["requests"] for run in coverage["coverage"].values())})
+    if max(args.cells) > args.requests:
+        p.error(
+            f"argument --cells: a cell of {max(args.cells)} requests is longer than the --requests {args.requests} run"
+        )
     config = load_config(args.config)
     config["workload"]["phase_b"] = None
     config["workload"]["phase_b_prime"] = None

@@ -99,6 +99,7 @@ def test_a_bad_name_is_one_line_and_exit_2(argv: list[str], names: str, capsys: 
         (["loadgen_capacity", "--rates", "100,fast"], "--rates"),
         (["tax_coverage", "--arrival", "gamma:x"], "--arrival"),
         (["p90_band", "--cells", "64,1"], "--cells"),
+        (["p90_band", "--requests", "1000"], "--cells"),
         (["p90_band", "--coverage", "/nonexistent/cov.json"], "--coverage"),
         (["p90_band", "--coverage", "pyproject.toml"], "--coverage"),
         (["loadgen_peers", "--cpu-tokens", "0"], "--cpu-tokens"),

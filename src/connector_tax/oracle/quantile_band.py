@@ -9,7 +9,8 @@ lumpy distribution (the simulator's decode steps take a few distinct times) the 
 than a cell's interval is wide, and a correct interval around the cell's number misses the point
 value. `expected_sample_quantile` gives the band's value exactly, from the order statistics'
 Beta distributions over a long run's sorted values; benchmarks/p90_band.py sets it beside the
-tax at each quantile level.
+tax at each quantile level. The band assumes a cell's requests independent; `windowed_tax` gives
+what cells centre on when their requests share load (consecutive windows of the long run).
 """
 
 from __future__ import annotations
