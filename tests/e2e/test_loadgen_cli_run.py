@@ -4,9 +4,11 @@ lines off a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 
-from sim_server import MODEL, REPO, ran, running_sim  # noqa: E402
+from sim_server import MODEL, REPO, poll, ran, running_sim  # noqa: E402
 
 from connector_tax.loadgen.stats.records import read_records  # noqa: E402
 
@@ -90,3 +92,40 @@ def test_bench_against_the_sim(tmp_path: Path) -> None:
     assert "\r" not in proc.stderr
     assert all(PROGRESS_LINE.fullmatch(line) for line in err_lines), proc.stderr
     assert {PROGRESS_LINE.fullmatch(line)["cell"] for line in err_lines} == set(cells)
+
+
+def _bench(url: str, out: Path, tmp: Path, duration: float) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "connector_tax.cli", "bench", "--url", url, "--model", MODEL, "--rates", "20"]
+    cmd += ["--duration", str(duration), "--warmup", "0", "--input-len", "64", "--output-len", "8"]
+    cmd += ["--no-affinity", "--cpu-latency-us", "off", "--out", str(out)]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.e2e  # two generators killed outright and one run to its end: ~15 s
+def test_a_killed_generators_socket_folder_goes_with_the_next_run(tmp_path: Path) -> None:
+    """SIGKILL runs no exit path, so a killed generator leaves its IPC folder in $TMPDIR; the next
+    generator removes such a folder once it is an hour old (its pid dead), and leaves a young one,
+    whose pid a process in another PID namespace may still own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with running_sim(tmp_path / "sim", connector="plain") as sim:
+        assert sim.url is not None
+        left = []
+        for k in range(2):
+            proc = _bench(sim.url, tmp_path / f"killed{k}", tmp, 60)
+            try:
+                mine = poll(lambda proc=proc: list(tmp.glob(f"ctax-loadgen-{proc.pid}-*")))
+                poll(lambda mine=mine: any(p.name == "results" for p in mine[0].iterdir()))
+            finally:
+                proc.kill()
+                proc.communicate(timeout=60)
+            left.append(mine[0])
+        assert all(p.is_dir() for p in left)  # the leak the sweep is for
+        old = time.time() - 2 * 3600
+        os.utime(left[0], (old, old))
+        done = _bench(sim.url, tmp_path / "done", tmp, 0.5)
+        stdout, stderr = done.communicate(timeout=300)  # a bail-out
+    # ran to its end (exit 1: a cell judged invalid, by its lateness on a loaded host)
+    assert done.returncode in (0, 1) and stdout.startswith("r20-64x8: ok="), stdout + stderr
+    assert sorted(tmp.iterdir()) == [left[1]]  # the old one swept, its own removed on close

@@ -37,6 +37,33 @@ class WorkerStartError(RuntimeError):
     pass
 
 
+IPC_PREFIX = "ctax-loadgen-"
+STALE_AFTER_S = 3600.0
+
+
+def ipc_dir() -> str:
+    """A private (0700) directory for the pool's IPC sockets, named by this process's pid.
+
+    A generator killed outright (SIGKILL, a cgroup's end) runs no exit path and leaves its
+    directory behind: before making its own, a pool removes those whose pid is no longer alive
+    and that are older than STALE_AFTER_S (a pid another PID namespace shares /tmp with can look
+    dead; no pool takes an hour to start). Directories of other users are not ours to remove."""
+    base = tempfile.gettempdir()
+    now = time.time()
+    for name in os.listdir(base):
+        pid, _, rest = name.removeprefix(IPC_PREFIX).partition("-")
+        if not name.startswith(IPC_PREFIX) or not pid.isdigit() or not rest or psutil.pid_exists(int(pid)):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and now - st.st_mtime > STALE_AFTER_S:
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
+
+
 class WorkerPool:
     def __init__(
         self,
@@ -57,7 +84,7 @@ class WorkerPool:
     ) -> None:
         self.n_workers = n_workers
         self.plan: AffinityPlan | None = plan_affinity(n_workers) if affinity else None
-        self._dir = tempfile.mkdtemp(prefix="ctax-loadgen-")
+        self._dir = ipc_dir()
         # ZMQ's I/O thread, started with the first socket, carries every hand-over to the workers:
         # it inherits the real-time class; the calling thread gets its own back.
         with raised(rt_priority, inherit=True):
