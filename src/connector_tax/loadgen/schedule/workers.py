@@ -50,7 +50,11 @@ def ipc_dir() -> str:
     dead; no pool takes an hour to start). Directories of other users are not ours to remove."""
     base = tempfile.gettempdir()
     now = time.time()
-    for name in os.listdir(base):
+    try:
+        names = os.listdir(base)
+    except OSError:  # a temporary folder we may write to but not list: nothing to sweep
+        names = []
+    for name in names:
         pid, _, rest = name.removeprefix(IPC_PREFIX).partition("-")
         if not name.startswith(IPC_PREFIX) or not pid.isdigit() or not rest or psutil.pid_exists(int(pid)):
             continue
