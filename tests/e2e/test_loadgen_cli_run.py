@@ -3,14 +3,18 @@ lines off a terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -107,8 +111,33 @@ def test_a_killed_generators_socket_folder_goes_with_the_next_run(tmp_path: Path
     """SIGKILL runs no exit path, so a killed generator leaves its IPC folder in $TMPDIR; the next
     generator removes such a folder once it is an hour old (its pid dead), and leaves a young one,
     whose pid a process in another PID namespace may still own."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # A short $TMPDIR of its own: pytest's own folders are too deep for a socket's path.
+    tmp = Path(tempfile.mkdtemp(prefix="ctax-t-", dir="/tmp"))
+    try:
+        _sweep_after_kills(tmp_path, tmp)
+    finally:
+        for orphan in _spawned_with(tmp):
+            orphan.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _worker_started(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any("spawn_main" in " ".join(c.cmdline()) for c in psutil.Process(pid).children())
+    return False
+
+
+def _spawned_with(tmp: Path) -> list[psutil.Process]:
+    """Live processes whose $TMPDIR is `tmp`: the generators started here and their workers."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("TMPDIR") == str(tmp) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+def _sweep_after_kills(tmp_path: Path, tmp: Path) -> None:
     with running_sim(tmp_path / "sim", connector="plain") as sim:
         assert sim.url is not None
         left = []
@@ -116,10 +145,13 @@ def test_a_killed_generators_socket_folder_goes_with_the_next_run(tmp_path: Path
             proc = _bench(sim.url, tmp_path / f"killed{k}", tmp, 60)
             try:
                 mine = poll(lambda proc=proc: list(tmp.glob(f"ctax-loadgen-{proc.pid}-*")))
-                poll(lambda mine=mine: any(p.name == "results" for p in mine[0].iterdir()))
+                assert poll(lambda proc=proc: _worker_started(proc.pid)), "no worker started"
             finally:
                 proc.kill()
-                proc.communicate(timeout=60)
+            # Killed as its first worker starts, before that has armed its death signal: none outlives
+            # it (they hold its output pipes; a worker that missed the signal used to live for ever).
+            assert poll(lambda: not _spawned_with(tmp), timeout=30), _spawned_with(tmp)
+            proc.communicate(timeout=10)
             left.append(mine[0])
         assert all(p.is_dir() for p in left)  # the leak the sweep is for
         old = time.time() - 2 * 3600

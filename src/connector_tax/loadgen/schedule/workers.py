@@ -47,8 +47,12 @@ def ipc_dir() -> str:
     A generator killed outright (SIGKILL, a cgroup's end) runs no exit path and leaves its
     directory behind: before making its own, a pool removes those whose pid is no longer alive
     and that are older than STALE_AFTER_S (a pid another PID namespace shares /tmp with can look
-    dead; no pool takes an hour to start). Directories of other users are not ours to remove."""
+    dead; no pool takes an hour to start). Directories of other users are not ours to remove.
+    A temporary folder too deep for a socket's path (108 bytes on Linux) gives way to /tmp."""
     base = tempfile.gettempdir()
+    longest = f"{base}/{IPC_PREFIX}{os.getpid()}-xxxxxxxx/requests-999"  # mkdtemp adds 8 characters
+    if len(os.fsencode(longest)) > zmq.IPC_PATH_MAX_LEN and os.path.isdir("/tmp"):
+        base = "/tmp"
     now = time.time()
     try:
         names = os.listdir(base)
@@ -65,7 +69,7 @@ def ipc_dir() -> str:
             continue
         if st.st_uid == os.getuid() and now - st.st_mtime > STALE_AFTER_S:
             shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-", dir=base)
 
 
 class WorkerPool:
@@ -131,6 +135,7 @@ class WorkerPool:
                 tls_verify=tls_verify,
                 tls_ca_file=tls_ca_file,
                 rt_priority=rt_priority,
+                parent_pid=os.getpid(),
             )
             proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
             self._procs.append(proc)

@@ -58,6 +58,9 @@ class WorkerConfig:
     tls_verify: bool = True
     tls_ca_file: str | None = None
     rt_priority: int | None = None  # SCHED_FIFO for the whole worker (priority.py)
+    # The generator's pid, taken before the spawn: a worker reading os.getppid() once its parent
+    # is already dead would read its reaper's, and watch the wrong process for ever.
+    parent_pid: int | None = None
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
@@ -72,6 +75,8 @@ def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
 def worker_main(cfg: WorkerConfig) -> None:
     """Process entry point (multiprocessing spawn target)."""
     _die_with_parent()
+    if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
+        return  # the parent died before the death signal was armed (killed during our start)
     # Ctrl-C reaches the whole process group; the main process decides how to wind down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.cpus:
@@ -109,7 +114,7 @@ class Worker:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._chunk_log: IO[str] | None = None
         self._stopped: asyncio.Future[None] | None = None
-        self._ppid = os.getppid()
+        self._ppid = os.getppid() if cfg.parent_pid is None else cfg.parent_pid
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
