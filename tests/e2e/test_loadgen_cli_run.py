@@ -110,8 +110,8 @@ def _bench(url: str, out: Path, tmp: Path, duration: float) -> subprocess.Popen[
 def test_a_killed_generators_socket_folder_goes_with_the_next_run(tmp_path: Path) -> None:
     """SIGKILL runs no exit path, so a killed generator leaves its IPC folder in $TMPDIR; the next
     generator removes such a folder once it is an hour old (its pid dead), and leaves a young one,
-    whose pid a process in another PID namespace may still own."""
-    # A short $TMPDIR of its own: pytest's own folders are too deep for a socket's path.
+    whose pid a process in another PID namespace may still own. No worker outlives a kill.
+    A short $TMPDIR of its own: under pytest's deeper folders the generator would fall back to /tmp."""
     tmp = Path(tempfile.mkdtemp(prefix="ctax-t-", dir="/tmp"))
     try:
         _sweep_after_kills(tmp_path, tmp)

@@ -48,7 +48,7 @@ def ipc_dir() -> str:
     directory behind: before making its own, a pool removes those whose pid is no longer alive
     and that are older than STALE_AFTER_S (a pid another PID namespace shares /tmp with can look
     dead; no pool takes an hour to start). Directories of other users are not ours to remove.
-    A temporary folder too deep for a socket's path (108 bytes on Linux) gives way to /tmp."""
+    A temporary folder too deep for a socket's path (107 bytes on Linux) gives way to /tmp."""
     base = tempfile.gettempdir()
     longest = f"{base}/{IPC_PREFIX}{os.getpid()}-xxxxxxxx/requests-999"  # mkdtemp adds 8 characters
     if len(os.fsencode(longest)) > zmq.IPC_PATH_MAX_LEN and os.path.isdir("/tmp"):
