@@ -149,6 +149,8 @@ def test_the_gpu_plan(clone):
     """Quick start 3's plan and argv, and a dry run of its snakemake command (no GPU here)."""
     plan = typed("ctax plan --config configs/h20-qwen3-coder.yaml --gpus 8 --predict", clone, clone / ".venv")
     assert "GPU" in plan.stdout
+    # Its cells stop on their taxes, so the prediction computed every configuration's Phase B.
+    assert "Phase A and every configuration's Phase B (its cells stop on their taxes) computed" in plan.stdout
     argv = typed(
         "ctax launch-command --config configs/h20-qwen3-coder.yaml --variant mooncake_both", clone, clone / ".venv"
     )

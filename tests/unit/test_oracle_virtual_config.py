@@ -38,3 +38,27 @@ def test_ctax_plan_predict_needs_a_profile_of_the_server(tmp_path):
         "ctax plan: --predict: the config names no sim.hardware_profile or sim.profile for its server "
         "(or give --profile FILE)"
     )
+
+
+def test_a_virtual_job_takes_one_core_and_the_prediction_runs_them_side_by_side(tmp_path, monkeypatch):
+    """Virtual time launches no server and measures nothing on this host: a phase job computes its
+    cells on one core, and `ctax plan --predict` gives snakemake every core it may use."""
+    from connector_tax.config import load_study
+    from connector_tax.pipeline import predict as predict_module
+    from connector_tax.pipeline.plan import job_threads
+
+    config = virtual("cores")
+    real = load_study(write_config(tmp_path, {**config, "sim": {**config["sim"], "clock": "real"}}))
+    study = load_study(write_config(tmp_path, config))
+    assert job_threads(real) == 2 + real.loadgen.workers  # the load generator and the simulator
+    assert job_threads(study) == 1
+    argvs: list[list[str]] = []
+
+    def run(argv, **_):
+        argvs.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(predict_module.subprocess, "run", run)
+    monkeypatch.setattr(predict_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    predict_module.predict(real, tmp_path / "work")
+    assert argvs[0][argvs[0].index("--cores") + 1] == "4"

@@ -312,7 +312,9 @@ def render(
     lines.append(f"total {serial / 3600:.2f} h ({serial / 60:.1f} min) one job at a time; {gpu_hours}")
     n = jobs_at_once(study, gpus)
     wall = wall_seconds(study, estimates, n)
-    lines += ["", f"run it with {n} phase job{'s' if n > 1 else ''} side by side ({job_threads(study)} threads each):"]
+    threads = job_threads(study)
+    each = f"{threads} thread{'s' if threads > 1 else ''} each"
+    lines += ["", f"run it with {n} phase job{'s' if n > 1 else ''} side by side ({each}):"]
     lines += [f"  {run_command(study, config_path, gpus)}"]
     lines.append(f"wall clock with that command: {wall / 3600:.2f} h ({wall / 60:.1f} min)")
     cpus = len(topology.leasable_cpus())

@@ -205,7 +205,11 @@ def study_outcome(study: StudyConfig) -> str:
 def job_threads(study: StudyConfig) -> int:
     """CPUs a phase job keeps busy: the load generator's main process and workers, and the
     server (one core for the simulator, four for vLLM's API server, engine core and worker on
-    a GPU host; on a CPU host vLLM computes on every core it may use)."""
+    a GPU host; on a CPU host vLLM computes on every core it may use). A study in virtual time
+    launches neither: its job computes each cell in its own process, on one core, so jobs run
+    side by side as cores allow (`ctax plan --predict`)."""
+    if study.virtual_clock:
+        return 1
     loadgen = 1 + study.loadgen.workers
     if study.backend != "vllm":
         return loadgen + 1
