@@ -139,12 +139,11 @@ def _predicted(
         if unfitted:
             notes.append(f"not in the profile, so on the hand-set connector model: {', '.join(unfitted)}")
     # predict.py computes every configuration's Phase B when its cells stop on their own taxes.
-    computed = (
-        "Phase A and every configuration's Phase B (its cells stop on their taxes)"
-        if study.workload.precision.on_tax
-        else "Phase A and the baseline's Phase B"
-    )
-    rest = "" if study.workload.precision.on_tax else "; other configurations' Phase B cells at the baseline's lengths"
+    if study.workload.precision.on_tax:
+        computed, rest = "Phase A and every configuration's Phase B (its cells stop on their taxes)", ""
+    else:
+        computed = "Phase A and the baseline's Phase B"
+        rest = "; other configurations' Phase B cells at the baseline's lengths"
     notes.append(f"predicted: {computed} computed in the simulator's virtual time (profile {used}){rest}")
     _out(args, study, estimates, notes, resolved)
     print(render_resolution(resolved, unbounded), end="")
