@@ -151,6 +151,9 @@ def test_the_gpu_plan(clone):
     assert "GPU" in plan.stdout
     # Its cells stop on their taxes, so the prediction computed every configuration's Phase B.
     assert "Phase A and every configuration's Phase B (its cells stop on their taxes) computed" in plan.stdout
+    # so each Phase B shape's resolution is its variants' paired taxes, not the baseline's zero tax
+    assert "phase_b 512x64               9 variants, paired with the baseline" in plan.stdout
+    assert "(any, at the baseline's cell length)" not in plan.stdout
     argv = typed(
         "ctax launch-command --config configs/h20-qwen3-coder.yaml --variant mooncake_both", clone, clone / ".venv"
     )

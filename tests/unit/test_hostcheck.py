@@ -169,5 +169,5 @@ def test_a_predicted_cell_ended_at_its_floor_is_named_with_a_floor_that_bounds_i
     # 63 requests in 160 s: 80 (64 and two sigma) need about 203 s
     assert (
         line
-        == f"phase_b 32768x1024: 63 requests ({stop}); to bound it: workload.duration_s: 210 (it ends at its 160 s floor)"
+        == f"phase_b 32768x1024 plain: 63 requests ({stop}); to bound it: workload.duration_s: 210 (it ends at its 160 s floor)"
     )

@@ -1,12 +1,13 @@
 """The smallest tax a planned study can resolve: each tax's 95 % interval half-width, before it runs.
 
 `ctax plan --predict` computes Phase A of every variant and the baseline's Phase B in virtual
-time (predict.py). The analysis's own code then gives each predicted cell its batch-means
-interval and each Phase A tax its delta-method interval, as it will for the real cells; a Phase
-B shape, computed for the baseline only, is judged by the tax of the baseline's cell against
-itself (a zero tax), whose interval is the smallest tax that shape can tell from none. A cell
-with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all:
-its taxes cannot be called, whatever their size, and the plan says so before anything runs.
+time (predict.py), and every variant's Phase B when its cells stop on their taxes. The
+analysis's own code then gives each predicted tax its interval, paired by request, as it will
+for the real cells. A Phase B shape computed for the baseline only is judged by the tax of the
+baseline's cell against itself (a zero tax, its two intervals taken as independent): a bound on
+the smallest tax that shape can tell from none, wider than the paired taxes a run computes. A
+cell with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all: its taxes
+cannot be called, whatever their size, and the plan says so before anything runs.
 
 The predicted cells carry what the profile models (the engine, the API server's delays), not the
 host's own noise, so a real run's intervals are wider: these half-widths are a lower bound. With
@@ -64,14 +65,16 @@ def unbounded_warnings(study: StudyConfig) -> list[str]:
 
 def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: str) -> list[str]:
     """From a prediction (`ctax plan --predict`; `entries` its resolution()): the predicted Phase B
-    cells with no interval, why, and the setting that would give each one NEED requests."""
+    cells with no interval, why, and the setting that would give each one NEED requests (each
+    entry's cell_of: the variant whose cell is the shorter of the tax's two)."""
     layout = StudyLayout(Path(results_dir))
     out = []
     for e in entries:
         if not e["at"].startswith("phase_b") or all(e[name]["half_width"] is not None for name, _ in METRICS):
             continue
         phase, label = e["at"].split()
-        summary = read_summary(layout.phase(baseline, phase).cell(label))
+        owner = e.get("cell_of") or baseline
+        summary = read_summary(layout.phase(owner, phase).cell(label))
         rate, floor = (summary.rate, summary.duration_s) if summary else (None, None)
         requests = min(e[name]["requests"] or 0 for name, _ in METRICS)
         why = (summary.stop_reason if summary else None) or "too few requests"
@@ -82,7 +85,7 @@ def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: 
             fix = f"workload.duration_s: {max(floor_for(rate), int(math.ceil(need / 10.0) * 10))} (it ends at its {floor:g} s floor)"
         else:
             fix = f"workload.min_completed: {NEED}"
-        out.append(f"{e['at']}: {requests} requests ({why}); to bound it: {fix}")
+        out.append(f"{e['at']} {owner}: {requests} requests ({why}); to bound it: {fix}")
     return out
 
 
@@ -93,9 +96,39 @@ def _half(estimate: dict[str, Any]) -> float | None:
     return float(ci[1] - ci[0]) / 2
 
 
+ZERO = "(any, at the baseline's cell length)"  # a Phase B shape computed for the baseline only
+
+
+def _tax_item(
+    at: str, variant: str, tax: dict[str, Any], x: dict[str, Any], b: dict[str, Any], baseline: str
+) -> dict[str, Any]:
+    """One predicted tax of `variant` at `at`: per metric its value, half-width and the requests
+    of the shorter of its two cells (x the variant's row, b the baseline's); cell_of names it."""
+    item: dict[str, Any] = {"at": at, "variant": variant}
+    shorter = []
+    for name, metric in METRICS:
+        nx, nb = x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0
+        shorter.append((min(nx, nb), variant if nx <= nb else baseline))
+        item[name] = {"tax": (tax.get(name) or {}).get("value"), "half_width": _half(tax.get(name) or {})}
+        item[name]["requests"] = min(nx, nb)
+    item["cell_of"] = min(shorter)[1]
+    return item
+
+
+def _zero_item(phase: str, label: str, row: dict[str, Any], baseline: str) -> dict[str, Any]:
+    item: dict[str, Any] = {"at": f"{phase} {label}", "variant": ZERO, "cell_of": baseline}
+    for name, metric in METRICS:
+        k = f"{metric}_p90"
+        lo, hi = row.get(f"{k}_ci_lo"), row.get(f"{k}_ci_hi")
+        zero = ratio_minus_one(row.get(k), lo, hi, row.get(k), lo, hi)
+        item[name] = {"tax": None, "half_width": _half(zero), "requests": row.get(f"{metric}_n")}
+    return item
+
+
 def resolution(results_dir: Path) -> list[dict[str, Any]]:
     """One entry per (where, variant): the predicted tax and its half-width per metric, and the
-    requests of the shorter of the two cells (an interval needs both)."""
+    requests of the shorter of the two cells (an interval needs both). Phase B: every variant's
+    paired tax where the prediction computed its cells, else the baseline's zero tax."""
     aggregate = build(Path(results_dir))["aggregate"]
     rows = {(r["variant"], r["phase"], r["cell"]): r for r in aggregate["rows"]}
     baseline = aggregate.get("baseline")
@@ -108,29 +141,16 @@ def resolution(results_dir: Path) -> list[dict[str, Any]]:
             continue
         seen.add(entry["cell"])
         for variant, tax in (entry.get("variants") or {}).items():
-            item = {"at": f"phase_a {ref} ({entry['cell']})", "variant": variant}
-            for name, metric in METRICS:
-                x = rows.get((variant, "phase_a", entry["cell"])) or {}
-                b = rows.get((baseline, "phase_a", entry["cell"])) or {}
-                item[name] = {"tax": (tax.get(name) or {}).get("value"), "half_width": _half(tax.get(name) or {})}
-                item[name]["requests"] = min(x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0)
-            out.append(item)
+            x, b = (rows.get((v, "phase_a", entry["cell"])) or {} for v in (variant, baseline))
+            out.append(_tax_item(f"phase_a {ref} ({entry['cell']})", variant, tax, x, b, baseline))
     for (variant, phase, label), row in sorted(rows.items()):
         if variant != baseline or phase == "phase_a":
             continue
-        item = {"at": f"{phase} {label}", "variant": "(any, at the baseline's cell length)"}
-        for name, metric in METRICS:
-            k = f"{metric}_p90"
-            zero = ratio_minus_one(
-                row.get(k),
-                row.get(f"{k}_ci_lo"),
-                row.get(f"{k}_ci_hi"),
-                row.get(k),
-                row.get(f"{k}_ci_lo"),
-                row.get(f"{k}_ci_hi"),
-            )
-            item[name] = {"tax": None, "half_width": _half(zero), "requests": row.get(f"{metric}_n")}
-        out.append(item)
+        paired = (((taxes.get(phase) or {}).get("cells") or {}).get(label) or {}).get("variants") or {}
+        if not paired:
+            out.append(_zero_item(phase, label, row, baseline))
+        for other, tax in paired.items():
+            out.append(_tax_item(f"{phase} {label}", other, tax, rows.get((other, phase, label)) or {}, row, baseline))
     return out
 
 
@@ -153,31 +173,63 @@ def with_launches(entries: list[dict[str, Any]], launch_sd: dict[str, float], va
             }
 
 
+def _launches(v: dict[str, Any]) -> str:
+    return " (with launches: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v["launches"].items()) + ")"
+
+
+def _one(e: dict[str, Any]) -> str:
+    """A line's metrics for one tax (or a zero tax)."""
+    parts = []
+    for name, _ in METRICS:
+        v = e[name]
+        if v["half_width"] is None:
+            parts.append(f"{name} no interval ({v['requests'] or 0} requests in a cell; a p90 interval needs {NEED})")
+            continue
+        tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
+        parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp" + (_launches(v) if v.get("launches") else ""))
+    return "; ".join(parts)
+
+
+def _shape(group: list[dict[str, Any]]) -> str:
+    """A line's metrics for one Phase B shape's paired taxes: the range of their half-widths (and
+    the widest one's at k launches), and how many have none."""
+    parts = []
+    for name, _ in METRICS:
+        bounded = [e[name] for e in group if e[name]["half_width"] is not None]
+        short = [e[name]["requests"] or 0 for e in group if e[name]["half_width"] is None]
+        text = f"{name}"
+        if bounded:
+            widest = max(bounded, key=lambda v: v["half_width"])
+            lo = min(v["half_width"] for v in bounded)
+            text += f" ±{lo * 100:.1f} to ±{widest['half_width'] * 100:.1f} pp"
+            text += (
+                _launches(widest).replace("with launches", "the widest with launches") if widest.get("launches") else ""
+            )
+        if short:
+            fewest = f"{min(short)}-{max(short)}" if min(short) < max(short) else f"{min(short)}"
+            text += f"{',' if bounded else ''} {len(short)} with no interval ({fewest} requests; needs {NEED})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) -> str:
+    """Phase A: one line per tax. Phase B: one line per shape, the range over its variants' paired
+    taxes (each is in --json's resolution), or the baseline's zero tax where only it was computed."""
     if not entries:
         return ""
-    need = NEED
     lines = [
         "",
         "smallest tax the plan can resolve: 95 % half-width of each tax (predicted cells; the host's own noise",
         "widens a real run's, so these are lower bounds)",
     ]
+    shapes: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
-        parts = []
-        for name, _ in METRICS:
-            v = e[name]
-            if v["half_width"] is None:
-                parts.append(
-                    f"{name} no interval ({v['requests'] or 0} requests in a cell; a p90 interval needs {need})"
-                )
-            else:
-                tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
-                parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp")
-                if v.get("launches"):
-                    parts[-1] += (
-                        " (with launches: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v["launches"].items()) + ")"
-                    )
-        lines.append(f"  {e['at']:28} {e['variant']:38} " + "; ".join(parts))
+        if e["at"].startswith("phase_a") or e["variant"] == ZERO:
+            lines.append(f"  {e['at']:28} {e['variant']:38} " + _one(e))
+        elif e["at"] not in shapes:
+            shapes[e["at"]] = [x for x in entries if x["at"] == e["at"]]
+            group = shapes[e["at"]]
+            lines.append(f"  {e['at']:28} {f'{len(group)} variants, paired with the baseline':38} " + _shape(group))
     if unbounded:
         lines += [
             "",
