@@ -18,6 +18,8 @@ from connector_tax.pipeline.resolution import ZERO, render, resolution, unbounde
 
 def _row(variant: str, phase: str, cell: str, n: int, p90: float, half: float) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": variant, "phase": phase, "cell": cell}
+    if "x" in cell:
+        row["input_len"], row["output_len"] = map(int, cell.split("x"))
     for metric in ("ttft_ms", "tpot_ms"):
         row[f"{metric}_n"] = n
         row[f"{metric}_p90"] = p90
@@ -64,6 +66,8 @@ def test_every_variants_phase_b_tax_is_its_paired_one(aggregate: dict[str, Any],
         ("phase_b 64x8", "b"),
         ("phase_b 512x8", ZERO),
     }
+    # shapes by input length (64 before 512), not by their labels' text
+    assert [e["at"] for e in entries][1:] == ["phase_b 64x8", "phase_b 64x8", "phase_b 512x8"]
     a = at[("phase_b 64x8", "a")]["ttft_p90"]
     # the paired tax's ±2 pp, not the ±100 pp of the baseline's cell against itself
     assert a["tax"] == pytest.approx(0.2) and a["half_width"] == pytest.approx(0.02) and a["requests"] == 80

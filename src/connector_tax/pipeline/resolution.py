@@ -143,7 +143,12 @@ def resolution(results_dir: Path) -> list[dict[str, Any]]:
         for variant, tax in (entry.get("variants") or {}).items():
             x, b = (rows.get((v, "phase_a", entry["cell"])) or {} for v in (variant, baseline))
             out.append(_tax_item(f"phase_a {ref} ({entry['cell']})", variant, tax, x, b, baseline))
-    for (variant, phase, label), row in sorted(rows.items()):
+
+    def shape(item: tuple[tuple[str, str, str], dict[str, Any]]) -> tuple[str, int, int, str]:
+        (_, phase, label), row = item
+        return phase, int(row.get("input_len") or 0), int(row.get("output_len") or 0), label
+
+    for (variant, phase, label), row in sorted(rows.items(), key=shape):  # by phase, then input and output
         if variant != baseline or phase == "phase_a":
             continue
         paired = (((taxes.get(phase) or {}).get("cells") or {}).get(label) or {}).get("variants") or {}
