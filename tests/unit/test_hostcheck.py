@@ -152,18 +152,17 @@ def test_cells_that_cannot_be_bounded_are_named_with_the_fix() -> None:
 
 def test_a_predicted_cell_ended_at_its_floor_is_named_with_a_floor_that_bounds_it(tmp_path: Path) -> None:
     from connector_tax.contract import StudyLayout
-    from connector_tax.pipeline.resolution import unbounded_cells
+    from connector_tax.pipeline.resolution import ZERO, Resolved, TaxResolution, unbounded_cells
 
     layout = StudyLayout(tmp_path)
     folder = layout.phase("plain", "phase_b").cell("32768x1024").summary
     folder.parent.mkdir(parents=True)
     stop = "ended at its floor: saturated at this rate (waiting p50 14 > 1); left out of H5/H6"
     folder.write_text(json.dumps({"rate": 0.5, "duration_s": 160, "stop_reason": stop}))
-    none = {"tax": None, "half_width": None, "requests": 63}
-    bounded = {"tax": None, "half_width": 0.1, "requests": 80}
+    none, bounded = Resolved(None, None, 63), Resolved(None, 0.1, 80)
     entries = [
-        {"at": "phase_b 32768x1024", "variant": "(any)", "ttft_p90": none, "tpot_p90": none},
-        {"at": "phase_b 512x64", "variant": "(any)", "ttft_p90": bounded, "tpot_p90": bounded},
+        TaxResolution("phase_b 32768x1024", ZERO, "plain", none, none),
+        TaxResolution("phase_b 512x64", ZERO, "plain", bounded, bounded),
     ]
     (line,) = unbounded_cells(tmp_path, entries, "plain")
     # 63 requests in 160 s: 80 (64 and two sigma) need about 203 s

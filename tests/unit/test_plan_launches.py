@@ -11,27 +11,23 @@ import sys
 import pytest
 
 from connector_tax.analysis.batchmeans import t975
-from connector_tax.pipeline.resolution import LAUNCHES, render, with_launches
+from connector_tax.pipeline.resolution import LAUNCHES, Resolved, TaxResolution, render, with_launches
 
 
 def test_half_widths_at_k_launches_by_hand():
     entries = [
-        {
-            "at": "phase_a ref_safe (r8)",
-            "variant": "x",
-            "ttft_p90": {"tax": 0.1, "half_width": 0.2, "requests": 100},
-            "tpot_p90": {"tax": 0.0, "half_width": None, "requests": 10},
-        }
+        TaxResolution("phase_a ref_safe (r8)", "x", "x", Resolved(0.1, 0.2, 100), Resolved(0.0, None, 10)),
     ]
     with_launches(entries, {"ttft_p90": 0.1, "tpot_p90": 0.05}, variants=7)
-    got = entries[0]["ttft_p90"]["launches"]
+    got = entries[0].ttft_p90.launches
+    assert got is not None
     assert list(got) == [str(k) for k in LAUNCHES]
     within = (math.log(1.2) / 1.96) ** 2
     for k in LAUNCHES:
         want = math.expm1(t975(6 * (k - 1)) * math.sqrt((within + 2 * 0.01) / k))
         assert got[str(k)] == pytest.approx(want)
     assert got["2"] > got["4"] > got["8"]  # more launches, narrower
-    assert "launches" not in entries[0]["tpot_p90"]  # no interval: nothing to widen
+    assert entries[0].tpot_p90.launches is None  # no interval: nothing to widen
     assert "with launches: k=2 ±" in render(entries)
 
 

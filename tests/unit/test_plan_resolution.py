@@ -59,7 +59,7 @@ def aggregate(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_every_variants_phase_b_tax_is_its_paired_one(aggregate: dict[str, Any], tmp_path: Path) -> None:
     entries = resolution(tmp_path)
-    at = {(e["at"], e["variant"]): e for e in entries}
+    at = {(e.at, e.variant): e for e in entries}
     assert set(at) == {
         ("phase_a ref_safe (r1)", "a"),
         ("phase_b 64x8", "a"),
@@ -67,15 +67,15 @@ def test_every_variants_phase_b_tax_is_its_paired_one(aggregate: dict[str, Any],
         ("phase_b 512x8", ZERO),
     }
     # shapes by input length (64 before 512), not by their labels' text
-    assert [e["at"] for e in entries][1:] == ["phase_b 64x8", "phase_b 64x8", "phase_b 512x8"]
-    a = at[("phase_b 64x8", "a")]["ttft_p90"]
+    assert [e.at for e in entries][1:] == ["phase_b 64x8", "phase_b 64x8", "phase_b 512x8"]
+    a = at[("phase_b 64x8", "a")].ttft_p90
     # the paired tax's ±2 pp, not the ±100 pp of the baseline's cell against itself
-    assert a["tax"] == pytest.approx(0.2) and a["half_width"] == pytest.approx(0.02) and a["requests"] == 80
+    assert a.tax == pytest.approx(0.2) and a.half_width == pytest.approx(0.02) and a.requests == 80
     b = at[("phase_b 64x8", "b")]
-    assert b["ttft_p90"]["half_width"] is None and b["ttft_p90"]["requests"] == 50 and b["cell_of"] == "b"
+    assert b.ttft_p90.half_width is None and b.ttft_p90.requests == 50 and b.cell_of == "b"
     zero = at[("phase_b 512x8", ZERO)]
-    assert zero["cell_of"] == "plain" and zero["ttft_p90"]["tax"] is None
-    assert zero["ttft_p90"]["half_width"] > 0.1  # its ±10 % cell against itself, both sides free
+    assert zero.cell_of == "plain" and zero.ttft_p90.tax is None
+    assert (zero.ttft_p90.half_width or 0) > 0.1  # its ±10 % cell against itself, both sides free
 
     text = render(entries)
     (line,) = [x for x in text.splitlines() if "phase_b 64x8" in x]

@@ -12,16 +12,16 @@ import argparse
 import copy
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from connector_tax.atomic import write_json
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.profile import EngineProfile, check_model, check_study_profile, read_profile
 from connector_tax.pipeline.estimate import Estimate, Timing, as_dict, plan_study, render
 from connector_tax.pipeline.predict import predict, predictable
+from connector_tax.pipeline.resolution import TaxResolution, resolution, unbounded_cells, with_launches
 from connector_tax.pipeline.resolution import render as render_resolution
-from connector_tax.pipeline.resolution import resolution, unbounded_cells, with_launches
 
 
 def _launch_sd(text: str) -> dict[str, float]:
@@ -126,7 +126,7 @@ def _predicted(
         resolved = resolution(layout.root)
         unbounded = unbounded_cells(layout.root, resolved, study.baseline)
         if args.launch_sd:
-            pooled = {e["variant"] for e in resolved if e["at"].startswith("phase_a")}  # the measured variants
+            pooled = {e.variant for e in resolved if e.at.startswith("phase_a")}  # the measured variants
             with_launches(resolved, args.launch_sd, len(pooled) + 1)
             notes.append(
                 f"launch-to-launch sd of a log p90 (measured): TTFT {args.launch_sd['ttft_p90']:.3f}, "
@@ -171,11 +171,11 @@ def _out(
     study: StudyConfig,
     estimates: list[Estimate],
     notes: list[str],
-    resolved: list[dict[str, Any]] | None = None,
+    resolved: list[TaxResolution] | None = None,
 ) -> None:
     print(render(study, estimates, notes, args.gpus, args.config), end="")
     if args.json:
         doc = as_dict(study, estimates, notes, args.gpus, args.config)
         if resolved is not None:
-            doc["resolution"] = resolved
+            doc["resolution"] = [asdict(e) for e in resolved]
         write_json(Path(args.json), doc)

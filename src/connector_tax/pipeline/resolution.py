@@ -21,6 +21,7 @@ compute it (analysis/launch_intervals.py: variance within/k + 2 sd²/k, Student-
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,20 +64,18 @@ def unbounded_warnings(study: StudyConfig) -> list[str]:
     ]
 
 
-def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: str) -> list[str]:
+def unbounded_cells(results_dir: Path, entries: list[TaxResolution], baseline: str) -> list[str]:
     """From a prediction (`ctax plan --predict`; `entries` its resolution()): the predicted Phase B
-    cells with no interval, why, and the setting that would give each one NEED requests (each
-    entry's cell_of: the variant whose cell is the shorter of the tax's two)."""
+    cells with no interval, why, and the setting that would give each one NEED requests."""
     layout = StudyLayout(Path(results_dir))
     out = []
     for e in entries:
-        if not e["at"].startswith("phase_b") or all(e[name]["half_width"] is not None for name, _ in METRICS):
+        if not e.at.startswith("phase_b") or all(m.half_width is not None for m in e.metrics()):
             continue
-        phase, label = e["at"].split()
-        owner = e.get("cell_of") or baseline
-        summary = read_summary(layout.phase(owner, phase).cell(label))
+        phase, label = e.at.split()
+        summary = read_summary(layout.phase(e.cell_of or baseline, phase).cell(label))
         rate, floor = (summary.rate, summary.duration_s) if summary else (None, None)
-        requests = min(e[name]["requests"] or 0 for name, _ in METRICS)
+        requests = min(m.requests for m in e.metrics())
         why = (summary.stop_reason if summary else None) or "too few requests"
         if rate and floor and "floor" in why:
             # As many more seconds as requests are missing, at the rate this saturated cell
@@ -85,8 +84,39 @@ def unbounded_cells(results_dir: Path, entries: list[dict[str, Any]], baseline: 
             fix = f"workload.duration_s: {max(floor_for(rate), int(math.ceil(need / 10.0) * 10))} (it ends at its {floor:g} s floor)"
         else:
             fix = f"workload.min_completed: {NEED}"
-        out.append(f"{e['at']} {owner}: {requests} requests ({why}); to bound it: {fix}")
+        out.append(f"{e.at} {e.cell_of or baseline}: {requests} requests ({why}); to bound it: {fix}")
     return out
+
+
+ZERO = "(any, at the baseline's cell length)"  # a Phase B shape computed for the baseline only
+LAUNCHES = (2, 3, 4, 6, 8)
+
+
+@dataclass
+class Resolved:
+    """One metric of a predicted tax: its value (None for a zero tax), its 95 % half-width (None:
+    no interval), the requests of the shorter of its two cells, and with a measured launch spread
+    its half-width at k launches per variant (with_launches)."""
+
+    tax: float | None
+    half_width: float | None
+    requests: int
+    launches: dict[str, float] | None = None
+
+
+@dataclass
+class TaxResolution:
+    """What one predicted tax can resolve: where (`phase_a ref_safe (r8)`, `phase_b 512x8`), whose
+    (a variant, or ZERO), and cell_of: the variant whose cell is the shorter of the tax's two."""
+
+    at: str
+    variant: str
+    cell_of: str
+    ttft_p90: Resolved
+    tpot_p90: Resolved
+
+    def metrics(self) -> tuple[Resolved, Resolved]:
+        return self.ttft_p90, self.tpot_p90
 
 
 def _half(estimate: dict[str, Any]) -> float | None:
@@ -96,44 +126,37 @@ def _half(estimate: dict[str, Any]) -> float | None:
     return float(ci[1] - ci[0]) / 2
 
 
-ZERO = "(any, at the baseline's cell length)"  # a Phase B shape computed for the baseline only
-
-
 def _tax_item(
     at: str, variant: str, tax: dict[str, Any], x: dict[str, Any], b: dict[str, Any], baseline: str
-) -> dict[str, Any]:
-    """One predicted tax of `variant` at `at`: per metric its value, half-width and the requests
-    of the shorter of its two cells (x the variant's row, b the baseline's); cell_of names it."""
-    item: dict[str, Any] = {"at": at, "variant": variant}
+) -> TaxResolution:
+    """One predicted tax of `variant` at `at` (x the variant's aggregate row, b the baseline's)."""
+    got: dict[str, Resolved] = {}
     shorter = []
     for name, metric in METRICS:
         nx, nb = x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0
         shorter.append((min(nx, nb), variant if nx <= nb else baseline))
-        item[name] = {"tax": (tax.get(name) or {}).get("value"), "half_width": _half(tax.get(name) or {})}
-        item[name]["requests"] = min(nx, nb)
-    item["cell_of"] = min(shorter)[1]
-    return item
+        got[name] = Resolved((tax.get(name) or {}).get("value"), _half(tax.get(name) or {}), min(nx, nb))
+    return TaxResolution(at, variant, min(shorter)[1], got["ttft_p90"], got["tpot_p90"])
 
 
-def _zero_item(phase: str, label: str, row: dict[str, Any], baseline: str) -> dict[str, Any]:
-    item: dict[str, Any] = {"at": f"{phase} {label}", "variant": ZERO, "cell_of": baseline}
+def _zero_item(phase: str, label: str, row: dict[str, Any], baseline: str) -> TaxResolution:
+    got: dict[str, Resolved] = {}
     for name, metric in METRICS:
         k = f"{metric}_p90"
         lo, hi = row.get(f"{k}_ci_lo"), row.get(f"{k}_ci_hi")
         zero = ratio_minus_one(row.get(k), lo, hi, row.get(k), lo, hi)
-        item[name] = {"tax": None, "half_width": _half(zero), "requests": row.get(f"{metric}_n")}
-    return item
+        got[name] = Resolved(None, _half(zero), row.get(f"{metric}_n") or 0)
+    return TaxResolution(f"{phase} {label}", ZERO, baseline, got["ttft_p90"], got["tpot_p90"])
 
 
-def resolution(results_dir: Path) -> list[dict[str, Any]]:
-    """One entry per (where, variant): the predicted tax and its half-width per metric, and the
-    requests of the shorter of the two cells (an interval needs both). Phase B: every variant's
-    paired tax where the prediction computed its cells, else the baseline's zero tax."""
+def resolution(results_dir: Path) -> list[TaxResolution]:
+    """One entry per (where, variant). Phase B: every variant's paired tax where the prediction
+    computed its cells, else the baseline's zero tax."""
     aggregate = build(Path(results_dir))["aggregate"]
     rows = {(r["variant"], r["phase"], r["cell"]): r for r in aggregate["rows"]}
     baseline = aggregate.get("baseline")
     taxes = aggregate.get("taxes") or {}
-    out: list[dict[str, Any]] = []
+    out: list[TaxResolution] = []
     seen: set[str] = set()
     for ref in ("ref_safe", "ref_load"):
         entry = (taxes.get("phase_a") or {}).get(ref) or {}
@@ -159,57 +182,54 @@ def resolution(results_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-LAUNCHES = (2, 3, 4, 6, 8)
-
-
-def with_launches(entries: list[dict[str, Any]], launch_sd: dict[str, float], variants: int) -> None:
+def with_launches(entries: list[TaxResolution], launch_sd: dict[str, float], variants: int) -> None:
     """Add to every entry with an interval its half-width at k launches per variant (LAUNCHES),
     given the sd of one launch's log p90 per metric (`launch_sd`: {"ttft_p90": .., "tpot_p90": ..})
     and the number of variants the launch variance is pooled over (the A/A control included)."""
     for e in entries:
-        for name, _ in METRICS:
-            v, sd = e[name], launch_sd.get(name)
-            if v["half_width"] is None or sd is None:
+        for (name, _), v in zip(METRICS, e.metrics(), strict=True):
+            sd = launch_sd.get(name)
+            if v.half_width is None or sd is None:
                 continue
-            within = (math.log1p(v["half_width"]) / 1.96) ** 2  # one launch's within-launch variance (log)
-            v["launches"] = {
+            within = (math.log1p(v.half_width) / 1.96) ** 2  # one launch's within-launch variance (log)
+            v.launches = {
                 str(k): math.expm1(t975(max(1, (variants - 1) * (k - 1))) * math.sqrt((within + 2 * sd**2) / k))
                 for k in LAUNCHES
             }
 
 
-def _launches(v: dict[str, Any]) -> str:
-    return " (with launches: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v["launches"].items()) + ")"
+def _launches(v: Resolved, what: str = "with launches") -> str:
+    if not v.launches:
+        return ""
+    return f" ({what}: " + ", ".join(f"k={k} ±{h * 100:.1f}" for k, h in v.launches.items()) + ")"
 
 
-def _one(e: dict[str, Any]) -> str:
+def _one(e: TaxResolution) -> str:
     """A line's metrics for one tax (or a zero tax)."""
     parts = []
-    for name, _ in METRICS:
-        v = e[name]
-        if v["half_width"] is None:
-            parts.append(f"{name} no interval ({v['requests'] or 0} requests in a cell; a p90 interval needs {NEED})")
+    for (name, _), v in zip(METRICS, e.metrics(), strict=True):
+        if v.half_width is None:
+            parts.append(f"{name} no interval ({v.requests} requests in a cell; a p90 interval needs {NEED})")
             continue
-        tax = f"{v['tax'] * 100:+.1f}% " if v["tax"] is not None else ""
-        parts.append(f"{name} {tax}±{v['half_width'] * 100:.1f} pp" + (_launches(v) if v.get("launches") else ""))
+        tax = f"{v.tax * 100:+.1f}% " if v.tax is not None else ""
+        parts.append(f"{name} {tax}±{v.half_width * 100:.1f} pp" + _launches(v))
     return "; ".join(parts)
 
 
-def _shape(group: list[dict[str, Any]]) -> str:
+def _shape(group: list[TaxResolution]) -> str:
     """A line's metrics for one Phase B shape's paired taxes: the range of their half-widths (and
     the widest one's at k launches), and how many have none."""
     parts = []
-    for name, _ in METRICS:
-        bounded = [e[name] for e in group if e[name]["half_width"] is not None]
-        short = [e[name]["requests"] or 0 for e in group if e[name]["half_width"] is None]
-        text = f"{name}"
+    for i, (name, _) in enumerate(METRICS):
+        metric = [e.metrics()[i] for e in group]
+        bounded = [v for v in metric if v.half_width is not None]
+        short = [v.requests for v in metric if v.half_width is None]
+        text = name
         if bounded:
-            widest = max(bounded, key=lambda v: v["half_width"])
-            lo = min(v["half_width"] for v in bounded)
-            text += f" ±{lo * 100:.1f} to ±{widest['half_width'] * 100:.1f} pp"
-            text += (
-                _launches(widest).replace("with launches", "the widest with launches") if widest.get("launches") else ""
-            )
+            widest = max(bounded, key=lambda v: v.half_width or 0.0)
+            lo = min(v.half_width or 0.0 for v in bounded)
+            text += f" ±{lo * 100:.1f} to ±{(widest.half_width or 0.0) * 100:.1f} pp"
+            text += _launches(widest, "the widest with launches")
         if short:
             fewest = f"{min(short)}-{max(short)}" if min(short) < max(short) else f"{min(short)}"
             text += f"{',' if bounded else ''} {len(short)} with no interval ({fewest} requests; needs {NEED})"
@@ -217,7 +237,7 @@ def _shape(group: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) -> str:
+def render(entries: list[TaxResolution], unbounded: list[str] | None = None) -> str:
     """Phase A: one line per tax. Phase B: one line per shape, the range over its variants' paired
     taxes (each is in --json's resolution), or the baseline's zero tax where only it was computed."""
     if not entries:
@@ -227,14 +247,14 @@ def render(entries: list[dict[str, Any]], unbounded: list[str] | None = None) ->
         "smallest tax the plan can resolve: 95 % half-width of each tax (predicted cells; the host's own noise",
         "widens a real run's, so these are lower bounds)",
     ]
-    shapes: dict[str, list[dict[str, Any]]] = {}
+    shapes: set[str] = set()
     for e in entries:
-        if e["at"].startswith("phase_a") or e["variant"] == ZERO:
-            lines.append(f"  {e['at']:28} {e['variant']:38} " + _one(e))
-        elif e["at"] not in shapes:
-            shapes[e["at"]] = [x for x in entries if x["at"] == e["at"]]
-            group = shapes[e["at"]]
-            lines.append(f"  {e['at']:28} {f'{len(group)} variants, paired with the baseline':38} " + _shape(group))
+        if e.at.startswith("phase_a") or e.variant == ZERO:
+            lines.append(f"  {e.at:28} {e.variant:38} " + _one(e))
+        elif e.at not in shapes:
+            shapes.add(e.at)
+            group = [x for x in entries if x.at == e.at]
+            lines.append(f"  {e.at:28} {f'{len(group)} variants, paired with the baseline':38} " + _shape(group))
     if unbounded:
         lines += [
             "",
