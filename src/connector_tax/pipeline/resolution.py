@@ -4,8 +4,9 @@
 time (predict.py), and every variant's Phase B when its cells stop on their taxes. The
 analysis's own code then gives each predicted tax its interval, paired by request, as it will
 for the real cells. A Phase B shape computed for the baseline only is judged by the tax of the
-baseline's cell against itself (a zero tax, its two intervals taken as independent): a bound on
-the smallest tax that shape can tell from none, wider than the paired taxes a run computes. A
+baseline's cell against itself (a zero tax, its two intervals taken as independent): only a
+guide, as a run's paired taxes can be narrower (common requests) or wider (a slower variant's
+cell is noisier; the default study's mooncake_both 64x8 TTFT tax: ±60 pp against ±35). A
 cell with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all: its taxes
 cannot be called, whatever their size, and the plan says so before anything runs.
 
