@@ -51,7 +51,7 @@ def test_switching_the_clock_measures_again(tmp_path):
 
 @pytest.mark.e2e
 def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
-    """`ctax plan --predict` computes Phase A and the baseline's Phase B in virtual time before
+    """`ctax plan --predict` computes Phase A and Phase B in virtual time before
     anything runs; its estimate of the whole study is held against the study's own cells."""
     config = virtual("predicted")
     config["variants"].append({"name": "mooncake_both", "connector": {"type": "mooncake", "role": "kv_both"}})
@@ -60,7 +60,8 @@ def test_ctax_plan_predict_estimates_a_virtual_run_within_a_quarter(tmp_path):
     out = tmp_path / "plan.json"
     plan = _ctax("plan", "--config", str(path), "--predict", "--json", str(out), cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
-    assert "note: predicted: Phase A and the baseline's Phase B computed" in plan.stdout
+    assert "note: predicted: Phase A and Phase B computed" in plan.stdout
+    assert "2 variants, paired with the baseline" in plan.stdout  # every variant's Phase B, paired
     assert not (tmp_path / "results").exists()  # the prediction ran in a scratch folder
     estimate_h = json.loads(out.read_text())["total_s"] / 3600
     assert snakemake(tmp_path, path, "all").returncode == 0

@@ -80,7 +80,7 @@ def test_every_variants_phase_b_tax_is_its_paired_one(aggregate: dict[str, Any],
     text = render(entries)
     (line,) = [x for x in text.splitlines() if "phase_b 64x8" in x]
     assert "2 variants, paired with the baseline" in line
-    assert "ttft_p90 ±2.0 to ±2.0 pp, 1 with no interval (50 requests; needs 64)" in line
+    assert "ttft_p90 ±2.0 to ±2.0 pp (a), 1 with no interval (50 requests; needs 64)" in line
     assert any("phase_b 512x8" in x and ZERO in x for x in text.splitlines())
 
     # the short cell is b's own, and the plan names it with b

@@ -1,7 +1,7 @@
 """`ctax plan`: a study's cells, estimated wall time per stage and GPU-hours, nothing run.
 
-estimate.py computes the estimates, predict.py (`--predict`) first computes Phase A and the
-baseline's Phase B in the simulator's virtual time, resolution.py says what each predicted tax
+estimate.py computes the estimates, predict.py (`--predict`) first computes Phase A and Phase
+B in the simulator's virtual time, resolution.py says what each predicted tax
 can resolve; this module reads the command's arguments, checks them (one line naming the flag,
 exit 2) and prints. Its arguments are added by `add_arguments`, so `ctax plan --help` is here too.
 """
@@ -55,8 +55,8 @@ def add_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument(
         "--predict",
         action="store_true",
-        help="find the knees, reference rates and Phase B cell lengths first, by computing Phase A and the "
-        "baseline's Phase B in the simulator's virtual time (needs sim.hardware_profile, sim.profile or --profile; "
+        help="find the knees, reference rates and Phase B cell lengths first, by computing Phase A and "
+        "Phase B in the simulator's virtual time (needs sim.hardware_profile, sim.profile or --profile; "
         "takes minutes); also prints each tax's predicted interval half-width",
     )
     plan.add_argument(
@@ -138,13 +138,7 @@ def _predicted(
         unfitted = [v.name for v in study.variants if v.connector and profile.variant_for(v.name, v.connector) is None]
         if unfitted:
             notes.append(f"not in the profile, so on the hand-set connector model: {', '.join(unfitted)}")
-    # predict.py computes every configuration's Phase B when its cells stop on their own taxes.
-    if study.workload.precision.on_tax:
-        computed, rest = "Phase A and every configuration's Phase B (its cells stop on their taxes)", ""
-    else:
-        computed = "Phase A and the baseline's Phase B"
-        rest = "; other configurations' Phase B cells at the baseline's lengths"
-    notes.append(f"predicted: {computed} computed in the simulator's virtual time (profile {used}){rest}")
+    notes.append(f"predicted: Phase A and Phase B computed in the simulator's virtual time (profile {used})")
     _out(args, study, estimates, notes, resolved)
     print(render_resolution(resolved, unbounded), end="")
     return 0

@@ -4,12 +4,14 @@ The rules alone cannot say where Phase A's knees are or what ref_safe will be, a
 length hangs on both (a Phase B cell at 0.5 req/s needs 400 s for 200 requests, at 4 req/s
 only its 60 s floor). The simulator's hardware profile models the study's server, so the
 prediction runs the study itself in virtual time (sim.clock: virtual) in a scratch folder, as
-far as it must: preflight, every configuration's Phase A, the reference rates, and the
-baseline's Phase B (with its B'). Those cells' simulated lengths then stand in for what the
-plan would otherwise guess: Phase A as computed (pruned cells cost nothing), Phase B at the
-predicted reference rates, each configuration's cell at the baseline's length for its shape. A
-study whose cells stop on their taxes (workload.precision.of tax) computes every variant's Phase B:
-each one's length is set by its own paired tax, which only running it can tell.
+far as it must: preflight, every configuration's Phase A, the reference rates, and every
+configuration's Phase B (with its B'). Those cells' simulated lengths then stand in for what the
+plan would otherwise guess (pruned cells cost nothing), and each Phase B tax gets its own paired
+interval (resolution.py). The baseline's Phase B alone would set the other cells' lengths under a
+fixed plan, but not where a saturated shape or a tax-precision plan (workload.precision.of tax)
+lengthens one, nor their taxes' intervals: on the default study the baseline's cell against
+itself put the 64x8 TTFT tax at ±35 pp, where the variants' paired taxes are ±25 to ±158. All of
+Phase B costs the default study's plan 6 s more (21 -> 27 s on 2 cores).
 
 This is only as good as the profile: for a vLLM study the config must name its server's
 profile (sim.hardware_profile, a hand-set one; or sim.profile, or `ctax plan --profile FILE`, a
@@ -28,7 +30,6 @@ import yaml
 from connector_tax import resources
 from connector_tax.config import PHASE_B, StudyConfig
 from connector_tax.contract import StudyLayout
-from connector_tax.pipeline.estimate import baseline
 
 _SNAKEFILE = resources.path("workflow/Snakefile")
 
@@ -43,14 +44,13 @@ def predictable(study: StudyConfig, named_profile: bool) -> str | None:
 
 
 def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> StudyLayout:
-    """Compute the study's Phase A and its baseline's Phase B in virtual time under `workdir`;
+    """Compute the study's Phase A and Phase B in virtual time under `workdir`;
     returns the layout of those results. Raises RuntimeError with the log's tail on failure."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(study.virtual(), sort_keys=False), encoding="utf-8")
     layout = StudyLayout(workdir / "results" / study.study)
-    names = study.names if study.workload.precision.on_tax else [baseline(study)]
-    targets = [f"results/{study.study}/{name}/{PHASE_B}/run.json" for name in names]
+    targets = [f"results/{study.study}/{name}/{PHASE_B}/run.json" for name in study.names]
     # Virtual time measures nothing on this host, so its jobs (one core each, pipeline.plan.job_threads)
     # run side by side on every core this process may use: the H20 config's plan took 231-246 s on
     # 2 cores against 371-397 s one at a time, the same plan (docs/performance.md).

@@ -1,9 +1,8 @@
 """The smallest tax a planned study can resolve: each tax's 95 % interval half-width, before it runs.
 
-`ctax plan --predict` computes Phase A of every variant and the baseline's Phase B in virtual
-time (predict.py), and every variant's Phase B when its cells stop on their taxes. The
-analysis's own code then gives each predicted tax its interval, paired by request, as it will
-for the real cells. A Phase B shape computed for the baseline only is judged by the tax of the
+`ctax plan --predict` computes every variant's Phase A and Phase B in virtual time
+(predict.py). The analysis's own code then gives each predicted tax its interval, paired by request, as it will
+for the real cells. A Phase B shape with no other variant's cell is judged by the tax of the
 baseline's cell against itself (a zero tax, its two intervals taken as independent): only a
 guide, as a run's paired taxes can be narrower (common requests) or wider (a slower variant's
 cell is noisier; the default study's mooncake_both 64x8 TTFT tax: ±60 pp against ±35). A
@@ -218,18 +217,17 @@ def _one(e: TaxResolution) -> str:
 
 
 def _shape(group: list[TaxResolution]) -> str:
-    """A line's metrics for one Phase B shape's paired taxes: the range of their half-widths (and
-    the widest one's at k launches), and how many have none."""
+    """A line's metrics for one Phase B shape's paired taxes: the range of their half-widths, the
+    widest one's variant (and its half-width at k launches), and how many have none."""
     parts = []
     for i, (name, _) in enumerate(METRICS):
-        metric = [e.metrics()[i] for e in group]
-        bounded = [v for v in metric if v.half_width is not None]
-        short = [v.requests for v in metric if v.half_width is None]
+        bounded = [(e.metrics()[i], e.variant) for e in group if e.metrics()[i].half_width is not None]
+        short = [e.metrics()[i].requests for e in group if e.metrics()[i].half_width is None]
         text = name
         if bounded:
-            widest = max(bounded, key=lambda v: v.half_width or 0.0)
-            lo = min(v.half_width or 0.0 for v in bounded)
-            text += f" ±{lo * 100:.1f} to ±{(widest.half_width or 0.0) * 100:.1f} pp"
+            widest, whose = max(bounded, key=lambda vw: vw[0].half_width or 0.0)
+            lo = min(v.half_width or 0.0 for v, _ in bounded)
+            text += f" ±{lo * 100:.1f} to ±{(widest.half_width or 0.0) * 100:.1f} pp ({whose})"
             text += _launches(widest, "the widest with launches")
         if short:
             fewest = f"{min(short)}-{max(short)}" if min(short) < max(short) else f"{min(short)}"
