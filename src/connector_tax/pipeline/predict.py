@@ -11,7 +11,7 @@ interval (resolution.py). The baseline's Phase B alone would set the other cells
 fixed plan, but not where a saturated shape or a tax-precision plan (workload.precision.of tax)
 lengthens one, nor their taxes' intervals: on the default study the baseline's cell against
 itself put the 64x8 TTFT tax at ±35 pp, where the variants' paired taxes are ±25 to ±158. All of
-Phase B costs the default study's plan 6 s more (21 -> 27 s on 2 cores).
+Phase B costs the default study's plan 1-6 s more (21-22 -> 22-27 s on 2 cores, three rounds).
 
 This is only as good as the profile: for a vLLM study the config must name its server's
 profile (sim.hardware_profile, a hand-set one; or sim.profile, or `ctax plan --profile FILE`, a
