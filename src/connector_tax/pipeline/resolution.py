@@ -131,12 +131,11 @@ def _tax_item(
 ) -> TaxResolution:
     """One predicted tax of `variant` at `at` (x the variant's aggregate row, b the baseline's)."""
     got: dict[str, Resolved] = {}
-    shorter = []
     for name, metric in METRICS:
-        nx, nb = x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0
-        shorter.append((min(nx, nb), variant if nx <= nb else baseline))
-        got[name] = Resolved((tax.get(name) or {}).get("value"), _half(tax.get(name) or {}), min(nx, nb))
-    return TaxResolution(at, variant, min(shorter)[1], got["ttft_p90"], got["tpot_p90"])
+        n = min(x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0)
+        got[name] = Resolved((tax.get(name) or {}).get("value"), _half(tax.get(name) or {}), n)
+    fewer = min((x.get(f"{m}_n") or 0 for _, m in METRICS)) <= min((b.get(f"{m}_n") or 0 for _, m in METRICS))
+    return TaxResolution(at, variant, variant if fewer else baseline, got["ttft_p90"], got["tpot_p90"])
 
 
 def _zero_item(phase: str, label: str, row: dict[str, Any], baseline: str) -> TaxResolution:
