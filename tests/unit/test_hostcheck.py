@@ -164,7 +164,7 @@ def test_a_predicted_cell_ended_at_its_floor_is_named_with_a_floor_that_bounds_i
         TaxResolution("phase_b 32768x1024", ZERO, "plain", none, none),
         TaxResolution("phase_b 512x64", ZERO, "plain", bounded, bounded),
     ]
-    (line,) = unbounded_cells(tmp_path, entries, "plain")
+    (line,) = unbounded_cells(tmp_path, entries)
     # 63 requests in 160 s: 80 (64 and two sigma) need about 203 s
     assert (
         line

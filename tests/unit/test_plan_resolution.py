@@ -88,5 +88,5 @@ def test_every_variants_phase_b_tax_is_its_paired_one(aggregate: dict[str, Any],
     summary.parent.mkdir(parents=True)
     stop = "ended at its floor: saturated at this rate (waiting p50 9 > 1); left out of H5/H6"
     summary.write_text(json.dumps({"rate": 0.5, "duration_s": 100, "stop_reason": stop}))
-    (short,) = unbounded_cells(tmp_path, entries, "plain")
+    (short,) = unbounded_cells(tmp_path, entries)
     assert short.startswith(f"phase_b 64x8 b: 50 requests ({stop}); to bound it: workload.duration_s: 160")

@@ -124,7 +124,7 @@ def _predicted(
             return _fail(str(exc), 1)
         estimates, notes = plan_study(study, layout, timing=timing, launch_s=args.launch_s)
         resolved = resolution(layout.root)
-        unbounded = unbounded_cells(layout.root, resolved, study.baseline)
+        unbounded = unbounded_cells(layout.root, resolved)
         if args.launch_sd:
             pooled = {e.variant for e in resolved if e.at.startswith("phase_a")}  # the measured variants
             with_launches(resolved, args.launch_sd, len(pooled) + 1)

@@ -5,7 +5,8 @@
 for the real cells. A Phase B shape with no other variant's cell is judged by the tax of the
 baseline's cell against itself (a zero tax, its two intervals taken as independent): only a
 guide, as a run's paired taxes can be narrower (common requests) or wider (a slower variant's
-cell is noisier; the default study's mooncake_both 64x8 TTFT tax: ±60 pp against ±35). A
+cell is noisier; the default study's mooncake_both 64x8 TTFT tax: ±60 pp, docs/simulator.md,
+against ±35). A
 cell with fewer than MIN_P90_SAMPLES requests (64) will have no p90 interval at all: its taxes
 cannot be called, whatever their size, and the plan says so before anything runs.
 
@@ -64,7 +65,7 @@ def unbounded_warnings(study: StudyConfig) -> list[str]:
     ]
 
 
-def unbounded_cells(results_dir: Path, entries: list[TaxResolution], baseline: str) -> list[str]:
+def unbounded_cells(results_dir: Path, entries: list[TaxResolution]) -> list[str]:
     """From a prediction (`ctax plan --predict`; `entries` its resolution()): the predicted Phase B
     cells with no interval, why, and the setting that would give each one NEED requests."""
     layout = StudyLayout(Path(results_dir))
@@ -73,7 +74,7 @@ def unbounded_cells(results_dir: Path, entries: list[TaxResolution], baseline: s
         if not e.at.startswith("phase_b") or all(m.half_width is not None for m in e.metrics()):
             continue
         phase, label = e.at.split()
-        summary = read_summary(layout.phase(e.cell_of or baseline, phase).cell(label))
+        summary = read_summary(layout.phase(e.cell_of, phase).cell(label))
         rate, floor = (summary.rate, summary.duration_s) if summary else (None, None)
         requests = min(m.requests for m in e.metrics())
         why = (summary.stop_reason if summary else None) or "too few requests"
@@ -84,11 +85,11 @@ def unbounded_cells(results_dir: Path, entries: list[TaxResolution], baseline: s
             fix = f"workload.duration_s: {max(floor_for(rate), int(math.ceil(need / 10.0) * 10))} (it ends at its {floor:g} s floor)"
         else:
             fix = f"workload.min_completed: {NEED}"
-        out.append(f"{e.at} {e.cell_of or baseline}: {requests} requests ({why}); to bound it: {fix}")
+        out.append(f"{e.at} {e.cell_of}: {requests} requests ({why}); to bound it: {fix}")
     return out
 
 
-ZERO = "(any, at the baseline's cell length)"  # a Phase B shape computed for the baseline only
+ZERO = "(any, at the baseline's cell length)"  # a Phase B shape with no other variant's cell
 LAUNCHES = (2, 3, 4, 6, 8)
 
 
@@ -134,7 +135,7 @@ def _tax_item(
     for name, metric in METRICS:
         n = min(x.get(f"{metric}_n") or 0, b.get(f"{metric}_n") or 0)
         got[name] = Resolved((tax.get(name) or {}).get("value"), _half(tax.get(name) or {}), n)
-    fewer = min((x.get(f"{m}_n") or 0 for _, m in METRICS)) <= min((b.get(f"{m}_n") or 0 for _, m in METRICS))
+    fewer = min(x.get(f"{m}_n") or 0 for _, m in METRICS) <= min(b.get(f"{m}_n") or 0 for _, m in METRICS)
     return TaxResolution(at, variant, variant if fewer else baseline, got["ttft_p90"], got["tpot_p90"])
 
 
