@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,17 @@ def test_a_tmpdir_too_deep_for_a_socket_gives_way_to_tmp(tmp_path: Path, monkeyp
         shutil.rmtree(made)
 
 
-def test_only_a_dead_generators_old_folder_is_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder shallow enough for a socket's path: pytest's own tmp_path is not under
+    xdist (its popen-gwN level), where ipc_dir would rightly give way to /tmp."""
+    folder = Path(tempfile.mkdtemp(prefix="ctax-t-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_only_a_dead_generators_old_folder_is_swept(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = short_tmp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead, old = _dead_pid(), time.time() - 2 * 3600
     folders = {
