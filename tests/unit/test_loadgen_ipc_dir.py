@@ -51,8 +51,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 def test_only_a_dead_generators_old_folder_is_swept(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tmp_path = short_tmp
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
     dead, old = _dead_pid(), time.time() - 2 * 3600
     folders = {
         "dead_old": f"{IPC_PREFIX}{dead}-aaaaaaaa",
@@ -62,10 +61,10 @@ def test_only_a_dead_generators_old_folder_is_swept(short_tmp: Path, monkeypatch
         "other": f"other-{dead}-dddddddd",
     }
     for key, name in folders.items():
-        (tmp_path / name).mkdir()
+        (short_tmp / name).mkdir()
         if key != "dead_young":
-            os.utime(tmp_path / name, (old, old))
+            os.utime(short_tmp / name, (old, old))
     made = Path(ipc_dir())
-    assert made.parent == tmp_path
-    left = {p.name for p in tmp_path.iterdir()} - {made.name}
+    assert made.parent == short_tmp
+    left = {p.name for p in short_tmp.iterdir()} - {made.name}
     assert left == set(folders.values()) - {folders["dead_old"]}
