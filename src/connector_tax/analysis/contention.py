@@ -23,6 +23,7 @@ import numpy as np
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import PHASE_A, PHASE_B
+from connector_tax.contract.summary import SELF_STARVED
 
 PERTURBED = "rests on perturbed cells"
 
@@ -129,12 +130,22 @@ def header_lines(contention: dict[str, Any], calls_perturbed: list[str]) -> list
         return []
     lines: list[str] = []
     if calls_perturbed:
-        if c.get("host_measured") and not c.get("host_busy"):
-            # nothing outside the study was busy: the server under test starved the load generator
+        starved = any(SELF_STARVED in (p.get("reasons") or "") for p in c.get("perturbed") or [])  # "; "-joined
+        if starved:
+            # nothing outside the study was busy, the study was: the server starved the load generator
             advice = (
-                "No cell was measured while the host was busy: the load generator was late because the server "
-                "under test took the CPUs it needed, and another run on this host would find the same. Give the "
-                "load generator a real-time class (`loadgen.rt_priority`), more cores, or lower rates."
+                "The load generator was late because the server under test took the CPUs it needed, and another "
+                "run on this host would find the same. Give the load generator a real-time class "
+                "(`loadgen.rt_priority`), more cores, or lower rates."
+            )
+        elif c.get("host_measured") and not c.get("host_busy"):
+            # late on a host with CPU to spare: a stall the guest's counters do not show, which slowed
+            # the server as well (docs/contention.md); another hour may not have it
+            advice = (
+                "No cell was measured while the host was busy by its own counters, yet the load generator was late "
+                "with CPU to spare: a stall the host does not show (a virtual machine's), which slows the server "
+                "too. Run the study again: `snakemake --cores 1 all` measures again exactly the cells that stand "
+                "perturbed (`snakemake -n` lists them)."
             )
         else:
             advice = (

@@ -38,6 +38,14 @@ class Check(msgspec.Struct, omit_defaults=True):
         return self.why or f"{self.name} {self.value} > {self.threshold}"
 
 
+# The reason a cell stands invalid, not measured again, when the study's own server starved the load
+# generator (pipeline.gate.self_starved); the report's advice (analysis.contention) reads it back.
+SELF_STARVED = (
+    "the load generator was late on a host otherwise quiet: the server under test took the CPU it "
+    "needed (not measured again: another attempt would find the same)"
+)
+
+
 class Verdict(msgspec.Struct):
     """The validity gate's verdict (the summary's `validity`). The load generator fills `valid`,
     `reasons` and `checks` for the instrument; the gate (pipeline.gate.judge) adds the host's
