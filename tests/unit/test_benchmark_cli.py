@@ -312,3 +312,98 @@ def test_reference_seeds_sums_every_cells_wall_time_and_nothing_else(tmp_path: P
         (folder / "run.json").write_text(json.dumps({"wall_s": 100.0}))
     (tmp_path / "reference_rates.json").write_text(json.dumps({"wall_s": 100.0}))
     assert _cell_seconds(tmp_path) == pytest.approx(15.5)
+
+
+def test_worker_trace_puts_each_late_send_in_the_class_that_explains_it(isolated_imports: None) -> None:
+    """One cell's log (target 10 ms, times in µs), one late send per class, and a punctual one."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from worker_trace import CLASSES, classify
+
+    us = 1_000
+
+    def send(target: int, woke: int | None, late: int, rd_wake: int, rd_fire: int, *extra: list) -> list:
+        wake = [] if woke is None else [["w", (target - 1_000) * us, woke * us, rd_wake * us]]
+        return [
+            *wake,
+            *extra,
+            ["b", (target - 100) * us, target * us],
+            ["f", (target + late) * us, target * us, rd_fire * us],
+        ]
+
+    events = [
+        *send(10_000, 9_050, 10, 0, 0),  # punctual
+        *send(20_000, None, 800, 0, 0),  # slept through its timer
+        *send(30_000, 31_000, 1_100, 1_000, 1_000),  # woke late after 1 ms on the run queue
+        *send(40_000, 41_000, 1_100, 1_000, 1_000),  # woke late, not queued
+        *send(50_000, 49_100, 900, 1_000, 1_800),  # woke in time, then queued 800 µs
+        *send(60_000, 59_100, 700, 1_800, 1_800, ["R", 59_200 * us, 59_900 * us]),  # a 700 µs read
+        *send(70_000, 69_100, 600, 1_800, 1_800, ["R", 69_200 * us, 69_210 * us]),  # nothing seen
+    ]
+    classes, sends, examples = classify(events, 150 * us)
+    assert sends == 7 and sum(classes.values()) == 6
+    assert [classes[c] for c in CLASSES] == [1, 1, 1, 1, 1, 1]
+    assert examples[0] == {
+        "class": CLASSES[0],
+        "late_us": 800,
+        "woke_us_after_target": None,
+        "armed_us_before_target": None,
+    }
+
+
+def test_the_worker_trace_hook_patches_the_worker_and_nothing_else(tmp_path: Path) -> None:
+    """Loaded as sitecustomize, it wraps the worker's methods only once the worker module is
+    imported, and only where the trace folder is set; unset, the module is as it was."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text((BENCHMARKS / "_worker_trace_hook.py").read_text())
+    probe = (
+        "import sys; print('firetimer' in str(sorted(sys.modules)));"
+        "from connector_tax.loadgen.worker import process, firetimer;"
+        "print(firetimer.FireTimer._spin.__qualname__, process.Worker._on_readable.__qualname__)"
+    )
+    for traced in (True, False):
+        env = {"PYTHONPATH": str(hook), "PATH": "/usr/bin:/bin"} | (
+            {"CTAX_WORKER_TRACE_DIR": str(tmp_path)} if traced else {}
+        )
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+        first, second = out.splitlines()
+        assert first == "False"  # nothing of the load generator imported at start-up
+        if traced:
+            assert second == "_patch.<locals>._spin _patch.<locals>._timed.<locals>.wrapped"
+        else:
+            assert second == "FireTimer._spin Worker._on_readable"
+
+
+def test_lateness_sentinel_finds_the_slower_late_cell(tmp_path: Path, isolated_imports: None) -> None:
+    """Four runs of one study; in the fourth, one cell is invalid for lateness alone and 30 % slower
+    at p50: it is compared with its three peers, and the valid cells with theirs."""
+    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(BENCHMARKS))
+    from lateness_sentinel import main as sentinel
+    from synthetic_study import SyntheticSpec, write_study
+
+    roots = []
+    for seed in (1, 2, 3, 4):
+        spec = SyntheticSpec(variants=["plain"], rates=[1.0, 2.0], phase_b=False, phase_b_prime=False, seed=seed)
+        roots.append(write_study(tmp_path / f"run{seed}", spec))
+        for path in roots[-1].glob("plain/phase_a/summary_*.json"):  # the synthetic study leaves them out
+            summary = json.loads(path.read_text())
+            summary["latency_ms"]["ttft"] |= {"p50": 10.0 + seed / 10, "p90": 12.0 + seed / 10}
+            summary["lateness_us"] = {"p90": 20.0}
+            path.write_text(json.dumps(summary))
+    path = roots[3] / "plain" / "phase_a" / "summary_phase_a_r1.json"
+    summary = json.loads(path.read_text())
+    summary["latency_ms"]["ttft"]["p50"] *= 1.3
+    summary["lateness_us"] = {"p90": 500.0}
+    summary["validity"] = {
+        "valid": False,
+        "reasons": ["lateness_ttft_frac 0.05 > 0.02"],
+        "checks": [{"name": "lateness_ttft_frac", "value": 0.05, "threshold": 0.02, "passed": False}],
+    }
+    path.write_text(json.dumps(summary))
+    assert sentinel([*map(str, roots), "--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert out["runs"] == 4 and out["invalid_for_lateness"]["p50"]["n"] == 1
+    assert out["invalid_for_lateness"]["p50"]["median"] == pytest.approx(1.3, rel=0.1)
+    # r2 of each run has three valid peers; r1's valid cells have two now: too few, left out
+    assert out["valid"]["p50"]["n"] == 4 and out["valid"]["p50"]["median"] == pytest.approx(1.0, abs=0.02)
