@@ -23,8 +23,9 @@ hand-over, and the thread's run_delay (time runnable but not running). Every sen
 
 Before the runs a busy loop pinned to the host's last CPU (the worker's, as the pipeline places
 it on 2 cores) counts its own stalls for `--probe-seconds`: what that CPU loses with nothing of
-the study on it. The trace costs the worker a few µs per logged event; lateness is the study's
-own (its summaries), beside the classes. Results go to the scratch folder, never to results/.
+the study on it. The trace costs the worker a few µs per logged event and a /proc read at each
+wake-up, on the path it measures (a read that stalls is counted as a stall); lateness is the
+study's own (its summaries), beside the classes. Results go to the scratch folder, never to results/.
 """
 
 from __future__ import annotations
