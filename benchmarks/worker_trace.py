@@ -63,6 +63,7 @@ STALL_BINS_US = (20, 50, 100, 200, 500, 1_000, 2_000)
 
 def probe_stalls(cpu: int, seconds: float) -> dict[str, Any]:
     """A busy loop on `cpu`: how often, and how long, it did not run (gaps between clock reads)."""
+    before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
     try:
         gaps: list[int] = []
@@ -75,7 +76,7 @@ def probe_stalls(cpu: int, seconds: float) -> dict[str, Any]:
                 gaps.append(t1 - t)
             t = t1
     finally:
-        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        os.sched_setaffinity(0, before)
     wall = (t - t0) / 1e9
     g = np.asarray(gaps, dtype=np.float64) / 1e3
     return {

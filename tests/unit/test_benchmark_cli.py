@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -407,3 +408,15 @@ def test_lateness_sentinel_finds_the_slower_late_cell(tmp_path: Path, isolated_i
     assert out["invalid_for_lateness"]["p50"]["median"] == pytest.approx(1.3, rel=0.1)
     # r2 of each run has three valid peers; r1's valid cells have two now: too few, left out
     assert out["valid"]["p50"]["n"] == 4 and out["valid"]["p50"]["median"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_stall_probe_counts_on_its_cpu_and_gives_the_process_its_cpus_back(isolated_imports: None) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    from worker_trace import STALL_BINS_US, probe_stalls
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    probe = probe_stalls(cpu, 0.05)
+    assert os.sched_getaffinity(0) == before
+    assert probe["cpu"] == cpu and 0.04 <= probe["seconds"] <= 1.0 and 0.0 <= probe["lost_share"] < 1.0
+    assert list(probe["per_second_at_least_us"]) == list(STALL_BINS_US)
