@@ -87,3 +87,78 @@ def test_h4_interval_counts_multi_once() -> None:
     assert old is not None and old[0] < 0.30 < h4["ci"][0] and h4["ci"][1] < old[1]
     hyp = evaluate(t.doc, {}, ["plain", *variants], "plain", {"ok": True}, {}, True)
     assert next(h for h in hyp["hypotheses"] if h["id"] == "H4")["confidence"] == "confident"
+
+
+def _normal_tax(value: float, se: float) -> dict:
+    from connector_tax.analysis.quantiles import Z95
+
+    return {"value": value, "ci": [value - Z95 * se, value + Z95 * se]}
+
+
+def test_h3_share_interval_holds_at_every_non_negative_correlation_and_is_narrower_than_the_box() -> None:
+    """H3's share a / b (noop's tax over mooncake_both's, both over plain): its interval covers the
+    true share in >= 95% of draws whatever the correlation rho >= 0 between the two taxes (the
+    shared baseline makes it positive, of unknown size), the true share below 0 included (where
+    Fieller's set at rho = 0 would be too narrow), and from 0 up is narrower than the box, which
+    divides by the end of the denominator's interval (and covers 95-100 % there). Normal taxes of known standard error, mooncake_both's
+    5 standard errors from 0 (the default study's is 4-6)."""
+    import numpy as np
+
+    from connector_tax.analysis.estimates import div_interval, share_interval
+
+    rng = np.random.default_rng(20261202)
+    sa, sb, tax = 0.09, 0.12, 0.6
+    for share in (-0.6, -0.2, 0.0, 0.3, 0.5, 1.0):
+        for rho in (0.0, 0.5, 0.95):
+            cov = [[sa * sa, rho * sa * sb], [rho * sa * sb, sb * sb]]
+            hits, ours, box = 0, [], []
+            for a, b in rng.multivariate_normal([share * tax, tax], cov, size=4000):
+                wide = div_interval(_normal_tax(a, sa)["ci"], _normal_tax(b, sb)["ci"])
+                if wide is None:  # mooncake_both's interval reaches 0: no call (`unresolved`)
+                    continue
+                ci = share_interval(_normal_tax(a, sa), _normal_tax(b, sb))
+                assert ci is not None and ci[0] <= a / b <= ci[1]
+                hits += ci[0] <= share <= ci[1]
+                ours.append(ci[1] - ci[0])
+                box.append(wide[1] - wide[0])
+            assert len(ours) > 3900 and hits / len(ours) >= 0.94, (share, rho, hits, len(ours))
+            # below 0 the set is the rho = 1 one, the box's own corners; from 0 up it is narrower
+            assert np.median(ours) < np.median(box) if share >= 0 else np.median(ours) <= np.median(box), (share, rho)
+
+
+def test_h3_is_confident_on_the_taxes_the_box_left_within_noise() -> None:
+    """A quiet-hour default study's taxes at ref_safe (2026-12-02, a fresh clone of 2de0fe4):
+    noop's TTFT p90 tax -0.6 % [-17.0, +19.0], mooncake_both's +60.1 % [+36.4, +87.9]. The box
+    put the share at [-0.47, +0.52], across H3's 0.5; the share's own interval stays below it."""
+    from connector_tax.analysis.estimates import div_interval, share_interval
+
+    noop = {"value": -0.005888, "ci": [-0.169528, 0.189997]}
+    mb = {"value": 0.600723, "ci": [0.363959, 0.878585]}
+    box = div_interval(noop["ci"], mb["ci"])
+    assert box is not None and box[1] > 0.5
+    ci = share_interval(noop, mb)
+    assert ci is not None and ci[0] < noop["value"] / mb["value"] < ci[1] < 0.4
+    safe = {"variants": {"noop_connector": {"ttft_p90": noop}, "mooncake_both": {"ttft_p90": mb}}}
+    hyp = evaluate(
+        {"phase_a": {"ref_safe": safe}},
+        {},
+        ["plain", "noop_connector", "mooncake_both"],
+        "plain",
+        {"ok": True},
+        {},
+        True,
+    )
+    h3 = next(h for h in hyp["hypotheses"] if h["id"] == "H3")
+    assert h3["verdict"] == "supported" and h3["confidence"] == "confident" and h3["ci"] == ci
+
+
+def test_a_share_over_a_negative_tax_mirrors_and_over_an_unclear_one_falls_back_to_the_box() -> None:
+    from connector_tax.analysis.estimates import div_interval, share_interval
+
+    a, b = _normal_tax(0.1, 0.05), _normal_tax(0.5, 0.1)
+    neg_a, neg_b = _normal_tax(-0.1, 0.05), _normal_tax(-0.5, 0.1)
+    assert share_interval(neg_a, neg_b) == share_interval(a, b)
+    # 1.86 standard errors from 0: its (skewed) interval is clear of 0 by a hair, Fieller's set is not
+    near = {"value": 0.18, "ci": [0.001, 0.38]}
+    assert share_interval(a, near) == div_interval(a["ci"], near["ci"])
+    assert share_interval({"value": 0.1, "ci": None}, b) is None

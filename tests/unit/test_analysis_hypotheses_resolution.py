@@ -16,7 +16,7 @@ import pytest
 
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.core import verdicts_tsv
-from connector_tax.analysis.estimates import div_interval
+from connector_tax.analysis.estimates import div_interval, share_interval
 from connector_tax.analysis.hypotheses import BELOW_RESOLUTION, compare_calls, evaluate
 from connector_tax.analysis.report import _verdicts
 from connector_tax.oracle.coverage import score, summarize
@@ -102,7 +102,10 @@ def test_a_resolved_denominator_keeps_the_call_and_gets_an_interval():
     }
     h = _judge(_doc(taxes))
     assert h["H3"]["verdict"] == "supported" and h["H3"]["confidence"] == "confident"
-    assert h["H3"]["ci"] == pytest.approx([0.04 / 0.70, 0.06 / 0.50])
+    # H3's share gets its own interval (estimates.share_interval), inside the box's
+    share = h["H3"]["ci"]
+    assert share == share_interval({"value": 0.05, "ci": [0.04, 0.06]}, {"value": 0.60, "ci": [0.50, 0.70]})
+    assert 0.04 / 0.70 < share[0] < 0.05 / 0.60 < share[1] < 0.06 / 0.50
     assert h["H4"]["verdict"] == "refuted" and h["H4"]["ci"] is not None
     assert "resolution" not in h["H3"]
 

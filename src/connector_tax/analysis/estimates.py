@@ -9,10 +9,11 @@ tax is one these cells cannot tell from 0 (`unresolved`). Nothing here decides a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from connector_tax.analysis import constants as K
-from connector_tax.analysis.quantiles import combine, tax_combination
+from connector_tax.analysis.quantiles import Z95, combine, tax_combination
 from connector_tax.config import PHASE_B
 from connector_tax.contract.estimate import RELATIVE, Estimate
 
@@ -31,6 +32,41 @@ def div_interval(num: list[float], den: list[float]) -> list[float] | None:
         return None
     vals = [num[0] / den[0], num[0] / den[1], num[1] / den[0], num[1] / den[1]]
     return [min(vals), max(vals)]
+
+
+def share_interval(num: dict[str, Any], den: dict[str, Any]) -> list[float] | None:
+    """The 95% interval of num / den for two taxes over ONE baseline (H3's share): Fieller's
+    confidence set, each tax's standard error from its interval (half-width / z, as `combine`
+    takes them), holding for every correlation rho >= 0 between the two. rho is never negative
+    here: both taxes divide by the same baseline p90 and, on common random numbers, ride the same
+    traffic; the taxes do not carry its size. (a - t b) has variance sa^2 - 2 t rho sa sb +
+    t^2 sb^2, largest at rho = 0 for t >= 0 and at rho = 1 for t < 0, so the set is Fieller's
+    with rho = 0 above 0 (where H3's threshold lies) and the rho = 1 set
+    [(a - z sa) / (b - z sb), (a + z sa) / (b + z sb)] below 0. The box (`div_interval`) holds
+    whatever the correlation, negative included, and so pays twice for the denominator's error:
+    it divides by the end of its interval, not by the tax. None when either tax has no interval;
+    the box's when the denominator is not clear of 0 at z standard errors (`unresolved` decides
+    that case from the interval itself)."""
+    num_ci, den_ci = ci_of(num), ci_of(den)
+    if num_ci is None or den_ci is None:
+        return None
+    a, b = float(num["value"]), float(den["value"])
+    if b < 0:  # a / b = (-a) / (-b), and negating both keeps rho
+        a, b = -a, -b
+    z = Z95
+    sa, sb = (num_ci[1] - num_ci[0]) / (2 * z), (den_ci[1] - den_ci[0]) / (2 * z)
+    curv = b * b - (z * sb) ** 2
+    if curv <= 0:
+        return div_interval(num_ci, den_ci)
+    # rho = 0: (a - t b)^2 <= z^2 (sa^2 + t^2 sb^2), a quadratic in t opening upwards (curv > 0)
+    # whose discriminant 4 z^2 (a^2 sb^2 + sa^2 curv) is positive, so two roots around a / b.
+    root = math.sqrt(4 * z * z * (a * a * sb * sb + sa * sa * curv))
+    lo0, hi0 = (2 * a * b - root) / (2 * curv), (2 * a * b + root) / (2 * curv)
+    parts = [(max(lo0, 0.0), hi0)] if hi0 >= 0 else []
+    lo1, hi1 = (a - z * sa) / (b - z * sb), (a + z * sa) / (b + z * sb)
+    if lo1 < 0:  # then a / b < sa / sb, so lo1 <= hi1; at 0 both sets agree (|a| <= z sa)
+        parts.append((lo1, min(hi1, 0.0)))
+    return [min(p[0] for p in parts), max(p[1] for p in parts)]
 
 
 def unresolved(den: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -112,8 +148,8 @@ def h3_share(t: Taxes, metric: str = "ttft_p90") -> dict[str, Any] | None:
     den = unresolved(mb, K.MOONCAKE_BOTH)
     if den is not None:
         note = f"mooncake_both's tax is not resolved ({den['why']}): the share is unbounded"
-    elif (num := ci_of(noop)) is not None and (over := ci_of(mb)) is not None:
-        ci = div_interval(num, over)
+    else:
+        ci = share_interval(noop, mb)
     value = noop["value"] / mb["value"]
     share = {"value": value, "ci": ci, "note": note}
     return {

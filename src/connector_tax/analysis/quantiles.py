@@ -24,6 +24,7 @@ CI_METHOD = (
 )
 EXACT_MAX_N = 20000
 _Z = {0.90: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
+Z95 = _Z[0.95]  # the 95% intervals' z, for the estimates built on them
 
 
 @lru_cache(maxsize=4096)
