@@ -100,8 +100,8 @@ def test_h3_share_interval_holds_at_every_non_negative_correlation_and_is_narrow
     true share in >= 95% of draws whatever the correlation rho >= 0 between the two taxes (the
     shared baseline makes it positive, of unknown size), the true share below 0 included (where
     Fieller's set at rho = 0 would be too narrow), and from 0 up is narrower than the box, which
-    divides by the end of the denominator's interval (and covers 95-100 % there). Normal taxes of known standard error, mooncake_both's
-    5 standard errors from 0 (the default study's is 4-6)."""
+    divides by the end of the denominator's interval (and covers 95-100 % there). Normal taxes of
+    known standard error, mooncake_both's 5 standard errors from 0 (the default study's is 4-6)."""
     import numpy as np
 
     from connector_tax.analysis.estimates import div_interval, share_interval
@@ -127,9 +127,10 @@ def test_h3_share_interval_holds_at_every_non_negative_correlation_and_is_narrow
 
 
 def test_h3_is_confident_on_the_taxes_the_box_left_within_noise() -> None:
-    """A quiet-hour default study's taxes at ref_safe (2026-12-02, a fresh clone of 2de0fe4):
-    noop's TTFT p90 tax -0.6 % [-17.0, +19.0], mooncake_both's +60.1 % [+36.4, +87.9]. The box
-    put the share at [-0.47, +0.52], across H3's 0.5; the share's own interval stays below it."""
+    """A real-clock default study's taxes at ref_safe (2026-12-02, a fresh clone of 2de0fe4, no cell
+    busy or measured again): noop's TTFT p90 tax -0.6 % [-17.0, +19.0], mooncake_both's +60.1 %
+    [+36.4, +87.9]. The box put the share at [-0.47, +0.52], across H3's 0.5; the share's own
+    interval stays below it."""
     from connector_tax.analysis.estimates import div_interval, share_interval
 
     noop = {"value": -0.005888, "ci": [-0.169528, 0.189997]}
