@@ -414,9 +414,17 @@ def test_the_stall_probe_counts_on_its_cpu_and_gives_the_process_its_cpus_back(i
     sys.path.insert(0, str(BENCHMARKS))
     from worker_trace import STALL_BINS_US, probe_stalls
 
-    before = os.sched_getaffinity(0)
-    cpu = min(before)
-    probe = probe_stalls(cpu, 0.05)
-    assert os.sched_getaffinity(0) == before
+    # Start from one CPU of several (the pipeline pins its processes): giving back "every CPU"
+    # instead of the process's own would then show; on one CPU the two cannot be told apart.
+    mine = os.sched_getaffinity(0)
+    cpu = min(mine)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        before = os.sched_getaffinity(0)
+        probe = probe_stalls(cpu, 0.05)
+        after = os.sched_getaffinity(0)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert after == before
     assert probe["cpu"] == cpu and 0.04 <= probe["seconds"] <= 1.0 and 0.0 <= probe["lost_share"] < 1.0
     assert list(probe["per_second_at_least_us"]) == list(STALL_BINS_US)
