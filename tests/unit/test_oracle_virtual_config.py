@@ -62,3 +62,18 @@ def test_a_virtual_job_takes_one_core_and_the_prediction_runs_them_side_by_side(
     monkeypatch.setattr(predict_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
     predict_module.predict(real, tmp_path / "work")
     assert argvs[0][argvs[0].index("--cores") + 1] == "4"
+
+
+def test_a_cpu_study_s_virtual_twin_drops_what_acts_inside_vllm(tmp_path):
+    """The CPU study declares Mooncake's CPU guard, an intervention loaded into vLLM's processes;
+    its virtual twin (what `ctax plan --predict` and `ctax calibrate --check` run) has no vLLM, so
+    it drops them, and the twin passes the config check (it was refused: backend vllm only)."""
+    from connector_tax.config import load_study
+
+    study = load_study(REPO / "configs" / "vllm-cpu-tiny.yaml")
+    assert any(v.get("interventions") for v in study.raw["variants"])
+    twin = study.virtual(str(REPO / "configs" / "profiles" / "vllm-cpu-tiny.yaml"))
+    assert twin["backend"] == "sim" and not any("interventions" in v for v in twin["variants"])
+    assert [v["name"] for v in twin["variants"]] == [v["name"] for v in study.raw["variants"]]
+    assert load_study(write_config(tmp_path, twin)).backend == "sim"
+    assert any(v.get("interventions") for v in study.raw["variants"])  # the study's own config untouched

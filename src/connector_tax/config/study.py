@@ -286,8 +286,11 @@ class StudyConfig:
     def virtual(self, profile: str | None = None) -> dict[str, Any]:
         """This study's config as a simulated one computed in virtual time (same name: it runs
         in a scratch folder of its own), with the engine `profile` file when one is given (in
-        place of the hand-set hardware profile); the vLLM and external-server sections dropped."""
+        place of the hand-set hardware profile); the vLLM and external-server sections dropped, and
+        the variants' interventions, which act inside vLLM's processes (a CPU study must declare
+        Mooncake's guard: without this its prediction and calibration check were refused)."""
         out = copy.deepcopy(dict(self.raw))
+        out["variants"] = [{k: v for k, v in dict(x).items() if k != "interventions"} for x in out["variants"]]
         out["backend"] = "sim"
         out["sim"] = {**(out.get("sim") or {}), "clock": "virtual"}
         if profile is not None:
