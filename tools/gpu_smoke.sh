@@ -5,7 +5,7 @@
 #   tools/gpu_smoke.sh [--config FILE] [--out DIR] [--model HF_ID] [--port PORT] [--gpu N]
 #                      [--only NAME] [--mooncake-protocol tcp|rdma] [--start-timeout S] [--graphs]
 #
-# Defaults: configs/h20-qwen3-coder.yaml (all 8 configurations), results/gpu_smoke,
+# Defaults: configs/h20-qwen3-coder.yaml (all 10 of its variants), results/gpu_smoke,
 # Qwen/Qwen3-0.6B, port 18200, GPU 0 (or the first of CUDA_VISIBLE_DEVICES), Mooncake over tcp
 # (no RDMA needed), 900 s to start, eager mode (--enforce-eager: quick starts). --graphs runs the
 # study's own mode instead, torch.compile and CUDA graphs (slower starts, what the study launches).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -42,6 +43,13 @@ def test_switching_the_clock_measures_again(tmp_path):
     assert all(v for k, v in sealed_cells(tmp_path, config).items() if "/phase_a/" in k)
     same = snakemake(tmp_path, path, "phase_a", "-n")
     assert same.returncode == 0 and "Nothing to be done" in same.stdout + same.stderr
+    # A launch added (a second replicate) is named too: every cell of it is new.
+    twice = copy.deepcopy(config)
+    twice["workload"]["replicates"] = 2
+    dry = snakemake(tmp_path, write_config(tmp_path, twice, "twice.yaml"), "phase_a", "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "connector-tax: plain.r2/phase_a: 2 of 2 cells to measure — a new launch" in dry.stderr, dry.stderr
+    assert "connector-tax: plain/phase_a" not in dry.stderr  # measured, unchanged
     config["sim"]["clock"] = "real"
     dry = snakemake(tmp_path, write_config(tmp_path, config), "phase_a", "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]

@@ -103,6 +103,10 @@ def test_analysis_only_settings_and_number_spelling_do_not_change_a_fingerprint(
 def test_differences_name_the_changed_key() -> None:
     assert differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == ["a.c: 2 -> 3"]
     assert differences({"x": 1}, {"x": 1.0}) == []
+    # Lists from the first element that differs, so a long argv shows what changed.
+    argv = ["<python>", "-m", "connector_tax.cli", "sim", "--config", "<study_config>", "--seed", "1"]
+    assert differences({"argv": argv}, {"argv": argv[:-1] + ["2"]}) == ['argv[7]: "1" -> "2"']
+    assert differences({"argv": argv}, {"argv": argv + ["--x"]}) == ['argv[8:]: [] -> ["--x"]']
 
 
 @pytest.mark.parametrize(

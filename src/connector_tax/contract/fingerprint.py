@@ -218,6 +218,18 @@ def differences(old: Any, new: Any, path: str = "", limit: int = 6) -> list[str]
                 out.extend(differences(a[key], b[key], sub, limit))
             if len(out) >= limit:
                 break
+    elif isinstance(a, list) and isinstance(b, list) and a != b:
+        # Element by element from the first that differs: a long argv cut at 60 characters
+        # showed two identical heads.
+        unequal = [j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
+        i = unequal[0] if unequal else min(len(a), len(b))
+        if len(a) == len(b):
+            for j in range(i, len(a)):
+                out.extend(differences(a[j], b[j], f"{path}[{j}]", limit))
+                if len(out) >= limit:
+                    break
+        else:
+            out.append(f"{path}[{i}:]: {json.dumps(a[i:])[:60]} -> {json.dumps(b[i:])[:60]}")
     elif a != b:
         out.append(f"{path or '(value)'}: {json.dumps(a)[:60]} -> {json.dumps(b)[:60]}")
     return out[:limit]

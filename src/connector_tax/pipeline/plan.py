@@ -155,7 +155,8 @@ def launches(study: StudyConfig) -> list[tuple[str, str, int]]:
 
 def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
     """One line per launch whose cells will be (re-)measured, with why, for a study that has
-    results already (a dry run shows it before anything runs)."""
+    results already (a dry run shows it before anything runs): a launch with no results yet (a
+    variant or replicate added) is a new launch, every cell of it measured."""
     layout = StudyLayout.of(study.study)
     if not layout.root.is_dir():
         return []
@@ -164,9 +165,11 @@ def describe_pending(config_path: str | Path, study: StudyConfig) -> list[str]:
     for name, launch_phase, replicate in launches(study):
         if launch_phase == PHASE_B and reference is None:
             continue
-        if read_index(layout.index(name, launch_phase, replicate)) is None:
-            continue
         plan = launch_plan(config_path, study, name, launch_phase, reference, replicate)
+        if read_index(layout.index(name, launch_phase, replicate)) is None:
+            n = len(plan.cells)
+            lines.append(f"{launch_label(name, replicate)}/{launch_phase}: {n} of {n} cells to measure — a new launch")
+            continue
         pending = pending_cells(layout, plan)
         if pending:
             why = "; ".join(f"{key}: {reason}" for key, reason in list(pending.items())[:3])
