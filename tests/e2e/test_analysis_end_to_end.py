@@ -304,6 +304,9 @@ def test_tidy_tables_hold_what_the_json_holds(study):
     shapes = taxes.query("phase == 'phase_b'")
     assert set(shapes["point"]) == set(agg["taxes"]["phase_b"]["cells"])
     assert (shapes["input_len"].notna() & shapes["output_len"].notna()).all()
+    # read on its own, each table says what served the study
+    assert (taxes["simulated"] == agg["simulated"]).all() and (taxes["backend"] == agg["backend"]).all()
+    assert (cells["simulated"] == agg["simulated"]).all()
     by_config = taxes.query("metric == 'ttft_p90'").groupby("variant")["value"].count()
     assert set(by_config.index) == set(safe["variants"])  # a group-by away from any question
 

@@ -6,6 +6,7 @@ Parquet (typed, for pandas/polars/DuckDB).
     taxes.csv / .parquet      one row per (phase, point, configuration, metric): the tax against
                               the baseline with its interval and its unit (relative: 0.12 is +12 %;
                               us: a difference in microseconds), and the two p90s (or p50s) it came from
+Every row of both says its backend and whether it is simulated: a table read on its own says so.
 
 A researcher's own question is a group-by away, e.g.
 `pd.read_parquet("taxes.parquet").query("metric == 'ttft_p90'").pivot(index="variant", columns="point", values="value")`.
@@ -40,6 +41,8 @@ TAX_COLUMNS = [
     "base",
     "x_n",
     "base_n",
+    "backend",
+    "simulated",
 ]
 
 
@@ -80,8 +83,11 @@ def _tax_rows(
     return out
 
 
-def taxes_frame(taxes: dict[str, Any] | None) -> pd.DataFrame:
-    """Every tax the analysis computed, long form (empty when the study has no baseline)."""
+def taxes_frame(
+    taxes: dict[str, Any] | None, backend: str | None = None, simulated: bool | None = None
+) -> pd.DataFrame:
+    """Every tax the analysis computed, long form (empty when the study has no baseline), each row
+    with the study's backend and whether it is simulated."""
     rows: list[dict[str, Any]] = []
     if taxes:
         baseline = taxes.get("baseline")
@@ -95,8 +101,11 @@ def taxes_frame(taxes: dict[str, Any] | None) -> pd.DataFrame:
                 rows += _tax_rows(
                     phase, label, {"rate": rate, **cell}, baseline, (cell.get("input"), cell.get("output"))
                 )
+    rows = [{**r, "backend": backend, "simulated": simulated} for r in rows]
     frame = pd.DataFrame.from_records(rows, columns=TAX_COLUMNS)
-    return frame.astype({"x_n": "Int64", "base_n": "Int64", "input_len": "Int64", "output_len": "Int64"})
+    return frame.astype(
+        {"x_n": "Int64", "base_n": "Int64", "input_len": "Int64", "output_len": "Int64", "simulated": "boolean"}
+    )
 
 
 def _parquet_bytes(frame: pd.DataFrame) -> bytes:
@@ -111,7 +120,11 @@ def write_tables(
     """Both tables in both formats, each file replaced atomically."""
     for frame, csv_file, parquet_file in (
         (cells_frame(aggregate["rows"]), csv_path, parquet_path),
-        (taxes_frame(aggregate.get("taxes")), taxes_csv, taxes_parquet),
+        (
+            taxes_frame(aggregate.get("taxes"), aggregate.get("backend"), aggregate.get("simulated")),
+            taxes_csv,
+            taxes_parquet,
+        ),
     ):
         write_atomic(csv_file, frame.to_csv(index=False, float_format="%.9g", lineterminator="\n"))
         write_atomic(parquet_file, _parquet_bytes(frame))
