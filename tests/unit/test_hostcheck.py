@@ -106,6 +106,7 @@ def test_config_check_refuses_on_this_host_and_static_does_not(tmp_path: Path) -
     assert here.returncode == 2
     assert len(here.stderr.strip().splitlines()) == 1
     assert here.stderr.startswith(f"{H20}: on this host: model.name: {MODEL} is not in this host's")
+    assert here.stdout == ""  # no "ok" line before the refusal
     static = subprocess.run([*run, "--static", str(H20)], capture_output=True, text=True, env=env, cwd=REPO)
     assert static.returncode == 0, static.stderr
 

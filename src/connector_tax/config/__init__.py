@@ -36,6 +36,7 @@ from connector_tax.config.load import (
     find_variant,
     load_config,
     load_study,
+    ok_line,
     schema_path,
     validate_config,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "launch_label",
     "launch_order",
     "load_config",
+    "ok_line",
     "load_study",
     "phase_a_cells",
     "phase_b_cells",

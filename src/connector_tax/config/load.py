@@ -210,12 +210,16 @@ def find_variant(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     raise ConfigError("variants", f"no variant named {name!r} (known: {known})")
 
 
+def ok_line(path: str | Path, config: Mapping[str, Any]) -> str:
+    return f"ok: {path}: study '{config['study']}', {len(config['variants'])} variants, backend {config['backend']}"
+
+
 def check_file(path: str | Path) -> int:
-    """`ctax config check FILE`: 0 and an ok line on stdout, or 2 and the error on stderr."""
+    """The file alone: 0 and an ok line on stdout, or 2 and the error on stderr."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"ok: {path}: study '{config['study']}', {len(config['variants'])} variants, backend {config['backend']}")
+    print(ok_line(path, config))
     return 0

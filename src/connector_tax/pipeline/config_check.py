@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from connector_tax.config import ConfigError, check_file, load_study
+from connector_tax.config import ConfigError, load_config, load_study, ok_line
 from connector_tax.launch.hostcheck import check_host
 from connector_tax.pipeline.resolution import unbounded_warnings
 
@@ -26,16 +26,21 @@ def add_arguments(check: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if check_file(args.file) != 0:
+    """The ok line only once every check passed: a refusal on this host is its one line on
+    stderr, with no ok line on stdout before it."""
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return 2
     study = load_study(args.file)
+    if not args.static:
+        try:
+            check_host(study)
+        except ConfigError as exc:
+            print(f"{args.file}: on this host: {exc}", file=sys.stderr)
+            return 2
+    print(ok_line(args.file, config))
     for line in unbounded_warnings(study):
         print(f"warning: {line}")
-    if args.static:
-        return 0
-    try:
-        check_host(study)
-    except ConfigError as exc:
-        print(f"{args.file}: on this host: {exc}", file=sys.stderr)
-        return 2
     return 0
