@@ -52,6 +52,7 @@ def test_a_script_execs_the_pipelines_own_launch(name: str, tmp_path: Path) -> N
     assert ["vllm", *ran["argv"]] == spec.argv
     for key, value in spec.env.items():
         assert ran["env"][key] == value, key
+    assert ran["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # as the pipeline's GPU lease sets it
 
 
 def test_a_script_names_its_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,6 +53,10 @@ def script(config_path: str | Path, name: str) -> str:
             lines.append(f"export {key}=$((PORT + {_SIDE_PORT_KEYS[key]}))")
         else:
             lines.append(f"export {key}={_word(value, root)}")
+    if study.backend == "vllm" and study.device == "cuda":
+        # What the pipeline's GPU lease sets (serving/gpus.py): CUDA numbers GPUs as nvidia-smi
+        # does, so a CUDA_VISIBLE_DEVICES the user sets names the GPU they mean.
+        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
     words = [
         '"${PORT}"' if i > 0 and spec.argv[i - 1] == "--port" else _word(arg, root) for i, arg in enumerate(spec.argv)
     ]
