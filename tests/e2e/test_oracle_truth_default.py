@@ -4,8 +4,9 @@ whose cells have the default study's own size (max(ref_safe x duration_s, min_co
 requests, the study's arrival process): every one of them calls each hypothesis as the truth does, and for H1-H4 the
 true value is >= 3 half-widths (1.96 sd of those studies' numbers) from its threshold. H5 and
 H6 rest on the smallest step of a Phase B series, whose spread over 48-request cells is wide
-and skewed away from the threshold (seen: H5 -56 pp true, every study between -124 and -30;
-H6 +61 pp true, every study between +26 and +83): for them the test is that every study agrees.
+and skewed away from the threshold (seen at gamma-4 arrivals: H5 -56 pp true, every study between
+-124 and -30; H6 +61 pp true, every study between +26 and +83; the default's gamma-8 arrivals put
+H5 at -112 pp and H6 at +53 pp): for them the test is that every study agrees.
 The config's comments explain the choice; this holds the oracle to it."""
 
 from __future__ import annotations
