@@ -11,6 +11,7 @@ STEP_LOG="${STEP_LOG:-/tmp/engine_step_lmcache_mp_only.jsonl}"
 #   LMCACHE_DISABLE_BANNER=1 LMCACHE_TRACK_USAGE=false lmcache server --host 127.0.0.1 --port 5555 --http-host 127.0.0.1 --http-port 5556 --chunk-size 256 --l1-size-gb 1 --eviction-policy LRU
 export CONNECTOR_TAX_STEP_LOG="${STEP_LOG}"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 exec "vllm" \
   "serve" \
   "Qwen/Qwen3-Coder-30B-A3B-Instruct" \

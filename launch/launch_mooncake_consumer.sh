@@ -10,6 +10,7 @@ STEP_LOG="${STEP_LOG:-/tmp/engine_step_mooncake_consumer.jsonl}"
 export CONNECTOR_TAX_STEP_LOG="${STEP_LOG}"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
 export VLLM_MOONCAKE_BOOTSTRAP_PORT=$((PORT + 1))
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 exec "vllm" \
   "serve" \
   "Qwen/Qwen3-Coder-30B-A3B-Instruct" \

@@ -13,6 +13,7 @@ export LMCACHE_LOCAL_CPU="True"
 export LMCACHE_MAX_LOCAL_CPU_SIZE="5.0"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
 export VLLM_MOONCAKE_BOOTSTRAP_PORT=$((PORT + 1))
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 exec "vllm" \
   "serve" \
   "Qwen/Qwen3-Coder-30B-A3B-Instruct" \

@@ -9,6 +9,7 @@ PORT="${PORT:-8000}"
 STEP_LOG="${STEP_LOG:-/tmp/engine_step_noop_connector.jsonl}"
 export CONNECTOR_TAX_STEP_LOG="${STEP_LOG}"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 exec "vllm" \
   "serve" \
   "Qwen/Qwen3-Coder-30B-A3B-Instruct" \
