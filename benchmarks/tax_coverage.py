@@ -15,7 +15,7 @@ instruments.
 
     ctax benchmark tax_coverage --seeds 200 --jobs 2                 # bias 0 and 0.05, two launches
     ctax benchmark tax_coverage --seeds 200 --variants noop_connector,mooncake_both,nixl_both  # H1-H3
-    ctax benchmark tax_coverage --seeds 200 --arrival gamma:4        # the default study's process
+    ctax benchmark tax_coverage --seeds 200 --arrival config         # the default study's process
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ NAMES = ["plain", "noop_connector", "mooncake_both", "nixl_both"]
 
 def _pair(injected):
     config = copy.deepcopy(load_config(REPO / "configs" / "default.yaml"))
-    config["workload"]["phase_b"] = None  # Phase A at ref_safe (gamma-4 arrivals, the default's)
+    config["workload"]["phase_b"] = None  # Phase A at ref_safe (the default's gamma arrivals)
     config["workload"]["phase_b_prime"] = None
     ts = TruthSettings(requests=2000, warmup=200, min_replications=2, max_replications=2, jobs=2)
     cs = CompareCoverageSettings(seeds=SEEDS, jobs=2, replicates=2, launch_bias_sd=0.05)

@@ -5,8 +5,8 @@ true verdicts.
 Virtual time, seeded: the same numbers on every run (seconds). `ctax benchmark tax_coverage`
 runs the same check over 200 seeds. Without launch bias, the reference method (batch means per
 p90, the taxes' delta-method combination of two cells) under Poisson arrivals (the study's
-process) and the default study's smoother gamma-4 arrivals, under which twenty batches of 20
-requests had under-covered the TPOT tax (65-80 %): the batches are now long before they are many
+process) and smoother gamma-4 arrivals (the default study's until 2026-12-02), under which twenty
+batches of 20 requests had under-covered the TPOT tax (65-80 %): the batches are now long before they are many
 (analysis/batchmeans.py). With the simulator's per-launch bias on, the intervals that include the
 launch (analysis/launch_intervals.py: two launches per variant, paired, an A/A control) keep
 their coverage where the reference method's, blind to the launch, falls far short."""
