@@ -26,6 +26,8 @@ the tax-precision plan); no launch entry changed.
 The CPU study, its simulated and held-out twins, went from four Phase B shapes to the three that
 decide H5 and H6 (512x64 removed) and added `vllm.preflight_launch: gated`, which is not hashed
 (no server starts differently for it): entries removed, none changed.
+The default study's arrivals, gamma shape 4 -> 8 (docs/simulator.md), changed its cells on
+purpose; no launch entry changed.
 """
 
 from __future__ import annotations
