@@ -14,8 +14,8 @@ from config_errors import config_error, raw_config
 from connector_tax import cli
 from connector_tax.config import (
     ConfigError,
-    check_file,
     load_config,
+    ok_line,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,11 +104,9 @@ def test_directory(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- ctax config check
 
 
-def test_check_file_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    assert check_file("configs/test-tiny.yaml") == 0
-    out, err = capsys.readouterr()
-    assert out == "ok: configs/test-tiny.yaml: study 'test-tiny', 3 variants, backend sim\n"
-    assert err == ""
+def test_ok_line() -> None:
+    line = ok_line("configs/test-tiny.yaml", load_config("configs/test-tiny.yaml"))
+    assert line == "ok: configs/test-tiny.yaml: study 'test-tiny', 3 variants, backend sim"
 
 
 def test_cli_config_check_ok(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,7 +28,6 @@ from connector_tax.config.cells import (
 from connector_tax.config.errors import ConfigError
 from connector_tax.config.gate import Saturation, Validity
 from connector_tax.config.load import (
-    check_file,
     default_config_path,
     default_request,
     default_saturation,
@@ -58,7 +57,6 @@ __all__ = [
     "StudyConfig",
     "Validity",
     "Variant",
-    "check_file",
     "default_config_path",
     "default_request",
     "default_saturation",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -211,15 +210,5 @@ def find_variant(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def ok_line(path: str | Path, config: Mapping[str, Any]) -> str:
+    """What `ctax config check` prints once every check passed."""
     return f"ok: {path}: study '{config['study']}', {len(config['variants'])} variants, backend {config['backend']}"
-
-
-def check_file(path: str | Path) -> int:
-    """The file alone: 0 and an ok line on stdout, or 2 and the error on stderr."""
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    print(ok_line(path, config))
-    return 0
