@@ -17,7 +17,7 @@ from connector_tax.calibrate.anchors import summarize as anchor_summary
 from connector_tax.calibrate.check import compare_row, compare_taxes, summarize
 from connector_tax.calibrate.regress import fit_terms
 from connector_tax.config import ConfigError, validate_config
-from connector_tax.config.profile import QUANTILES, parse_profile, read_profile
+from connector_tax.config.profile import LEGACY_QUANTILES, QUANTILES, grid_for, parse_profile, read_profile
 from connector_tax.sim.apidelay import ApiDelays, quantile
 from connector_tax.sim.costs import BatchShape
 from connector_tax.sim.settings import resolve
@@ -105,7 +105,7 @@ def test_a_profile_reads_back_what_was_written(profile_file):
         (lambda p: p["hardware"].pop("decode_seq_us"), "hardware.decode_seq_us: missing"),
         (lambda p: p["hardware"].update(decode_seq_us=-1), "hardware.decode_seq_us: must be non-negative"),
         (lambda p: p["hardware"].update(warp_speed=9), "hardware.warp_speed: unknown key"),
-        (lambda p: p["api"].update(ingress_us=[1, 2, 3]), "api.ingress_us: expected 21 quantiles"),
+        (lambda p: p["api"].update(ingress_us=[1, 2, 3]), "api.ingress_us: expected 27 quantiles"),
         (lambda p: p["api"].update(egress_us=list(reversed(GRID))), "api.egress_us: quantiles must not decrease"),
         (lambda p: p["variants"]["nixl_both"]["hooks"].update(on_the_moon={}), "variants.nixl_both.hooks.on_the_moon"),
         (lambda p: p["variants"]["nixl_both"].update(forward_scale=0), "variants.nixl_both.forward_scale"),
@@ -186,7 +186,7 @@ def test_api_delays_are_quantile_draws_the_same_for_every_variant():
     assert quantile(tuple(GRID), 0.0) == 1000 and quantile(tuple(GRID), 1.0) == 3000
     assert quantile(tuple(GRID), 0.5) == pytest.approx(2000) and quantile(tuple(GRID), 0.525) == pytest.approx(2050)
     assert quantile((), 0.3) == 0.0
-    assert len(QUANTILES) == 21
+    assert len(QUANTILES) == 27  # GRID is a profile fitted before 2026-12-02: 21 values, every 5 %
     from connector_tax.config.profile import ApiProfile
 
     api = ApiProfile(tuple(GRID), tuple(GRID))
@@ -195,6 +195,25 @@ def test_api_delays_are_quantile_draws_the_same_for_every_variant():
     draws = np.array([a.draw(i)[0] for i in range(4000)])
     assert 1000 <= draws.min() and draws.max() <= 3000 and abs(np.median(draws) - 2000) < 60
     assert ApiDelays(None, 5).draw(3) == (0.0, 0.0, 0.0)
+
+
+def test_api_tail_is_stored_finely_so_one_outlier_does_not_fatten_the_tail():
+    """A sample whose top 1 % lies ten times above the rest (the real clock's ingress: q95 0.7 ms,
+    max 7.7 ms): the fit's grid keeps draws above q95 near q95; the 5 % grid drew them uniformly up
+    to the maximum."""
+    rng = np.random.default_rng(3)
+    sample = np.concatenate([rng.uniform(400, 700, 990), rng.uniform(2000, 8000, 10)])
+    fine = tuple(float(v) for v in np.quantile(sample, QUANTILES))
+    coarse = tuple(float(v) for v in np.quantile(sample, LEGACY_QUANTILES))
+    assert grid_for(fine) == QUANTILES and grid_for(coarse) == LEGACY_QUANTILES
+
+    u = np.random.default_rng(4).random(20000)
+    for q in (97.5, 99.0):
+        want = float(np.percentile(sample, q))
+        fine_q = float(np.percentile([quantile(fine, x) for x in u], q))
+        coarse_q = float(np.percentile([quantile(coarse, x) for x in u], q))
+        assert abs(fine_q - want) < 0.05 * want, (q, fine_q, want)
+        assert coarse_q > 3 * want, (q, coarse_q, want)  # the old grid's fault, kept readable for old profiles
 
 
 # -- least squares: what the data identify -------------------------------------------------

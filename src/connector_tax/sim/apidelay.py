@@ -4,7 +4,7 @@ A real request reaches the engine's scheduler some time after the client sent it
 parsing, the hop to the engine process: ingress), and a token reaches the client some time
 after the step that made it ended (the hop back, detokenizing, the SSE chunk: egress). A
 calibrated profile holds both as distributions measured on the real server (config/profile.py,
-quantiles on QUANTILES); a hand-set profile has none, and both delays are 0.
+quantiles, config/profile.py's QUANTILES); a hand-set profile has none, and both delays are 0.
 
 Draws are a function of (seed, request index) alone, so every variant of a study sees the same
 uniforms for the same request (common random numbers, as the arrival schedule), and a request's
@@ -18,16 +18,17 @@ from __future__ import annotations
 import bisect
 import random
 
-from connector_tax.config.profile import QUANTILES, ApiProfile
+from connector_tax.config.profile import ApiProfile, grid_for
 
 
 def quantile(grid: tuple[float, ...], u: float) -> float:
-    """The value at probability `u` of a distribution stored as quantiles on QUANTILES (linear
-    between grid points); 0 for an empty grid."""
+    """The value at probability `u` of a distribution stored as quantiles (`grid`, at the
+    probabilities config.profile.grid_for names; linear between them); 0 for an empty grid."""
     if not grid:
         return 0.0
-    i = min(max(bisect.bisect_right(QUANTILES, u) - 1, 0), len(QUANTILES) - 2)
-    lo, hi = QUANTILES[i], QUANTILES[i + 1]
+    at = grid_for(grid)
+    i = min(max(bisect.bisect_right(at, u) - 1, 0), len(at) - 2)
+    lo, hi = at[i], at[i + 1]
     w = (u - lo) / (hi - lo)
     return grid[i] + (grid[i + 1] - grid[i]) * min(max(w, 0.0), 1.0)
 
