@@ -105,6 +105,30 @@ def test_calibration_recovers_the_profile_that_made_the_records(known):
     assert len(cells) == 12 and all(c["fingerprint"] for c in cells)
 
 
+def test_api_path_finds_the_path_the_profile_put_there(known, tmp_path):
+    """`ctax benchmark api_path` on a study whose path is known (the profile's uniform 1-3 ms
+    ingress and egress): it measures that path from the records, and with it drawn in virtual time
+    its light cells' TTFT p90 is the measured one's; without it every cell is over 3 ms lower (the
+    path's two medians are 4 ms)."""
+    results, _ = known
+    out = tmp_path / "api_path.json"
+    argv = ["benchmark", "api_path", "--results", str(results), "--variants", "plain,nixl_both", "--requests", "600"]
+    done = _ctax(*argv, "--json", str(out), cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(out.read_text())["results"]
+    for kind in ("ingress_us", "egress_us"):
+        assert got["path"][kind]["q50"] == pytest.approx(2000, rel=0.05), got["path"]
+    for row in got["p90_ms"]:
+        assert row["samples"] == pytest.approx(row["fit grid"], rel=0.03), row
+        assert row["none"] < row["fit grid"] - 3.0, row
+    # The 64x16 cells are below saturation at the study's 12 req/s (the others queue, and a long
+    # virtual run queues longer than a 60-request cell: they do not compare).
+    light = [row for row in got["p90_ms"] if row["cell"] == "64x16"]
+    assert len(light) == 2
+    for row in light:
+        assert row["fit grid"] == pytest.approx(row["measured"], rel=0.1), row
+
+
 def test_the_check_of_a_study_against_the_profile_that_made_it_finds_no_error(known, tmp_path):
     results, profile = known
     result = check(results, profile, simulated_ok=True).as_dict()
