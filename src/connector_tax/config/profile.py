@@ -58,7 +58,7 @@ HOOK_TERMS = ("fixed_us", "per_request_us", "per_block_us")
 API_KEYS = ("ingress_us", "egress_us")
 # The probabilities an api distribution is stored at: every 5 %, and the tail finer. On the 5 %
 # grid alone a draw above the 95th percentile fell uniformly between it and the sample's maximum,
-# one outlier ten times the median: the simulated server's real-clock ingress and egress
+# often one outlier ten times the median: the simulated server's real-clock ingress and egress
 # (q95 0.7 ms, max 7.7 and 17 ms) put a 64-token cell's TTFT p90 at 9.2 ms, where draws from the
 # samples themselves give 7.2 and this grid 7.2 (docs/calibration.md, "The API path's tail").
 QUANTILES = tuple(i / 20 for i in range(20)) + (0.96, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0)

@@ -4,7 +4,8 @@ A real request reaches the engine's scheduler some time after the client sent it
 parsing, the hop to the engine process: ingress), and a token reaches the client some time
 after the step that made it ended (the hop back, detokenizing, the SSE chunk: egress). A
 calibrated profile holds both as distributions measured on the real server (config/profile.py,
-quantiles, config/profile.py's QUANTILES); a hand-set profile has none, and both delays are 0.
+quantiles at its QUANTILES, or LEGACY_QUANTILES in an older file); a hand-set profile has none,
+and both delays are 0.
 
 Draws are a function of (seed, request index) alone, so every variant of a study sees the same
 uniforms for the same request (common random numbers, as the arrival schedule), and a request's
