@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 # run_cell draws through oracle.cells' ApiDelays: the samples' draws stand in for it
                 draws = SampleDelays if mode == "samples" else ApiDelays
                 with mock.patch.object(cells, "ApiDelays", draws):
+                    # "samples" keeps the fit grid's profile only so that the cell draws delays at all
                     s = settings(name, "fit grid" if mode == "samples" else mode)
                     p90s = [
                         float(np.percentile(run_cell(s, load, args.requests, k).after(args.requests // 10).ttft_ms, 90))
