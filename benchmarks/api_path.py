@@ -99,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         f"egress {path['egress_us']} (n={egress.size})"
     )
 
-    measured: dict[tuple[str, str], list[float]] = {}
+    # per (variant, cell), each study's p90 by its index: a tax or step pairs a study with itself
+    measured: dict[tuple[str, str], dict[int, float]] = {}
     rates: dict[str, float] = {}
-    for s in studies:
+    for i, s in enumerate(studies):
         for c in s.cells:
             if c.variant in args.variants and c.phase in ("phase_b", "phase_b_prime"):
-                measured.setdefault((c.variant, c.label if c.phase == "phase_b" else f"{c.label}'"), []).append(
-                    measured_p90(c.requests)
-                )
+                label = c.label if c.phase == "phase_b" else f"{c.label}'"
+                measured.setdefault((c.variant, label), {})[i] = measured_p90(c.requests)
                 if c.summary.rate is not None:
                     rates["ref_safe" if c.phase == "phase_b" else "ref_load"] = float(c.summary.rate)
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.variants:
         for lab in labels:
-            got = measured.get((name, lab), [])
+            got = list(measured.get((name, lab), {}).values())
             m = statistics.median(got) if got else None
             vals = [virtual[(name, lab, mode)] for mode in MODES]
             rows.append({"variant": name, "cell": lab, **dict(zip(MODES, vals)), "measured": m, "measured_each": got})
@@ -160,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nTTFT p90 tax over {base} (%): each mode, and measured (median of the studies' own taxes)")
     for name in args.variants[1:]:
         for lab in labels:
-            each = [a / b - 1 for a, b in zip(measured.get((name, lab), []), measured.get((base, lab), []))]
+            own, of_base = measured.get((name, lab), {}), measured.get((base, lab), {})
+            each = {i: own[i] / of_base[i] - 1 for i in own if i in of_base}
             row = {
                 "variant": name,
                 "cell": lab,
                 **{m: virtual[(name, lab, m)] / virtual[(base, lab, m)] - 1 for m in MODES},
-                "measured": statistics.median(each) if each else None,
+                "measured": statistics.median(each.values()) if each else None,
                 "measured_each": each,
             }
             taxes.append(row)
@@ -185,12 +186,16 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = cells_[0], cells_[-1]
             t = {r["cell"]: r for r in taxes if r["variant"] == name}
             step = {m: 100 * (t[hi][m] - t[lo][m]) for m in MODES}
-            each = [100 * (b - a) for a, b in zip(t[lo]["measured_each"], t[hi]["measured_each"])]
-            steps.append({"variant": name, "from": lo, "to": hi, **step, "measured_each": each})
+            pp = [
+                100 * (t[hi]["measured_each"][i] - a)
+                for i, a in t[lo]["measured_each"].items()
+                if i in t[hi]["measured_each"]
+            ]
+            steps.append({"variant": name, "from": lo, "to": hi, **step, "measured_each": pp})
             print(
                 f"  step {name} {lo} -> {hi} (pp): "
                 + ", ".join(f"{m} {step[m]:+.1f}" for m in MODES)
-                + (f"; measured {', '.join(f'{x:+.1f}' for x in each)}" if each else "")
+                + (f"; measured {', '.join(f'{x:+.1f}' for x in pp)}" if pp else "")
             )
     write_json(
         args.json,
