@@ -189,8 +189,9 @@ def outlier_docs(tmp_path_factory):
         variants=variants, n_requests=200, n_steps=300, shapes=[(64, 16), (512, 16), (64, 64), (512, 64)], seed=21
     )
     spec.ttft_tax["nixl_both"], spec.tpot_tax["nixl_both"], spec.step_tax_us["nixl_both"] = 1.6, 1.2, 20000.0
-    # Callbacks longer than the step tax they are part of: a negative unattributed segment.
-    spec.callback_us["mooncake_both"] = 600.0
+    # A build_meta (a third of the callbacks here) longer than the step tax it is part of: a
+    # negative unattributed segment.
+    spec.callback_us["mooncake_both"] = 1200.0
     built = build(write_study(tmp_path_factory.mktemp("outlier") / "s", spec))
     agg, hyp = built["aggregate"], built["hypotheses"]
     agg["simulated"], agg["served_by"] = False, SERVED_BY

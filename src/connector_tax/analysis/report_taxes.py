@@ -19,7 +19,9 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
             "",
             f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; launch: the share of the "
             "tax's variance that is launch to launch; step: µs difference of p50 step duration (first launch); "
-            "callback: connector hooks' p50 (µs); unattributed = step − callback; engine step: relative p50 tax "
+            "callback: the three connector hooks' p50 (µs); build_meta: the one of them that runs inside the step "
+            "(get_finished and start_load_kv run after it, in the model's execution); unattributed = step − "
+            "build_meta, the step's growth no hook inside it explains; engine step: relative p50 tax "
             "of the whole engine step (schedule, model, update) [95% CI]. A TTFT/TPOT tax without an interval "
             f"comes from a cell with fewer than {MIN_P90_SAMPLES} requests, too few to bound a p90.",
             "",
@@ -46,6 +48,7 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
                     "launch",
                     "tax step p50 (µs)",
                     "callback p50 (µs)",
+                    "build_meta p50 (µs)",
                     "unattributed (µs)",
                     "tax engine step p50",
                 ],
@@ -58,6 +61,7 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
                         launch_share(t.get("tpot_p90")),
                         us(t.get("step_p50_us")),
                         us(t.get("callback_p50_us")),
+                        us(t.get("build_meta_p50_us")),
                         us(t.get("unattributed_p50_us")),
                         pct(t.get("engine_step_p50")),
                     ]

@@ -5,7 +5,8 @@ confidence intervals.
   tax_TPOT_p90(X, ref) = TPOT_p90(X, ref) / TPOT_p90(baseline, ref) - 1
   tax_step_p50(X)      = step_duration_us p50 (X) - step_duration_us p50 (baseline)
   tax_callback_p50(X)  = connector_total_us p50 (X)        (the baseline has no callbacks)
-  unattributed_p50(X)  = tax_step_p50(X) - tax_callback_p50(X)
+  build_meta_p50(X)    = build_meta_us p50 (X)              (the one hook inside the step)
+  unattributed_p50(X)  = tax_step_p50(X) - build_meta_p50(X)
   amplification(X)     = tax(X, ref_load) / tax(X, ref_safe)   (queueing amplification)
 
 "At ref" is the cell where both configs ran at the same load: Phase A's cell at the reference
@@ -17,6 +18,12 @@ by request within each replicate, over every replicate, with the launch-to-launc
 the interval. Without them (the truth oracle's pooled p90s, the coverage check's reference
 method) they are the delta method on two cells' intervals (quantiles.ratio_minus_one). The step
 taxes compare each variant's first launch.
+
+Unattributed is the step's growth that no hook timed *inside the step* explains. The study's
+step is Scheduler.schedule(), and of the three hooks only build_connector_meta runs in it;
+get_finished and start_load_kv run after it, in the model's execution (the worker), so their time
+lengthens the engine step, not this one. The seed's `tax_step - tax_callback` subtracts them too
+and is negative by construction, about minus the two hooks outside (docs/study-design.md, Taxes).
 """
 
 from __future__ import annotations
@@ -72,6 +79,18 @@ def latency_tax(x: dict[str, Any], b: dict[str, Any], metric: str) -> dict[str, 
     }
 
 
+def _hook_p50(x: dict[str, Any], field: str, step: dict[str, Any]) -> dict[str, Any]:
+    """X's p50 of a connector hook's time (`field`: build_meta_us, connector_total_us) with its
+    interval; 0 where X recorded steps but no hook (a variant without a connector)."""
+    k = f"{field}_p50"
+    est: dict[str, Any] = {"value": _get(x, k), "ci": None}
+    if est["value"] is not None and _get(x, f"{k}_ci_lo") is not None and _get(x, f"{k}_ci_hi") is not None:
+        est["ci"] = [_get(x, f"{k}_ci_lo"), _get(x, f"{k}_ci_hi")]
+    if est["value"] is None and step["value"] is not None:
+        est = {"value": 0.0, "ci": [0.0, 0.0], "note": "no connector callbacks recorded"}
+    return est
+
+
 def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     k = "step_duration_us_p50"
     step = difference(
@@ -83,13 +102,9 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         _get(b, f"{k}_ci_hi"),
     )
     step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
-    c = "connector_total_us_p50"
-    callback: dict[str, Any] = {"value": _get(x, c), "ci": None}
-    if callback["value"] is not None and _get(x, f"{c}_ci_lo") is not None and _get(x, f"{c}_ci_hi") is not None:
-        callback["ci"] = [_get(x, f"{c}_ci_lo"), _get(x, f"{c}_ci_hi")]
-    if callback["value"] is None and step["value"] is not None:
-        callback = {"value": 0.0, "ci": [0.0, 0.0], "note": "no connector callbacks recorded"}
-    unattributed = combine([(1.0, step), (-1.0, callback)])
+    callback = _hook_p50(x, "connector_total_us", step)
+    build_meta = _hook_p50(x, "build_meta_us", step)
+    unattributed = combine([(1.0, step), (-1.0, build_meta)])
     # The whole engine step (schedule, model, update), relative: on a CPU host the connector's
     # cost can land in the model's compute rather than in schedule() (a connector's thread on the
     # compute core: NIXL's progress thread), and the step records carry an interval where a short
@@ -107,6 +122,7 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {
         "step_p50_us": step,
         "callback_p50_us": callback,
+        "build_meta_p50_us": build_meta,
         "unattributed_p50_us": unattributed,
         "engine_step_p50": engine,
     }

@@ -24,6 +24,7 @@ TAX_UNITS = {
     "engine_step_p50": RELATIVE,
     "step_p50_us": MICROSECONDS,
     "callback_p50_us": MICROSECONDS,
+    "build_meta_p50_us": MICROSECONDS,
     "unattributed_p50_us": MICROSECONDS,
 }
 
