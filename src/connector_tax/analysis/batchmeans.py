@@ -26,8 +26,9 @@ import math
 import numpy as np
 
 METHOD = (
-    "batch means: the cell's requests in send order cut into 5-20 consecutive batches of about 80 "
-    "or more, the percentile of each batch, a Student-t 95% interval from their spread, centred on "
+    "batch means: the cell's requests in send order cut into consecutive batches, as many of about 80 "
+    "as fit, 5 at least and 20 at most (64 requests: 5 of about 13), the percentile of each batch, a "
+    "Student-t 95% interval from their spread, centred on "
     "the percentile of all requests (accounts for the autocorrelation of consecutive requests)"
 )
 PREFERRED_BATCH = 80

@@ -29,8 +29,8 @@ This module gives:
   its variance that is launch to launch.
 
 Assumptions, stated in every output: launch biases are independent between launches and have one
-variance per (cell, metric) for every variant (the A/A control checks it); batches of ~80
-consecutive requests are nearly independent (batchmeans.py); the log p90 is close to normal
+variance per (cell, metric) for every variant (the A/A control checks it); consecutive
+batches of requests are nearly independent (batchmeans.py); the log p90 is close to normal
 across batches and launches. A random-effects interval, not a bootstrap: with k = 2 or 3 launches
 a bootstrap over launches has too few distinct resamples to mean anything.
 """
@@ -55,10 +55,11 @@ METHOD = (
     "variance (2 s_L^2 / k for the launches, s_L^2 the variants x replicates interaction of the cell's log "
     "p90s less the within-launch noise, plus the within-launch variance / k) and a Student-t quantile at Satterthwaite's degrees of freedom; "
     "exponentiated back (never below -100 %). Assumes independent launch biases of one variance per cell "
-    "and metric, batches of ~80 requests nearly independent, log p90s nearly normal"
+    "and metric, consecutive batches of requests nearly independent, log p90s nearly normal"
 )
 P90_METHOD = (
-    "batch means on the log scale: the requests in send order cut into 5-20 batches of about 80, a "
+    "batch means on the log scale: the requests in send order cut into batches, as many of about 80 as "
+    "fit, 5 at least and 20 at most (64 requests: 5 of about 13), a "
     "Student-t 95% interval from the spread of the batches' log p90s, exponentiated back around the p90 "
     f"of all requests (never below zero); fewer than {MIN_P90_SAMPLES} requests: no interval"
 )
