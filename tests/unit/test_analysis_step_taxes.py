@@ -1,11 +1,12 @@
 """The per-step decomposition: the step is Scheduler.schedule(), and of the connector's three
-hooks only build_meta runs inside it, so the unattributed rest subtracts build_meta alone."""
+hooks only build_meta runs inside it, so the unattributed rest subtracts build_meta alone. And the
+queueing amplification is no number where its ref_safe tax cannot be told from 0."""
 
 from __future__ import annotations
 
 import pytest
 
-from connector_tax.analysis.taxes import step_taxes
+from connector_tax.analysis.taxes import amplification, step_taxes
 
 
 def _row(step: float, build_meta: float | None, total: float | None) -> dict:
@@ -33,3 +34,11 @@ def test_a_variant_without_hooks_leaves_the_whole_step_unattributed():
     t = step_taxes(_row(130.0, None, None), _row(100.0, None, None))
     assert t["build_meta_p50_us"]["value"] == 0.0 and t["callback_p50_us"]["value"] == 0.0
     assert t["unattributed_p50_us"]["value"] == pytest.approx(30.0)
+
+
+def test_no_amplification_over_a_ref_safe_tax_that_covers_0():
+    # +2 % [-1, +5] at ref_safe: 0.04 / 0.02 would print as a 2x amplification of nothing.
+    none = amplification({"value": 0.02, "ci": [-0.01, 0.05]}, {"value": 0.04, "ci": [0.01, 0.07]})
+    assert none["value"] is None and none["unresolved"]["denominator"] == "ref_safe"
+    amp = amplification({"value": 0.2, "ci": [0.1, 0.3]}, {"value": 0.5, "ci": [0.4, 0.6]})
+    assert amp["value"] == pytest.approx(2.5) and amp["ci"] == pytest.approx([0.4 / 0.3, 0.6 / 0.1])

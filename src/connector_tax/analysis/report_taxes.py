@@ -71,13 +71,16 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
         amp = {
             n: a
             for n, a in (taxes.get("amplification") or {}).items()
-            if (a.get("ttft_p90") or {}).get("value") is not None
+            if any(
+                (a.get(m) or {}).get("value") is not None or (a.get(m) or {}).get("unresolved")
+                for m in ("ttft_p90", "tpot_p90")
+            )
         }
         if amp:
             L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
             L += table(
                 ["variant", "TTFT p90 tax", "TPOT p90 tax"],
-                [[f"`{n}`", ratio(a.get("ttft_p90")), ratio(a.get("tpot_p90"))] for n, a in amp.items()],
+                [[f"`{n}`", _amplified(a.get("ttft_p90")), _amplified(a.get("tpot_p90"))] for n, a in amp.items()],
             )
         for phase, title in (
             (PHASE_B, "Phase B (shapes at ref_safe)"),
@@ -166,3 +169,12 @@ def _covers_zero(est: dict[str, Any] | None) -> str:
     if not ci or None in ci:
         return "no interval"
     return "yes" if ci[0] <= 0 <= ci[1] else "**no**"
+
+
+def _amplified(est: dict[str, Any] | None) -> str:
+    """An amplification, or why there is none: a ratio over a ref_safe tax these cells cannot tell
+    from 0 is noise, however large it prints."""
+    below = (est or {}).get("unresolved")
+    if below:
+        return f"– (the ref_safe tax {pct(below)} covers 0)"
+    return ratio(est)

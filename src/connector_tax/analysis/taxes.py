@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from connector_tax.analysis.estimates import ci_of, div_interval, unresolved
 from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
 from connector_tax.analysis.launch_intervals import (
     LaunchVariance,
@@ -214,17 +215,17 @@ def pair_taxes(
 
 def amplification(safe: dict[str, Any] | None, load: dict[str, Any] | None) -> dict[str, Any]:
     """The queueing amplification of a tax: tax at ref_load / tax at ref_safe (how much more the
-    same connector costs once the server queues), with the interval of a ratio of intervals when
-    the ref_safe tax's interval is above 0."""
+    same connector costs once the server queues), with the box of the two intervals. None, with
+    `unresolved` saying why, where the ref_safe tax's interval covers 0: these cells cannot tell
+    it from 0, and a ratio over it is noise of any size and sign (the hypotheses' rule:
+    estimates.unresolved)."""
     if not safe or not load or safe.get("value") in (None, 0) or load.get("value") is None:
         return {"value": None, "ci": None}
-    value = load["value"] / safe["value"]
-    s_ci, l_ci = safe.get("ci"), load.get("ci")
-    ci = None
-    if s_ci and l_ci and None not in s_ci and None not in l_ci and s_ci[0] > 0:
-        vals = [l_ci[0] / s_ci[0], l_ci[0] / s_ci[1], l_ci[1] / s_ci[0], l_ci[1] / s_ci[1]]
-        ci = [min(vals), max(vals)]
-    return {"value": value, "ci": ci}
+    below = unresolved(safe, "ref_safe")
+    if below is not None:
+        return {"value": None, "ci": None, "unresolved": below}
+    s_ci, l_ci = ci_of(safe), ci_of(load)
+    return {"value": load["value"] / safe["value"], "ci": div_interval(l_ci, s_ci) if s_ci and l_ci else None}
 
 
 def compute_taxes(
