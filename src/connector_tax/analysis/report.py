@@ -202,7 +202,8 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
         L += [
             "## Phase A (rate sweep)",
             "",
-            "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired.",
+            "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired, no, or unknown (not "
+            "judged: too few samples, an interval across a threshold, or measured while the host perturbed it).",
             "",
         ]
         L += table(
@@ -232,7 +233,11 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
                     num(r["waiting_p50"], "g"),
                     num(r["step_duration_us_p50"]),
                     num(r["engine_step_us_p50"]),
-                    (r["saturation_criteria"] or "yes") if r["saturated"] else num(r["saturated"]),
+                    (r["saturation_criteria"] or "yes")
+                    if r["saturated"]
+                    else "unknown"
+                    if r["saturated"] is None
+                    else "no",
                     num(r["valid"]) + (" (host busy)" if r.get("host_busy") else ""),
                 ]
                 for r in pa
@@ -241,12 +246,27 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
     sat_rates = ref.get("per_variant") or {}
     if sat_rates:
         L += table(
-            ["variant", "saturation rate (req/s)", "criteria fired there"],
+            ["variant", "saturation rate (req/s)", "criteria fired there", "unknown at (req/s)"],
             [
-                [f"`{n}`", num(v.get("saturation_rate"), "g"), ", ".join(v.get("fired_at_saturation") or []) or "–"]
+                [
+                    f"`{n}`",
+                    num(v.get("saturation_rate"), "g"),
+                    ", ".join(v.get("fired_at_saturation") or []) or "–",
+                    ", ".join(f"{r:g}" for r in v.get("unknown_rates") or []) or "–",
+                ]
                 for n, v in sat_rates.items()
             ],
         )
+    # Why ref_safe is not the next rate up: a saturated cell, or one whose saturation is unknown
+    # (never a reference rate), which the saturation rates alone do not show.
+    blocked = ((ref.get("ref_safe_basis") or {}).get("blocked_above") or {}).items()
+    if ref.get("ref_safe") is not None and blocked:
+        L += [
+            f"ref_safe = {num(ref['ref_safe'], 'g')} req/s, not higher: "
+            + "; ".join(f"{rate}: " + "; ".join(why) for rate, why in blocked if why)
+            + " (a cell whose saturation is unknown is never a reference rate).",
+            "",
+        ]
 
     return L
 
