@@ -29,23 +29,37 @@ def _sc(
     }
 
 
-def _region(value: float, regions: list[tuple[str, float, float]]) -> str:
-    return next(name for name, lo, hi in regions if lo <= value < hi)
+Regions = list[tuple[str, float, float]]
+
+
+def _region(value: float, regions: Regions) -> tuple[str, float, float]:
+    return next((name, lo, hi) for name, lo, hi in regions if lo <= value < hi)
 
 
 def _from(
     h: dict[str, Any],
     cid: str,
     title: str,
-    outcome: Callable[[dict[str, Any]], str],
+    outcome: Callable[[dict[str, Any]], str] | Regions,
     numbers: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any]:
-    """A success criterion that reports one hypothesis's number: met once the number exists."""
+    """A success criterion that reports one hypothesis's number: met once the number exists.
+    `outcome` names it from the hypothesis's call (the same threshold: its confidence is the
+    hypothesis's), or by bands of the criterion's own (SC1's accept band, SC3's 30 / 50 % shares):
+    then the confidence is the criterion's, confident only when the number's interval lies inside
+    the band it is called in. H1's interval above its 10 % threshold says nothing about 60 %."""
     if h["verdict"] == "not_applicable":
         return _sc(cid, title, "not_applicable", None, h["reason"])
     if h["verdict"] == "inconclusive":
         return _sc(cid, title, "not_met", None, h["reason"])
-    return _sc(cid, title, "met", outcome(h), h["reason"], numbers(h), h["confidence"])
+    if callable(outcome):
+        return _sc(cid, title, "met", outcome(h), h["reason"], numbers(h), h["confidence"])
+    name, lo, hi = _region(h["value"], outcome)
+    ci, confidence = h.get("ci"), h["confidence"]
+    if ci and confidence in ("confident", "within noise"):  # else: perturbed cells, or no interval
+        confidence = "confident" if lo <= ci[0] and ci[1] < hi else "within noise"
+    shown = h["reason"].split(": ", 1)[0]  # the number and its interval, as the hypothesis shows them
+    return _sc(cid, title, "met", name, f"{shown}: {name} ({confidence})", numbers(h), confidence)
 
 
 def success_criteria(
@@ -59,14 +73,11 @@ def success_criteria(
             hyps["H1"],
             "SC1",
             "1. H1 falsifiable: mooncake_both tax_TTFT_p90 at ref_safe reported; prior accepted if in [25%, 60%]",
-            lambda h: _region(
-                h["value"],
-                [
-                    ("revise prior (below)", -inf, lo),
-                    ("accept prior", lo, hi + 1e-12),
-                    ("revise prior (above)", hi + 1e-12, inf),
-                ],
-            ),
+            [
+                ("revise prior (below)", -inf, lo),
+                ("accept prior", lo, hi + 1e-12),
+                ("revise prior (above)", hi + 1e-12, inf),
+            ],
             lambda h: {**h["numbers"], "accept_band": [lo, hi], "prior": K.PRIOR_TAX},
         ),
         _from(
@@ -80,14 +91,11 @@ def success_criteria(
             hyps["H3"],
             "SC3",
             "3. H3 disambiguated: framework-dominated if noop >= 50% of mooncake_both tax, implementation-dominated if < 30%",
-            lambda h: _region(
-                h["value"],
-                [
-                    ("implementation-cost-dominated", -inf, a),
-                    ("neither (30-50%)", a, b),
-                    ("framework-cost-dominated", b, inf),
-                ],
-            ),
+            [
+                ("implementation-cost-dominated", -inf, a),
+                ("neither (30-50%)", a, b),
+                ("framework-cost-dominated", b, inf),
+            ],
             lambda h: {"noop_share": h["numbers"].get("noop_share")},
         ),
         _from(

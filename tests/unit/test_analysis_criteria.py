@@ -1,0 +1,42 @@
+"""Success criteria that band a hypothesis's number by thresholds of their own carry their own
+confidence: H1's interval clear of its 10 % threshold says nothing about SC1's 60 % bound."""
+
+from __future__ import annotations
+
+from connector_tax.analysis.criteria import success_criteria
+
+
+def _h(value: float | None, ci: list[float] | None, confidence: str | None = "confident") -> dict:
+    shown = f"{value}, CI {ci}"
+    return {
+        "verdict": "supported",
+        "value": value,
+        "ci": ci,
+        "confidence": confidence,
+        "reason": f"{shown}: the hypothesis's own words ({confidence})",
+        "numbers": {"noop_share": value, "rel_dev": value},
+    }
+
+
+def _criteria(h1: dict, h3: dict) -> dict:
+    hyps = {"H1": h1, "H2": _h(50, [40, 60]), "H3": h3, "H4": _h(0.6, [0.4, 0.8])}
+    hyps["H5"] = hyps["H6"] = {"verdict": "not_applicable", "reason": "no Phase B"}
+    out = success_criteria(hyps, {"ok": True}, {"wall_hours": 0.1}, simulated=True)
+    return {s["id"]: s for s in out}
+
+
+def test_a_band_edge_inside_the_interval_is_within_noise():
+    # H1 +60.3 % [+38.8, +85.0]: confident against 10 %, but the prior's band ends at 60 %.
+    sc = _criteria(_h(0.603, [0.388, 0.850]), _h(0.2, [0.1, 0.25]))
+    assert sc["SC1"]["outcome"] == "revise prior (above)" and sc["SC1"]["confidence"] == "within noise"
+    assert sc["SC1"]["reason"].endswith("revise prior (above) (within noise)")
+    assert sc["SC3"]["outcome"] == "implementation-cost-dominated" and sc["SC3"]["confidence"] == "confident"
+
+
+def test_a_band_the_interval_stays_inside_is_confident_and_perturbed_cells_stay_so():
+    sc = _criteria(_h(0.45, [0.40, 0.50]), _h(0.2, [0.1, 0.35], "rests on perturbed cells"))
+    assert sc["SC1"]["outcome"] == "accept prior" and sc["SC1"]["confidence"] == "confident"
+    # H3 0.2 [0.1, 0.35] crosses SC3's 30 % line, but its cells were perturbed: that is what it says
+    assert sc["SC3"]["confidence"] == "rests on perturbed cells"
+    # SC2 and SC4 name the hypothesis's own call: its confidence, as it stands
+    assert sc["SC2"]["confidence"] == sc["SC4"]["confidence"] == "confident"
