@@ -113,10 +113,13 @@ RULES = (
         Test("within", *K.H2_GAP_PP),
         "pp",
         "the ~7 pp trace-replay gap is preserved",
+        # The seed falsifies H2 when the gap shrinks or inverts without coupling (then coupling
+        # made it). A gap that widens is not that: it exists without coupling, larger than the
+        # trace replay's, so the ~7 pp is not preserved, but it is no coupling artifact either.
         lambda v: (
-            "the gap "
-            + ("inverts" if v < 0 else "shrinks" if v < K.H2_GAP_PP[0] else "widens")
-            + ": a coupling artifact"
+            f"the gap {'inverts' if v < 0 else 'shrinks'}: a coupling artifact"
+            if v < K.H2_GAP_PP[0]
+            else "the gap widens past 5-10 pp: mechanism-side, but larger than the trace replay's ~7 pp"
         ),
     ),
     Rule(
