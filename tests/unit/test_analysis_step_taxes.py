@@ -10,8 +10,15 @@ from connector_tax.analysis.taxes import amplification, step_taxes
 
 
 def _row(step: float, build_meta: float | None, total: float | None) -> dict:
-    row = {"step_duration_us_p50": step, "step_duration_us_p50_ci_lo": step - 2, "step_duration_us_p50_ci_hi": step + 2}
-    for field, value in (("build_meta_us", build_meta), ("connector_total_us", total)):
+    # step_other_us: the step less its build_meta, step by step (here every step alike)
+    other = step - (build_meta or 0.0)
+    row: dict = {}
+    for field, value in (
+        ("step_duration_us", step),
+        ("step_other_us", other),
+        ("build_meta_us", build_meta),
+        ("connector_total_us", total),
+    ):
         row[f"{field}_p50"] = value
         row[f"{field}_p50_ci_lo"] = None if value is None else value - 1
         row[f"{field}_p50_ci_hi"] = None if value is None else value + 1
@@ -26,8 +33,9 @@ def test_unattributed_is_the_step_less_the_hook_inside_it():
     assert t["callback_p50_us"]["value"] == pytest.approx(300.0)
     assert t["build_meta_p50_us"]["value"] == pytest.approx(100.0)
     assert t["unattributed_p50_us"]["value"] == pytest.approx(50.0)
+    # its interval is the two steps' own (±1 each here), not also build_meta's
     lo, hi = t["unattributed_p50_us"]["ci"]
-    assert lo < 50.0 < hi
+    assert lo < 50.0 < hi and hi - lo < (t["step_p50_us"]["ci"][1] - t["step_p50_us"]["ci"][0]) * 1.01
 
 
 def test_a_variant_without_hooks_leaves_the_whole_step_unattributed():

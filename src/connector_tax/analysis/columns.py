@@ -8,9 +8,12 @@ from __future__ import annotations
 from connector_tax.analysis.streams import COLUMNS as STREAM_COLUMNS
 
 # step_duration_us is the study's step (Scheduler.schedule() entry to exit): the step tax and
-# figures 6-7 use it; engine_step_us is the whole engine step (schedule, model, update), for scale.
+# figures 6-7 use it; step_other_us is the same step less its build_meta (the one hook inside it),
+# step by step: the unattributed tax's own sample; engine_step_us is the whole engine step
+# (schedule, model, update), for scale.
 STEP_STATS = (
     "step_duration_us",
+    "step_other_us",
     "build_meta_us",
     "get_finished_us",
     "start_load_kv_us",

@@ -6,7 +6,7 @@ confidence intervals.
   tax_step_p50(X)      = step_duration_us p50 (X) - step_duration_us p50 (baseline)
   tax_callback_p50(X)  = connector_total_us p50 (X)        (the baseline has no callbacks)
   build_meta_p50(X)    = build_meta_us p50 (X)              (the one hook inside the step)
-  unattributed_p50(X)  = tax_step_p50(X) - build_meta_p50(X)
+  unattributed_p50(X)  = p50 of X's (step - build_meta), step by step, - step p50 (baseline)
   amplification(X)     = tax(X, ref_load) / tax(X, ref_safe)   (queueing amplification)
 
 "At ref" is the cell where both configs ran at the same load: Phase A's cell at the reference
@@ -44,7 +44,7 @@ from connector_tax.analysis.launch_intervals import (
     paired_log_ratio,
     tax_interval,
 )
-from connector_tax.analysis.quantiles import TAX_CI_METHOD, combine, difference, ratio_minus_one
+from connector_tax.analysis.quantiles import TAX_CI_METHOD, difference, ratio_minus_one
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME
 
 # {(variant, phase, cell label, replicate): {"ttft_ms": Series, "tpot_ms": Series}}
@@ -105,7 +105,17 @@ def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
     callback = _hook_p50(x, "connector_total_us", step)
     build_meta = _hook_p50(x, "build_meta_us", step)
-    unattributed = combine([(1.0, step), (-1.0, build_meta)])
+    # Per step, schedule() less build_meta (cellstats: step_other_us), against the baseline's step:
+    # the hook and its step come from one record, so they are not two independent p50s.
+    o = "step_other_us_p50"
+    unattributed = difference(
+        _get(x, o),
+        _get(x, f"{o}_ci_lo"),
+        _get(x, f"{o}_ci_hi"),
+        _get(b, o),
+        _get(b, f"{o}_ci_lo"),
+        _get(b, f"{o}_ci_hi"),
+    )
     # The whole engine step (schedule, model, update), relative: on a CPU host the connector's
     # cost can land in the model's compute rather than in schedule() (a connector's thread on the
     # compute core: NIXL's progress thread), and the step records carry an interval where a short
