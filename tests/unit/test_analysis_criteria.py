@@ -40,3 +40,11 @@ def test_a_band_the_interval_stays_inside_is_confident_and_perturbed_cells_stay_
     assert sc["SC3"]["confidence"] == "rests on perturbed cells"
     # SC2 and SC4 name the hypothesis's own call: its confidence, as it stands
     assert sc["SC2"]["confidence"] == sc["SC4"]["confidence"] == "confident"
+
+
+def test_the_truths_margin_reads_in_the_hypothesis_unit():
+    from connector_tax.oracle.truth_cli import _distance
+
+    assert _distance(0.483, "H1") == "48.3 pp"  # H1 is a relative tax: 58.3 % is 48.3 points past 10 %
+    assert _distance(38.0, "H2") == "38.0 pp"
+    assert _distance(0.37, "H4") == "0.37"

@@ -99,7 +99,7 @@ def reference_of(args: argparse.Namespace, study: StudyConfig) -> dict[str, floa
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise ValueError(
-            f"--ref-safe: no reference rates given and none in {path} (run the reference stage, or give --ref-safe)"
+            f"--ref-safe: no reference rates given and none in {path} (run the reference stage, give --ref-safe, or --true-reference for the oracle's own)"
         ) from None
     if doc.get("ref_safe") is None:
         raise ValueError(f"--ref-safe: {path} has no ref_safe")
@@ -147,9 +147,21 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "true verdicts (the analysis's rules on the true numbers):"]
     for h in doc["hypotheses"].values():
         m = h.get("margin")
-        extra = f"; {m['distance']:.3g} from the threshold = {m['in_half_widths']:.1f} oracle half-widths" if m else ""
+        extra = (
+            f"; {_distance(m['distance'], h['id'])} from the threshold = {m['in_half_widths']:.1f} oracle half-widths"
+            if m
+            else ""
+        )
         lines.append(f"  {h['id']}: {h['verdict']:14} {h.get('reason', '')}{extra}")
     return "\n".join(lines) + "\n"
+
+
+def _distance(d: float, hid: str) -> str:
+    """A distance between two of a hypothesis's numbers in its unit: a relative tax's in points."""
+    from connector_tax.analysis.hypotheses import RULES
+
+    unit = next((rule.unit for rule in RULES if rule.id == hid), "")
+    return {"%": f"{d * 100:.1f} pp", "pp": f"{d:.1f} pp"}.get(unit, f"{d:.3g}")
 
 
 def main(args: argparse.Namespace) -> int:
