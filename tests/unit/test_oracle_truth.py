@@ -149,6 +149,9 @@ def test_cli_prints_truth_and_writes_json(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["variants"][0] == K.PLAIN and doc["replications"] == 2
     assert doc["hypotheses"]["H4"]["verdict"] == "not_applicable"  # no lmcache_only / multi asked
+    # two replications of 300 requests cannot reach 1 %: stdout says so, not only the progress lines
+    assert doc["precision"]["met"] is False and doc["precision"]["reached"] > doc["precision"]["target"] == 0.01
+    assert ", target 1.00%: NOT reached (--max-replications stopped it" in res.stdout
 
 
 @pytest.mark.parametrize(
@@ -170,6 +173,7 @@ def test_cli_without_reference_rates_names_the_flag(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no results/default/reference_rates.json here
     res = _ctax("--config", str(REPO / "configs" / "default.yaml"))
     assert res.returncode == 2 and res.stderr.startswith("ctax truth: --ref-safe: no reference rates given"), res.stderr
+    assert "--true-reference" in res.stderr
 
 
 def test_the_true_reference_rates_are_the_studys_criteria_on_the_oracles_cells(config):

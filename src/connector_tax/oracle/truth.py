@@ -254,6 +254,7 @@ def truth(
     ]
     for h in hyps.values():
         h["margin"] = margin(h)
+    worst = max((x.half_width(m) / x.value(m) for x in series.values() for m in METRICS if x.value(m)), default=None)
     return {
         "simulated": True,
         "study": study.study,
@@ -262,6 +263,7 @@ def truth(
         "method": __doc__.split("\n\n")[2].replace("\n", " "),
         "settings": dataclasses.asdict(ts),
         "replications": reps,
+        "precision": {"target": ts.precision, "reached": worst, "met": worst is not None and worst <= ts.precision},
         "cells": cells,
         "taxes": tax_rows,
         "hypotheses": hyps,

@@ -133,6 +133,7 @@ def render(doc: dict[str, Any]) -> str:
         f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
         f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
         "95% intervals from the replications",
+        _precision(doc.get("precision") or {}),
         "",
         f"{'variant':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
     ]
@@ -154,6 +155,14 @@ def render(doc: dict[str, Any]) -> str:
         )
         lines.append(f"  {h['id']}: {h['verdict']:14} {h.get('reason', '')}{extra}")
     return "\n".join(lines) + "\n"
+
+
+def _precision(p: dict[str, Any]) -> str:
+    """What the replications reached against the target: a truth short of it says so on stdout."""
+    if p.get("reached") is None:
+        return "precision: no p90 to judge"
+    line = f"worst p90 relative half-width {p['reached']:.2%}, target {p['target']:.2%}"
+    return line if p.get("met") else line + ": NOT reached (--max-replications stopped it; these truths are that loose)"
 
 
 def _distance(d: float, hid: str) -> str:
