@@ -12,7 +12,15 @@ from study_runner import REPO
 from connector_tax.config import load_config, load_study
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.metrics.threads import IDLE_WINDOW_S
-from connector_tax.pipeline.estimate import JOB_FIXED_S, Timing, plan_study
+from connector_tax.pipeline.estimate import (
+    JOB_FIXED_S,
+    Timing,
+    as_dict,
+    default_launch_s,
+    gpu_seconds,
+    plan_study,
+    render,
+)
 
 CONFIGS = REPO / "configs"
 
@@ -82,7 +90,16 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
     without, _ = plan_study(study)
     plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))
     # LAUNCH_S and the generic job time replaced by the measured phase overhead
-    generic = 150.0 + JOB_FIXED_S + IDLE_WINDOW_S
+    generic = default_launch_s(study) + JOB_FIXED_S + IDLE_WINDOW_S
     assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - generic + 50.0)
     assert by[("other", "(study)")].seconds == 40.0
     assert any("measured by the calibration study (a test)" in n and "lmcache_only assumed SKIP" in n for n in notes)
+
+
+def test_a_cpu_study_plan_holds_no_gpu_and_says_what_start_up_it_assumed():
+    study = load_study(CONFIGS / "vllm-cpu-tiny.yaml")
+    estimates, notes = plan_study(study)
+    assert gpu_seconds(study, estimates) == 0.0 and as_dict(study, estimates, notes)["gpu_hours"] is None
+    assert "no GPU held (vLLM on CPU)" in render(study, estimates, notes, gpus=8)
+    # the tiny model's measured ~24 s a launch, not a GPU's 150 s of model load
+    assert any("start-up assumed 24 s (vLLM's CPU build" in n for n in notes)

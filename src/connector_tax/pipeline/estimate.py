@@ -46,8 +46,23 @@ from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
 # Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
-# graphs; measured values from a previous run replace these).
+# graphs; measured values from a previous run replace these). vLLM on a CPU: the tiny model's
+# ~24 s a launch (its API server, engine core and worker each import torch and vLLM in turn:
+# docs/connectors-cpu.md).
 LAUNCH_S = {"sim": 3.0, "vllm": 150.0, "openai": 1.0}
+LAUNCH_S_VLLM_CPU = 24.0
+
+
+def default_launch_s(study: StudyConfig) -> float:
+    """The start-up a plan assumes per launch when neither a calibrated profile nor --launch-s gives one."""
+    return LAUNCH_S_VLLM_CPU if holds_no_gpu(study) and study.backend == "vllm" else LAUNCH_S[study.backend]
+
+
+def holds_no_gpu(study: StudyConfig) -> bool:
+    """vLLM's CPU build, or no vLLM at all: the study's jobs hold no GPU."""
+    return study.backend != "vllm" or study.device == "cpu"
+
+
 CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
 # A job's own time besides its launch and cells: the process and its imports, the GPU/CPU
 # leases, the server's stop, the index; as the 8-GPU rehearsal measured it (docs/gpu-host.md).
@@ -152,7 +167,8 @@ def _reference(layout: StudyLayout, study: StudyConfig) -> tuple[dict[str, Any],
         # from ref_safe), at the top Phase A rate.
         return (
             {"ref_safe": mid, "ref_load": top},
-            f"no reference_rates.json yet: Phase B estimated at the middle Phase A rate ({mid:g} req/s)"
+            f"no reference_rates.json yet: Phase B estimated at {mid:g} req/s, the middle of Phase A's rates "
+            f"({', '.join(f'{r:g}' for r in rates)}{'; the upper of the two middle ones' if len(rates) % 2 == 0 else ''})"
             + (f", Phase B' at the top one ({top:g} req/s) as if it runs" if study.workload.phase_b_prime else ""),
         )
 
@@ -169,7 +185,14 @@ def plan_study(
     layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
     notes = [note] if note else []
-    launch = 0.0 if study.virtual_clock else LAUNCH_S[study.backend] if launch_s is None else launch_s
+    launch = 0.0 if study.virtual_clock else default_launch_s(study) if launch_s is None else launch_s
+    if timing is None and launch_s is None and not study.virtual_clock:
+        what = {
+            "sim": "the simulator's",
+            "openai": "an external server's readiness check",
+            "vllm": "vLLM's CPU build with the tiny model, measured" if holds_no_gpu(study) else "a GPU's model load",
+        }[study.backend]
+        notes.append(f"each server launch's start-up assumed {launch:g} s ({what}; --launch-s gives this host's)")
     base = baseline(study)
     out = []
     if timing is not None:
@@ -221,7 +244,10 @@ def plan_study(
                     seconds += took if took is not None else cell_seconds(study, cell)
                 out.append(Estimate(stage, who, len(cells), seconds, measured))
     if study.workload.phase_a.prune_after_knee and not any(e.measured for e in out):
-        notes.append("no rate assumed pruned: knees are found while Phase A runs (an upper bound)")
+        notes.append(
+            "no rate assumed pruned: knees are found while Phase A runs (an upper bound on Phase A; "
+            "not on Phase B, whose cells run longer if Phase A finds a lower ref_safe)"
+        )
     if timing is not None:
         out.append(Estimate("other", "(study)", 0, timing.other_s))
     return out, notes
@@ -230,7 +256,9 @@ def plan_study(
 def gpu_seconds(study: StudyConfig, estimates: list[Estimate]) -> float:
     """Phase jobs, and preflights where they launch a real server, each holding one GPU."""
     jobs = sum(e.seconds for e in estimates if e.stage in (PHASE_A, PHASE_B))
-    return jobs + (sum(e.seconds for e in estimates if e.stage == "preflight") if study.backend == "vllm" else 0)
+    if holds_no_gpu(study):
+        return 0.0
+    return jobs + sum(e.seconds for e in estimates if e.stage == "preflight")
 
 
 def as_dict(
@@ -244,7 +272,7 @@ def as_dict(
         "backend": study.backend,
         "stages_s": {k: round(v, 1) for k, v in by_stage.items()},
         "total_s": round(sum(by_stage.values()), 1),
-        "gpu_hours": round(gpu_seconds(study, estimates) / 3600, 3) if study.backend == "vllm" else None,
+        "gpu_hours": None if holds_no_gpu(study) else round(gpu_seconds(study, estimates) / 3600, 3),
         "jobs": [dataclasses.asdict(e) for e in estimates],
         "command": run_command(study, config_path, gpus),
         "jobs_at_once": jobs_at_once(study, gpus),
@@ -308,7 +336,15 @@ def render(
     lines += ["", "per stage, one job at a time: " + ", ".join(f"{s} {v / 3600:.2f} h" for s, v in by_stage.items())]
     gpu_s = gpu_seconds(study, estimates)
     serial = sum(by_stage.values())
-    gpu_hours = f"{gpu_s / 3600:.2f} GPU-hours" if study.backend == "vllm" else "no GPU held (simulated)"
+    gpu_hours = (
+        f"{gpu_s / 3600:.2f} GPU-hours"
+        if not holds_no_gpu(study)
+        else "no GPU held (vLLM on CPU)"
+        if study.backend == "vllm"
+        else "no GPU held (simulated)"
+        if study.backend == "sim"
+        else "no GPU held here (an external server)"
+    )
     lines.append(f"total {serial / 3600:.2f} h ({serial / 60:.1f} min) one job at a time; {gpu_hours}")
     n = jobs_at_once(study, gpus)
     wall = wall_seconds(study, estimates, n)

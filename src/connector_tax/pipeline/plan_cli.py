@@ -50,7 +50,7 @@ def add_arguments(plan: argparse.ArgumentParser) -> None:
         "--launch-s",
         type=float,
         metavar="SECONDS",
-        help="a server launch's start-up as timed on the host (default: vLLM 150, the simulator 3)",
+        help="a server launch's start-up as timed on the host (default: vLLM on a GPU 150, on a CPU 24, the simulator 3)",
     )
     plan.add_argument(
         "--predict",
