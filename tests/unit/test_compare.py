@@ -69,6 +69,21 @@ def test_two_studies_give_a_row_per_variant_phase_cell_metric_with_its_call(stud
     assert "![the changes with their intervals](compare.png)" in md
 
 
+def test_a_tax_on_the_same_traffic_is_compared_request_by_request(studies, capsys, tmp_path):
+    # B: A's own cells (the same seed: the same traffic for every variant and the baseline). Every
+    # tax changed by exactly 0; independent terms called such changes "below resolution".
+    import shutil
+
+    same = tmp_path / "a_again"
+    shutil.copytree(studies["a"], same)
+    out = tmp_path / "out"
+    assert main(["compare", str(studies["a"]), str(same), "-o", str(out)]) == 0
+    capsys.readouterr()
+    taxes = [r for r in _rows(out) if r["metric"].startswith("tax_")]
+    assert taxes and all(r["call"] == "no change resolved" and r["paired"] == "True" for r in taxes), taxes
+    assert all(float(r["ci_lo"]) == float(r["ci_hi"]) == 0.0 for r in taxes)
+
+
 def test_two_variants_of_one_study_are_its_paired_comparison(studies, capsys):
     a = studies["a"]
     assert main(["compare", f"{a}:noop_connector", f"{a}:nixl_both"]) == 0

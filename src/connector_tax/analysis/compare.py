@@ -19,9 +19,11 @@ The intervals are the analysis's launch-aware ones (launch_intervals.py):
   over the replicates both ran, with 2 s_L^2 / k for the launches (each replicate compares two
   launches), s_L^2 pooled from both studies' variants x replicates tables. Two variants of one
   study are that study's own paired tax of one over the other;
-* a tax (`tax_ttft_p90`, `tax_tpot_p90`, against each study's baseline): each study's tax with
-  its own launch-aware interval, the two as independent terms on the log scale (Satterthwaite's
-  degrees of freedom). Common traffic would make them correlate positively, so this errs wide.
+* a tax (`tax_ttft_p90`, `tax_tpot_p90`, against each study's baseline): when both studies drew
+  the same traffic for the variant and the baseline, per replicate both ran, the change of the log
+  tax over the requests all four cells completed, paired by index, with 4 s_L^2 / k for the four
+  launches; else each study's tax with its own launch-aware interval, the two as independent terms
+  on the log scale (Satterthwaite's degrees of freedom).
 
 A cell is compared only where it is the same cell on both sides: the same backend and model
 (study-wide), the same phase, label, rate, shape and arrival process; others are listed with the
@@ -34,6 +36,7 @@ simulator's truth is oracle/compare_coverage.py's.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -49,7 +52,14 @@ from connector_tax.analysis.compare_sides import (
     settings_differences,
     study_problem,
 )
-from connector_tax.analysis.launch_intervals import PairedRatio, paired_log_ratio, pooled, tax_interval
+from connector_tax.analysis.launch_intervals import (
+    LaunchVariance,
+    PairedRatio,
+    aligned_log_ratio,
+    paired_log_ratio,
+    pooled,
+    tax_interval,
+)
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME
 
 __all__ = ["DEFAULT_MARGIN", "CALLS", "Change", "CompareError", "compare"]
@@ -65,7 +75,9 @@ METHOD = (
     "(paired by request when both drew the same traffic), its within-launch variance from batch means "
     "and the jackknife, plus 2 s_L^2 / k for the launches (s_L^2 pooled from both studies' variants x "
     "replicates tables); two variants of one study: that study's paired tax of one over the other; a "
-    "tax: each study's launch-aware interval, the two independent on the log scale (Satterthwaite's df). "
+    "tax: on the same traffic, the change of the log tax over the requests all four cells completed, "
+    "paired by index, plus 4 s_L^2 / k; else each study's launch-aware interval, the two independent on "
+    "the log scale (Satterthwaite's df). "
     "Student-t, exponentiated: never below -100 %"
 )
 
@@ -211,6 +223,13 @@ def tax_change(a: Cells, b: Cells, va: str, vb: str, phase: str, label: str, met
     row.note = "; ".join(sorted({n for n in (ta.get("note"), tb.get("note")) if n})) or None
     if ta.get("value") is not None and tb.get("value") is not None:
         row.change = (1 + tb["value"]) / (1 + ta["value"]) - 1
+    paired = _paired_tax_change(a, b, va, vb, phase, label, m)
+    if paired is not None:  # the same traffic on all four sides: request by request
+        row.change, (row.ci_lo, row.ci_hi) = paired.get("value"), _ci(paired)
+        row.call, row.launch_share = call_of(paired.get("ci"), margin), paired.get("launch_share")
+        row.replicates, row.paired = paired.get("replicates"), True
+        row.note = "; ".join(filter(None, [row.note, paired.get("note")])) or None
+        return row
     if terms_a is None or terms_b is None:
         return row
     diff = log_difference(terms_a, terms_b)
@@ -218,6 +237,40 @@ def tax_change(a: Cells, b: Cells, va: str, vb: str, phase: str, label: str, met
     row.call, row.launch_share = call_of(diff["ci"], margin), diff["launch_share"]
     row.replicates = min(int(ta.get("replicates") or 0), int(tb.get("replicates") or 0)) or None
     return row
+
+
+def _paired_tax_change(a: Cells, b: Cells, va: str, vb: str, phase: str, label: str, m: str) -> dict[str, Any] | None:
+    """A tax's change when both studies drew the same traffic for the variant and the baseline
+    (the same seed): per replicate both ran, log(p90 xB / p90 baseB) - log(p90 xA / p90 baseA) over
+    the requests all four cells completed, paired by index, plus 4 s_L^2 / k for the four launches
+    (tax_interval adds 2 s_L^2 / k for two). None where any side's traffic differs: then the two
+    taxes are independent terms (log_difference), which common traffic would make err wide."""
+    assert a.baseline is not None and b.baseline is not None
+    pairs: list[PairedRatio] = []
+    for r in sorted(set(a.replicates(va, phase, label)) & set(b.replicates(vb, phase, label))):
+        keys = ((a, va), (a, a.baseline), (b, vb), (b, b.baseline))
+        seeds = [side.seeds.get((name, phase, label, r)) for side, name in keys]
+        if None in seeds or seeds[0] != seeds[2] or seeds[1] != seeds[3]:
+            return None
+        found = [side.series.get((name, phase, label, r), {}).get(m) for side, name in keys]
+        series = [x for x in found if x is not None]
+        if len(series) < len(keys):
+            return None
+        xa, ba, xb, bb = series
+        pair = aligned_log_ratio([(1, xb), (-1, bb), (-1, xa), (1, ba)])
+        if pair is None:
+            return None
+        pairs.append(pair)
+    if not pairs:
+        return None
+    launch = pooled(a.launch.launch(phase, label, m, a.baseline), b.launch.launch(phase, label, m, b.baseline))
+    four = LaunchVariance(None if launch.variance is None else 2 * launch.variance, launch.df, launch.variants)
+    return tax_interval(pairs, four)
+
+
+def _natural(label: str) -> tuple[tuple[int, int | str], ...]:
+    """A cell label's sort key with its numbers as numbers: r8 before r16, 64x8 before 512x8."""
+    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.findall(r"\d+|\D+", label))
 
 
 def _geomean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -255,7 +308,7 @@ def compare(a_spec: str, b_spec: str, margin: float = DEFAULT_MARGIN) -> dict[st
     base_a, base_b = ca.measured(ca.baseline), cb.measured(cb.baseline)
     for va, vb in pairs:
         cells_a, cells_b = ca.measured(va), cb.measured(vb)
-        for phase, label in sorted(cells_a | cells_b, key=lambda k: (PHASES.index(k[0]), k[1])):
+        for phase, label in sorted(cells_a | cells_b, key=lambda k: (PHASES.index(k[0]), _natural(k[1]))):
             where = {"variant": pair_name(va, vb), "phase": phase, "cell": label}
             if (phase, label) not in cells_b or (phase, label) not in cells_a:
                 side = "A" if (phase, label) in cells_a else "B"

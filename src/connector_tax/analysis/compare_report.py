@@ -77,8 +77,9 @@ def render(doc: dict[str, Any], figure: str | None = None) -> str:
         "",
         f"{len(rows)} comparisons: " + ", ".join(f"{counts[c]} {c}" for c in CALLS) + ". "
         f"**changed**: the 95 % interval of B / A − 1 excludes 0; **no change resolved**: it includes 0 and lies "
-        f"within ±{margin * 100:g} % (`--margin`); **below resolution**: it includes 0 and reaches past "
-        f"±{margin * 100:g} %, so these cells cannot tell such a change from none; **no interval**: a cell "
+        f"within ±{margin * 100:g} % on the ratio's log scale ({(1 / (1 + margin) - 1) * 100:+.2f} % to "
+        f"+{margin * 100:g} %, `--margin`); **below resolution**: it includes 0 and reaches past that band, "
+        "so these cells cannot tell such a change from none; **no interval**: a cell "
         "behind it is too small to bound its p90. A tax's change is that of the ratio variant / baseline.",
         "",
     ]

@@ -158,21 +158,44 @@ def _paired_variance(xv: np.ndarray, bv: np.ndarray, p: float) -> float:
     and either estimate alone can be several times too small: on the simulator's TPOT of a cheap
     connector, batch means covered 51-59 % of traffic realisations, the jackknife 85 %, the larger
     of the two 88-90 % (one launch, 400 requests, against a 40,000-request truth)."""
-    xb, bb = _batches(xv), _batches(bv)
-    g = len(xb)
-    ratios = np.array([math.log(np.percentile(a, p) / np.percentile(b, p)) for a, b in zip(xb, bb)])
-    batch_means = float(ratios.var(ddof=1)) / g
-    left_out = np.array(
-        [
-            math.log(
-                np.percentile(np.concatenate(xb[:j] + xb[j + 1 :]), p)
-                / np.percentile(np.concatenate(bb[:j] + bb[j + 1 :]), p)
-            )
-            for j in range(g)
-        ]
-    )
+    return _aligned_variance([xv, bv], (1, -1), p)
+
+
+def _aligned_variance(arrays: list[np.ndarray], signs: tuple[int, ...], p: float) -> float:
+    """_paired_variance's estimate for sum(sign * log p-th percentile) over arrays aligned request
+    by request (the same traffic), cut into the same batches."""
+    batched = [_batches(a) for a in arrays]
+    g = len(batched[0])
+
+    def stat(parts: list[np.ndarray]) -> float:
+        return sum(sign * math.log(np.percentile(part, p)) for sign, part in zip(signs, parts))
+
+    per_batch = np.array([stat([b[j] for b in batched]) for j in range(g)])
+    batch_means = float(per_batch.var(ddof=1)) / g
+    left_out = np.array([stat([np.concatenate(b[:j] + b[j + 1 :]) for b in batched]) for j in range(g)])
     jackknife = (g - 1) / g * float(((left_out - left_out.mean()) ** 2).sum())
     return max(batch_means, jackknife)
+
+
+def aligned_log_ratio(terms: list[tuple[int, Series]], p: float = 90) -> PairedRatio | None:
+    """sum(sign * log p-th percentile) over series that drew the same traffic (one study's variant
+    and baseline, and another study of the same seed's two): over the requests every one of them
+    completed, paired by index, with _paired_variance's within-launch variance. None where they
+    share fewer than half of the smallest one's requests (then they are not the same traffic)."""
+    series = [s for _, s in terms]
+    common = series[0].index
+    for s in series[1:]:
+        common = np.intersect1d(common, s.index, assume_unique=True)
+    if common.size == 0 or common.size < 0.5 * min(s.n for s in series):
+        return None
+    aligned = [s.values[np.intersect1d(s.index, common, assume_unique=True, return_indices=True)[1]] for s in series]
+    signs = tuple(sign for sign, _ in terms)
+    value = sum(sign * math.log(np.percentile(v, p)) for sign, v in zip(signs, aligned))
+    if common.size < MIN_P90_SAMPLES:
+        return PairedRatio(value, None, 0, int(common.size), True)
+    return PairedRatio(
+        value, _aligned_variance(aligned, signs, p), batch_count(common.size) - 1, int(common.size), True
+    )
 
 
 @dataclass
