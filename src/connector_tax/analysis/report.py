@@ -202,8 +202,9 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
         L += [
             "## Phase A (rate sweep)",
             "",
-            "Latencies in ms (p90 with its 95% CI); saturated: which criteria fired, no, or unknown (not "
-            "judged: too few samples, an interval across a threshold, or measured while the host perturbed it).",
+            "Latencies in ms (TTFT p90 with its 95% CI); saturated: which criteria fired, no (none fired, a "
+            "criterion with too few samples not judged), or unknown (none fired and one's interval straddles "
+            "its threshold, none could be judged, or the cell was measured while the host perturbed it).",
             "",
         ]
         L += table(
