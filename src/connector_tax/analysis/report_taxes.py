@@ -77,7 +77,13 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
             )
         }
         if amp:
-            L += ["### Queueing amplification: tax at ref_load / tax at ref_safe [95% CI]", ""]
+            L += [
+                "### Queueing amplification: tax at ref_load / tax at ref_safe",
+                "",
+                "[interval]: the ratio's over the box of the two taxes' 95% intervals (it holds whenever both "
+                "do: at least 90% if they are independent, usually more).",
+                "",
+            ]
             L += table(
                 ["variant", "TTFT p90 tax", "TPOT p90 tax"],
                 [[f"`{n}`", _amplified(a.get("ttft_p90")), _amplified(a.get("tpot_p90"))] for n, a in amp.items()],
