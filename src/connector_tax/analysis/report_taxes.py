@@ -81,7 +81,7 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
                 "### Queueing amplification: tax at ref_load / tax at ref_safe",
                 "",
                 "[interval]: the ratio's over the box of the two taxes' 95% intervals (it holds whenever both "
-                "do: at least 90% if they are independent, usually more).",
+                "do: at least 90% whatever their correlation, by Bonferroni, usually more).",
                 "",
             ]
             L += table(
