@@ -152,7 +152,28 @@ def fig3(ctx: Ctx) -> Figure:
                     arrowprops=dict(arrowstyle="->", color=ctx.palette(c), lw=0.8),
                 )
     lo, hi = min(all_x), max(all_x)
-    ax.plot([lo, hi], [lo, hi], ls="--", color="0.4", lw=1, label="y = x (keeps up)", zorder=2)
+    ax.plot([lo, hi], [lo, hi], ls="--", color="0.4", lw=1, label="y = x (the requested rate)", zorder=2)
+    # What criterion 1 compares with: the rate the schedule offered in the cell's window (random
+    # arrivals offer a finite window a few % more or less than requested, every variant alike
+    # on common random numbers), and the line below which it fires.
+    offered: dict[float, list[float]] = {}
+    for rows in data.values():
+        for r in rows:
+            if r.get("offered_rps"):
+                offered.setdefault(r["rate"], []).append(float(r["offered_rps"]))
+    if offered:
+        xs = sorted(offered)
+        mid = [float(np.median(offered[x])) for x in xs]
+        ax.plot(xs, mid, ls="none", marker="x", ms=8, color="0.15", label="offered in the window (median)", zorder=4)
+        floor = ctx.saturation.throughput_ratio_min
+        ax.plot(
+            xs,
+            [floor * m for m in mid],
+            ls=":",
+            color="0.3",
+            lw=1,
+            label=f"{floor:g} x offered: criterion 1 fires below",
+        )
     _rate_axis(ax, sorted(set(all_x)))
     ax.set_yscale("log", base=2)
     ax.set_yticks(sorted(set(all_x)))
