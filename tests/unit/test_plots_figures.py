@@ -280,3 +280,15 @@ def test_axis_cap_cuts_only_a_few_far_outliers():
     assert axis_cap([2, 3, 300, 400]) == pytest.approx(HEADROOM * 3)  # two outliers of four
     assert axis_cap([2, 300, 400]) is None  # most bars are tall: the axis is for them
     assert axis_cap([float("nan"), -5, 10]) is None and axis_cap([]) is None
+
+
+def test_no_text_leaves_the_figure_with_one_phase_b_prime_shape(tmp_path):
+    """Fig. 4b is as wide as its shapes; at one shape its title ran off both sides."""
+    spec = SyntheticSpec(
+        variants=CONFIGS, n_requests=200, n_steps=100, shapes=[(512, 64), (4096, 64)], prime_shapes=[(512, 64)], seed=5
+    )
+    built = build(write_study(tmp_path / "s", spec))
+    fig, renderer = _drawn("fig4b_tax_shapes_phase_b_prime", built["aggregate"], built["hypotheses"])
+    width, height = fig.bbox.width, fig.bbox.height
+    for text, box in _text_boxes(fig, renderer):
+        assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, text

@@ -107,7 +107,7 @@ def fig4b(ctx: Ctx) -> Figure:
             "for the baseline and another config)"
         )
     names = [c for c in ctx.variants if any(c in prime[s]["variants"] for s in shared)]
-    fig = new_figure(4.0 + 2.6 * len(shared), 4.6)
+    fig = new_figure(max(8.0, 4.0 + 2.6 * len(shared)), 4.6)  # the title fits at one shape
     axes = np.atleast_1d(fig.subplots(1, len(shared), sharey=True))
     x = np.arange(len(names))
     bars = {
