@@ -1,7 +1,7 @@
 """`ctax benchmark NAME [ARGS...]`: the project's benchmarks of itself, run by name.
 
 They are the modules of a checkout's benchmarks/ folder, outside the package (a built wheel has
-none): benchmarks/NAME.py with `main(argv) -> int`, described by its docstring's first line. A
+none): benchmarks/NAME.py with `main(argv) -> int`, described by its docstring's first paragraph. A
 module whose name begins with an underscore is a helper of theirs (their parser, servers,
 clients), not a benchmark. The checkout is the one the package's other files come from
 (connector_tax.resources, $CONNECTOR_TAX_ROOT).
@@ -39,14 +39,15 @@ def folder() -> Path:
 
 
 def runnable(where: Path) -> dict[str, str]:
-    """Every benchmark in `where` by name, with its docstring's first line (read, not imported:
+    """Every benchmark in `where` by name, with its docstring's first paragraph (read, not imported:
     importing them all would load pandas and the rest just to list them)."""
     found = {}
     for path in sorted(where.glob("*.py")):
         if path.name.startswith("_"):
             continue
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))) or ""
-        found[path.stem] = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+        # the first paragraph, on one line: a first sentence that wraps is not cut mid-way
+        found[path.stem] = " ".join(doc.strip().split("\n\n")[0].split()) if doc.strip() else "(no description)"
     return found
 
 

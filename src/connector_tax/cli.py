@@ -126,7 +126,7 @@ COMMANDS = {
         ),
         Command(
             "analyze",
-            "statistics, taxes, verdicts and figures from results/<study>",
+            "statistics, taxes and verdicts from results/<study> (figures with --figures)",
             _lazy("connector_tax.pipeline.analyze:add_arguments"),
             _lazy("connector_tax.pipeline.analyze:main"),
         ),
