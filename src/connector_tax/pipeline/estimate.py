@@ -15,7 +15,7 @@ study's launches take the times that profile's own study measured on its host (T
 preflight, a phase job besides its cells, the rest of `snakemake all`), not LAUNCH_S.
 
 GPU-hours are the sum of the phase jobs' (and gated preflights') times, each job holding one
-GPU; the wall time on N GPUs is the makespan of the phase jobs placed longest first.
+GPU; the wall time on N GPUs is the makespan of the phase jobs started in their seeded launch order.
 """
 
 from __future__ import annotations
