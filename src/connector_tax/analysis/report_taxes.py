@@ -20,8 +20,9 @@ def tax_sections(agg: dict[str, Any]) -> list[str]:
             f"Against `{taxes['baseline']}`. TTFT/TPOT: relative p90 tax [95% CI]; launch: the share of the "
             "tax's variance that is launch to launch; step: µs difference of p50 step duration (first launch); "
             "callback: the three connector hooks' p50 (µs); build_meta: the one of them that runs inside the step "
-            "(get_finished and start_load_kv run after it, in the model's execution); unattributed = step − "
-            "build_meta, the step's growth no hook inside it explains; engine step: relative p50 tax "
+            "(get_finished and start_load_kv run after it, in the model's execution); unattributed = each step "
+            "less its build_meta, against the baseline's step (p50s): the step's growth no hook inside it "
+            "explains; engine step: relative p50 tax "
             "of the whole engine step (schedule, model, update) [95% CI]. A TTFT/TPOT tax without an interval "
             f"comes from a cell with fewer than {MIN_P90_SAMPLES} requests, too few to bound a p90.",
             "",
