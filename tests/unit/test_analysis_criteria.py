@@ -48,3 +48,28 @@ def test_the_truths_margin_reads_in_the_hypothesis_unit():
     assert _distance(0.483, "H1") == "48.3 pp"  # H1 is a relative tax: 58.3 % is 48.3 points past 10 %
     assert _distance(38.0, "H2") == "38.0 pp"
     assert _distance(0.37, "H4") == "0.37"
+
+
+def _trend(along: str, across: str, fixed: int, xs: tuple[int, int], total: float, ci: list[float]) -> dict:
+    points = [{along: x, "tax": 0.0, "ci": None} for x in xs]
+    series = {across: fixed, "points": points, "steps": [], "total_pp": total, "total_ci": ci, "sign": "-"}
+    return {
+        "verdict": "refuted",
+        "value": total,
+        "ci": ci,
+        "confidence": "confident",
+        "reason": "r",
+        "numbers": {"mooncake_both": {"series": [series]}},
+    }
+
+
+def test_sc5_says_the_direction_and_size_of_each_trend():
+    hyps = {h: _h(0.5, [0.4, 0.6]) for h in ("H1", "H2", "H3", "H4")}
+    hyps["H5"] = _trend("input", "output", 8, (64, 512), -79.0, [-124.0, -34.0])
+    hyps["H6"] = _trend("output", "input", 64, (8, 32), 51.2, [36.8, 65.6])
+    sc5 = next(s for s in success_criteria(hyps, {"ok": True}, {"wall_hours": 0.1}, True) if s["id"] == "SC5")
+    assert sc5["status"] == "met"
+    assert sc5["reason"] == (
+        "H5 TTFT tax, input 64 -> 512 at output 8: -79.0 pp [-124.0, -34.0]; "
+        "H6 TPOT tax, output 8 -> 32 at input 64: +51.2 pp [+36.8, +65.6]"
+    )

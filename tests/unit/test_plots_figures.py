@@ -292,3 +292,17 @@ def test_no_text_leaves_the_figure_with_one_phase_b_prime_shape(tmp_path):
     width, height = fig.bbox.width, fig.bbox.height
     for text, box in _text_boxes(fig, renderer):
         assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, text
+
+
+def test_figure_1_marks_a_cell_whose_saturation_is_unknown(docs):
+    """An unknown cell (a criterion undecided) is never a reference rate: fig. 1 marks it, so ref_safe
+    stopping below it is visible, not an unsaturated-looking point."""
+    agg, hyp = docs
+    agg = copy.deepcopy(agg)
+    before = len(build_figure("fig1_ttft_p90_vs_rate", agg, hyp).axes[0].collections)
+    row = next(r for r in agg["rows"] if r["phase"] == "phase_a" and r["saturated"] is False)
+    row["saturated"] = None
+    fig = build_figure("fig1_ttft_p90_vs_rate", agg, hyp)
+    assert len(fig.axes[0].collections) == before + 1
+    legends = [t for a in describe(fig)["axes"] for t in a.get("legend", [])]
+    assert "unknown: none fired, one undecided" in legends

@@ -62,6 +62,19 @@ def _from(
     return _sc(cid, title, "met", name, f"{shown}: {name} ({confidence})", numbers(h), confidence)
 
 
+def _direction(h: dict[str, Any], hid: str, metric: str, along: str) -> str | None:
+    """SC5's reason for one hypothesis: its tax's total change along each series, with the interval."""
+    parts = []
+    for ser in ((h.get("numbers") or {}).get(K.MOONCAKE_BOTH) or {}).get("series") or []:
+        pts, total, ci = ser.get("points") or [], ser.get("total_pp"), ser.get("total_ci")
+        if len(pts) < 2 or total is None:
+            continue
+        across = "output" if along == "input" else "input"
+        span = f"{along} {pts[0][along]:g} -> {pts[-1][along]:g} at {across} {ser.get(across)}"
+        parts.append(f"{span}: {total:+.1f} pp" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""))
+    return f"{hid} {metric} tax, {'; '.join(parts)}" if parts else None
+
+
 def success_criteria(
     hyps: dict[str, dict[str, Any]], artifacts: dict[str, Any], runtime: dict[str, Any], simulated: bool
 ) -> list[dict[str, Any]]:
@@ -126,7 +139,9 @@ def success_criteria(
                 title,
                 "met" if met else "not_met",
                 f"H5 {h5['verdict']}, H6 {h6['verdict']}",
-                "reported" if met else "one direction could not be computed",
+                "; ".join(filter(None, (_direction(h5, "H5", "TTFT", "input"), _direction(h6, "H6", "TPOT", "output"))))
+                if met
+                else "one direction could not be computed",
                 nums,
             )
         )

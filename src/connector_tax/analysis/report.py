@@ -105,7 +105,11 @@ def _variants(agg: dict[str, Any]) -> list[str]:
             cells.append(
                 "; ".join(
                     ("" if key == ph else f"{key.partition('.')[2]}: ")
-                    + f"{p['status']} ({len(p['cells'])} cells)"
+                    + (
+                        "– (no cell planned)"  # Phase B' of a variant it does not list
+                        if p["status"] == "ok" and not p["cells"]
+                        else f"{p['status']} ({len(p['cells'])} cells)"
+                    )
                     + (f": {p['reason']}" if p.get("reason") else "")
                     for key, p in runs
                 )

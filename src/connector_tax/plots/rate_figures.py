@@ -42,6 +42,9 @@ def _rate_axis(ax: Any, rates: list[float]) -> None:
         ax.minorticks_off()
 
 
+UNKNOWN_MARKER: dict[str, Any] = dict(marker="D", s=150, facecolors="none", linewidths=1.6)
+
+
 def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: bool) -> Figure:
     data = ctx.by_variant(PHASE_A)
     series = {c: [r for r in rows if r.get(f"{metric}_p90") is not None and r.get("rate")] for c, rows in data.items()}
@@ -75,6 +78,11 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                     else:
                         style["color"] = ctx.palette(c)
                     ax.scatter(x[sel], y[sel], zorder=4, **style)
+            # Neither saturated nor not: a criterion undecided (or a perturbed cell); never a
+            # reference rate, so the reader sees why ref_safe stops below it.
+            unknown = [i for i, r in enumerate(rows) if "saturated" in r and r["saturated"] is None]
+            if unknown:
+                ax.scatter(x[unknown], y[unknown], zorder=4, edgecolors=ctx.palette(c), **UNKNOWN_MARKER)
     _rate_axis(ax, sorted(rates))
     ax.set_yscale("log")
     _ref_lines(ax, ctx)
@@ -98,6 +106,17 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                 label=labels[crit],
             )
             for crit, kw in CRITERION_MARKERS.items()
+        ] + [
+            Line2D(
+                [],
+                [],
+                ls="none",
+                color="0.2",
+                markerfacecolor="none",
+                marker=UNKNOWN_MARKER["marker"],
+                markersize=8,
+                label="unknown: none fired, one undecided",
+            )
         ]
         ax.legend(
             handles=handles,
@@ -105,7 +124,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
             loc="lower left",
             bbox_to_anchor=(1.01, 0.0),
             borderaxespad=0,
-            title="saturation criterion (fired)",
+            title="saturation (criterion fired, or unknown)",
             title_fontsize=7,
         )
     stamp(fig, ctx.simulated, ctx.served_by)

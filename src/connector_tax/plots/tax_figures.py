@@ -259,7 +259,7 @@ def fig8(ctx: Ctx) -> Figure:
             f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
             f"verdict {h4.get('verdict', 'n/a')}"
             + (f" ({h4['confidence']})" if h4.get("verdict") == "inconclusive" and h4.get("confidence") else "")
-            + (f", rel. dev. {rel:+.2f}" if rel is not None else "")
+            + (f", rel. dev. {rel:+.2f} on TTFT p90" if rel is not None else "")
         )
     )
     stamp(fig, ctx.simulated, ctx.served_by)
