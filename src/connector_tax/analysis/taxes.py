@@ -92,30 +92,21 @@ def _hook_p50(x: dict[str, Any], field: str, step: dict[str, Any]) -> dict[str, 
     return est
 
 
+def _p50_difference(x: dict[str, Any], b: dict[str, Any], k: str) -> dict[str, Any]:
+    """x's p50 of a step field (`k`: "..._p50") less b's, with the interval of the two."""
+    ends = (k, f"{k}_ci_lo", f"{k}_ci_hi")
+    return difference(*(_get(x, e) for e in ends), *(_get(b, e) for e in ends))
+
+
 def step_taxes(x: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     k = "step_duration_us_p50"
-    step = difference(
-        _get(x, k),
-        _get(x, f"{k}_ci_lo"),
-        _get(x, f"{k}_ci_hi"),
-        _get(b, k),
-        _get(b, f"{k}_ci_lo"),
-        _get(b, f"{k}_ci_hi"),
-    )
+    step = _p50_difference(x, b, k)
     step.update(x_p50=_get(x, k), base_p50=_get(b, k), x_steps=x.get("steps_n"), base_steps=b.get("steps_n"))
     callback = _hook_p50(x, "connector_total_us", step)
     build_meta = _hook_p50(x, "build_meta_us", step)
     # Per step, schedule() less build_meta (cellstats: step_other_us), against the baseline's step:
     # the hook and its step come from one record, so they are not two independent p50s.
-    o = "step_other_us_p50"
-    unattributed = difference(
-        _get(x, o),
-        _get(x, f"{o}_ci_lo"),
-        _get(x, f"{o}_ci_hi"),
-        _get(b, o),
-        _get(b, f"{o}_ci_lo"),
-        _get(b, f"{o}_ci_hi"),
-    )
+    unattributed = _p50_difference(x, b, "step_other_us_p50")
     # The whole engine step (schedule, model, update), relative: on a CPU host the connector's
     # cost can land in the model's compute rather than in schedule() (a connector's thread on the
     # compute core: NIXL's progress thread), and the step records carry an interval where a short
