@@ -204,3 +204,19 @@ def test_coverage_counts_a_non_call_as_no_call_not_a_wrong_one():
     assert seed["hypotheses"]["H3"]["no_call"] is True and seed["hypotheses"]["H3"]["wrong"] is False
     table = summarize([seed])["hypotheses"]
     assert table["H3"]["agrees"] == 0 and table["H3"]["no_call"] == 1 and table["H3"]["wrong"] == 0
+
+
+@pytest.mark.parametrize(
+    ("nixl", "says"),
+    [
+        (0.10, "the gap widens past 5-10 pp: mechanism-side, but larger than the trace replay's ~7 pp"),
+        (0.58, "the gap shrinks: a coupling artifact"),
+        (0.70, "the gap inverts: a coupling artifact"),
+    ],
+)
+def test_h2_calls_only_a_gap_that_shrinks_or_inverts_a_coupling_artifact(nixl, says):
+    # mooncake_both +60 %: NIXL at +10 % is a 50 pp gap (wider than 5-10 pp, not coupling's doing)
+    taxes = {n: (0.3, [0.25, 0.35]) for n in NAMES if n != K.PLAIN}
+    taxes[K.MOONCAKE_BOTH], taxes[K.NIXL_BOTH] = (0.60, [0.55, 0.65]), (nixl, [nixl - 0.01, nixl + 0.01])
+    h2 = _judge(_doc(taxes))["H2"]
+    assert h2["verdict"] == "refuted" and says in h2["reason"], h2["reason"]

@@ -306,3 +306,10 @@ def test_figure_1_marks_a_cell_whose_saturation_is_unknown(docs):
     assert len(fig.axes[0].collections) == before + 1
     legends = [t for a in describe(fig)["axes"] for t in a.get("legend", [])]
     assert "unknown: none fired, one undecided" in legends
+
+
+def test_figure_3_marks_the_offered_rate_criterion_1_compares_with(docs):
+    agg, hyp = docs
+    legends = [t for a in describe(build_figure("fig3_throughput_vs_requested", agg, hyp))["axes"] for t in a["legend"]]
+    assert "offered in the window (median)" in legends
+    assert "0.95 x offered: criterion 1 fires below" in legends
