@@ -55,12 +55,16 @@ LAUNCH_S_VLLM_CPU = 24.0
 
 def default_launch_s(study: StudyConfig) -> float:
     """The start-up a plan assumes per launch when neither a calibrated profile nor --launch-s gives one."""
-    return LAUNCH_S_VLLM_CPU if holds_no_gpu(study) and study.backend == "vllm" else LAUNCH_S[study.backend]
+    return LAUNCH_S_VLLM_CPU if vllm_on_cpu(study) else LAUNCH_S[study.backend]
+
+
+def vllm_on_cpu(study: StudyConfig) -> bool:
+    return study.backend == "vllm" and study.device == "cpu"
 
 
 def holds_no_gpu(study: StudyConfig) -> bool:
     """vLLM's CPU build, or no vLLM at all: the study's jobs hold no GPU."""
-    return study.backend != "vllm" or study.device == "cpu"
+    return study.backend != "vllm" or vllm_on_cpu(study)
 
 
 CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
@@ -190,7 +194,7 @@ def plan_study(
         what = {
             "sim": "the simulator's",
             "openai": "an external server's readiness check",
-            "vllm": "vLLM's CPU build with the tiny model, measured" if holds_no_gpu(study) else "a GPU's model load",
+            "vllm": "vLLM's CPU build with the tiny model, measured" if vllm_on_cpu(study) else "a GPU's model load",
         }[study.backend]
         notes.append(f"each server launch's start-up assumed {launch:g} s ({what}; --launch-s gives this host's)")
     base = baseline(study)
@@ -292,7 +296,7 @@ def makespan(jobs: list[float], slots: int) -> float:
 def jobs_at_once(study: StudyConfig, gpus: int) -> int:
     """How many phase jobs run side by side under run_command's command: one per GPU (a vLLM
     study on a CPU keeps every core, so one at a time)."""
-    if study.backend == "vllm" and study.device == "cpu":
+    if vllm_on_cpu(study):
         return 1
     return max(1, gpus)
 
@@ -305,7 +309,7 @@ def run_command(study: StudyConfig, config_path: str, gpus: int) -> str:
     "ValueError: dictionary update sequence element")."""
     n = jobs_at_once(study, gpus)
     cores = n * job_threads(study)
-    on_gpus = study.backend == "vllm" and study.device != "cpu"
+    on_gpus = not holds_no_gpu(study)
     return (
         f"snakemake all --cores {cores}" + (f" --resources gpu={n}" if on_gpus else "") + f" --configfile {config_path}"
     )
@@ -336,15 +340,8 @@ def render(
     lines += ["", "per stage, one job at a time: " + ", ".join(f"{s} {v / 3600:.2f} h" for s, v in by_stage.items())]
     gpu_s = gpu_seconds(study, estimates)
     serial = sum(by_stage.values())
-    gpu_hours = (
-        f"{gpu_s / 3600:.2f} GPU-hours"
-        if not holds_no_gpu(study)
-        else "no GPU held (vLLM on CPU)"
-        if study.backend == "vllm"
-        else "no GPU held (simulated)"
-        if study.backend == "sim"
-        else "no GPU held here (an external server)"
-    )
+    held = {"vllm": "vLLM on CPU", "sim": "simulated", "openai": "an external server"}[study.backend]
+    gpu_hours = f"no GPU held ({held})" if holds_no_gpu(study) else f"{gpu_s / 3600:.2f} GPU-hours"
     lines.append(f"total {serial / 3600:.2f} h ({serial / 60:.1f} min) one job at a time; {gpu_hours}")
     n = jobs_at_once(study, gpus)
     wall = wall_seconds(study, estimates, n)
