@@ -106,6 +106,21 @@ def test_quick_start_1_leaves_the_study_the_readme_names(clone):
 
 
 @pytest.mark.frontdoor
+def test_the_plan_foretold_the_default_study(clone, tmp_path):
+    """`ctax plan` of the default config where no study ran yet (no measured cell to lean on)
+    against what quick start 1's preflights and phase jobs took (Snakemake's benchmark records):
+    within 20 % (8.1 min planned against about 5 min before the simulator had its own overheads)."""
+    plan = typed(f"ctax plan --config {clone / 'configs' / 'default.yaml'}", tmp_path, clone / ".venv")
+    stages = dict(
+        re.findall(r"(\w+) ([\d.]+) min", plan.stdout.split("per stage, one job at a time: ")[1].split("\n")[0])
+    )
+    planned = 60 * sum(float(stages[s]) for s in ("preflight", "phase_a", "phase_b"))
+    benchmarks = (clone / "results" / "default" / "logs" / "benchmarks").glob("*.tsv")
+    took = sum(float(p.read_text().splitlines()[1].split("\t")[0]) for p in benchmarks)
+    assert abs(planned / took - 1) <= 0.20, f"planned {planned:.0f} s, the jobs took {took:.0f} s\n{plan.stdout}"
+
+
+@pytest.mark.frontdoor
 def test_figures_again_launch_nothing(clone):
     figures = clone / "results" / "default" / "analysis" / "figures"
     before = {p.name: p.stat().st_mtime_ns for p in figures.glob("*.png")}

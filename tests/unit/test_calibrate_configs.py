@@ -13,11 +13,11 @@ from connector_tax.config import load_config, load_study
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.metrics.threads import IDLE_WINDOW_S
 from connector_tax.pipeline.estimate import (
-    JOB_FIXED_S,
     Timing,
     as_dict,
     default_launch_s,
     gpu_seconds,
+    overheads,
     plan_study,
     render,
 )
@@ -90,7 +90,7 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
     without, _ = plan_study(study)
     plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))
     # LAUNCH_S and the generic job time replaced by the measured phase overhead
-    generic = default_launch_s(study) + JOB_FIXED_S + IDLE_WINDOW_S
+    generic = default_launch_s(study) + overheads(study.backend).job_s + IDLE_WINDOW_S
     assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - generic + 50.0)
     assert by[("other", "(study)")].seconds == 40.0
     assert any("measured by the calibration study (a test)" in n and "lmcache_only assumed SKIP" in n for n in notes)
@@ -103,3 +103,18 @@ def test_a_cpu_study_plan_holds_no_gpu_and_says_what_start_up_it_assumed():
     assert "no GPU held (vLLM on CPU)" in render(study, estimates, notes, gpus=8)
     # the tiny model's measured ~24 s a launch, not a GPU's 150 s of model load
     assert any("start-up assumed 24 s (vLLM's CPU build" in n for n in notes)
+
+
+def test_a_simulated_study_plan_takes_the_simulators_overheads_and_counts_its_analysis(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/ here: the plan from the rules alone
+    study = load_study(CONFIGS / "default.yaml")
+    estimates, notes = plan_study(study)
+    sim, vllm = overheads("sim"), overheads("vllm")
+    assert sim.launch_s < 1 < vllm.launch_s and sim.job_s < vllm.job_s and sim.cell_s < vllm.cell_s
+    pre = [e for e in estimates if e.stage == "preflight"]
+    assert all(e.seconds == pytest.approx(sim.launch_s + sim.checks_s + sim.job_s) for e in pre)
+    assert [e.seconds for e in estimates if e.stage == "other"] == [sim.other_s]
+    text = render(study, estimates, notes, gpus=1)
+    # minutes, not "preflight 0.00 h", for a study of minutes
+    assert "per stage, one job at a time: preflight 0.2 min, phase_a" in text, text
+    assert any("start-up assumed 0.45 s (the simulator's" in n for n in notes)

@@ -45,9 +45,10 @@ def _timing(data: StudyData) -> dict[str, Any]:
     that launched, one that ended SKIP, a phase job around its cells (its time less the cells'
     own wall time and the plan's fixed cost per cell), a SKIPped variant's phase job, and the
     rest of `snakemake all` (the study's span, study.json to MANIFEST.md, less those jobs)."""
-    from connector_tax.pipeline.estimate import CELL_FIXED_S
+    from connector_tax.pipeline.estimate import overheads as backend_overheads
 
     layout = StudyLayout(data.study.root)
+    cell_s = backend_overheads(data.study.backend).cell_s
     status = read_json(layout.preflight_status) or {}
     launched: list[float] = []
     skipped: list[float] = []
@@ -70,7 +71,7 @@ def _timing(data: StudyData) -> dict[str, Any]:
                 continue
             cells = [c for c in data.cells if c.variant == name and LAUNCH_OF[c.phase] == phase]
             walls = sum(c.summary.wall_s or 0.0 for c in cells)
-            overheads.append(s - walls - CELL_FIXED_S * len(cells))
+            overheads.append(s - walls - cell_s * len(cells))
     out: dict[str, Any] = {"source": f"study {data.study.name} on {platform.node()}"}
     if launched:
         out["preflight_s"] = round(float(np.median(launched)), 1)

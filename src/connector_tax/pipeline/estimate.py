@@ -8,11 +8,12 @@ previous run of the same study left sealed cells, their measured wall time repla
 estimate, and their launches' start-up is measured too. Phase B's rate and Phase A's knees are
 only known after Phase A: without a previous run, Phase B is estimated at the middle Phase A
 rate, Phase B' as if it runs and no rate is assumed pruned (an upper bound), and the output says
-so. A job costs its own time besides (JOB_FIXED_S; a vLLM Phase A launch samples its idle server).
+so. A job costs its own time besides (Overheads.job_s; a vLLM Phase A launch samples its idle server),
+and the simulator's study its analysis, figures and report (Overheads.other_s).
 
 With a calibrated profile (`ctax plan --profile FILE`, or the config's `sim.profile`) a vLLM
 study's launches take the times that profile's own study measured on its host (Timing: a
-preflight, a phase job besides its cells, the rest of `snakemake all`), not LAUNCH_S.
+preflight, a phase job besides its cells, the rest of `snakemake all`), not OVERHEADS'.
 
 GPU-hours are the sum of the phase jobs' (and gated preflights') times, each job holding one
 GPU; the wall time on N GPUs is the makespan of the phase jobs started in their seeded launch order.
@@ -45,17 +46,40 @@ from connector_tax.pipeline.plan import job_threads
 from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
-# Start-up of one server launch and of the load generator, seconds (vLLM: model load, CUDA
-# graphs; measured values from a previous run replace these). vLLM on a CPU: the tiny model's
-# ~24 s a launch (its API server, engine core and worker each import torch and vLLM in turn:
-# docs/connectors-cpu.md).
-LAUNCH_S = {"sim": 3.0, "vllm": 150.0, "openai": 1.0}
+
+@dataclass(frozen=True)
+class Overheads:
+    """A backend's costs besides its cells' wall time, seconds, when no calibrated profile or
+    --launch-s gives this host's (a previous run's measured cells replace only the cells)."""
+
+    launch_s: float  # a server's start-up (vLLM: model load, CUDA graphs)
+    job_s: float  # a job's own: the process and its imports, GPU/CPU leases, the server's stop, the index
+    cell_s: float  # a cell's besides its wall time: sampler start/stop, step slice, seal, index
+    checks_s: float  # a preflight's requests and probes once its server is ready
+    other_s: float  # the rest of `snakemake all`: config, reference rates, analysis, figures, report, manifest
+
+
+# vLLM: job_s as the 8-GPU rehearsal measured it (docs/gpu-host.md); its analysis is not counted
+# (a calibrated profile's Timing.other_s measures it). The simulator: the default study's jobs as
+# Snakemake's benchmark records timed them (docs/performance.md): 0.9 s a preflight, 1.7 s a phase
+# job besides its three cells, 14 s for the rest.
+OVERHEADS = {
+    "vllm": Overheads(launch_s=150.0, job_s=3.0, cell_s=1.5, checks_s=2.0, other_s=0.0),
+    "openai": Overheads(launch_s=1.0, job_s=3.0, cell_s=1.5, checks_s=2.0, other_s=0.0),
+    "sim": Overheads(launch_s=0.45, job_s=0.9, cell_s=0.1, checks_s=0.0, other_s=14.0),
+}
+# vLLM on a CPU: the tiny model's ~24 s a launch (its API server, engine core and worker each
+# import torch and vLLM in turn: docs/connectors-cpu.md).
 LAUNCH_S_VLLM_CPU = 24.0
+
+
+def overheads(backend: str) -> Overheads:
+    return OVERHEADS[backend]
 
 
 def default_launch_s(study: StudyConfig) -> float:
     """The start-up a plan assumes per launch when neither a calibrated profile nor --launch-s gives one."""
-    return LAUNCH_S_VLLM_CPU if vllm_on_cpu(study) else LAUNCH_S[study.backend]
+    return LAUNCH_S_VLLM_CPU if vllm_on_cpu(study) else overheads(study.backend).launch_s
 
 
 def vllm_on_cpu(study: StudyConfig) -> bool:
@@ -67,17 +91,10 @@ def holds_no_gpu(study: StudyConfig) -> bool:
     return study.backend != "vllm" or vllm_on_cpu(study)
 
 
-CELL_FIXED_S = 1.5  # sampler start/stop, step slice, seal, index
-# A job's own time besides its launch and cells: the process and its imports, the GPU/CPU
-# leases, the server's stop, the index; as the 8-GPU rehearsal measured it (docs/gpu-host.md).
-JOB_FIXED_S = 3.0
-PREFLIGHT_CHECKS_S = 2.0  # a preflight's requests and probes once its server is ready
-
-
 @dataclass(frozen=True)
 class Timing:
     """What a calibrated profile measured of its own study's jobs on its host (seconds), used in
-    place of LAUNCH_S: a preflight that launches, one that ended SKIP, a phase job's time around
+    place of OVERHEADS: a preflight that launches, one that ended SKIP, a phase job's time around
     its cells, a phase job of a SKIPped variant, and everything else of `snakemake all` (config,
     reference, analysis, figures, report, manifest, Snakemake's own time)."""
 
@@ -133,24 +150,25 @@ def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
 def _job_fixed_s(study: StudyConfig, stage: str) -> float:
     """A job's time besides its launch and cells: a preflight's checks; the job's own (none in
     virtual time, where nothing launches); a vLLM Phase A launch's idle window."""
-    checks = PREFLIGHT_CHECKS_S if stage == "preflight" else 0.0
+    costs = overheads(study.backend)
+    checks = costs.checks_s if stage == "preflight" else 0.0
     if study.virtual_clock:
         return checks
     idle = IDLE_WINDOW_S if study.backend == "vllm" and stage == PHASE_A else 0.0
-    return checks + JOB_FIXED_S + idle
+    return checks + costs.job_s + idle
 
 
 def cell_seconds(study: StudyConfig, cell: Cell) -> float:
     issue = max(cell.duration_s, cell.min_completed / cell.rps)
-    return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + CELL_FIXED_S
+    return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + overheads(study.backend).cell_s
 
 
-def _measured(layout: StudyLayout, name: str, cell: Cell) -> float | None:
+def _measured(study: StudyConfig, layout: StudyLayout, name: str, cell: Cell) -> float | None:
     """The cell's time in an earlier run of the study: its sealed wall time, 0 if it was pruned."""
     folder = layout.phase(name, cell.phase, cell.replicate)
     summary = read_summary(folder.cell(cell.label))
     if summary is not None and summary.complete and summary.wall_s is not None:
-        return summary.wall_s + CELL_FIXED_S
+        return summary.wall_s + overheads(study.backend).cell_s
     index = read_index(folder.index)
     entry = index.cell(cell.phase, cell.label) if index is not None else None
     return 0.0 if entry is not None and entry.status == PRUNED else None
@@ -184,7 +202,7 @@ def plan_study(
     launch_s: float | None = None,
 ) -> tuple[list[Estimate], list[str]]:
     """`layout`: where earlier (or predicted, predict.py) cells of the study are; default its results folder.
-    `timing`: a calibrated profile's measured job times (else LAUNCH_S per launch, or `launch_s`:
+    `timing`: a calibrated profile's measured job times (else OVERHEADS per launch, or `launch_s`:
     a launch's start-up as timed on the host, `ctax plan --launch-s`)."""
     layout = layout or StudyLayout.of(study.study)
     reference, note = _reference(layout, study)
@@ -239,11 +257,11 @@ def plan_study(
                     # An earlier (or predicted) cell of the same launch, else the first launch's (a
                     # replicate takes as long), else the baseline's for Phase B (the same shape and
                     # rate): the stand-ins for what is not measured yet.
-                    took = _measured(layout, name, cell)
+                    took = _measured(study, layout, name, cell)
                     if took is None and replicate > 1:
-                        took = _measured(layout, name, dataclasses.replace(cell, replicate=1))
+                        took = _measured(study, layout, name, dataclasses.replace(cell, replicate=1))
                     if took is None and stage == PHASE_B:
-                        took = _measured(layout, base, dataclasses.replace(cell, replicate=1))
+                        took = _measured(study, layout, base, dataclasses.replace(cell, replicate=1))
                     measured += took is not None
                     seconds += took if took is not None else cell_seconds(study, cell)
                 out.append(Estimate(stage, who, len(cells), seconds, measured))
@@ -252,8 +270,9 @@ def plan_study(
             "no rate assumed pruned: knees are found while Phase A runs (an upper bound on Phase A; "
             "not on Phase B, whose cells run longer if Phase A finds a lower ref_safe)"
         )
-    if timing is not None:
-        out.append(Estimate("other", "(study)", 0, timing.other_s))
+    other = timing.other_s if timing is not None else overheads(study.backend).other_s
+    if other:
+        out.append(Estimate("other", "(study)", 0, other))
     return out, notes
 
 
@@ -327,6 +346,12 @@ def wall_seconds(study: StudyConfig, estimates: list[Estimate], slots: int) -> f
     return pre + phases + sum(e.seconds for e in estimates if e.stage == "other")
 
 
+def _span(seconds: float, by_stage: dict[str, float]) -> str:
+    """Hours where a study takes hours, minutes where it takes minutes (a simulated study's
+    preflights take seconds: 0.00 h said nothing)."""
+    return f"{seconds / 3600:.2f} h" if sum(by_stage.values()) >= 3600 else f"{seconds / 60:.1f} min"
+
+
 def render(
     study: StudyConfig, estimates: list[Estimate], notes: list[str], gpus: int, config_path: str = "CONFIG"
 ) -> str:
@@ -337,7 +362,10 @@ def render(
     by_stage: dict[str, float] = {}
     for e in estimates:
         by_stage[e.stage] = by_stage.get(e.stage, 0.0) + e.seconds
-    lines += ["", "per stage, one job at a time: " + ", ".join(f"{s} {v / 3600:.2f} h" for s, v in by_stage.items())]
+    lines += [
+        "",
+        "per stage, one job at a time: " + ", ".join(f"{s} {_span(v, by_stage)}" for s, v in by_stage.items()),
+    ]
     gpu_s = gpu_seconds(study, estimates)
     serial = sum(by_stage.values())
     held = {"vllm": "vLLM on CPU", "sim": "simulated", "openai": "an external server"}[study.backend]
