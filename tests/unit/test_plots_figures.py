@@ -295,8 +295,9 @@ def test_no_text_leaves_the_figure_with_one_phase_b_prime_shape(tmp_path):
 
 
 def test_figure_1_marks_a_cell_whose_saturation_is_unknown(docs):
-    """An unknown cell (a criterion undecided) is never a reference rate: fig. 1 marks it, so ref_safe
-    stopping below it is visible, not an unsaturated-looking point."""
+    """An unknown cell (a criterion undecided, none judged, or the cell perturbed) is never a reference
+    rate: fig. 1 marks it, so ref_safe stopping below it is visible, not an unsaturated-looking point,
+    and its legend names all three ways a cell is unknown (the report's Phase A legend does)."""
     agg, hyp = docs
     agg = copy.deepcopy(agg)
     before = len(build_figure("fig1_ttft_p90_vs_rate", agg, hyp).axes[0].collections)
@@ -305,7 +306,7 @@ def test_figure_1_marks_a_cell_whose_saturation_is_unknown(docs):
     fig = build_figure("fig1_ttft_p90_vs_rate", agg, hyp)
     assert len(fig.axes[0].collections) == before + 1
     legends = [t for a in describe(fig)["axes"] for t in a.get("legend", [])]
-    assert "unknown: none fired, one undecided" in legends
+    assert "unknown: undecided, unjudged or perturbed" in legends
 
 
 def test_figure_3_marks_the_offered_rate_criterion_1_compares_with(docs):

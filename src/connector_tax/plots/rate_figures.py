@@ -115,7 +115,7 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
                 markerfacecolor="none",
                 marker=UNKNOWN_MARKER["marker"],
                 markersize=8,
-                label="unknown: none fired, one undecided",
+                label="unknown: undecided, unjudged or perturbed",
             )
         ]
         ax.legend(
