@@ -13,8 +13,11 @@ count, start times, and the youngest). Timestamps are CLOCK_MONOTONIC ns, as the
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -166,3 +169,56 @@ class Probe:
                     rec["freq_mhz"] = _freq()
                     rec["others"] = _others(set(pids))
                 out.write(json.dumps(rec) + "\n")
+
+
+# The host's speed while a launch runs (`ctax benchmark host_drift`: on this VM an interpreter loop
+# runs 13 % faster or slower, sd over 4 s stretches, with nothing of the study running, and a light
+# probe on the other core follows it). The probe: a 0.3 ms piece of interpreter work every 100 ms on
+# the service core, timed in its thread's CPU time (a preemption there is not counted, a slower
+# physical core is), the fastest of three: about 1 % of a core.
+_SPEED_CODE = r"""
+import json, os, sys, time
+out, core = sys.argv[1], int(sys.argv[2])
+os.sched_setaffinity(0, {core})
+def work():
+    s = 0
+    for i in range(4000):
+        s += i * i
+with open(out, "a", buffering=1) as fh:
+    nxt = time.monotonic()
+    while True:
+        nxt += 0.1
+        time.sleep(max(0.0, nxt - time.monotonic()))
+        best = None
+        for _ in range(3):
+            c0 = time.thread_time_ns()
+            work()
+            took = time.thread_time_ns() - c0
+            best = took if best is None else min(best, took)
+        fh.write(json.dumps({"t_ns": time.monotonic_ns(), "work_ns": best}) + "\n")
+"""
+
+
+class SpeedProbe:
+    """The host's speed on `core` into `path` ({t_ns, work_ns} a line), from start() to stop()."""
+
+    def __init__(self, path: Path, core: int) -> None:
+        self.path, self.core = path, core
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SpeedProbe:
+        self._proc = subprocess.Popen([sys.executable, "-c", _SPEED_CODE, str(self.path), str(self.core)])
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(10)
+
+
+def host_speed(records: list[dict[str, Any]], window: list[int]) -> float | None:
+    """The probe's mean log speed (1 ms / the work's CPU time) over [t0, t1]; None under 20 ticks."""
+    inside = [r["work_ns"] for r in records if "work_ns" in r and window[0] <= r["t_ns"] <= window[1]]
+    if len(inside) < 20:
+        return None
+    return sum(math.log(1e6 / w) for w in inside) / len(inside)

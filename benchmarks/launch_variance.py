@@ -24,7 +24,9 @@ TTFT and TPOT p90 and means. Beside them the candidate causes, from the probe
 the model's compute thread ran on the compute core (the server's API, engine core and worker
 threads each, and the rest of the host), whether the compute thread stayed on its core, the
 worker's huge pages and NUMA pages, steal, the CPUs' frequency, the launch's position in the
-sitting, the host's process count and its youngest other process.
+sitting, the host's process count and its youngest other process; and the host's speed over the
+cell (`host_speed_log`: a 1 % probe of interpreter work on core 0, _launch_probe.SpeedProbe; the
+drift it follows: `ctax benchmark host_drift`).
 
 The decomposition: each configuration's launch-to-launch spread of the decode and prefill index
 (its variance, less the mean within-launch variance: the part launches add), and per candidate the
@@ -48,12 +50,13 @@ from typing import Any
 import numpy as np
 import yaml
 from _common import REPO, parser, positive_float, positive_int, write_json
-from _launch_probe import Probe
+from _launch_probe import Probe, SpeedProbe, host_speed
 
 from connector_tax.analysis.batchmeans import t975
 
 CONFIGS = ("today", "pinned")
 COMPUTE_CORE = "1"
+SERVICE_CORE = "0"  # where the pinned configuration puts the server's other threads and the load generator
 
 
 def _configs(base: dict[str, Any], launches: int, rate: float, seconds: float) -> dict[str, dict[str, Any]]:
@@ -186,6 +189,7 @@ def _probe_window(records: list[dict[str, Any]], window: list[int]) -> dict[str,
 
 def analyze(out: Path, order: list[tuple[str, int]]) -> dict[str, Any]:
     records = _jsonl(out / "probe.jsonl")
+    speed = _jsonl(out / "speed.jsonl")
     launches = []
     for position, (name, rep) in enumerate(order, 1):
         folder = _phase_dir(out, name, rep)
@@ -204,7 +208,11 @@ def analyze(out: Path, order: list[tuple[str, int]]) -> dict[str, Any]:
                 **cell,
                 "steps": steps,
                 "placement": (run.get("placement") or {}).get("server_threads"),
-                "candidates": {"position": position, **_probe_window(records, cell["window_ns"])},
+                "candidates": {
+                    "position": position,
+                    **_probe_window(records, cell["window_ns"]),
+                    "host_speed_log": host_speed(speed, cell["window_ns"]),
+                },
             }
         )
     good = [x for x in launches if "error" not in x]
@@ -338,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [(n, i) for i in range(1, a.launches + 1) for n in (CONFIGS if i % 2 else CONFIGS[::-1])]
     (out / "order.json").write_text(json.dumps({"order": order, "load_before": os.getloadavg()}))
     probe = Probe(out / "probe.jsonl").start()
+    speed = SpeedProbe(out / "speed.jsonl", int(SERVICE_CORE)).start()
     times = []
     try:
         for name, rep in order:
@@ -346,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} launch {rep}: rc {rc}, {secs:.0f} s (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         probe.stop()
+        speed.stop()
     result = analyze(out, order)
     result.update(runs=times, out=str(out), load_after=os.getloadavg())
     print(render(result))
