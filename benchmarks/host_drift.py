@@ -28,11 +28,14 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import parser, positive_float, write_json
+from _launch_probe import SpeedProbe
 
 # A core's loop: its own rate per block, from a shared start, as JSON [[t0_ns, t1_ns, per_s], ...].
 _BUSY = r"""
@@ -55,26 +58,6 @@ for k in range(blocks):
     t1 = time.monotonic_ns()
     out.append([t0, t1, n / ((t1 - t0) / 1e9)])
 print(json.dumps(out))
-"""
-# The light probe: [t_ns, CPU ns of the piece of work] a line, every 100 ms, until killed.
-_PROBE = r"""
-import json, os, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
-def work():
-    s = 0
-    for i in range(4000):
-        s += i * i
-nxt = time.monotonic()
-while True:
-    nxt += 0.1
-    time.sleep(max(0.0, nxt - time.monotonic()))
-    best = None
-    for _ in range(3):
-        c0 = time.thread_time_ns()
-        work()
-        took = time.thread_time_ns() - c0
-        best = took if best is None else min(best, took)
-    print(json.dumps([time.monotonic_ns(), best]), flush=True)
 """
 COMPUTE, SERVICE = 1, 0
 
@@ -112,14 +95,16 @@ def measure(seconds: float, block: float) -> dict[str, Any]:
     one = np.log([r for _, _, r in _busy((COMPUTE,), seconds, block)[COMPUTE]])
     both = _busy((SERVICE, COMPUTE), seconds, block)
     a, b = (np.log([r for _, _, r in both[c]]) for c in (SERVICE, COMPUTE))
-    probe = subprocess.Popen([sys.executable, "-c", _PROBE, str(SERVICE)], stdout=subprocess.PIPE, text=True)
-    try:
-        beside = _busy((COMPUTE,), seconds, block)[COMPUTE]
-    finally:
-        probe.terminate()
-        ticks = [json.loads(line) for line in probe.communicate()[0].splitlines() if line.strip()]
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "speed.jsonl"
+        probe = SpeedProbe(path, SERVICE).start()  # the probe launch_variance runs beside the engine
+        try:
+            beside = _busy((COMPUTE,), seconds, block)[COMPUTE]
+        finally:
+            probe.stop()
+        ticks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     core1 = np.log([r for _, _, r in beside])
-    seen = [[math.log(1e6 / w) for t, w in ticks if t0 <= t <= t1] for t0, t1, _ in beside]
+    seen = [[math.log(1e6 / r["work_ns"]) for r in ticks if t0 <= r["t_ns"] <= t1] for t0, t1, _ in beside]
     probe_means = np.array([np.mean(s) if s else np.nan for s in seen])
     ok = np.isfinite(probe_means)
     return {
