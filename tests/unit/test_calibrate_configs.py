@@ -13,11 +13,11 @@ from connector_tax.config import load_config, load_study
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.metrics.threads import IDLE_WINDOW_S
 from connector_tax.pipeline.estimate import (
+    OVERHEADS,
     Timing,
     as_dict,
     default_launch_s,
     gpu_seconds,
-    overheads,
     plan_study,
     render,
 )
@@ -90,7 +90,7 @@ def test_a_plan_with_measured_job_times_uses_them_and_the_calibrations_skips():
     without, _ = plan_study(study)
     plain_a = next(e for e in without if (e.stage, e.variant) == ("phase_a", "plain"))
     # LAUNCH_S and the generic job time replaced by the measured phase overhead
-    generic = default_launch_s(study) + overheads(study.backend).job_s + IDLE_WINDOW_S
+    generic = default_launch_s(study) + OVERHEADS[study.backend].job_s + IDLE_WINDOW_S
     assert by[("phase_a", "plain")].seconds == pytest.approx(plain_a.seconds - generic + 50.0)
     assert by[("other", "(study)")].seconds == 40.0
     assert any("measured by the calibration study (a test)" in n and "lmcache_only assumed SKIP" in n for n in notes)
@@ -109,7 +109,7 @@ def test_a_simulated_study_plan_takes_the_simulators_overheads_and_counts_its_an
     monkeypatch.chdir(tmp_path)  # no results/ here: the plan from the rules alone
     study = load_study(CONFIGS / "default.yaml")
     estimates, notes = plan_study(study)
-    sim, vllm = overheads("sim"), overheads("vllm")
+    sim, vllm = OVERHEADS["sim"], OVERHEADS["vllm"]
     assert sim.launch_s < 1 < vllm.launch_s and sim.job_s < vllm.job_s and sim.cell_s < vllm.cell_s
     pre = [e for e in estimates if e.stage == "preflight"]
     assert all(e.seconds == pytest.approx(sim.launch_s + sim.checks_s + sim.job_s) for e in pre)

@@ -45,10 +45,10 @@ def _timing(data: StudyData) -> dict[str, Any]:
     that launched, one that ended SKIP, a phase job around its cells (its time less the cells'
     own wall time and the plan's fixed cost per cell), a SKIPped variant's phase job, and the
     rest of `snakemake all` (the study's span, study.json to MANIFEST.md, less those jobs)."""
-    from connector_tax.pipeline.estimate import overheads as backend_overheads
+    from connector_tax.pipeline.estimate import OVERHEADS
 
     layout = StudyLayout(data.study.root)
-    cell_s = backend_overheads(data.study.backend).cell_s
+    cell_s = OVERHEADS[data.study.backend].cell_s
     status = read_json(layout.preflight_status) or {}
     launched: list[float] = []
     skipped: list[float] = []

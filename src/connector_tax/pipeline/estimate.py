@@ -73,13 +73,9 @@ OVERHEADS = {
 LAUNCH_S_VLLM_CPU = 24.0
 
 
-def overheads(backend: str) -> Overheads:
-    return OVERHEADS[backend]
-
-
 def default_launch_s(study: StudyConfig) -> float:
     """The start-up a plan assumes per launch when neither a calibrated profile nor --launch-s gives one."""
-    return LAUNCH_S_VLLM_CPU if vllm_on_cpu(study) else overheads(study.backend).launch_s
+    return LAUNCH_S_VLLM_CPU if vllm_on_cpu(study) else OVERHEADS[study.backend].launch_s
 
 
 def vllm_on_cpu(study: StudyConfig) -> bool:
@@ -150,7 +146,7 @@ def _unloaded_e2e_s(study: StudyConfig, shape: dict[str, Any]) -> float:
 def _job_fixed_s(study: StudyConfig, stage: str) -> float:
     """A job's time besides its launch and cells: a preflight's checks; the job's own (none in
     virtual time, where nothing launches); a vLLM Phase A launch's idle window."""
-    costs = overheads(study.backend)
+    costs = OVERHEADS[study.backend]
     checks = costs.checks_s if stage == "preflight" else 0.0
     if study.virtual_clock:
         return checks
@@ -160,7 +156,7 @@ def _job_fixed_s(study: StudyConfig, stage: str) -> float:
 
 def cell_seconds(study: StudyConfig, cell: Cell) -> float:
     issue = max(cell.duration_s, cell.min_completed / cell.rps)
-    return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + overheads(study.backend).cell_s
+    return cell.warmup_s + issue + _unloaded_e2e_s(study, cell.shape) + OVERHEADS[study.backend].cell_s
 
 
 def _measured(study: StudyConfig, layout: StudyLayout, name: str, cell: Cell) -> float | None:
@@ -168,7 +164,7 @@ def _measured(study: StudyConfig, layout: StudyLayout, name: str, cell: Cell) ->
     folder = layout.phase(name, cell.phase, cell.replicate)
     summary = read_summary(folder.cell(cell.label))
     if summary is not None and summary.complete and summary.wall_s is not None:
-        return summary.wall_s + overheads(study.backend).cell_s
+        return summary.wall_s + OVERHEADS[study.backend].cell_s
     index = read_index(folder.index)
     entry = index.cell(cell.phase, cell.label) if index is not None else None
     return 0.0 if entry is not None and entry.status == PRUNED else None
@@ -270,7 +266,7 @@ def plan_study(
             "no rate assumed pruned: knees are found while Phase A runs (an upper bound on Phase A; "
             "not on Phase B, whose cells run longer if Phase A finds a lower ref_safe)"
         )
-    other = timing.other_s if timing is not None else overheads(study.backend).other_s
+    other = timing.other_s if timing is not None else OVERHEADS[study.backend].other_s
     if other:
         out.append(Estimate("other", "(study)", 0, other))
     return out, notes
