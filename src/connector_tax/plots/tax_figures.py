@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from connector_tax.analysis.constants import LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
+from connector_tax.analysis.constants import CONFIDENCE, LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
 from connector_tax.config import PHASE_B, PHASE_B_PRIME
 from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, stacked_on
 from connector_tax.plots.context import Ctx, Skip
@@ -158,58 +158,99 @@ def fig4b(ctx: Ctx) -> Figure:
     return fig
 
 
+# The two rows of fig 5: the metric H5 reads along input, and the one H6 reads along output.
+_SHAPE_METRICS = (("ttft_p90", "TTFT p90"), ("tpot_p90", "TPOT p90"))
+
+
+def _cell_text(est: dict[str, Any]) -> str:
+    """A heatmap cell's tax in percent, its interval below it where it has one."""
+    if est.get("value") is None:
+        return "n/a"
+    text = f"{est['value'] * 100:+.0f}%"
+    ci = est.get("ci")
+    if ci and None not in ci:
+        text += f"\n[{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]"
+    return text
+
+
 def fig5(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 5")
     cells = (taxes.get(PHASE_B) or {}).get("cells") or {}
-    shaped = {k: v for k, v in cells.items() if v.get("input") is not None and v.get("output") is not None}
-    names = [
-        c
-        for c in ctx.variants
-        if c != ctx.baseline
-        and any(((v["variants"].get(c) or {}).get("ttft_p90") or {}).get("value") is not None for v in shaped.values())
-    ]
+    shaped = [v for v in cells.values() if v.get("input") is not None and v.get("output") is not None]
+
+    def est(v: dict[str, Any], c: str, metric: str) -> dict[str, Any]:
+        return (v["variants"].get(c) or {}).get(metric) or {}
+
+    def drawn(c: str, metric: str) -> bool:
+        return any(est(v, c, metric).get("value") is not None for v in shaped)
+
+    metrics = [(m, label) for m, label in _SHAPE_METRICS if any(drawn(c, m) for c in ctx.variants if c != ctx.baseline)]
+    names = [c for c in ctx.variants if c != ctx.baseline and any(drawn(c, m) for m, _ in metrics)]
     if not names:
         raise Skip(
             "no Phase B tax on an input x output shape grid (Phase B missing for the baseline or every other "
             "config, or shapes are mixes/patterns)"
         )
-    inputs = sorted({v["input"] for v in shaped.values()})
-    outputs = sorted({v["output"] for v in shaped.values()})
-    grids = {}
-    for c in names:
-        g = np.full((len(inputs), len(outputs)), np.nan)
-        for v in shaped.values():
-            est = (v["variants"].get(c) or {}).get("ttft_p90") or {}
-            if est.get("value") is not None:
-                g[inputs.index(v["input"]), outputs.index(v["output"])] = est["value"] * 100
-        grids[c] = g
-    vmax = max(float(np.nanmax(np.abs(g))) for g in grids.values()) or 1.0
+    inputs = sorted({v["input"] for v in shaped})
+    outputs = sorted({v["output"] for v in shaped})
     ncols = min(4, len(names))
-    nrows = -(-len(names) // ncols)
-    fig = new_figure(2.0 + 3.0 * ncols, 0.8 + 3.0 * nrows)
-    grid = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
-    for ax in grid[len(names) :]:
-        ax.set_visible(False)
-    axes = grid[: len(names)]
-    im: Any = None  # the last panel's image: the colour bar's scale (every panel shares it)
-    for ax, c in zip(axes, names):
-        g = np.ma.masked_invalid(grids[c])
-        im = ax.imshow(g, cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto")
-        for i in range(len(inputs)):
-            for j in range(len(outputs)):
-                val = grids[c][i, j]
-                ax.text(j, i, "n/a" if np.isnan(val) else f"{val:+.0f}%", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(outputs)))
-        ax.set_xticklabels([str(o) for o in outputs], fontsize=7)
-        ax.set_yticks(range(len(inputs)))
-        ax.set_yticklabels([str(i) for i in inputs], fontsize=7)
-        ax.set_xlabel("output length (tokens)")
-        ax.set_ylabel("input length (tokens)")
-        ax.set_title(c, color=ctx.palette(c), fontsize=9, fontweight="bold")
-    cb = fig.colorbar(im, ax=list(axes), shrink=0.85)
-    cb.set_label(f"tax TTFT p90 vs {taxes['baseline']} (%)")
+    block = -(-len(names) // ncols)  # rows of panels per metric
+    fig = new_figure(2.0 + 3.0 * ncols, 0.8 + 3.0 * block * len(metrics))
+    grid = np.atleast_1d(fig.subplots(block * len(metrics), ncols, squeeze=False))
+    for k, (metric, label) in enumerate(metrics):
+        panels = grid[k * block : (k + 1) * block].ravel()
+        for ax in panels[len(names) :]:
+            ax.set_visible(False)
+        axes = panels[: len(names)]
+        grids, texts = {}, {}
+        for c in names:
+            g = np.full((len(inputs), len(outputs)), np.nan)
+            t = np.full((len(inputs), len(outputs)), "n/a", dtype=object)
+            for v in shaped:
+                e = est(v, c, metric)
+                if e.get("value") is not None:
+                    g[inputs.index(v["input"]), outputs.index(v["output"])] = e["value"] * 100
+                    t[inputs.index(v["input"]), outputs.index(v["output"])] = _cell_text(e)
+            grids[c], texts[c] = g, t
+        # One colour scale per metric (a TPOT tax can be a different size from a TTFT tax), sized as
+        # fig 4's axes are: a variant far above the rest saturates the colour, its number stays true.
+        tops = [float(np.nanmax(np.abs(g))) for g in grids.values() if not np.isnan(g).all()]
+        vmax = axis_cap(tops) or max(tops, default=0.0) or 1.0
+        im: Any = None  # the last panel's image: the colour bar's scale (every panel of the metric shares it)
+        for ax, c in zip(axes, names):
+            im = ax.imshow(
+                np.ma.masked_invalid(grids[c]), cmap="RdBu_r", vmin=-vmax, vmax=vmax, origin="lower", aspect="auto"
+            )
+            for i in range(len(inputs)):
+                for j in range(len(outputs)):
+                    dark = abs(grids[c][i, j]) > 0.6 * vmax  # NaN compares False: "n/a" stays black
+                    ax.text(
+                        j,
+                        i,
+                        texts[c][i, j],
+                        ha="center",
+                        va="center",
+                        fontsize=6.5,
+                        linespacing=1.1,
+                        color="white" if dark else "black",
+                    )
+            ax.set_xticks(range(len(outputs)))
+            ax.set_xticklabels([str(o) for o in outputs], fontsize=7)
+            ax.set_yticks(range(len(inputs)))
+            ax.set_yticklabels([str(i) for i in inputs], fontsize=7)
+            ax.set_xlabel("output length (tokens)")
+            ax.set_ylabel(f"{label} tax: input (tokens)")
+            ax.set_title(c, color=ctx.palette(c), fontsize=9, fontweight="bold")
+        cb = fig.colorbar(im, ax=list(axes), shrink=0.85, extend="both" if vmax < max(tops, default=0.0) else "neither")
+        cb.set_label(f"tax {label} vs {taxes['baseline']} (%)")
     rates = (taxes.get(PHASE_B) or {}).get("rates") or []
-    fig.suptitle(ctx.title(f"Fig. 5: TTFT p90 tax by shape (Phase B at {', '.join(f'{r:g}' for r in rates)} req/s)"))
+    fig.suptitle(
+        ctx.title(
+            f"Fig. 5: {' and '.join(label for _, label in metrics)} tax by shape, {CONFIDENCE:.0%} interval below\n"
+            f"(Phase B at {', '.join(f'{r:g}' for r in rates)} req/s; H5 reads {MOONCAKE_BOTH}'s TTFT along "
+            f"input, H6 its TPOT along output)"
+        )
+    )
     stamp(fig, ctx.simulated, ctx.served_by)
     return fig
 
