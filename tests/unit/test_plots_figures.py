@@ -345,3 +345,17 @@ def test_figure_5_draws_the_tpot_tax_h6_reads_each_cell_with_its_interval(outlie
     width, height = fig.bbox.width, fig.bbox.height
     for text, box in _text_boxes(fig, renderer):
         assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, text
+
+
+@pytest.mark.parametrize("name", ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig6_step_latency_cdf"])
+def test_a_latency_log_axis_reads_in_plain_numbers(docs, name):
+    """Fig. 2 labelled its TPOT axis "6x10^0" and figs 1 and 6 only at the decades, so a p90 of
+    20 ms or a 150 µs step could not be read off: at least two plain-number labels in view."""
+    agg, hyp = docs
+    fig, _ = _drawn(name, agg, hyp)
+    ax = fig.axes[0]
+    axis, (lo, hi) = (ax.yaxis, ax.get_ylim()) if ax.get_yscale() == "log" else (ax.xaxis, ax.get_xlim())
+    assert axis.get_scale() == "log"
+    shown = [t.get_text() for t in axis.get_ticklabels() if lo <= t.get_position()[axis is ax.yaxis] <= hi]
+    assert len([t for t in shown if t]) >= 2, shown
+    assert all("$" not in t and "^" not in t for t in shown), shown

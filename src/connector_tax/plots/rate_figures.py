@@ -7,11 +7,10 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from connector_tax.config import PHASE_A
 from connector_tax.plots.context import CRITERION_MARKERS, Ctx, Skip, criterion_labels
-from connector_tax.plots.style import new_figure, stamp
+from connector_tax.plots.style import new_figure, plain_log, stamp
 
 
 def _ref_lines(ax: Any, ctx: Ctx) -> None:
@@ -41,15 +40,6 @@ def _rate_axis(ax: Any, rates: list[float]) -> None:
         ax.set_xticks(rates)
         ax.set_xticklabels([f"{r:g}" for r in rates])
         ax.minorticks_off()
-
-
-def _latency_axis(ax: Any) -> None:
-    """A log axis read in plain milliseconds at 1-2-5 steps: matplotlib's own labels a latency
-    that spans less than a decade as "6x10^0" or only at the decades, with nothing between."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 UNKNOWN_MARKER: dict[str, Any] = dict(marker="D", s=150, facecolors="none", linewidths=1.6)
@@ -94,7 +84,8 @@ def _latency_vs_rate(ctx: Ctx, metric: str, label: str, title: str, markers: boo
             if unknown:
                 ax.scatter(x[unknown], y[unknown], zorder=4, edgecolors=ctx.palette(c), **UNKNOWN_MARKER)
     _rate_axis(ax, sorted(rates))
-    _latency_axis(ax)
+    ax.set_yscale("log")
+    plain_log(ax.yaxis)
     _ref_lines(ax, ctx)
     ax.set_xlabel("send rate (req/s, log scale)")
     ax.set_ylabel(f"{label} p90 (ms, log scale) with 95% CI")

@@ -13,7 +13,7 @@ from connector_tax.analysis.constants import NOOP
 from connector_tax.config import PHASE_A
 from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, mark_totals, stacked_on
 from connector_tax.plots.context import Ctx, Skip
-from connector_tax.plots.style import new_figure, panels_above_legend, stamp
+from connector_tax.plots.style import new_figure, panels_above_legend, plain_log, stamp
 
 
 def fig6(ctx: Ctx) -> Figure:
@@ -45,6 +45,7 @@ def fig6(ctx: Ctx) -> Figure:
     for c, values in lines.items():
         ax.plot(values, pcts, color=ctx.palette(c), lw=1.6, label=c, drawstyle="steps-post")
     ax.set_xscale("log")
+    plain_log(ax.xaxis)
     ax.set_ylim(0, 1.0)
     ax.set_xlabel("step duration: Scheduler.schedule() (µs, log scale)")
     ax.set_ylabel("CDF (fraction of steps)")

@@ -22,6 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.layout_engine import ConstrainedLayoutEngine  # noqa: E402
 from matplotlib.legend import Legend  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 DPI = 150
 _UMASK = os.umask(0)
@@ -56,6 +57,15 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def plain_log(axis: Any) -> None:
+    """A log-scaled axis read in plain numbers at 1-2-5 steps: matplotlib's own labels a span of
+    less than a decade "6x10^0", or only the decades with nothing between (a 150 µs step on an
+    axis labelled 10^3 and 10^4)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def stamp(fig: Figure, simulated: bool, served_by: str | None = None) -> None:
