@@ -359,3 +359,37 @@ def test_a_latency_log_axis_reads_in_plain_numbers(docs, name):
     shown = [t.get_text() for t in axis.get_ticklabels() if lo <= t.get_position()[axis is ax.yaxis] <= hi]
     assert len([t for t in shown if t]) >= 2, shown
     assert all("$" not in t and "^" not in t for t in shown), shown
+
+
+@pytest.mark.parametrize("study", ["docs", "outlier_docs"])
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_no_text_leaves_any_figure(request, study, name):
+    """A title that grew (fig. 8's, once it carried H4's interval) must wrap, not run off the page."""
+    agg, hyp = request.getfixturevalue(study)
+    try:
+        fig, renderer = _drawn(name, agg, hyp)
+    except Skip:
+        pytest.skip(f"{name} is not drawn for this study")
+    drawn, page = fig.get_tightbbox(renderer), fig.bbox_inches  # what is drawn, in inches
+    slack = 0.02
+    assert drawn.x0 >= -slack and drawn.y0 >= -slack, (name, drawn, page)
+    assert drawn.x1 <= page.x1 + slack and drawn.y1 <= page.y1 + slack, (name, drawn, page)
+
+
+def test_figure_8_bounds_the_sum_h4_compares_with_multi(outlier_docs):
+    """The sum of mooncake_both's and lmcache_only's taxes is what H4 reads against multi; it had
+    no interval in fig. 8, and the title gave H4's deviation without its own."""
+    from connector_tax.analysis.quantiles import tax_combination
+
+    agg, hyp = outlier_docs
+    fig, _ = _drawn("fig8_h4_additivity", agg, hyp)
+    safe = agg["taxes"]["phase_a"]["ref_safe"]["variants"]
+    h4 = next(h for h in hyp["hypotheses"] if h["id"] == "H4")
+    lo, hi = h4["numbers"]["rel_dev"]["ci"]
+    assert f"[{lo:+.2f}, {hi:+.2f}]" in fig._suptitle.get_text()
+    for ax, metric in zip(fig.axes[:2], ("ttft_p90", "tpot_p90")):
+        summed = tax_combination([(1.0, safe["mooncake_both"][metric]), (1.0, safe["lmcache_only"][metric])])
+        caps = sorted(
+            round(y, 6) for line in ax.lines for x, y in line.get_xydata() if line.get_marker() == "_" and x == 2
+        )
+        assert caps == pytest.approx(sorted(100 * v for v in summed["ci"])), (metric, caps)

@@ -8,7 +8,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from connector_tax.analysis.constants import CONFIDENCE, LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
+from connector_tax.analysis.constants import CONFIDENCE, H4_MAX_REL_DEV, LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
+from connector_tax.analysis.quantiles import tax_combination
 from connector_tax.config import PHASE_B, PHASE_B_PRIME
 from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, stacked_on
 from connector_tax.plots.context import Ctx, Skip
@@ -276,10 +277,13 @@ def fig8(ctx: Ctx) -> Figure:
         ax.bar(1, v2, 0.6, yerr=np.array([e2]).T, capsize=3, color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2")
         ax.bar(2, v1, 0.6, color=ctx.palette(MOONCAKE_BOTH), edgecolor="0.2", alpha=0.7)
         ax.bar(2, v2, 0.6, bottom=stacked_on([v1], [v2]), color=ctx.palette(LMCACHE_ONLY), edgecolor="0.2", alpha=0.7)
+        # The sum's own interval: the analysis's combination over the one shared baseline, as H4's.
+        summed = _bar(tax_combination([(1.0, mb), (1.0, lm)]))
+        ax.errorbar(2, summed.value, yerr=np.array([summed.yerr()]).T, fmt="none", ecolor="black", capsize=3)
         ax.bar(3, v3, 0.6, yerr=np.array([e3]).T, capsize=3, color=ctx.palette(MULTI), edgecolor="0.2")
         total = v1 + v2
-        if np.isfinite(total) and total > 0:  # |multi - sum| <= 0.30 multi  <=>  sum/1.3 <= multi <= sum/0.7
-            ax.axhspan(total / 1.3, total / 0.7, color="0.85", zorder=0)
+        if np.isfinite(total) and total > 0:  # |multi - sum| <= d multi  <=>  sum/(1+d) <= multi <= sum/(1-d)
+            ax.axhspan(total / (1 + H4_MAX_REL_DEV), total / (1 - H4_MAX_REL_DEV), color="0.85", zorder=0)
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set_xticks(range(4))
         ax.set_xticklabels(["mooncake_both", "lmcache_only", "sum", "multi"], rotation=20, fontsize=8)
@@ -287,20 +291,23 @@ def fig8(ctx: Ctx) -> Figure:
         ax.set_ylabel(f"tax {label} vs {taxes['baseline']} (%)")
         ax.set_title(label)
         ax.grid(True, axis="y", alpha=0.3)
-    rel = ((h4.get("numbers") or {}).get("rel_dev") or {}).get("value")
+    rel_dev = (h4.get("numbers") or {}).get("rel_dev") or {}
+    rel, rel_ci = rel_dev.get("value"), rel_dev.get("ci")
     holder.legend(
         handles=[Patch(facecolor=ctx.palette(c), label=c) for c in need]
-        + [Patch(facecolor="0.85", label="additive band for multi: |multi - sum| <= 0.30 multi")],
+        + [Patch(facecolor="0.85", label=f"additive band for multi: |multi - sum| <= {H4_MAX_REL_DEV:.2f} multi")],
         loc="center",
         ncol=2,
         fontsize=7,
     )
     fig.suptitle(
         ctx.title(
-            f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s — "
+            f"Fig. 8: H4 additivity at ref_safe = {safe.get('rate'):g} req/s\n"
             f"verdict {h4.get('verdict', 'n/a')}"
-            + (f" ({h4['confidence']})" if h4.get("verdict") == "inconclusive" and h4.get("confidence") else "")
-            + (f", rel. dev. {rel:+.2f} on TTFT p90" if rel is not None else "")
+            + (f" ({h4['confidence']})" if h4.get("confidence") else "")
+            + (f", rel. dev. {rel:+.2f}" if rel is not None else "")
+            + (f" [{rel_ci[0]:+.2f}, {rel_ci[1]:+.2f}]" if rel is not None and rel_ci else "")
+            + (" on TTFT p90" if rel is not None else "")
         )
     )
     stamp(fig, ctx.simulated, ctx.served_by)
