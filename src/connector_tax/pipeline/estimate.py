@@ -319,11 +319,13 @@ def jobs_at_once(study: StudyConfig, gpus: int) -> int:
 def run_command(study: StudyConfig, config_path: str, gpus: int) -> str:
     """The snakemake command that runs `gpus` phase jobs side by side: `--cores` is what that many
     jobs' threads add up to (Snakemake starts a job only when its threads fit in what is left of
-    --cores), `--resources gpu` bounds the GPU jobs. The target comes first: --resources takes
-    every word up to the next option, so a target after it is read as a resource (snakemake 9:
-    "ValueError: dictionary update sequence element")."""
+    --cores), `--resources gpu` bounds the GPU jobs. One job at a time is `--cores 1`, the README's
+    command: Snakemake then gives the job one thread, which changes nothing (a job leases CPUs
+    only beside others), and a 2-CPU host is not told to use 3. The target comes first:
+    --resources takes every word up to the next option, so a target after it is read as a
+    resource (snakemake 9: "ValueError: dictionary update sequence element")."""
     n = jobs_at_once(study, gpus)
-    cores = n * job_threads(study)
+    cores = n * job_threads(study) if n > 1 else 1
     on_gpus = not holds_no_gpu(study)
     return (
         f"snakemake all --cores {cores}" + (f" --resources gpu={n}" if on_gpus else "") + f" --configfile {config_path}"
@@ -371,7 +373,7 @@ def render(
     wall = wall_seconds(study, estimates, n)
     threads = job_threads(study)
     each = f"{threads} thread{'s' if threads > 1 else ''} each"
-    lines += ["", f"run it with {n} phase job{'s' if n > 1 else ''} side by side ({each}):"]
+    lines += ["", f"run it with {n} phase jobs side by side ({each}):" if n > 1 else "run it one phase job at a time:"]
     lines += [f"  {run_command(study, config_path, gpus)}"]
     lines.append(f"wall clock with that command: {wall / 3600:.2f} h ({wall / 60:.1f} min)")
     cpus = len(topology.leasable_cpus())
