@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -109,3 +110,27 @@ def test_a_server_hung_after_vllms_engine_failure_fails_its_start_with_the_root_
         str(err.value)
         == "engine core failed during start-up (the server hung instead of exiting): Mooncake is not available"
     )
+
+
+def test_a_server_does_not_inherit_a_snakemake_jobs_thread_counts(tmp_path: Path, monkeypatch) -> None:
+    """Snakemake exports a job's granted threads (OMP_NUM_THREADS=1 under --cores 1, 6 under the
+    8-GPU command): vLLM serving with whatever --cores said. A launch drops them; one the study
+    configures (vllm.env, a variant's env) is what the server gets, and launch.sh says both."""
+    from connector_tax.serving.spec import SCHEDULER_THREAD_VARS
+
+    for name in SCHEDULER_THREAD_VARS:
+        monkeypatch.setenv(name, "6")
+    monkeypatch.setenv("CTAX_TEST_KEPT", "yes")
+    dump = [sys.executable, "-c", "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"]
+    for configured, name in (({}, "none"), ({"OMP_NUM_THREADS": "2"}, "configured")):
+        out = tmp_path / f"{name}.json"
+        with ServerProcess(LaunchSpec([*dump, str(out)], env=configured), "http://127.0.0.1:1", tmp_path) as server:
+            server.proc.wait(30)
+        seen = json.loads(out.read_text())
+        assert seen["CTAX_TEST_KEPT"] == "yes"  # the rest of the caller's environment stays
+        assert {k: seen.get(k) for k in SCHEDULER_THREAD_VARS} == {
+            k: configured.get(k) for k in SCHEDULER_THREAD_VARS
+        }, name
+    script = (tmp_path / "launch.sh").read_text()
+    assert "export OMP_NUM_THREADS=2" in script
+    assert f"unset {' '.join(v for v in SCHEDULER_THREAD_VARS if v != 'OMP_NUM_THREADS')}" in script

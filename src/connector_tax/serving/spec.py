@@ -3,13 +3,38 @@ and the sidecars it needs beside it (processes started before it and stopped aft
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# What Snakemake exports to every job's shell: the job's granted threads (1 under `--cores 1`, 6 for
+# a GPU phase job under `--cores 48`). A server that inherited them would serve with a thread
+# count that depends on the command line: vLLM leaves torch's threads at an OMP_NUM_THREADS it
+# finds set (and warns above 1: spin-waiting OpenMP workers steal the step's cycles), and sets its
+# own (1 for serving) when there is none. A launch drops them, as `vllm serve` typed in a shell
+# would run; a study that wants one sets it in vllm.env or a variant's env, where it is recorded.
+SCHEDULER_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
+def launch_environ(env: dict[str, str]) -> dict[str, str]:
+    """A launched process's whole environment: the caller's without the scheduler's thread counts,
+    then what the launch sets."""
+    return {**{k: v for k, v in os.environ.items() if k not in SCHEDULER_THREAD_VARS}, **env}
+
 
 def _script(argv: list[str], env: dict[str, str], comments: list[str]) -> str:
     lines = ["#!/usr/bin/env bash", "set -euo pipefail", *comments]
+    dropped = [name for name in SCHEDULER_THREAD_VARS if name not in env]
+    if dropped:
+        lines.append(f"unset {' '.join(dropped)}  # a Snakemake job's thread counts: the server's own apply")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
