@@ -551,3 +551,14 @@ def test_num_waiting_is_what_vllm_metrics_report(vllm_src):
     assert "return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)" in sched
     loggers = module_file(vllm_src, "vllm.v1.metrics.loggers").read_text()
     assert "scheduler_stats.num_waiting_reqs\n                + scheduler_stats.num_skipped_waiting_reqs" in loggers
+
+
+def test_vllm_serves_with_an_omp_num_threads_it_finds_and_sets_its_own_otherwise(vllm_src):
+    """Why a launch drops the thread counts Snakemake exports (serving.spec.SCHEDULER_THREAD_VARS):
+    vLLM leaves torch's threads at an OMP_NUM_THREADS set outside it, and sets one thread for
+    serving when there is none, so an inherited one would make serving depend on --cores."""
+    text = (vllm_src / "vllm" / "utils" / "torch_utils.py").read_text()
+    body = text[text.index("def set_torch_threads_for_runtime") :]
+    body = body[: body.index("\ndef ")]
+    assert 'os.environ.get("OMP_NUM_THREADS")' in body and "return" in body
+    assert "torch.set_num_threads(1)" in body
