@@ -204,6 +204,15 @@ def _drawn(name, agg, hyp):
     return fig, fig.canvas.get_renderer()
 
 
+def _drawn_or_skip(request, study, name):
+    """`name` drawn from the `study` fixture's documents; the test skipped where it is not drawn."""
+    agg, hyp = request.getfixturevalue(study)
+    try:
+        return _drawn(name, agg, hyp)
+    except Skip:
+        pytest.skip(f"{name} is not drawn for this study")
+
+
 def _text_boxes(fig, renderer):
     """Every visible piece of text but the footer: titles, axis and tick labels, legends, bar labels."""
     from matplotlib.text import Text
@@ -240,11 +249,7 @@ def test_no_bar_leaves_its_axes(request, study, name):
     """Fig. 7's right panel once cut a bar at the top; an outlier is cut on purpose, within the axes."""
     from matplotlib.patches import Rectangle
 
-    agg, hyp = request.getfixturevalue(study)
-    try:
-        fig, _ = _drawn(name, agg, hyp)
-    except Skip:
-        pytest.skip(f"{name} is not drawn for this study")
+    fig, _ = _drawn_or_skip(request, study, name)
     for ax in fig.axes:
         lo, hi = sorted(ax.get_ylim())
         slack = 1e-9 * (hi - lo)
@@ -365,11 +370,7 @@ def test_a_latency_log_axis_reads_in_plain_numbers(docs, name):
 @pytest.mark.parametrize("name", list(FIGURES))
 def test_no_text_leaves_any_figure(request, study, name):
     """A title that grew (fig. 8's, once it carried H4's interval) must wrap, not run off the page."""
-    agg, hyp = request.getfixturevalue(study)
-    try:
-        fig, renderer = _drawn(name, agg, hyp)
-    except Skip:
-        pytest.skip(f"{name} is not drawn for this study")
+    fig, renderer = _drawn_or_skip(request, study, name)
     drawn, page = fig.get_tightbbox(renderer), fig.bbox_inches  # what is drawn, in inches
     slack = 0.02
     assert drawn.x0 >= -slack and drawn.y0 >= -slack, (name, drawn, page)

@@ -19,13 +19,14 @@ def num(v: Any, fmt: str = ".1f") -> str:
     return str(v)
 
 
-def pct(est: dict[str, Any] | None) -> str:
+def pct(est: dict[str, Any] | None, digits: int = 1, sep: str = " ") -> str:
+    """A relative estimate in percent, its interval after `sep` where it has one: "+12.3% [+4.1, +20.9]"."""
     if not est or est.get("value") is None:
         return "–"
-    s = f"{est['value'] * 100:+.1f}%"
+    s = f"{est['value'] * 100:+.{digits}f}%"
     ci = est.get("ci")
     if ci and None not in ci:
-        s += f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]"
+        s += f"{sep}[{ci[0] * 100:+.{digits}f}, {ci[1] * 100:+.{digits}f}]"
     return s
 
 

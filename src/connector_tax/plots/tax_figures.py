@@ -10,6 +10,7 @@ from matplotlib.patches import Patch
 
 from connector_tax.analysis.constants import CONFIDENCE, H4_MAX_REL_DEV, LMCACHE_ONLY, MOONCAKE_BOTH, MULTI
 from connector_tax.analysis.quantiles import tax_combination
+from connector_tax.analysis.report_format import pct
 from connector_tax.config import PHASE_B, PHASE_B_PRIME
 from connector_tax.plots.bars import Bar, axis_cap, draw_bars, limit, stacked_on
 from connector_tax.plots.context import Ctx, Skip
@@ -163,17 +164,6 @@ def fig4b(ctx: Ctx) -> Figure:
 _SHAPE_METRICS = (("ttft_p90", "TTFT p90"), ("tpot_p90", "TPOT p90"))
 
 
-def _cell_text(est: dict[str, Any]) -> str:
-    """A heatmap cell's tax in percent, its interval below it where it has one."""
-    if est.get("value") is None:
-        return "n/a"
-    text = f"{est['value'] * 100:+.0f}%"
-    ci = est.get("ci")
-    if ci and None not in ci:
-        text += f"\n[{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]"
-    return text
-
-
 def fig5(ctx: Ctx) -> Figure:
     taxes = ctx.need_taxes("fig 5")
     cells = (taxes.get(PHASE_B) or {}).get("cells") or {}
@@ -211,7 +201,7 @@ def fig5(ctx: Ctx) -> Figure:
                 e = est(v, c, metric)
                 if e.get("value") is not None:
                     g[inputs.index(v["input"]), outputs.index(v["output"])] = e["value"] * 100
-                    t[inputs.index(v["input"]), outputs.index(v["output"])] = _cell_text(e)
+                    t[inputs.index(v["input"]), outputs.index(v["output"])] = pct(e, digits=0, sep="\n")
             grids[c], texts[c] = g, t
         # One colour scale per metric (a TPOT tax can be a different size from a TTFT tax), sized as
         # fig 4's axes are: a variant far above the rest saturates the colour, its number stays true.
