@@ -120,11 +120,11 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     assert "no reference_rates.json yet" in out
     # One job at a time is the README's `--cores 1`, not a phase job's threads (3 on a 2-CPU host
     # for the default study): the same run, and the command a reader already knows.
-    from connector_tax.config import StudyConfig, load_config
+    from connector_tax.config import load_study
     from connector_tax.pipeline.estimate import run_command
 
-    for name, gpus in (("default", 1), ("vllm-cpu-tiny", 1), ("h20-qwen3-coder", 1)):
-        command = run_command(StudyConfig.from_mapping(load_config(REPO / "configs" / f"{name}.yaml")), "C", gpus)
+    for name in ("default", "vllm-cpu-tiny", "h20-qwen3-coder"):
+        command = run_command(load_study(REPO / "configs" / f"{name}.yaml"), "C", 1)
         assert command.startswith("snakemake all --cores 1 ") and command.endswith(" --configfile C"), command
     bad = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True

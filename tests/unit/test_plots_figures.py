@@ -326,30 +326,27 @@ def test_figure_5_draws_the_tpot_tax_h6_reads_each_cell_with_its_interval(outlie
     said how sure it was: H6's TPOT tax along output had no figure and a +30 % could not be told
     from noise."""
     agg, hyp = outlier_docs
-    fig, renderer = _drawn("fig5_tax_shape_heatmaps", agg, hyp)
+    fig, _ = _drawn("fig5_tax_shape_heatmaps", agg, hyp)
     panels = {
         (ax.get_title(), ax.get_ylabel().split(" tax")[0]): ax for ax in fig.axes if ax.get_visible() and ax.get_title()
     }
     assert {("mooncake_both", "TTFT p90"), ("mooncake_both", "TPOT p90")} <= set(panels)
     cells = agg["taxes"]["phase_b"]["cells"]
+    inputs = sorted({c["input"] for c in cells.values()})
+    outputs = sorted({c["output"] for c in cells.values()})
     checked = 0
     for metric, label in (("ttft_p90", "TTFT p90"), ("tpot_p90", "TPOT p90")):
         texts = {
             (round(t.get_position()[1]), round(t.get_position()[0])): t.get_text()
             for t in panels[("mooncake_both", label)].texts
         }
-        inputs = sorted({c["input"] for c in cells.values()})
-        outputs = sorted({c["output"] for c in cells.values()})
         for cell in cells.values():
             est = cell["variants"]["mooncake_both"][metric]
             lo, hi = est["ci"]
             want = f"{est['value'] * 100:+.0f}%\n[{lo * 100:+.0f}, {hi * 100:+.0f}]"
             assert texts[(inputs.index(cell["input"]), outputs.index(cell["output"]))] == want
             checked += 1
-    assert checked == 2 * len(cells) == 8
-    width, height = fig.bbox.width, fig.bbox.height
-    for text, box in _text_boxes(fig, renderer):
-        assert box.x0 >= -1 and box.x1 <= width + 1 and box.y0 >= -1 and box.y1 <= height + 1, text
+    assert checked == 2 * len(cells) == 8  # its text stays on the page: test_no_text_leaves_any_figure
 
 
 @pytest.mark.parametrize("name", ["fig1_ttft_p90_vs_rate", "fig2_tpot_p90_vs_rate", "fig6_step_latency_cdf"])
