@@ -1,14 +1,16 @@
 # shellcheck shell=bash
 # Shared body of tools/verify_*.sh (sourced, not run). One pre-flight check (docs/study-design.md):
 #
-#   verify_<check>.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout S]
+#   verify_<check>.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout S] [--run ID]
 #
 # For every configuration of CONFIG that the check gates (or just --only NAME): write the
 # launch script with `ctax launch-command --script`, start it in its own process group, let
 # tools/preflight_client.py check /health, /v1/models, the check's requests and liveness,
 # stop the server, and record {"status": "ok"|"skip", "reason": ...} under the config's name
 # in OUT_DIR/preflight_status.json. Logs: OUT_DIR/verify_<config>.log (the check) and
-# OUT_DIR/verify_<config>.server.log (the server's output).
+# OUT_DIR/verify_<config>.server.log (the server's output). --run ID stamps each verdict with
+# the caller's run (its "run"): the pipeline's preflight takes only a verdict with its own ID,
+# so an entry left in OUT_DIR by an earlier run never passes for this one.
 #
 # Exit status: 0 when every gated configuration got a verdict (ok or skip: a skip is a result,
 # the study goes on without that configuration), 2 on bad arguments or an unusable config.
@@ -22,7 +24,7 @@ VERIFY_GROUPS=()
 VERIFY_PIDS=()
 
 verify_usage() {
-  echo "usage: $VERIFY_PROG CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout SECONDS]" >&2
+  echo "usage: $VERIFY_PROG CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout SECONDS] [--run ID]" >&2
 }
 
 verify_die() {
@@ -119,7 +121,7 @@ verify_cleanup() {
 }
 
 verify_one() {
-  local check="$1" config="$2" out="$3" name="$4" port="$5" start_timeout="$6"
+  local check="$1" config="$2" out="$3" name="$4" port="$5" start_timeout="$6" run="$7"
   local log="$out/verify_$name.log"
   local server_log="$out/verify_$name.server.log"
   local script="$out/launch_$name.sh"
@@ -127,12 +129,14 @@ verify_one() {
   local step_log="$out/verify_$name.steps.jsonl"
   local status_file="$out/preflight_status.json"
   local boot_pid="" boot_port="" verdict reason pid
+  local stamp=()
+  if [ -n "$run" ]; then stamp=(--run "$run"); fi
 
   : >"$log"
   note() { printf '[%s] %s\n' "$(date +%Y-%m-%dT%H:%M:%S)" "$*" >>"$log"; }
   record() {
     "$PY" "$VERIFY_TOOLS/preflight_client.py" record --file "$status_file" --config "$name" \
-      --status "$1" --reason "$2" --check "$check" --log "$log"
+      --status "$1" --reason "$2" --check "$check" --log "$log" ${stamp[@]+"${stamp[@]}"}
     note "verdict: $1: $2"
     printf '%s: %s: %s\n' "$name" "$1" "$2"
   }
@@ -234,7 +238,7 @@ verify_main() {
   fi
   local config="$1" out="$2"
   shift 2
-  local port="${VERIFY_PORT:-18100}" only="" start_timeout="${VERIFY_START_TIMEOUT:-1200}"
+  local port="${VERIFY_PORT:-18100}" only="" start_timeout="${VERIFY_START_TIMEOUT:-1200}" run=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --port)
@@ -252,6 +256,11 @@ verify_main() {
         start_timeout="$2"
         shift 2
         ;;
+      --run)
+        [ $# -ge 2 ] || verify_die "--run needs an ID"
+        run="$2"
+        shift 2
+        ;;
       -h | --help)
         verify_usage
         exit 0
@@ -261,6 +270,7 @@ verify_main() {
   done
   [[ "$port" =~ ^[0-9]+$ ]] || verify_die "--port: '$port' is not a port number"
   [[ "$start_timeout" =~ ^[0-9]+([.][0-9]+)?$ ]] || verify_die "--start-timeout: '$start_timeout' is not a number of seconds"
+  [[ -z "$run" || "$run" =~ ^[A-Za-z0-9._-]+$ ]] || verify_die "--run: '$run' is not an ID (letters, digits, . _ -)"
   [ -f "$config" ] || verify_die "CONFIG: $config: no such file"
   mkdir -p "$out" 2>/dev/null || verify_die "OUT_DIR: cannot create $out"
 
@@ -278,7 +288,7 @@ verify_main() {
   fi
   local name
   while IFS= read -r name; do
-    verify_one "$check" "$config" "$out" "$name" "$port" "$start_timeout"
+    verify_one "$check" "$config" "$out" "$name" "$port" "$start_timeout" "$run"
   done <<<"$names"
   return 0
 }

@@ -10,9 +10,10 @@
         Narrative to LOG; the last stdout line is `OK` or `FAIL: <reason>`; exit 0 / 1.
 
     preflight_client.py record --file preflight_status.json --config NAME --status ok|skip
-        --reason TEXT [--check CHECK] [--log PATH]
+        --reason TEXT [--check CHECK] [--log PATH] [--run ID]
         merge one config's verdict into preflight_status.json ({name: {status, reason, ...}}),
-        under a lock, replaced atomically: the verify scripts may run side by side.
+        under a lock, replaced atomically: the verify scripts may run side by side. --run stamps
+        the verdict with the run that asked for it (the pipeline's preflight checks the stamp).
 
 The plan JSON comes from `python -m connector_tax.launch.vllm_cli plan`. Never imports
 connector_tax; only talks to the address in the plan (the launch binds 127.0.0.1).
@@ -229,7 +230,7 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def record_status(
-    path: Path, config: str, status: str, reason: str, check: str | None, log: str | None
+    path: Path, config: str, status: str, reason: str, check: str | None, log: str | None, run: str | None = None
 ) -> dict[str, Any]:
     with locked(path):
         try:
@@ -243,6 +244,8 @@ def record_status(
             entry["check"] = check
         if log:
             entry["log"] = log
+        if run:
+            entry["run"] = run
         entry["checked_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         data[config] = entry
         tmp = path.with_name(path.name + ".tmp")
@@ -252,7 +255,7 @@ def record_status(
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    record_status(Path(args.file), args.config, args.status, args.reason, args.check, args.log)
+    record_status(Path(args.file), args.config, args.status, args.reason, args.check, args.log, args.run)
     return 0
 
 
@@ -281,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True)
     p.add_argument("--check")
     p.add_argument("--log")
+    p.add_argument("--run", help="the run that asked for this verdict: written back as its stamp")
     p.set_defaults(func=cmd_record)
     return parser
 

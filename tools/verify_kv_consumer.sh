@@ -4,7 +4,7 @@
 # /v1/models must list the model, one request (max_tokens=4, no kv_transfer_params) must
 # return 200 within 30 s, then /health 200 and the process alive.
 #
-#   verify_kv_consumer.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout SECONDS]
+#   verify_kv_consumer.sh CONFIG OUT_DIR [--port PORT] [--only NAME] [--start-timeout SECONDS] [--run ID]
 #
 # Writes OUT_DIR/verify_<config>.log and the config's entry of OUT_DIR/preflight_status.json
 # ({"status": "ok"|"skip", "reason": ...}). See tools/README.md.

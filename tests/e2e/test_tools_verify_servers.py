@@ -66,13 +66,16 @@ def test_verify_noop_connector_passes_on_a_healthy_server(tmp_path):
         free_ports(),
         "--start-timeout",
         60,
+        "--run",
+        "run-1",
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "noop_connector: ok: passed: started, /v1/models, requests, /health and process alive"
     )
     status = json.loads((out / "preflight_status.json").read_text())
-    assert status["noop_connector"]["status"] == "ok"
+    # stamped with the run that asked (pipeline/preflight.py takes only its own run's verdict)
+    assert status["noop_connector"]["status"] == "ok" and status["noop_connector"]["run"] == "run-1"
     log = (out / "verify_noop_connector.log").read_text()
     assert "request 5/5: 200" in log and "/health 200, server process alive" in log
     assert (out / "launch_noop_connector.sh").read_text().startswith("#!/usr/bin/env bash")
@@ -85,10 +88,10 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
 
     path = write_config(tmp_path, mutate)
     out = tmp_path / "preflight"
-    done = run_script("verify_noop_connector.sh", path, out, "--port", free_ports())
+    done = run_script("verify_noop_connector.sh", path, out, "--port", free_ports(), "--run", "run-2")
     assert done.returncode == 0, done.stderr
     entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
-    assert entry["status"] == "skip"
+    assert entry["status"] == "skip" and entry["run"] == "run-2"
     # the cause is the server's own last word (vllm_cli root-cause), not just "it died"
     assert entry["reason"] == (
         "server process exited during start-up: ctax sim: noop_connector: failed to start: NoOpConnector import failed"

@@ -75,6 +75,8 @@ def test_verify_with_no_gated_config_says_so(tmp_path):
         (["{config}", "o", "--port", "x1"], "--port: 'x1' is not a port number"),
         (["{config}", "o", "--bogus"], "unknown argument: --bogus"),
         (["{config}", "o", "--only", "nope"], "no variant named 'nope'"),
+        (["{config}", "o", "--run", "a b"], "--run: 'a b' is not an ID (letters, digits, . _ -)"),
+        (["{config}", "o", "--run"], "--run needs an ID"),
     ],
 )
 def test_verify_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
@@ -109,6 +111,22 @@ def test_status_file_merges_concurrent_writers(tmp_path):
     data = json.loads(path.read_text())
     assert sorted(data) == sorted(f"c{i}" for i in range(16))
     assert data["c3"] == {"status": "ok", "reason": "r3", "checked_at": data["c3"]["checked_at"]}
+
+
+def test_a_verdict_is_stamped_with_the_run_that_asked_for_it(tmp_path):
+    """`record --run ID` writes the ID back into the verdict (the pipeline's preflight takes only
+    its own run's); without --run the verdict has no stamp, and a later record replaces it whole."""
+    path = tmp_path / "preflight_status.json"
+    record = [sys.executable, str(TOOLS / "preflight_client.py"), "record", "--file", str(path), "--config", "c"]
+    subprocess.run([*record, "--status", "ok", "--reason", "passed"], check=True, timeout=60)
+    assert "run" not in json.loads(path.read_text())["c"]
+    subprocess.run([*record, "--status", "skip", "--reason", "r", "--run", "run-2"], check=True, timeout=60)
+    assert json.loads(path.read_text())["c"] == {
+        "status": "skip",
+        "reason": "r",
+        "run": "run-2",
+        "checked_at": json.loads(path.read_text())["c"]["checked_at"],
+    }
 
 
 def test_root_cause_prefers_vllms_own_error_to_the_last_line(tmp_path):
