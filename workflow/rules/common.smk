@@ -9,7 +9,7 @@ from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.contract.index import read_index
-from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, study_outcome
+from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, launch_digest, study_outcome
 from connector_tax.pipeline.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 from connector_tax.serving.slurm import cancel_orphans

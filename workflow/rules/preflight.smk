@@ -1,7 +1,10 @@
 # Pre-flight: each configuration's server must start and serve one streamed request;
 # a failure is SKIP with its reason (preflight_status.json), and the study goes on.
 # Jobs run in their own process, so Ctrl-C of snakemake reaches them and they stop their server.
-# A config edit re-runs these jobs; one whose launch settings did not change reuses its ok.
+# Each verdict names the launch settings it checked (params.launch, pipeline.plan.launch_digest):
+# a change of them re-runs the job even with the config untouched (another vLLM in its venv), and
+# a phase job refuses an ok of other settings. Every run of a job launches again (Snakemake
+# deletes its output first): no verdict is carried over from an earlier run.
 
 
 rule preflight_config:
@@ -17,6 +20,7 @@ rule preflight_config:
         ctax=CTAX,
         log_dir=lambda wildcards: str(LAYOUT.preflight_logs(wildcards.name)),
         placement=PLACEMENT,
+        launch=lambda wildcards: launch_digest(SETTINGS, STUDY_CONFIG, wildcards.name),
     resources:
         gpu=GPUS_PER_JOB,
         mem_mb=JOB_MEM_MB,

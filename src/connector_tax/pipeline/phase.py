@@ -38,7 +38,7 @@ from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
 from connector_tax.pipeline.measure import Policies, ServerDied, Suspect, measure
-from connector_tax.pipeline.plan import CellPlan, LaunchPlan, launch_plan, read_reference
+from connector_tax.pipeline.plan import CellPlan, LaunchPlan, digest_of, launch_plan, read_reference
 from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_transport, served_by
 from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.pipeline.resume import decide
@@ -88,16 +88,21 @@ def _carry_launch_facts(folder: PhaseLayout, index: PhaseIndex, previous: PhaseI
             setattr(index, key, facts.get(key, getattr(index, key)))
 
 
-def _preflight_reason(layout: StudyLayout, name: str) -> str | None:
-    """None if the configuration passed preflight, else why it is skipped."""
+def preflight_reason(layout: StudyLayout, name: str, launch: str) -> str | None:
+    """None if the configuration passed preflight with these launch settings (`launch`, their
+    digest: pipeline.plan.launch_digest), else why it is skipped. An ok of other settings is
+    none of this launch's: the phase job never starts on a verdict it cannot tie to its launch."""
     try:
         status = json.loads(layout.preflight_status.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return "no preflight_status.json"
     entry = status.get(name) or {}
-    if entry.get("status") == "ok":
-        return None
-    return f"preflight SKIP: {entry.get('reason') or 'not in preflight_status.json'}"
+    if entry.get("status") != "ok":
+        return f"preflight SKIP: {entry.get('reason') or 'not in preflight_status.json'}"
+    if entry.get("launch") != launch:
+        checked = entry.get("launch") or "none named"
+        return f"preflight ok is for other launch settings (checked {checked}, this launch {launch}): run the preflight again"
+    return None
 
 
 def _final_status(index: PhaseIndex) -> str:
@@ -211,7 +216,7 @@ def run_phase(
         mooncake_transport=mooncake_transport(study, variant),
         lmcache_mode=lmcache_mode(study, variant),
     )
-    skip = _preflight_reason(layout, name)
+    skip = preflight_reason(layout, name, digest_of(plan.launch))
     if skip:
         index.cells = [IndexEntry(p.cell.phase, p.cell.label, p.fingerprint, p.settings) for p in plan.cells]
         index.status, index.reason, index.finished = "skipped", skip, now_iso()

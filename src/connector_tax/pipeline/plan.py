@@ -220,7 +220,12 @@ def job_threads(study: StudyConfig) -> int:
 
 
 def launch_digest(study: StudyConfig, config_path: str | Path, name: str) -> str:
-    """The launch settings of a configuration, hashed: preflight re-runs when they change."""
+    """The launch settings of a configuration, hashed: what a preflight verdict was checked with."""
     variant = study.variant(name)
     argv = launch_argv(config_path, study, variant, _PLAN_PORT)
-    return short(sha(launch_settings(study.raw, variant.raw, argv, server_versions(study))))
+    return digest_of(launch_settings(study.raw, variant.raw, argv, server_versions(study)))
+
+
+def digest_of(launch: dict[str, Any]) -> str:
+    """Launch settings (a LaunchPlan's `launch`) as launch_digest names them."""
+    return short(sha(launch))

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.hostcheck import check_host
+from connector_tax.pipeline.job_resources import GATE_S
 from connector_tax.pipeline.plan import launch_digest
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
@@ -76,26 +78,80 @@ def _on_gpu(gpu: Gpu | None, study: StudyConfig, variant: Variant) -> dict[str, 
     return gpu_env(gpu.index)
 
 
+STATUS_FILE = "preflight_status.json"  # what a verify script writes in its OUT_DIR (tools/README.md)
+
+
 def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict[str, Any]:
-    """The study's verify script for a gated vLLM configuration (tools/verify_*.sh)."""
+    """The study's verify script for a gated vLLM configuration (tools/verify_*.sh), run with a
+    run ID of its own that it must write back into its verdict. The verdict counts only when it
+    is this run's and the script exited 0 (gate_verdict); everything else is a SKIP saying why."""
+    variant = study.variant(name)
     port = free_port(study.host, block=3)
+    run = uuid.uuid4().hex
+    start_s = ready_timeout_s(study, variant)
     argv = ["bash", str(script), str(study.source), str(out_dir), "--only", name, "--port", str(port)]
+    argv += ["--start-timeout", f"{start_s:g}", "--run", run]
+    timeout_s = start_s + GATE_S
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=study.device) as gpu:
-            variant = study.variant(name)
-            env = {**os.environ, **_on_gpu(gpu, study, variant)}
-            run_group(argv, env, timeout_s=ready_timeout_s(study, variant) + 300)
-        verdict = json.loads((out_dir / "preflight_status.json").read_text(encoding="utf-8"))[name]
-    except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        verdict = {"status": "skip", "reason": f"{script.name} gave no verdict: {exc}"}
-    return {
-        "variant": name,
-        "status": verdict.get("status", "skip"),
-        "reason": verdict.get("reason"),
-        "backend": "vllm",
-        "gate": script.name,
-    }
+            # The script asks this package (vllm_cli, launch-command) through this interpreter:
+            # without it, it looks for `ctax` on PATH, absent when snakemake runs from a venv
+            # that was never activated, and every gated variant would SKIP.
+            env = {**os.environ, "CTAX_PYTHON": sys.executable, **_on_gpu(gpu, study, variant)}
+            code = run_group(argv, env, timeout_s=timeout_s)
+        status, reason = gate_verdict(out_dir / STATUS_FILE, name, run, code, script.name)
+    except subprocess.TimeoutExpired:
+        status, reason = "skip", f"{script.name} timed out after {timeout_s:g} s and was stopped"
+    except (OSError, RuntimeError) as exc:
+        status, reason = "skip", f"{script.name} could not run: {_one_line(exc)}"
+    return {"variant": name, "status": status, "reason": reason, "backend": "vllm", "gate": script.name, "run": run}
+
+
+def gate_verdict(path: Path, name: str, run: str, code: int, script: str) -> tuple[str, str | None]:
+    """(status, reason) of a verify script that exited with `code`: its verdict for `name` in
+    `path` when the script exited 0 and the verdict is stamped with this `run`; else "skip" with
+    one line saying what was wrong. The status file lives in a log folder that outlives runs: an
+    entry without this run's stamp is an earlier run's (or a script's that ignored --run), and a
+    script that failed has no verdict to trust, whatever the file says."""
+    verdict, missing = _verdict_of_run(path, name, run)
+    if code != 0:
+        ended = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        if verdict is None:
+            return "skip", f"{script} {ended} and gave no verdict of this run ({missing})"
+        if verdict["status"] == "ok":
+            return (
+                "skip",
+                f"{script} {ended} though its verdict says ok ({verdict.get('reason')}): a failed check passes nothing",
+            )
+        return "skip", f"{verdict.get('reason') or 'skip'} ({script} {ended})"
+    if verdict is None:
+        return "skip", f"{script} exited 0 but gave no verdict of this run: {missing}"
+    return verdict["status"], verdict.get("reason")
+
+
+def _verdict_of_run(path: Path, name: str, run: str) -> tuple[dict[str, Any] | None, str]:
+    """`name`'s entry of the status file when it is this run's and says ok or skip, else (None, why not)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"no {path}"
+    except (OSError, ValueError) as exc:
+        return None, f"{path} unreadable: {_one_line(exc)}"
+    entry = doc.get(name) if isinstance(doc, dict) else None
+    if not isinstance(entry, dict):
+        return None, f"no verdict for {name} in {path}"
+    if entry.get("run") != run:
+        stamped = f"stamped run {entry['run']}" if entry.get("run") else "with no run stamp"
+        when = f", checked at {entry['checked_at']}" if entry.get("checked_at") else ""
+        return None, f"the verdict for {name} in {path} is another run's ({stamped}{when}; this run is {run})"
+    if entry.get("status") not in ("ok", "skip"):
+        return None, f"the verdict for {name} in {path} says {entry.get('status')!r}, neither ok nor skip"
+    return entry, ""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def check_readiness(study: StudyConfig, name: str, log_dir: Path) -> dict[str, Any]:
@@ -289,17 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
             return 2
         out = Path(args.out)
+        # The verdict says which launch settings it checked: a phase job takes it for those only.
         digest = launch_digest(study, args.config, args.variant)
-        previous = _read(out)
-        # An ok without a launch (preflight_launch: gated) is no ok once every variant must launch.
-        if (
-            previous
-            and previous.get("status") == "ok"
-            and previous.get("launch") == digest
-            and (previous.get("launched", True) or study.preflight_gated_only)
-        ):
-            print(f"{args.variant}: ok (reused: this launch passed preflight with the same settings)")
-            return 0
         with AncestorWatch():
             result = check_readiness(study, args.variant, Path(args.log_dir))
         write_json(out, {**result, "launch": digest})
