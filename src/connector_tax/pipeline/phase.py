@@ -58,6 +58,8 @@ _CARRIED = (
     "step_timing_available",
     "step_timing_reason",
     "workarounds",
+    "interventions",
+    "interventions_seen",
     "server_env",
     "idle_threads",
     "sidecars",
