@@ -21,8 +21,8 @@ from connector_tax.config.interventions import EVIDENCE_ENV
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.contract.layout import StudyLayout
 from connector_tax.launch.evidence import read_evidence, seen, unseen, verdict
+from connector_tax.measure.runners import _check_interventions
 from connector_tax.pipeline.manifest import interventions_seen
-from connector_tax.pipeline.runners import _check_interventions
 from connector_tax.serving.process import ServerStartError
 from patches import interventions
 

@@ -7,7 +7,7 @@ calls it intercepted. An intervention is *seen* when it intercepted at least one
 one of the launch's processes: a process may legitimately have nothing to act on (NIXL is
 imported only where the worker connector lives), so "installed but idle" in one process is no
 failure, while idle in every process is. The phase job refuses a launch in which a declared
-intervention is not seen (pipeline/runners.py), with `unseen(...)` as the reason.
+intervention is not seen (measure/runners.py), with `unseen(...)` as the reason.
 """
 
 from __future__ import annotations

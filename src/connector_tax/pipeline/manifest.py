@@ -19,7 +19,7 @@ from connector_tax.config import LAUNCH_PHASES, StudyConfig, launch_label, load_
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
 from connector_tax.contract.records import connector_packages, connector_version
-from connector_tax.pipeline.provenance import (
+from connector_tax.launch.provenance import (
     git_sha,
     gpu_description,
     lmcache_mode,

@@ -29,20 +29,20 @@ from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.evidence import seen, unseen
+from connector_tax.launch.provenance import gpu_description
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.loadgen.host.priority import raised_process
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions, needs_server
+from connector_tax.measure.precision import PrecisionWatch
+from connector_tax.measure.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
+from connector_tax.measure.watch import ServerWatch
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.metrics.threads import IDLE_WINDOW_S, ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
-from connector_tax.pipeline.precision import PrecisionWatch
-from connector_tax.pipeline.provenance import gpu_description
-from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
-from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.cpus import Leased, cpu_lease
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
