@@ -1,5 +1,5 @@
 """`ctax launch-command`: a variant's exact server launch (argv JSON or launch.sh), or every
-variant's launch script for a GPU host (launch/launch_<variant>.sh); nothing is launched."""
+variant's launch script for a GPU host (launch_scripts/launch_<variant>.sh); nothing is launched."""
 
 from __future__ import annotations
 

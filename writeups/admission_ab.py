@@ -1,6 +1,6 @@
 """The prefill-admission A/B (configs/admission-ab.yaml): TTFT of short vs long prompts.
 
-    python analysis/admission_ab.py [results/admission-ab]
+    python writeups/admission_ab.py [results/admission-ab]
 
 Reads the Phase A request records only (no server) of the cells the study's contract vouches
 for, and prints, per configuration and rate, TTFT p50/p99 of the short and the long prompts of
