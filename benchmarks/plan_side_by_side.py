@@ -49,7 +49,7 @@ from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
 FIXED_CELL_RULE = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # docs/study-design.md, "The cell rule"
-CELL_FIXED_S = 1.5  # as planning/estimate.py counts per cell
+CELL_FIXED_S = 1.5  # as planning/time_estimate.py counts per cell
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
 
 

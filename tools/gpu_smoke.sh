@@ -134,7 +134,7 @@ while IFS= read -r name; do
   else
     reason="$(verify_reason "${verdict#FAIL: }" "$dir/server.log")"
     # "Mooncake is not available", "NIXL is not available", "No module named 'lmcache'", ...
-    # (the patterns live in connector_tax.serving.process.MISSING_CONNECTOR)
+    # (the patterns live in connector_tax.serving.server_process.MISSING_CONNECTOR)
     if missing="$("$PY" -m connector_tax.launch.vllm_cli missing-connector "$dir/server.log")"; then
       record "$name" SKIP "optional connector package missing: $missing ($reason)" "$timing"
     else

@@ -45,7 +45,7 @@ EXITED_AT_START = "server process exited during start-up"
 # vLLM's line when its engine core dies during start-up; the server usually exits a moment later,
 # but vLLM 0.32 on CPU sometimes hangs instead (the Mooncake worker's shutdown raises). Seen in
 # --server-log with the server still up ENGINE_FAILED_GRACE_S later: the start failed. The same
-# marker as connector_tax.serving.process.ENGINE_FAILED (this file imports no connector_tax).
+# marker as connector_tax.serving.server_process.ENGINE_FAILED (this file imports no connector_tax).
 ENGINE_FAILED = "EngineCore failed to start"
 ENGINE_FAILED_GRACE_S = 20.0
 HUNG_AT_START = "engine core failed during start-up (the server hung instead of exiting)"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from connector_tax.analysis.layout import load_study
+from connector_tax.analysis.usable_cells import load_study
 from connector_tax.config import PHASE_A
 
 

@@ -44,7 +44,9 @@ def test_a_script_execs_the_pipelines_own_launch(name: str, tmp_path: Path) -> N
     step_log = tmp_path / "steps.jsonl"
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PORT": "9100", "STEP_LOG": str(step_log)}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(REPO / "launch_scripts" / f"launch_{name}.sh")], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(REPO / "launch_scripts" / f"launch_{name}.sh")], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     ran = json.loads(done.stdout)
     config = load_config(STUDY)

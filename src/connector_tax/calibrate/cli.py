@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.atomic import write_atomic, write_json
-from connector_tax.calibrate.records import CalibrationError
+from connector_tax.calibrate.study_tables import CalibrationError
 from connector_tax.config.profile import HOOK_NAMES, EngineProfile, dump_profile
 
 

@@ -80,7 +80,7 @@ def run_sidecars(study: StudyConfig, name: str, log_dir: Path, ports_file: Path)
     Exit 0 when stopped, 1 (its reason on stderr, one line) when one could not start or ended."""
     from connector_tax.launch.command import SIDECAR_PORTS, launch_spec
     from connector_tax.serving.lifecycle import stop_on_signals
-    from connector_tax.serving.process import ServerStartError, free_port
+    from connector_tax.serving.server_process import ServerStartError, free_port
     from connector_tax.serving.sidecar import Sidecars
 
     stop_on_signals()
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(_dump_yaml(config), encoding="utf-8")
             print(args.out)
         elif args.command in ("missing-connector", "root-cause"):
-            from connector_tax.serving.process import missing_connector, root_cause, tail
+            from connector_tax.serving.server_process import missing_connector, root_cause, tail
 
             log = Path(args.server_log)
             if not log.is_file():

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--true-reference",
         action="store_true",
         help="find the reference rates too: the study's saturation criteria on the oracle's cells at every "
-        "Phase A rate (oracle/reference.py), used unless --ref-safe is given",
+        "Phase A rate (oracle/true_reference.py), used unless --ref-safe is given",
     )
     parser.add_argument("--variants", metavar="A,B", help="only these configurations (plain is always added)")
     parser.add_argument(
@@ -200,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
     )
     found = None
     if not reference:
-        from connector_tax.oracle.reference import true_reference
+        from connector_tax.oracle.true_reference import true_reference
 
         found = true_reference(study, ts)  # every variant: ref_safe must hold for all of them
         reference = {"ref_safe": float(found["ref_safe"]), "ref_load": float(found["ref_load"])}

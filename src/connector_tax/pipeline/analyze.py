@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.core import analyze, write_json_atomic, write_report
-from connector_tax.analysis.layout import StudyRefused
+from connector_tax.analysis.usable_cells import StudyRefused
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import AnalysisFiles
 from connector_tax.plots import make_figures

@@ -44,7 +44,7 @@ from connector_tax.measure.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.measure.resume import decide
 from connector_tax.measure.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals, stop_requested
-from connector_tax.serving.process import ServerStartError
+from connector_tax.serving.server_process import ServerStartError
 from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
 
 # Facts of a server launch (not settings). A run that launches nothing (every cell reused, or the

@@ -29,7 +29,7 @@ from connector_tax.measure.cellplan import launch_digest
 from connector_tax.planning.job_resources import GATE_S
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.serving.slurm import PLACEMENTS, adopt
 

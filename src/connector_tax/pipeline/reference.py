@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from connector_tax.analysis.reference import reference_rates
+from connector_tax.analysis.reference_rates import reference_rates
 from connector_tax.atomic import write_json
 from connector_tax.config import load_config
 from connector_tax.contract import StudyLayout

@@ -1,6 +1,6 @@
 """`ctax plan`: a study's cells, estimated wall time per stage and GPU-hours, nothing run.
 
-estimate.py computes the estimates, predict.py (`--predict`) first computes Phase A and Phase
+time_estimate.py computes the estimates, predict.py (`--predict`) first computes Phase A and Phase
 B in the simulator's virtual time, resolution.py says what each predicted tax
 can resolve; this module reads the command's arguments, checks them (one line naming the flag,
 exit 2) and prints. Its arguments are added by `add_arguments`, so `ctax plan --help` is here too.
@@ -18,10 +18,10 @@ from pathlib import Path
 from connector_tax.atomic import write_json
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.profile import EngineProfile, check_model, check_study_profile, read_profile
-from connector_tax.planning.estimate import Estimate, Timing, as_dict, plan_study, render
 from connector_tax.planning.predict import predict, predictable
 from connector_tax.planning.resolution import TaxResolution, resolution, unbounded_cells, with_launches
 from connector_tax.planning.resolution import render as render_resolution
+from connector_tax.planning.time_estimate import Estimate, Timing, as_dict, plan_study, render
 
 
 def _launch_sd(text: str) -> dict[str, float]:

@@ -6,7 +6,7 @@ process and Phase A shape, `requests` measured after `warmup` discarded ones, in
 replications on common random numbers, as truth.py). Each (variant, rate) becomes an aggregate
 row as the analysis builds one — TTFT p90 pooled over the replications with a Student-t interval
 from the replications' own p90s, the throughput ratio of requests finished within the arrival
-span to those that arrived in it — and `analysis.reference.reference_from_rows` picks ref_safe
+span to those that arrived in it — and `analysis.reference_rates.reference_from_rows` picks ref_safe
 and ref_load by the study's thresholds: no criterion or rule is restated here. Criterion 2 (the
 queue's median) has no /metrics to read in the oracle and is left unjudged; on a stable queue it
 cannot fire, and an unstable one fails criteria 1 and 3 long before a steady state.
@@ -26,11 +26,11 @@ import numpy as np
 
 from connector_tax.analysis import constants as K
 from connector_tax.analysis.batchmeans import t975
-from connector_tax.analysis.reference import reference_from_rows
+from connector_tax.analysis.reference_rates import reference_from_rows
 from connector_tax.config import PHASE_A, Cell, Saturation, StudyConfig
 from connector_tax.config.cells import phase_a_cells
-from connector_tax.oracle.cells import run_cell, seed_for
 from connector_tax.oracle.truth import TruthSettings
+from connector_tax.oracle.virtual_cells import run_cell, seed_for
 from connector_tax.sim.settings import resolve
 
 
@@ -58,7 +58,7 @@ def _replicate(job: tuple[StudyConfig, str, Cell, int, TruthSettings]) -> tuple[
 
 
 def true_reference(study: StudyConfig, ts: TruthSettings, variants: list[str] | None = None) -> dict[str, Any]:
-    """The reference-rate document (analysis.reference's) of the oracle's cells, with
+    """The reference-rate document (analysis.reference_rates's) of the oracle's cells, with
     `oracle: {requests, warmup, replications}` added."""
     names = variants or study.names
     loads = phase_a_cells(study)

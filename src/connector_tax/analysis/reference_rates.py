@@ -206,7 +206,7 @@ def reference_rates(results_dir: Path, *, baseline: str = PLAIN, throughput_basi
     results_dir (= results/<study>, as its study_config.yaml plans it) and ref_safe / ref_load,
     JSON-serializable. Reads request records, summaries and metrics; never step logs."""
     from connector_tax.analysis.cellstats import cell_row
-    from connector_tax.analysis.layout import load_study, phase_completed
+    from connector_tax.analysis.usable_cells import load_study, phase_completed
 
     study = load_study(Path(results_dir))
     rows = []

@@ -41,7 +41,7 @@ from connector_tax.config import (
 from connector_tax.config.profile import read_profile
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
-from connector_tax.launch.preflight import preflight_check
+from connector_tax.launch.verify_scripts import preflight_check
 from connector_tax.metrics.threads import IDLE_WINDOW_S
 from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile

@@ -1,6 +1,6 @@
 """A stand-in for the LMCache MP server beside a simulated lmcache_mp variant (simulated).
 
-    python -m connector_tax.sim.sidecar --host H --port P --http-port Q
+    python -m connector_tax.sim.lmcache_server --host H --port P --http-port Q
         [--fail-start REASON] [--never-ready] [--crash-after-s S]
 
 It binds what the real server binds (a request port P, here a plain TCP listener, and an HTTP
@@ -47,7 +47,7 @@ def _handler(ready: threading.Event, seen: threading.Event) -> type[BaseHTTPRequ
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connector_tax.sim.sidecar")
+    parser = argparse.ArgumentParser(prog="python -m connector_tax.sim.lmcache_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)

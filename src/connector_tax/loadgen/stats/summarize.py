@@ -24,7 +24,7 @@ import numpy as np
 
 from connector_tax.config import Validity
 from connector_tax.contract.summary import CellSummary, Check, Counts, Latencies, Percentiles, Rates, Verdict
-from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.request_file import RequestRecord
 from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP, Quantiles
 from connector_tax.loadgen.stats.usage import ShapeRule, UsageTally
 

@@ -1,6 +1,6 @@
 """A real study's records as the tables the fit needs: one row per engine step, one per request.
 
-The study is read through the analysis's own loader (analysis.layout.load_study), so only cells
+The study is read through the analysis's own loader (analysis.usable_cells.load_study), so only cells
 the analysis would use (planned, sealed, fingerprints verified) are fitted, and their
 fingerprints go into the profile's provenance. Per cell:
 
@@ -34,7 +34,7 @@ import pandas as pd
 
 from connector_tax.analysis.cellstats import join_worker_records
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
-from connector_tax.analysis.layout import Measurement, Study, StudyRefused, load_study
+from connector_tax.analysis.usable_cells import Measurement, Study, StudyRefused, load_study
 from connector_tax.contract.records import RequestRecord, StepRecord, columns
 from connector_tax.contract.summary import CellSummary
 
