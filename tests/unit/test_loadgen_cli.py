@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from sim_server import REPO  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
-from connector_tax.loadgen import cli as bench_cli  # noqa: E402
+from connector_tax.commands import bench as bench_cli  # noqa: E402
 from connector_tax.loadgen.flags import OneLineParser  # noqa: E402
 from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
 
@@ -224,7 +224,7 @@ def test_the_request_defaults_are_written_once_in_the_schema() -> None:
 
     schema = default_request()
     parser = OneLineParser(prog="ctax bench")
-    bench_cli.add_bench_arguments(parser)
+    bench_cli.add_arguments(parser)
     flags = vars(parser.parse_args(["--url", "http://127.0.0.1:1", "--model", "m", "--rate", "1"]))
     options = LoadgenOptions(url="http://127.0.0.1:1", model="m")
     assert (flags["inflight_cap"], flags["timeout"], flags["endpoint"], flags["prompt"], flags["tokenizer"]) == (

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from study_runner import REPO
 
+from connector_tax.cli import main as ctax
 from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
@@ -235,7 +236,7 @@ def test_only_a_job_that_returned_writes_job_json(tmp_path: Path, monkeypatch: p
         return index
 
     monkeypatch.setattr(phase, "run_phase", run_phase)
-    rc = phase.main(["--config", str(config), "--variant", "plain", "--phase", "phase_a"])
+    rc = ctax(["pipeline", "phase", "--config", str(config), "--variant", "plain", "--phase", "phase_a"])
     if stop is None:
         assert rc == 0
         assert json.loads(job_json.read_text()) == {

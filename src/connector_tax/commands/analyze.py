@@ -1,8 +1,7 @@
 """`ctax analyze RESULTS_DIR [--figures] [...]`: the analysis of one study's results, with its
-figures (the analysis computes, the plots draw; this step joins them).
-
-cli.py (the console script) wires it: add_arguments(subparser); subparser.set_defaults(func=main).
-The rules `analyze`, `figures` and `report` run it (`ctax analyze ...`).
+figures (the analysis computes, the plots draw; this command joins them, so that the analysis,
+below the plots in the layers, never imports them). The rules `analyze`, `figures` and `report`
+run it (`ctax analyze ...`).
 """
 
 from __future__ import annotations
@@ -11,11 +10,13 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.core import analyze, write_json_atomic, write_report
 from connector_tax.analysis.usable_cells import StudyRefused
+from connector_tax.commands.namespace import runs
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import AnalysisFiles
 from connector_tax.plots import make_figures
@@ -37,6 +38,20 @@ def redraw_figures(analysis_dir: Path) -> dict[str, Any]:
         "skipped_figures": fig["skipped"],
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax analyze`."""
+
+    results_dir: Path
+    figures: bool
+    figures_only: bool
+    report_only: bool
+    baseline: str
+    out: Path | None
+    throughput_basis: str
+    quiet: bool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,14 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="saturation criterion 1 denominator: the rate offered in the window (default) or the requested rate",
     )
     parser.add_argument("--quiet", action="store_true", help="print only the output folder")
+    runs(parser, Args, main)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     results = Path(args.results_dir)
     if not results.is_dir():
         print(f"ctax analyze: {results}: no such directory", file=sys.stderr)
         return 2
-    if getattr(args, "figures_only", False):
+    if args.figures_only:
         analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
         if not AnalysisFiles(analysis_dir).aggregate_json.is_file():
             print(
@@ -89,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
             else f"figures: {len(out['figures'])} drawn, {len(out['skipped_figures'])} skipped in {out['seconds']:.1f} s"
         )
         return 0
-    if getattr(args, "report_only", False):
+    if args.report_only:
         analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir
         if not AnalysisFiles(analysis_dir).figures_skipped.is_file():
             print(f"ctax analyze: {analysis_dir}/figures/skipped.json missing: draw the figures first", file=sys.stderr)

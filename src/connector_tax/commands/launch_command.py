@@ -6,11 +6,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from connector_tax.commands.namespace import runs
 from connector_tax.config import ConfigError, load_study
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.scripts import write_scripts
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax launch-command`."""
+
+    config: str
+    variant: str | None
+    write_scripts: Path | None
+    port: int
+    step_log: str | None
+    script: bool
+    sidecar_port: list[str]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=PORT",
         help="where a sidecar of the variant listens (e.g. lmcache_server=23456); default its planned port",
     )
+    runs(parser, Args, main)
 
 
 def _sidecar_ports(pairs: list[str]) -> dict[str, int]:
@@ -42,13 +58,14 @@ def _sidecar_ports(pairs: list[str]) -> dict[str, int]:
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     try:
         if args.write_scripts is not None:
             for path in write_scripts(args.config, args.write_scripts):
                 print(path)
             return 0
         study = load_study(args.config)
+        assert args.variant is not None  # --variant or --write-scripts, one of them required
         variant = study.variant(args.variant)
         spec = launch_spec(args.config, study, variant, args.port, args.step_log, _sidecar_ports(args.sidecar_port))
     except (ConfigError, ValueError) as exc:

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from connector_tax.analysis.compare import DEFAULT_MARGIN, CompareError, compare
 from connector_tax.analysis.compare_report import render, to_csv
 from connector_tax.analysis.core import write_json_atomic
 from connector_tax.atomic import write_atomic
+from connector_tax.commands.namespace import runs
 from connector_tax.plots.compare_figure import draw
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax compare`."""
+
+    a: str
+    b: str
+    out: Path | None
+    margin: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MARGIN,
         help=f"the change below which 'no change' is resolved, as a fraction (default {DEFAULT_MARGIN:g} = ±10 %%)",
     )
+    runs(parser, Args, main)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     try:
         doc = compare(args.a, args.b, margin=args.margin)
     except CompareError as exc:

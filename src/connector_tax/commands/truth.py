@@ -1,4 +1,5 @@
-"""`ctax truth`: the simulator's true p90s, taxes and H1–H6 for a study config (truth.py)."""
+"""`ctax truth`: the simulator's true p90s, taxes and H1–H6 for a study config (oracle/truth.py
+computes, oracle/truth_render.py prints)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,31 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from connector_tax.commands.namespace import runs
 from connector_tax.config import StudyConfig
 from connector_tax.oracle.truth import TruthSettings
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax truth`."""
+
+    config: str
+    ref_safe: float | None
+    ref_load: float | None
+    true_reference: bool
+    variants: str | None
+    precision: float
+    requests: int
+    warmup: int
+    max_replications: int
+    seed: int
+    jobs: int
+    json: str | None
 
 
 def _positive(kind: type) -> Callable[[str], Any]:
@@ -85,9 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of the replications (default 0)")
     parser.add_argument("--jobs", type=_positive(int), default=1, metavar="N", help="worker processes (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the whole document here")
+    runs(parser, Args, main)
 
 
-def reference_of(args: argparse.Namespace, study: StudyConfig) -> dict[str, float]:
+def reference_of(args: Args, study: StudyConfig) -> dict[str, float]:
+    """The reference rates the truth is computed at: --ref-safe (and --ref-load), else the
+    study's reference_rates.json; empty with --true-reference (main finds them)."""
     from connector_tax.contract import StudyLayout
 
     if args.ref_safe is not None:
@@ -107,75 +131,10 @@ def reference_of(args: argparse.Namespace, study: StudyConfig) -> dict[str, floa
     return {"ref_safe": float(doc["ref_safe"]), "ref_load": float(ref_load)}
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
-
-
-def render(doc: dict[str, Any]) -> str:
-    ref = doc["reference"]
-    s = doc["settings"]
-    found = doc.get("true_reference")
-    lines = [
-        *(
-            [
-                f"SIMULATED true reference rates (the study's saturation criteria on "
-                f"{found['oracle']['replications']} x {found['oracle']['requests']} requests per variant and Phase A rate): "
-                f"ref_safe {found['ref_safe']:g}, ref_load {found['ref_load']:g}"
-                + "".join(
-                    f"; {n} saturates at {v['saturation_rate']:g} ({', '.join(v['fired_at_saturation'])})"
-                    for n, v in found["per_variant"].items()
-                    if v["saturation_rate"] is not None
-                )
-            ]
-            if found
-            else []
-        ),
-        f"SIMULATED truth of study '{doc['study']}' at ref_safe {ref['ref_safe']:g} req/s, ref_load {ref['ref_load']:g} req/s",
-        f"{doc['replications']} replications x {s['requests']} requests per configuration and cell (common random numbers); "
-        "95% intervals from the replications",
-        _precision(doc.get("precision") or {}),
-        "",
-        f"{'variant':24} {'cell':22} {'TTFT p90 ms':>16} {'TPOT p90 ms':>16} {'TTFT tax':>9} {'TPOT tax':>9}",
-    ]
-    tax = {(t["variant"], t["cell"], t["metric"]): t["value"] for t in doc["taxes"]}
-    for c in doc["cells"]:
-        key = (c["variant"], c["cell"])
-        lines.append(
-            f"{c['variant']:24} {c['cell']:22} {c['ttft_ms_p90']:9.3f} ±{c['ttft_ms_p90_half_width']:5.3f} "
-            f"{c['tpot_ms_p90']:9.3f} ±{c['tpot_ms_p90_half_width']:5.3f} "
-            f"{_pct(tax.get((*key, 'ttft_p90'))):>9} {_pct(tax.get((*key, 'tpot_p90'))):>9}"
-        )
-    lines += ["", "true verdicts (the analysis's rules on the true numbers):"]
-    for h in doc["hypotheses"].values():
-        m = h.get("margin")
-        extra = (
-            f"; {_distance(m['distance'], h['id'])} from the threshold = {m['in_half_widths']:.1f} oracle half-widths"
-            if m
-            else ""
-        )
-        lines.append(f"  {h['id']}: {h['verdict']:14} {h.get('reason', '')}{extra}")
-    return "\n".join(lines) + "\n"
-
-
-def _precision(p: dict[str, Any]) -> str:
-    """What the replications reached against the target: a truth short of it says so on stdout."""
-    if p.get("reached") is None:
-        return "precision: no p90 to judge"
-    line = f"worst p90 relative half-width {p['reached']:.2%}, target {p['target']:.2%}"
-    return line if p.get("met") else line + ": NOT reached (--max-replications stopped it; these truths are that loose)"
-
-
-def _distance(d: float, hid: str) -> str:
-    """A distance between two of a hypothesis's numbers in its unit: a relative tax's in points."""
-    from connector_tax.analysis.hypotheses import RULES
-
-    unit = next((rule.unit for rule in RULES if rule.id == hid), "")
-    return {"%": f"{d * 100:.1f} pp", "pp": f"{d:.1f} pp"}.get(unit, f"{d:.3g}")
-
-
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     from connector_tax.config import ConfigError, load_study
     from connector_tax.oracle.truth import truth
+    from connector_tax.oracle.truth_render import render
 
     try:
         study = load_study(args.config)

@@ -1,9 +1,30 @@
-"""Command-line arguments of `ctax sim` (kept apart so `ctax --help` stays cheap to import)."""
+"""`ctax sim`: start the simulated vLLM server for one server variant of a study config
+(sim/server.py serves it; its fault switches are validated here, before start-up)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from connector_tax.commands.namespace import runs
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax sim`."""
+
+    variant: str
+    config: str | None
+    host: str | None
+    port: int
+    ready_file: str | None
+    step_log: str | None
+    request_log: str | None
+    seed: int
+    faults: dict[str, object]  # the fault switches given, by sim.faults name (over the config's)
 
 
 def _number(
@@ -39,7 +60,21 @@ FAULT_FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
 }
 
 
-def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+class _Fault(argparse.Action):
+    """A fault switch: its value goes into the `faults` mapping under its sim.faults name."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        name = self.option_strings[0].removeprefix("--").replace("-", "_")
+        namespace.faults = {**namespace.faults, name: values}  # a new mapping: the default is shared
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variant",
         required=True,
@@ -60,4 +95,23 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("faults (override the config's sim.faults)")
     for name, (kind, help_text) in FAULT_FLAGS.items():
         flag = "--" + name.replace("_", "-")
-        faults.add_argument(flag, dest=name, type=kind, metavar="VALUE", help=help_text)
+        faults.add_argument(flag, dest="faults", action=_Fault, type=kind, metavar="VALUE", help=help_text)
+    parser.set_defaults(faults={})  # after the switches, so that it is each one's default too
+    runs(parser, Args, main)
+
+
+def main(args: Args) -> int:
+    from connector_tax.config import default_config_path
+    from connector_tax.sim.server import run
+
+    return run(
+        Path(args.config) if args.config else default_config_path(),
+        args.variant,
+        args.faults,
+        host=args.host,
+        port=args.port,
+        ready_file=args.ready_file,
+        step_log=args.step_log,
+        request_log=args.request_log,
+        seed=args.seed,
+    )

@@ -6,8 +6,11 @@ import argparse
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from connector_tax.commands.namespace import runs
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen import flags
@@ -15,7 +18,7 @@ from connector_tax.loadgen.schedule.options import check_cell
 from connector_tax.loadgen.schedule.probe import Api, ServerProblem, check_server
 from connector_tax.loadgen.schedule.schedulers import ARRIVAL_KINDS
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.schedule.shapes import parse_shapes, shape_spec
+from connector_tax.loadgen.schedule.shapes import ShapePair, parse_shapes, shape_spec
 from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
@@ -30,7 +33,48 @@ _FLAGS = {
 }
 
 
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class Args:
+    """`ctax bench`."""
+
+    url: str
+    model: str
+    api_key_env: str | None
+    insecure: bool
+    cacert: str | None
+    rate: float | None
+    rates: list[float] | None
+    concurrency: int | None
+    arrival: str
+    gamma_shape: float
+    rampup: float
+    input_len: int
+    output_len: int
+    shapes: list[ShapePair] | None
+    duration: float
+    warmup: float
+    min_completed: int
+    max_duration: float | None
+    num_requests: int | None
+    inflight_cap: int
+    timeout: float
+    workers: int
+    trace: Path | None
+    time_scale: float
+    endpoint: str
+    prompt: str
+    tokenizer: str
+    seed: int
+    no_affinity: bool
+    cpu_latency_us: int | None
+    rt_priority: int | None
+    chunk_log: bool
+    events_log: bool
+    phase: str
+    out: Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         required=True,
@@ -106,10 +150,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase", type=flags.name, default="bench", help="phase name in output file names")
     p.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     flags.reject_unknown(p)
+    runs(p, Args, main)
 
 
-def cells_from_args(args: argparse.Namespace) -> list[Cell]:
-    common = dict(
+def cells_from_args(args: Args) -> list[Cell]:
+    common: dict[str, Any] = dict(
         phase=args.phase,
         warmup_s=args.warmup,
         duration_s=args.duration,
@@ -251,7 +296,7 @@ def _flagged(exc: Exception) -> str:
     return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     try:
         cells = cells_from_args(args)
     except (ValueError, OSError) as exc:

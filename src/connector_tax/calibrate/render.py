@@ -1,42 +1,11 @@
-"""`ctax calibrate`: fit an engine profile from a real study, or check one against a real study.
-
-    ctax calibrate RESULTS_DIR -o PROFILE.yaml [--name NAME] [--json FILE]
-    ctax calibrate --check RESULTS_DIR --profile PROFILE.yaml [--json FILE] [--workdir DIR]
-
-Bad input is one line on stderr and exit 2; nothing is written then.
-"""
+"""What `ctax calibrate` prints: a fitted profile's terms and their quality (render_fit), a check's
+predicted against measured, per cell and per tax, and the anchors' measure (render_check)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-from connector_tax.atomic import write_atomic, write_json
-from connector_tax.calibrate.study_tables import CalibrationError
-from connector_tax.config.profile import HOOK_NAMES, EngineProfile, dump_profile
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", metavar="RESULTS_DIR", help="a real study's results folder (results/<study>)")
-    parser.add_argument("-o", "--out", metavar="PROFILE.yaml", help="where to write the fitted profile")
-    parser.add_argument("--name", help="the profile's name (default <study>-calibrated)")
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="instead of fitting: replay every cell of RESULTS_DIR in virtual time with --profile and print "
-        "predicted against measured, per cell and per tax",
-    )
-    parser.add_argument("--profile", metavar="PROFILE.yaml", help="the profile to check (with --check)")
-    parser.add_argument("--json", metavar="FILE", help="also write the fit's quality (or the check) as JSON here")
-    parser.add_argument("--workdir", metavar="DIR", help="with --check: keep the virtual cells here (default: removed)")
-    parser.add_argument(
-        "--launch-speed",
-        action="store_true",
-        help="with --check, a diagnostic: run each launch at the speed its own engine steps show against the "
-        "profile's (a shared host's load on the day), to tell the model's error from the host's",
-    )
+from connector_tax.config.profile import HOOK_NAMES, EngineProfile
 
 
 def _pct(x: float | None, signed: bool = True) -> str:
@@ -223,44 +192,3 @@ def render_anchors(result: dict[str, Any]) -> list[str]:
         f"TPOT {_pct(a['median_abs_error']['tpot_mean_ms'], False)}, E2E {_pct(a['median_abs_error']['e2e_mean_ms'], False)}",
     ]
     return lines
-
-
-def main(args: argparse.Namespace) -> int:
-    from connector_tax.config import ConfigError
-
-    try:
-        if args.check:
-            if not args.profile:
-                raise CalibrationError("--check needs --profile PROFILE.yaml (the profile to check)")
-            if args.out:
-                raise CalibrationError("-o/--out: --check writes no profile (use --json FILE for its numbers)")
-            from connector_tax.calibrate.check import check
-
-            workdir = Path(args.workdir) if args.workdir else None
-            result = check(Path(args.results), args.profile, workdir, launch_speed=args.launch_speed).as_dict()
-            print(render_check(result), end="")
-            if args.json:
-                write_json(Path(args.json), result)
-            return 0
-        if not args.out:
-            raise CalibrationError("-o/--out: where to write the profile (e.g. -o configs/profiles/NAME.yaml)")
-        if args.profile:
-            raise CalibrationError("--profile: only with --check (fitting writes a profile, -o)")
-        from connector_tax.calibrate.fit import calibrate
-
-        profile = calibrate(Path(args.results), args.name)
-    except (CalibrationError, ConfigError) as exc:
-        print(f"ctax calibrate: {exc}", file=sys.stderr)
-        return 2
-    text = (
-        f"# Engine profile fitted by `ctax calibrate {args.results}` from the records of study "
-        f"{profile.provenance.get('study')} ({profile.provenance.get('served_by')}).\n"
-        "# Plain data: a config names it as `sim: {profile: FILE}`. `fit:` holds every term's fit quality;\n"
-        "# a term the data did not identify is 0 (a scale: 1) there and in the numbers.\n"
-    ) + dump_profile(profile)
-    write_atomic(Path(args.out), text)
-    print(render_fit(profile), end="")
-    print(f"wrote {args.out}")
-    if args.json:
-        write_json(Path(args.json), profile.fit)
-    return 0

@@ -9,14 +9,32 @@ clients), not a benchmark. The checkout is the one the package's other files com
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from connector_tax import resources
+from connector_tax.commands.namespace import runs
 
 USAGE = "usage: ctax benchmark NAME [ARGS...] | ctax benchmark --list  (ctax benchmark NAME --help: its options)"
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax benchmark`: every word after it, options first included (the console script hands
+    them over whole: argparse's REMAINDER does not take `--list`)."""
+
+    words: tuple[str, ...]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """For `ctax --help` and the docs' parse check only: the console script runs this command
+    with Args(words) directly."""
+    parser.add_argument("words", nargs=argparse.REMAINDER, help="NAME and its arguments, or --list")
+    runs(parser, Args, main)
 
 
 class BenchmarkError(Exception):
@@ -72,7 +90,8 @@ def run(where: Path, name: str, argv: list[str]) -> int:
     return int(module.main(argv) or 0)
 
 
-def main(argv: list[str]) -> int:
+def main(args: Args) -> int:
+    argv = list(args.words)
     first, rest = (argv[0], argv[1:]) if argv else ("--list", [])
     if first in ("-h", "--help"):
         print(USAGE)

@@ -1,9 +1,9 @@
 """`ctax plan`: a study's cells, estimated wall time per stage and GPU-hours, nothing run.
 
-time_estimate.py computes the estimates, predict.py (`--predict`) first computes Phase A and Phase
-B in the simulator's virtual time, resolution.py says what each predicted tax
-can resolve; this module reads the command's arguments, checks them (one line naming the flag,
-exit 2) and prints. Its arguments are added by `add_arguments`, so `ctax plan --help` is here too.
+planning/time_estimate.py computes the estimates, planning/predict.py (`--predict`) first computes
+Phase A and Phase B in the simulator's virtual time, planning/resolution.py says what each
+predicted tax can resolve; this module reads the command's arguments, checks them (one line
+naming the flag, exit 2) and prints.
 """
 
 from __future__ import annotations
@@ -12,16 +12,31 @@ import argparse
 import copy
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from connector_tax.atomic import write_json
+from connector_tax.commands.namespace import runs
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.profile import EngineProfile, check_model, check_study_profile, read_profile
 from connector_tax.planning.predict import predict, predictable
 from connector_tax.planning.resolution import TaxResolution, resolution, unbounded_cells, with_launches
 from connector_tax.planning.resolution import render as render_resolution
 from connector_tax.planning.time_estimate import Estimate, Timing, as_dict, plan_study, render
+
+
+@dataclass(frozen=True)
+class Args:
+    """`ctax plan`."""
+
+    config: str
+    gpus: int
+    launch_s: float | None
+    predict: bool
+    profile: str | None
+    launch_sd: dict[str, float] | None
+    workdir: str | None
+    json: str | None
 
 
 def _launch_sd(text: str) -> dict[str, float]:
@@ -74,6 +89,7 @@ def add_arguments(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument("--workdir", metavar="DIR", help="keep the prediction's scratch study here (default: removed)")
     plan.add_argument("--json", metavar="FILE", help="also write the estimates here (seconds per stage and job)")
+    runs(plan, Args, main)
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -81,7 +97,7 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     try:
         study = load_study(args.config)
         profile = _profile(args, study)
@@ -110,9 +126,7 @@ def main(args: argparse.Namespace) -> int:
     return _predicted(args, study, profile, timing)
 
 
-def _predicted(
-    args: argparse.Namespace, study: StudyConfig, profile: EngineProfile | None, timing: Timing | None
-) -> int:
+def _predicted(args: Args, study: StudyConfig, profile: EngineProfile | None, timing: Timing | None) -> int:
     """`--predict`: the plan from the study's Phase A and baseline Phase B computed in virtual
     time, then what each predicted tax can resolve."""
     with tempfile.TemporaryDirectory(prefix="ctax-plan-") as scratch:
@@ -144,7 +158,7 @@ def _predicted(
     return 0
 
 
-def _profile(args: argparse.Namespace, study: StudyConfig) -> EngineProfile | None:
+def _profile(args: Args, study: StudyConfig) -> EngineProfile | None:
     """The calibrated profile the plan uses: --profile, else the config's sim.profile (or None)."""
     if args.profile:
         profile = read_profile(args.profile)
@@ -161,7 +175,7 @@ def _with_profile(study: StudyConfig, profile: EngineProfile) -> StudyConfig:
 
 
 def _out(
-    args: argparse.Namespace,
+    args: Args,
     study: StudyConfig,
     estimates: list[Estimate],
     notes: list[str],
