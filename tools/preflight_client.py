@@ -15,7 +15,7 @@
         under a lock, replaced atomically: the verify scripts may run side by side. --run stamps
         the verdict with the run that asked for it (the pipeline's preflight checks the stamp).
 
-The plan JSON comes from `python -m connector_tax.launch.vllm_cli plan`. Never imports
+The plan JSON comes from `python -m connector_tax.commands.for_tools plan`. Never imports
 connector_tax; only talks to the address in the plan (the launch binds 127.0.0.1).
 """
 

@@ -4,8 +4,12 @@ step's (the full parser would cost about a second per job on a loaded host; cli.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 from connector_tax import cli
 
@@ -60,20 +64,32 @@ def test_the_parser_holds_the_chosen_commands_arguments_only() -> None:
     assert set(out.split()) == {"connector_tax.commands.namespace", "connector_tax.commands.analyze"}
 
 
-def test_every_command_module_has_the_one_style() -> None:
-    """Each command's module: add_arguments(parser), which says the dataclass its arguments
-    fill and the main that runs it (commands/namespace.py)."""
-    import argparse
-    import dataclasses
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and its actions' parsers, at every depth."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _parsers(sub)
+    return found
 
-    for command in cli.COMMANDS.values():
-        module = command.load()
-        parser = argparse.ArgumentParser(prog=f"ctax {command.name}")
+
+def test_every_command_module_has_the_one_style() -> None:
+    """Each module of commands/: add_arguments(parser) says, for the parser or for each action's,
+    the frozen dataclass its arguments fill and the main that runs it (commands/namespace.py);
+    every `ctax` command is one of them."""
+    modules = sorted(p.stem for p in (Path(cli.__file__).parent / "commands").glob("*.py"))
+    modules = [m for m in modules if m not in ("__init__", "namespace")]
+    assert {c.module for c in cli.COMMANDS.values()} <= set(modules)
+    for name in modules:
+        module = importlib.import_module(f"connector_tax.commands.{name}")
+        parser = argparse.ArgumentParser(prog=name)
         module.add_arguments(parser)
-        parsers = [parser] + [
-            p for a in parser._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()
-        ]
-        found = [p.get_default("_ctax_runs") for p in parsers if p.get_default("_ctax_runs") is not None]
-        assert found, f"{command.name}: add_arguments says no dataclass and main (namespace.runs)"
-        for runs in found:
-            assert dataclasses.is_dataclass(runs.args) and runs.args.__dataclass_params__.frozen, command.name
+        leaves = [p for p in _parsers(parser) if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
+        for leaf in leaves:
+            runs = leaf.get_default("_ctax_runs")
+            assert runs is not None, f"{leaf.prog}: no dataclass and main (namespace.runs)"
+            assert dataclasses.is_dataclass(runs.args) and runs.args.__dataclass_params__.frozen, leaf.prog
+            # every field is an option's dest, so the namespace fills it
+            dests = {a.dest for a in leaf._actions}
+            assert {f.name for f in dataclasses.fields(runs.args)} <= dests, leaf.prog

@@ -94,7 +94,7 @@ def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=study.device) as gpu:
-            # The script asks this package (vllm_cli, launch-command) through this interpreter:
+            # The script asks this package (for_tools, launch-command) through this interpreter:
             # without it, it looks for `ctax` on PATH, absent when snakemake runs from a venv
             # that was never activated, and every gated variant would SKIP.
             env = {**os.environ, "CTAX_PYTHON": sys.executable, **_on_gpu(gpu, study, variant)}
