@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
-from _bench_guidellm import TOKENIZER_SCRIPT
 from _bench_procs import kill_tree, spawn
 
 HERE = Path(__file__).resolve().parent
@@ -28,6 +27,30 @@ VLLM_BENCH = (
     "main(p.parse_args(sys.argv[1:]))"
 )  # `vllm bench serve`, without the `vllm` script
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# A small word-level tokenizer, built offline with a peer's own libraries (no model hub here):
+# the peers need one for synthetic prompts; faker's words where the venv has it.
+TOKENIZER_SCRIPT = r"""
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+words = set()
+try:
+    from faker import Faker
+    f = Faker(); f.seed_instance(0)
+    for _ in range(3000):
+        words.update(w.strip(".,").lower() for w in f.text(400).split())
+except ImportError:  # a venv without faker (AIPerf's): a fixed vocabulary of made-up words
+    import random
+    r = random.Random(0)
+    words = {"".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(5000)}
+vocab = {"[UNK]": 0}
+for w in sorted(words):
+    vocab[w] = len(vocab)
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.decoder = decoders.WordPiece(prefix="##")
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=10**6).save_pretrained(sys.argv[1])
+"""
 
 
 class BenchServer:

@@ -25,7 +25,7 @@ from connector_tax.cli import main as ctax
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 RUNNABLE = sorted(p.stem for p in BENCHMARKS.glob("[!_]*.py"))
-HELPERS = ("_common", "_bench_procs", "_bench_guidellm", "_capacity", "_peer_clients", "_overhead_real")
+HELPERS = ("_common", "_bench_procs", "_peer_clients", "_overhead_real")
 SERVERS = ("_sse_null_server", "_sse_bench_server")  # run as scripts by benchmarks and tests
 
 
@@ -48,7 +48,7 @@ def _one_line(text: str) -> str:
 
 
 def test_list_shows_every_benchmark_with_its_description_and_no_helper(capsys: pytest.CaptureFixture[str]) -> None:
-    assert {"sse_parse", "sim_startup", "loadgen_capacity", "loadgen_peers"} <= set(RUNNABLE)
+    assert {"sse_parse", "sim_startup", "loadgen_precision", "loadgen_peers"} <= set(RUNNABLE)
     assert ctax(["benchmark", "--list"]) == 0
     out = capsys.readouterr().out
     listed = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()[1:]}
@@ -97,7 +97,7 @@ def test_a_bad_name_is_one_line_and_exit_2(argv: list[str], names: str, capsys: 
         (["sse_parse", "--bogus"], "--bogus"),
         (["sse_parse", "--runs", "0"], "--runs"),
         (["sim_startup", "--repeats", "two"], "--repeats"),
-        (["loadgen_capacity", "--rates", "100,fast"], "--rates"),
+        (["loadgen_peers", "--rates", "100,fast"], "--rates"),
         (["tax_coverage", "--arrival", "gamma:x"], "--arrival"),
         (["p90_band", "--cells", "64,1"], "--cells"),
         (["p90_band", "--requests", "1000"], "--cells"),
