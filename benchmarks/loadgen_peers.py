@@ -43,10 +43,8 @@ word-level tokenizer built here.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -56,11 +54,23 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from _bench_procs import CpuMonitor, Hog, SteadyCpu, kill_all, on_signal
-from _common import comma_list, parser, pct, positive_float, positive_int, write_json
+from _common import (
+    BenchServer,
+    CpuMonitor,
+    Hog,
+    SteadyCpu,
+    comma_list,
+    kill_all,
+    load_args,
+    parser,
+    pct,
+    positive_float,
+    positive_int,
+    reap_children_on_exit,
+    write_json,
+)
 from _peer_clients import (
     TOKENS,
-    BenchServer,
     build_floor_c,
     find_aiperf,
     find_peers,
@@ -84,20 +94,7 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         r = run_ctax(
             ctx,
             f"cap{rate:g}",
-            [
-                "--rate",
-                f"{rate:g}",
-                "--arrival",
-                "fixed",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(TOKENS),
-                "--duration",
-                f"{a.seconds:g}",
-                "--warmup",
-                "2",
-            ],
+            load_args(rate, "fixed", 16, TOKENS, a.seconds, 2),
             a.seconds + 120,
         )
         if "error" in r:
@@ -186,20 +183,7 @@ def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
         r = run_ctax(
             ctx,
             f"late{rate}",
-            [
-                "--rate",
-                str(rate),
-                "--arrival",
-                "poisson",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(TOKENS),
-                "--duration",
-                "20",
-                "--warmup",
-                "2",
-            ],
+            load_args(rate, "poisson", 16, TOKENS, 20, 2),
             200,
         )
         lat = r.get("summary", {}).get("lateness_us", {})
@@ -221,20 +205,7 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
     r = run_ctax(
         ctx,
         "ttft",
-        [
-            "--rate",
-            "32",
-            "--arrival",
-            "poisson",
-            "--input-len",
-            "256",
-            "--output-len",
-            str(TOKENS),
-            "--duration",
-            f"{a.seconds:g}",
-            "--warmup",
-            "2",
-        ],
+        load_args(32, "poisson", 256, TOKENS, a.seconds, 2),
         a.seconds + 120,
     )
     served = ctx.server.lines()
@@ -287,20 +258,7 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
     r = run_ctax(
         ctx,
         "max",
-        [
-            "--concurrency",
-            "256",
-            "--input-len",
-            "16",
-            "--output-len",
-            str(TOKENS),
-            "--duration",
-            f"{a.seconds:g}",
-            "--warmup",
-            "2",
-            "--inflight-cap",
-            "512",
-        ],
+        ["--concurrency", "256", "--inflight-cap", "512", *load_args(None, "", 16, TOKENS, a.seconds, 2)],
         a.seconds + 120,
     )
     recs = [x for x in r.get("records", []) if not x["warmup"] and x["status"] == "ok"]
@@ -341,7 +299,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     (`--cpu-rate` req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams, `--seconds` of
     requests): the CPU of every process the client ran, between the moments 10 % and 90 % of its
     requests had ended, over those requests and the chunks the server wrote meanwhile
-    (_bench_procs.SteadyCpu): start-up, ramp and drain fall outside. Clients run one after
+    (_common.SteadyCpu): start-up, ramp and drain fall outside. Clients run one after
     another, in turn, `--repeats` times; the median stands. CPU time is robust on a noisy host
     where latency is not."""
     a = ctx.args
@@ -351,20 +309,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         "ctax": lambda: run_ctax(
             ctx,
             "cpu",
-            [
-                "--rate",
-                f"{rate:g}",
-                "--arrival",
-                "poisson",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(tokens),
-                "--duration",
-                f"{seconds:g}",
-                "--warmup",
-                "0",
-            ],
+            load_args(rate, "poisson", 16, tokens, seconds, 0),
             seconds + 120,
         ),
         "vllm bench serve": lambda: run_vllm(
@@ -438,22 +383,7 @@ def heavy(ctx: SimpleNamespace) -> dict[str, Any]:
                 r = run_ctax(
                     SimpleNamespace(**{**vars(ctx), "server": server}),
                     f"heavy-{label}",
-                    [
-                        "--rate",
-                        "32",
-                        "--arrival",
-                        "poisson",
-                        "--input-len",
-                        "256",
-                        "--output-len",
-                        "1024",
-                        "--duration",
-                        f"{a.seconds:g}",
-                        "--warmup",
-                        f"{stream_s + 2:g}",
-                        "--inflight-cap",
-                        "2048",
-                    ],
+                    [*load_args(32, "poisson", 256, 1024, a.seconds, stream_s + 2), "--inflight-cap", "2048"],
                     a.seconds + 4 * stream_s + 120,
                 )
             finally:
@@ -612,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         "--heavy-interval-ms", type=positive_float, default=10.0, help="the heavy cell's server time per token"
     )
     a = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, on_signal)
-    atexit.register(kill_all)
+    reap_children_on_exit()
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)

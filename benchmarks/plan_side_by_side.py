@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, parser, positive_float, write_json
+from _common import REPO, parser, positive_float, snakemake, write_json
 
 from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
 FIXED_CELL_RULE = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # docs/study-design.md, "The cell rule"
 CELL_FIXED_S = 1.5  # as pipeline/estimate.py counts per cell
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
@@ -99,8 +98,7 @@ def plan_estimate(config: Path, workdir: Path, predict: bool) -> float:
 
 def run_study(config: Path, folder: Path) -> float:
     t0 = time.monotonic()
-    argv = [*SNAKEMAKE, "all", "--configfile", str(config), "--directory", str(folder)]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(snakemake("all", config=config, directory=folder), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"snakemake failed for {config}:\n{done.stderr[-3000:]}")
     return time.monotonic() - t0

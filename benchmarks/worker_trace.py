@@ -34,7 +34,6 @@ import bisect
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench_procs import kill_all
-from _common import REPO, parser, positive_float, write_json
+from _common import REPO, parser, positive_float, run_logged, snakemake, write_json
 
 from connector_tax.contract.summary import read_summary_file
 
@@ -136,14 +134,7 @@ def _run(config: Path, targets: list[str], out: Path, threshold_ns: int) -> dict
     shutil.copy(HOOK, hook_dir / "sitecustomize.py")
     env = {**os.environ, "CTAX_WORKER_TRACE_DIR": str(trace)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
-    argv += [*targets, "--configfile", str(config), "--directory", str(out)]
-    t0 = time.monotonic()
-    with open(out / "snakemake.log", "w") as log:
-        try:
-            rc = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-        finally:
-            kill_all()
+    rc, seconds = run_logged(snakemake(*targets, config=config, directory=out), out / "snakemake.log", env)
     classes: Counter[str] = Counter()
     sends, examples = 0, []
     for path in sorted(trace.glob("*.jsonl")):
@@ -163,7 +154,7 @@ def _run(config: Path, targets: list[str], out: Path, threshold_ns: int) -> dict
             }
     return {
         "returncode": rc,
-        "seconds": round(time.monotonic() - t0, 1),
+        "seconds": round(seconds, 1),
         "sends_traced": sends,
         "late_sends": sum(classes.values()),
         "classes": {c: classes.get(c, 0) for c in CLASSES},

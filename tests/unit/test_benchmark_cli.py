@@ -25,7 +25,7 @@ from connector_tax.cli import main as ctax
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 RUNNABLE = sorted(p.stem for p in BENCHMARKS.glob("[!_]*.py"))
-HELPERS = ("_common", "_bench_procs", "_peer_clients", "_overhead_real")
+HELPERS = ("_common", "_peer_clients", "_launch_probe", "_overhead_real", "_worker_trace_hook", "_floor_reader")
 SERVERS = ("_sse_null_server", "_sse_bench_server")  # run as scripts by benchmarks and tests
 
 
@@ -53,7 +53,7 @@ def test_list_shows_every_benchmark_with_its_description_and_no_helper(capsys: p
     out = capsys.readouterr().out
     listed = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()[1:]}
     assert sorted(listed) == RUNNABLE
-    for name in (*HELPERS, *SERVERS, "bench_procs", "sse_null_server", "overhead_real", "capacity_report"):
+    for name in (*HELPERS, *SERVERS, "common", "sse_null_server", "overhead_real", "worker_trace_hook"):
         assert name not in listed
     for name, text in listed.items():
         doc = ast.get_docstring(ast.parse((BENCHMARKS / f"{name}.py").read_text(encoding="utf-8")))
@@ -78,7 +78,7 @@ def test_every_benchmark_parses_through_the_shared_helper(
     ("argv", "names"),
     [
         (["benchmark", "no_such_benchmark"], "no_such_benchmark"),
-        (["benchmark", "_bench_procs"], "_bench_procs"),  # a helper is not a benchmark
+        (["benchmark", "_common"], "_common"),  # a helper is not a benchmark
         (["benchmark", "--bogus"], "--bogus"),
         (["benchmark", "--list", "extra"], "extra"),
     ],
@@ -213,7 +213,7 @@ def test_steady_cpu_prices_the_chunks_the_server_wrote(isolated_imports: None) -
     """CPU per chunk is the window's CPU over the chunks written in it, counted, not requests
     times a stream length: a client that cuts streams short must not look cheaper per chunk."""
     sys.path.insert(0, str(BENCHMARKS))
-    from _bench_procs import SteadyCpu, kill_tree, spawn
+    from _common import SteadyCpu, kill_tree, spawn
 
     ticks = iter(range(10**6))
 
@@ -236,25 +236,13 @@ def test_steady_cpu_prices_the_chunks_the_server_wrote(isolated_imports: None) -
 
 @contextmanager
 def bench_server(token_interval_ms: float) -> Iterator[str]:
-    """The peers benchmark's SSE server on a free port: its URL."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(BENCHMARKS / "_sse_bench_server.py"),
-            "--port",
-            "0",
-            "--token-interval-ms",
-            str(token_interval_ms),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        yield (proc.stdout.readline() if proc.stdout else "").split()[1]
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    """The peers benchmark's SSE server on a free port, started and stopped by the benchmarks' own
+    fixture: its URL."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from _common import BenchServer
+
+    with BenchServer(None, token_interval_ms=token_interval_ms) as server:
+        yield server.url
 
 
 def server_stats(url: str) -> dict[str, int]:
@@ -262,7 +250,7 @@ def server_stats(url: str) -> dict[str, int]:
         return json.loads(r.read())
 
 
-def test_the_benchmark_server_counts_each_chunk_it_writes() -> None:
+def test_the_benchmark_server_counts_each_chunk_it_writes(isolated_imports: None) -> None:
     with bench_server(0.1) as url:
         for tokens in (3, 7):
             body = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": tokens, "stream": True}).encode()
