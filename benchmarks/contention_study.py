@@ -1,4 +1,9 @@
-"""The default study from empty results, with or without a CPU hog beside it: its verdicts against the oracle, contention and time.
+"""The default study from empty results, with or without a CPU hog beside it: wall time (s), its six
+calls against the truth (right, confident; never wrong and confident), and the contention it
+measured (cells busy, invalid, measured again).
+
+Backs: ../docs/performance.md#host-contention
+Backs: ../docs/contention.md#the-headline-runs-one-command-each
 
     ctax benchmark contention_study [--hog none|whole|mid] [--config configs/default.yaml]
         [--attempts N] [--out DIR] [--json FILE]

@@ -1,4 +1,9 @@
-"""The instrument against the real engine: each client's TTFT and TPOT minus the CPU vLLM's own, side by side.
+"""The instrument against the real engine: each client's TTFT gap (ms: its mean TTFT minus the CPU
+vLLM's own over the same requests), its TPOT gap (ms) and CPU per request (ms), ctax and its peers
+side by side (goal: ctax's TTFT gap <= 1/3 of the best peer's).
+
+Backs: ../docs/performance.md#the-instrument-against-the-real-engine
+Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark engine_accuracy [--rate 4] [--seconds 60] [--input-len 256] [--output-len 32]
         [--repeats 3] [--clients ctax,vllm,guidellm,aiperf] [--vllm-venv /work/venvs/vllm-cpu]

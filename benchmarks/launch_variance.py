@@ -1,5 +1,9 @@
-"""Where the launch-to-launch variance of the real CPU engine comes from, and what pinning does to
-it.
+"""Where the launch-to-launch variance of the real CPU engine comes from: plain vLLM launched N times
+in two placements, the decode and prefill step's sd between launches (%), and the share of it (R²)
+each candidate cause explains.
+
+Backs: ../docs/replicates.md#what-the-launch-variance-is-made-of-on-this-host
+Backs: ../docs/performance.md#studies
 
     ctax benchmark launch_variance [--launches 8] [--rate 8] [--seconds 20]
         [--config configs/vllm-cpu-tiny.yaml] [--out DIR] [--json FILE]

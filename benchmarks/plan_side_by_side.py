@@ -1,5 +1,8 @@
-"""The study's fixed plan against the adaptive one and the tax-precision one, run on the simulator
-in virtual time.
+"""SIMULATED, virtual time: the study's fixed plan against the adaptive and the tax-precision ones:
+cells, GPU-hours, reference rates and H1-H6 calls side by side, and the GPU-hours `ctax plan` and
+`ctax plan --predict` estimate for each.
+
+Backs: ../docs/virtual-time.md#the-h20-study-the-fixed-plan-against-the-adaptive-one
 
     ctax benchmark plan_side_by_side [--config configs/h20-qwen3-coder.yaml] [--out DIR] [--json FILE]
                                      [--tax-target 0.05] [--plans fixed,adaptive,tax]

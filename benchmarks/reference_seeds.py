@@ -1,4 +1,8 @@
-"""SIMULATED: the default study over many seeds, its reference rates and six calls against the truth.
+"""SIMULATED: the default study over many seeds: in how many it picks the truth's reference rates, how
+many of its six calls are right and confident, and each study's wall time (s).
+
+Backs: ../docs/performance.md#studies
+Backs: ../docs/simulator.md#a-real-run-against-the-truth
 
     ctax benchmark reference_seeds [--seeds 10] [--clock virtual|real] [--jobs 2]
         [--config configs/default.yaml] [--out DIR] [--json FILE]

@@ -1,4 +1,7 @@
-"""Time from `ctax sim` process start to its `ready` line and to a first served request.
+"""`ctax sim`'s start-up: seconds from process start to its `ready` line and to a first served request
+(bar < 2 s).
+
+Backs: ../docs/performance.md#analysis-figures-simulator
 
     ctax benchmark sim_startup [--repeats 10] [--variant mooncake_both] [--json FILE]
 

@@ -1,4 +1,8 @@
-"""Why a send left late: the worker's loop traced around every send, in the study itself.
+"""Why a send left late: the sends >= 150 µs late in the default study's Phase A, counted per class (no
+timer wake-up, woke late, preempted, its own callback, stalled while running), beside a busy-loop
+probe of the worker's CPU (share lost, stalls a second).
+
+Backs: ../docs/contention.md#what-the-default-studys-late-sends-are-and-why-they-are-measured-again-2026-12-02
 
     ctax benchmark worker_trace [--repeats 3] [--targets phase_a_plain phase_a_mooncake_both]
         [--config configs/default.yaml] [--threshold-us 150] [--probe-seconds 20] [--out DIR]

@@ -51,13 +51,14 @@ def test_list_shows_every_benchmark_with_its_description_and_no_helper(capsys: p
     assert {"sse_parse", "sim_startup", "loadgen_precision", "loadgen_peers"} <= set(RUNNABLE)
     assert ctax(["benchmark", "--list"]) == 0
     out = capsys.readouterr().out
-    listed = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()[1:]}
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines() if line.startswith("  ")}
     assert sorted(listed) == RUNNABLE
     for name in (*HELPERS, *SERVERS, "common", "sse_null_server", "overhead_real", "worker_trace_hook"):
         assert name not in listed
     for name, text in listed.items():
         doc = ast.get_docstring(ast.parse((BENCHMARKS / f"{name}.py").read_text(encoding="utf-8")))
-        assert doc and text == " ".join(doc.split("\n\n")[0].split()), name  # the whole first paragraph
+        first = " ".join(doc.split("\n\n")[0].split()) if doc else ""
+        assert first and text.startswith(first + " -> "), name  # the whole first paragraph, then the docs
     assert ctax(["benchmark"]) == 0  # no NAME: the same list
     assert capsys.readouterr().out == out
 
