@@ -9,6 +9,7 @@ PORT="${PORT:-8000}"
 STEP_LOG="${STEP_LOG:-/tmp/engine_step_lmcache_mp_only.jsonl}"
 # Start its sidecar lmcache_server (LMCache MP server) first; ready when http://127.0.0.1:5556/healthcheck answers:
 #   LMCACHE_DISABLE_BANNER=1 LMCACHE_TRACK_USAGE=false lmcache server --host 127.0.0.1 --port 5555 --http-host 127.0.0.1 --http-port 5556 --chunk-size 256 --l1-size-gb 1 --eviction-policy LRU
+unset OMP_NUM_THREADS GOTO_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS VECLIB_MAXIMUM_THREADS NUMEXPR_NUM_THREADS CONNECTOR_TAX_INTERVENTIONS CONNECTOR_TAX_EVIDENCE  # the caller's: the launch sets these, or the server runs without
 export CONNECTOR_TAX_STEP_LOG="${STEP_LOG}"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
 export CUDA_DEVICE_ORDER=PCI_BUS_ID

@@ -7,6 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PORT="${PORT:-8000}"
 STEP_LOG="${STEP_LOG:-/tmp/engine_step_nixl_both.jsonl}"
+unset OMP_NUM_THREADS GOTO_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS VECLIB_MAXIMUM_THREADS NUMEXPR_NUM_THREADS CONNECTOR_TAX_INTERVENTIONS CONNECTOR_TAX_EVIDENCE  # the caller's: the launch sets these, or the server runs without
 export CONNECTOR_TAX_STEP_LOG="${STEP_LOG}"
 export PYTHONPATH="${ROOT}:${ROOT}/patches/site"
 export VLLM_NIXL_SIDE_CHANNEL_PORT=$((PORT + 2))

@@ -16,29 +16,30 @@ both hold:
   (`torch.accelerator.is_available()` is False). With an accelerator the constructor runs
   untouched, whatever the variant declares.
 
-Each time it acts it writes one line to stderr (the server log) and, with a step log, a JSON
-file `<base>.guards.<pid>.json` (the evidence the tests read). Every output of the study
-discloses it with DISCLOSURE (connector_tax.config.interventions keeps an equal copy; a test
-checks). Imports nothing from connector_tax, and vLLM only through the post-import hook.
+Each time it acts it writes one line to stderr (the server log) and counts the call in its
+evidence (patches/interventions: `<$CONNECTOR_TAX_EVIDENCE>/mooncake_cpu_guard.<pid>.json`, which
+the phase job reads). Every output of the study discloses it with DISCLOSURE
+(connector_tax.config.interventions keeps an equal copy; a test checks). Imports nothing from
+connector_tax, and vLLM only through the post-import hook.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from patches.import_hook import PostImportFinder
+from patches.interventions import evidence
 
 NAME = "mooncake_cpu_guard"
 MOONCAKE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 WORKER_CLASS = "MooncakeConnectorWorker"
 DISCLOSURE = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
 DISCLOSURES = {NAME: DISCLOSURE}
-_STEP_LOG_ENV = "CONNECTOR_TAX_STEP_LOG"  # = patches.targets.STEP_LOG_ENV
+WAITS_FOR = (MOONCAKE_MODULE,)
+CHANGES = f"{MOONCAKE_MODULE}.{WORKER_CLASS}.__init__: torch.accelerator.current_device_index() returns 0 while it runs"
 
 _FINDER: PostImportFinder | None = None
 
@@ -56,17 +57,8 @@ def _zero_index(*_args: Any, **_kwargs: Any) -> int:
     return 0
 
 
-def _record(step_log: str | None) -> None:
-    sys.stderr.write(f"connector-tax: {DISCLOSURE} (no accelerator: torch.accelerator.is_available() is False)\n")
-    if not step_log:
-        return
-    base = step_log[: -len(".jsonl")] if step_log.endswith(".jsonl") else step_log
-    try:
-        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
-        with open(f"{base}.guards.{os.getpid()}.json", "w", encoding="utf-8") as out:
-            json.dump({"guard": "mooncake_cpu_device_index", "disclosure": DISCLOSURE, "pid": os.getpid()}, out)
-    except OSError as exc:
-        sys.stderr.write(f"connector-tax: cannot write the guard's record: {exc!r}\n")
+def _fired() -> None:
+    evidence(NAME).fired(f"{DISCLOSURE} (no accelerator: torch.accelerator.is_available() is False)")
 
 
 def guard_worker_class(cls: type, torch: Any, on_fire: Callable[[], None] = lambda: None) -> bool:
@@ -100,15 +92,15 @@ def _hook(module: Any) -> None:
     """Never raises into the import of vLLM's module: a guard that cannot apply says so."""
     cls = getattr(module, WORKER_CLASS, None)
     if cls is None:
-        sys.stderr.write(f"connector-tax: Mooncake CPU guard: {MOONCAKE_MODULE} has no {WORKER_CLASS}; not applied\n")
+        evidence(NAME).failed(f"{MOONCAKE_MODULE} has no {WORKER_CLASS}; not applied")
         return
     try:
         import torch
 
-        step_log = os.environ.get(_STEP_LOG_ENV)
-        guard_worker_class(cls, torch, lambda: _record(step_log))
+        guard_worker_class(cls, torch, _fired)
+        evidence(NAME).changed(CHANGES)
     except Exception as exc:  # noqa: BLE001
-        sys.stderr.write(f"connector-tax: Mooncake CPU guard not applied: {exc!r}\n")
+        evidence(NAME).failed(f"not applied: {exc!r}")
 
 
 def install(name: str = NAME) -> bool:

@@ -23,7 +23,7 @@ from connector_tax.contract.index import read_index, read_summary, verify_cell
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile")]
 
-# Every bound a busy host can break (pipeline/gate.py PERTURBATIONS) out of its reach; the
+# Every bound a busy host can break (measure/gate.py PERTURBATIONS) out of its reach; the
 # server's own errors are still judged.
 LENIENT_VALIDITY: dict[str, Any] = {
     "attempts": 1,

@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from patches.import_hook import PostImportFinder
-from patches.interventions import record
+from patches.interventions import evidence
 
 OFF = "nixl_progress_off"
 DELAY = "nixl_progress_delay_1ms"
@@ -38,6 +38,11 @@ DISCLOSURES = {
     "the Python agent's 0)",
 }
 NIXL_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
+WAITS_FOR = NIXL_MODULES
+CHANGES = {  # what each wraps in a NIXL API module, for its evidence
+    OFF: "{module}.nixl_agent_config.__init__: enable_prog_thread=False (the agent's UCX progress thread)",
+    DELAY: "{module}.nixlBind.nixlAgent: the agent's config gets pthrDelay = 1000 us (its UCX progress thread)",
+}
 
 _FINDERS: dict[str, PostImportFinder] = {}
 
@@ -92,15 +97,19 @@ def progress_delay(api: Any, delay_us: int = DELAY_US, on_fire: Any = lambda: No
 
 def _hook(name: str) -> Any:
     def hook(module: Any) -> None:
-        """Never raises into the import of NIXL: an intervention that cannot apply says so."""
+        """Never raises into the import of NIXL: an intervention that cannot apply says so in its evidence."""
         try:
-            fire = functools.partial(record, name, DISCLOSURES[name], {"module": module.__name__})
+
+            def fire() -> None:  # looked up at each call: a forked child keeps evidence of its own
+                evidence(name).fired(DISCLOSURES[name])
+
             if name == OFF:
                 progress_off(module, fire)
             else:
                 progress_delay(module, DELAY_US, fire)
+            evidence(name).changed(CHANGES[name].format(module=module.__name__))
         except Exception as exc:  # noqa: BLE001
-            sys.stderr.write(f"connector-tax: intervention {name} not applied to {module.__name__}: {exc!r}\n")
+            evidence(name).failed(f"not applied to {module.__name__}: {exc!r}")
 
     return hook
 

@@ -73,7 +73,7 @@ PIPELINE_STEPS = {
 
 def _add_config(config: argparse.ArgumentParser) -> None:
     actions = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    _lazy("connector_tax.pipeline.config_check:add_arguments")(
+    _lazy("connector_tax.planning.config_check:add_arguments")(
         actions.add_parser("check", help="validate a study config file")
     )
 
@@ -97,7 +97,7 @@ def _add_benchmark(benchmark: argparse.ArgumentParser) -> None:
 COMMANDS = {
     c.name: c
     for c in (
-        Command("config", "study configuration tools", _add_config, _lazy("connector_tax.pipeline.config_check:main")),
+        Command("config", "study configuration tools", _add_config, _lazy("connector_tax.planning.config_check:main")),
         Command(
             "sim",
             "run the embedded simulated vLLM server",
@@ -147,8 +147,8 @@ COMMANDS = {
         Command(
             "plan",
             "a study's cells, estimated wall time per stage, GPU-hours, nothing run",
-            _lazy("connector_tax.pipeline.plan_cli:add_arguments"),
-            _lazy("connector_tax.pipeline.plan_cli:main"),
+            _lazy("connector_tax.planning.plan_cli:add_arguments"),
+            _lazy("connector_tax.planning.plan_cli:main"),
             one_line_errors=True,
         ),
         Command("pipeline", "run one step of the study as its Snakemake rule does", _add_pipeline, _run_pipeline),

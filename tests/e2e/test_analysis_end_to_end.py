@@ -144,6 +144,7 @@ AGGREGATE_KEYS = [
     "connector_packages",
     "workarounds",
     "interventions",
+    "interventions_seen",
     "lmcache_modes",
     "sidecars",
     "threads",

@@ -13,6 +13,8 @@ FORBIDDEN = (
     "connector_tax.sim",
     "connector_tax.loadgen",
     "connector_tax.pipeline",
+    "connector_tax.measure",
+    "connector_tax.planning",
     "connector_tax.serving",
     "connector_tax.launch",
     "connector_tax.metrics",

@@ -1,8 +1,8 @@
 """Honest numbers on a busy host (docs/contention.md), below the end-to-end tier:
 
-- the gate (pipeline/gate.py): host contention makes a cell invalid, lateness and host checks
+- the gate (measure/gate.py): host contention makes a cell invalid, lateness and host checks
   are perturbations that are measured again, the server's own errors are not;
-- the measuring loop (pipeline/measure.py) with a scripted runner: bounded attempts, the least
+- the measuring loop (measure/loop.py) with a scripted runner: bounded attempts, the least
   perturbed stands, the others under superseded/ with their reasons; criterion 3 alone is
   measured once more; a cell that stands perturbed is measured again by the next run;
 - the analysis: a perturbed cell is never a knee or a reference rate, criterion 3 compares
@@ -30,11 +30,12 @@ from connector_tax.config import PHASE_A, default_saturation, default_validity, 
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex, read_summary, verify_cell
 from connector_tax.contract.summary import SELF_STARVED, CellSummary, HostReport, Verdict, to_builtins, write_summary
+from connector_tax.measure.cellplan import launch_plan
+from connector_tax.measure.gate import judge, perturbation, remeasure_reason
+from connector_tax.measure.loop import Policies, measure
+from connector_tax.measure.resume import decide
 from connector_tax.metrics.host import not_measured
-from connector_tax.pipeline.gate import judge, perturbation, remeasure_reason
-from connector_tax.pipeline.measure import Policies, measure
-from connector_tax.pipeline.plan import launch_plan, retry_token
-from connector_tax.pipeline.resume import decide
+from connector_tax.pipeline.jobs import retry_token
 
 V = default_validity()
 
@@ -438,8 +439,8 @@ def test_the_banner_says_whether_a_quieter_host_would_help() -> None:
 def test_only_a_criterion_3_that_fires_alone_is_measured_again(tiny, monkeypatch, growth, again) -> None:
     """A straddling interval is no knee, and a second cell of the same size (which replaces the
     first) straddles as often: only a criterion 3 that fires with throughput and queue clean is
-    measured once more (pipeline.prune.ttft_growth_only)."""
-    from connector_tax.pipeline import prune
+    measured once more (measure.prune.ttft_growth_only)."""
+    from connector_tax.measure import prune
 
     study, plan, layout, _ = tiny
     r4, r8 = plan.cells

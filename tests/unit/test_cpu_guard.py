@@ -7,6 +7,7 @@ check requires for a Mooncake connector on CPU). It must never act where an acce
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import pytest
 from typed import study_of, typed
 
 from connector_tax.config import find_variant, load_config
-from connector_tax.config.interventions import INTERVENTIONS_ENV, REGISTRY
+from connector_tax.config.interventions import EVIDENCE_ENV, INTERVENTIONS_ENV, REGISTRY
+from connector_tax.launch.evidence import seen
 from connector_tax.launch.vllm import vllm_env, workarounds
 from patches import cpu_guard
 
@@ -143,15 +145,15 @@ def test_through_the_site_hook_in_a_fresh_process(tmp_path, switch, accelerator,
             break
         (folder / "__init__.py").touch()
     (tmp_path / "torch.py").write_text(FAKE_TORCH)
-    step_log = tmp_path / "steps" / "log.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in (INTERVENTIONS_ENV, "CONNECTOR_TAX_STEP_LOG")}
+    folder = tmp_path / "evidence"
+    env = {k: v for k, v in os.environ.items() if k not in (INTERVENTIONS_ENV, EVIDENCE_ENV)}
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "patches" / "site"), str(tmp_path)]),
         FAKE_ACCELERATOR=accelerator,
     )
     if switch is not None:
         env[INTERVENTIONS_ENV] = switch
-        env["CONNECTOR_TAX_STEP_LOG"] = str(step_log)
+        env[EVIDENCE_ENV] = str(folder)
     code = (
         "from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as m\n"
         "try:\n    print(m.MooncakeConnectorWorker(None, 'e', None).device_id)\n"
@@ -161,5 +163,11 @@ def test_through_the_site_hook_in_a_fresh_process(tmp_path, switch, accelerator,
     assert done.stdout.strip() == expected, done.stderr
     fired = expected == "0"
     assert (cpu_guard.DISCLOSURE in done.stderr) == fired
-    records = list(step_log.parent.glob("log.guards.*.json")) if step_log.parent.is_dir() else []
-    assert len(records) == (1 if fired else 0)
+    records = [json.loads(p.read_text()) for p in folder.glob(f"{cpu_guard.NAME}.*.json")]
+    assert len(records) == (switch == cpu_guard.NAME)
+    if records:  # installed and hooked the worker class; the call counted only where it answered 0
+        assert records[0]["installed"] and records[0]["changed"] == [cpu_guard.CHANGES]
+        assert records[0]["calls"] == int(fired)
+        verdict = seen(folder, [cpu_guard.NAME])[cpu_guard.NAME]
+        assert verdict["seen"] is fired
+        assert verdict["says"].endswith("" if fired else "but no call went through it in 1 process(es)")

@@ -42,7 +42,7 @@ import pytest
 from connector_tax import resources
 from connector_tax.config import find_variant, load_study, planned_cells
 from connector_tax.contract.fingerprint import cell_settings, launch_settings, sha
-from connector_tax.pipeline.plan import launch_argv
+from connector_tax.measure.cellplan import launch_argv
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = REPO / "tests" / "data" / "fingerprint_settings.json"

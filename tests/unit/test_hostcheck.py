@@ -18,7 +18,7 @@ from typed import study_of, typed
 from connector_tax.config import ConfigError, StudyConfig, load_config
 from connector_tax.launch.hostcheck import check_host
 from connector_tax.launch.vllm import kv_transfer_config, mooncake_transport
-from connector_tax.pipeline.resolution import floor_for, unbounded_warnings
+from connector_tax.planning.resolution import floor_for, unbounded_warnings
 
 REPO = Path(__file__).resolve().parents[2]
 H20 = REPO / "configs" / "h20-qwen3-coder.yaml"
@@ -153,7 +153,7 @@ def test_cells_that_cannot_be_bounded_are_named_with_the_fix() -> None:
 
 def test_a_predicted_cell_ended_at_its_floor_is_named_with_a_floor_that_bounds_it(tmp_path: Path) -> None:
     from connector_tax.contract import StudyLayout
-    from connector_tax.pipeline.resolution import ZERO, Resolved, TaxResolution, unbounded_cells
+    from connector_tax.planning.resolution import ZERO, Resolved, TaxResolution, unbounded_cells
 
     layout = StudyLayout(tmp_path)
     folder = layout.phase("plain", "phase_b").cell("32768x1024").summary

@@ -11,16 +11,17 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fake_nixl import fake_nixl
 from typed import study_of, typed
 
 from connector_tax.config import ConfigError, find_variant, load_config, validate_config
-from connector_tax.config.interventions import INTERVENTIONS_ENV, REGISTRY
+from connector_tax.config.interventions import EVIDENCE_ENV, INTERVENTIONS_ENV, REGISTRY
 from connector_tax.config.merge import deep_merge
 from connector_tax.contract.fingerprint import launch_settings
+from connector_tax.launch.evidence import seen
 from connector_tax.launch.vllm import vllm_env, workarounds
 from patches import cpu_guard, interventions
 from patches.interventions import nixl_progress
@@ -104,35 +105,6 @@ def test_the_overlay_measures_nixl_beside_its_interventions_and_an_aa_twin_copie
     assert find_variant(twin, "again")["interventions"] == ["nixl_progress_off"]
 
 
-FAKE_NIXL_API = textwrap.dedent(
-    """
-    import types
-
-    class nixl_agent_config:  # nixl 1.5.1's signature, first parameters
-        def __init__(self, enable_prog_thread=True, enable_listen_thread=False, num_threads=0, capture_telemetry=False):
-            self.enable_pthread = enable_prog_thread
-            self.num_threads = num_threads
-
-    class _Config:
-        pthrDelay = None
-        useProgThread = None
-
-    def _agent(name, config):
-        return {"name": name, "pthrDelay": config.pthrDelay, "useProgThread": config.useProgThread}
-
-    nixlBind = types.SimpleNamespace(nixlAgentConfig=_Config, nixlAgent=_agent, DRAM_SEG=1)
-
-    class nixl_agent:  # what nixl 1.5.1's __init__ does with them
-        def __init__(self, name, nixl_conf=None):
-            nixl_conf = nixl_conf or nixl_agent_config()
-            agent_config = nixlBind.nixlAgentConfig()
-            agent_config.useProgThread = nixl_conf.enable_pthread
-            agent_config.pthrDelay = 0
-            self.agent = nixlBind.nixlAgent(name, agent_config)
-    """
-)
-
-
 @pytest.mark.parametrize(
     "declared, thread, delay",
     [
@@ -146,15 +118,12 @@ FAKE_NIXL_API = textwrap.dedent(
 def test_through_the_site_hook_in_a_fresh_process(tmp_path, declared, thread, delay):
     """As a vLLM worker process gets them: sitecustomize from patches/site on PYTHONPATH, the
     NIXL build's API module hooked when vLLM's loader imports it."""
-    package = tmp_path / "nixl_cu12"
-    package.mkdir()
-    (package / "__init__.py").touch()
-    (package / "_api.py").write_text(FAKE_NIXL_API)
-    step_log = tmp_path / "steps" / "log.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in (INTERVENTIONS_ENV, "CONNECTOR_TAX_STEP_LOG")}
+    fake_nixl(tmp_path)
+    folder = tmp_path / "evidence"
+    env = {k: v for k, v in os.environ.items() if k not in (INTERVENTIONS_ENV, EVIDENCE_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "patches" / "site"), str(tmp_path)])
     if declared is not None:
-        env.update({INTERVENTIONS_ENV: declared, "CONNECTOR_TAX_STEP_LOG": str(step_log)})
+        env.update({INTERVENTIONS_ENV: declared, EVIDENCE_ENV: str(folder)})
     code = (
         "import importlib, json\n"
         "api = importlib.import_module('nixl_cu12._api')\n"  # as vllm.distributed.nixl_utils does
@@ -168,8 +137,17 @@ def test_through_the_site_hook_in_a_fresh_process(tmp_path, declared, thread, de
     assert all(a["useProgThread"] is thread and a["pthrDelay"] == delay for a in agents), agents
     acted = declared in nixl_progress.DISCLOSURES
     assert (nixl_progress.DISCLOSURES.get(declared, "never") in done.stderr) == acted
-    records = sorted(step_log.parent.glob("log.intervention.*.json")) if step_log.parent.is_dir() else []
-    assert [json.loads(r.read_text())["intervention"] for r in records] == ([declared] if acted else [])
+    # The evidence: installed in the process, what it changed there, both agents counted.
+    verdicts = seen(folder, [declared] if declared else [])
+    if acted:
+        (record,) = [json.loads(p.read_text()) for p in folder.glob(f"{declared}.*.json")]
+        assert record["installed"] is True and record["calls"] == 2 and record["pid"] > 0
+        assert record["changed"] == [nixl_progress.CHANGES[declared].format(module="nixl_cu12._api")]
+        assert verdicts[declared]["seen"] and verdicts[declared]["says"].startswith("declared and seen: 2 call(s)")
+    elif declared:  # the guard: installed, waiting for a Mooncake worker that never comes
+        assert not verdicts[declared]["seen"], verdicts
+        assert "none of which imported vllm.distributed" in verdicts[declared]["says"]
+    assert not folder.is_dir() or {p.name.split(".")[0] for p in folder.iterdir()} == {declared}
 
 
 def test_each_is_idempotent():

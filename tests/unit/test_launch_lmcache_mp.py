@@ -15,7 +15,7 @@ from typed import typed
 from connector_tax.config import StudyConfig, load_config
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.lmcache_mp import PLANNED_PORT, mode
-from connector_tax.pipeline.provenance import lmcache_mode
+from connector_tax.launch.provenance import lmcache_mode
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = REPO / "configs" / "vllm-cpu-tiny.yaml"

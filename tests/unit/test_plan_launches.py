@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from connector_tax.analysis.batchmeans import t975
-from connector_tax.pipeline.resolution import LAUNCHES, Resolved, TaxResolution, render, with_launches
+from connector_tax.planning.resolution import LAUNCHES, Resolved, TaxResolution, render, with_launches
 
 
 def test_half_widths_at_k_launches_by_hand():

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from connector_tax.contract import StudyLayout
-from connector_tax.pipeline import resolution as module
-from connector_tax.pipeline.resolution import ZERO, render, resolution, unbounded_cells
+from connector_tax.planning import resolution as module
+from connector_tax.planning.resolution import ZERO, render, resolution, unbounded_cells
 
 
 def _row(variant: str, phase: str, cell: str, n: int, p90: float, half: float) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from test_preflight_probe import study as cpu_study
 
 from connector_tax.config import load_study
 from connector_tax.contract import StudyLayout
+from connector_tax.measure.cellplan import launch_digest, launch_plan
 from connector_tax.pipeline import phase, preflight
-from connector_tax.pipeline.plan import launch_digest, launch_plan
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "noop_connector"
@@ -192,7 +192,7 @@ def test_through_ctax_a_gate_that_exits_2_beside_an_earlier_ok_is_a_skip(tmp_pat
 
 
 def test_a_phase_job_takes_an_ok_only_for_the_launch_settings_it_was_checked_with(tmp_path):
-    from connector_tax.pipeline.plan import digest_of
+    from connector_tax.measure.cellplan import digest_of
 
     config = cpu_study(tmp_path, "gated")
     study = load_study(config)

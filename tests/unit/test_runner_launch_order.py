@@ -1,4 +1,4 @@
-"""The order of a launch's steps (pipeline.runners.ServerRunner.launch): a simulated server's
+"""The order of a launch's steps (measure.runners.ServerRunner.launch): a simulated server's
 load generator starts while the server boots; vLLM's only once it is ready (the load generator is
 pinned after the server's threads, and the idle threads are recorded without it). The server and
 the load generator are stand-ins that record what happened, so no process starts."""
@@ -13,7 +13,7 @@ import pytest
 from connector_tax.config import PHASE_B, StudyConfig, load_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
-from connector_tax.pipeline import runners
+from connector_tax.measure import runners
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -163,3 +163,27 @@ def test_sidecar_threads_are_sampled_marked_and_counted_as_the_servers(tmp_path:
         study = Study(job=psutil.Process().pid, server_pgid=server.proc.pid, sidecar_pgids=sidecars.pgids())
         classes = study.classify(snapshot().procs)
         assert classes[marked[0].pid] == "server"
+
+
+def test_one_failed_stop_does_not_leave_the_other_sidecars_running(tmp_path: Path, monkeypatch) -> None:
+    """Issue 65: Sidecars stopped its sidecars in a loop without `try`: the first stop that raised
+    (here the listener's, stopped first: last started) left the LMCache server running."""
+    one, two = free_port(block=2), free_port()
+    sidecars = Sidecars((_standin(one), _tcp(two)), tmp_path)
+    real = ServerProcess.stop
+
+    def stop(self: ServerProcess) -> int | None:
+        real(self)
+        if self.log_dir == tmp_path and "listener" in self.stdout_path.name:
+            raise OSError("the listener's port could not be released")
+        return 0
+
+    monkeypatch.setattr(ServerProcess, "stop", stop)
+    with pytest.raises(OSError, match="could not be released"), sidecars:
+        roots = sidecars.roots()
+    assert _gone(list(roots), within_s=10.0)
+    again = Sidecars((_standin(free_port(block=2)), _tcp(free_port())), tmp_path)
+    with pytest.raises(KeyError), again:  # an exception already on its way out stays the one raised
+        roots = again.roots()
+        raise KeyError("the cell")
+    assert _gone(list(roots), within_s=10.0)

@@ -19,7 +19,7 @@ from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.pipeline import phase
-from connector_tax.pipeline.job_resources import gpus_per_job, phase_runtime_min, preflight_runtime_min
+from connector_tax.planning.job_resources import gpus_per_job, phase_runtime_min, preflight_runtime_min
 from connector_tax.serving import process, slurm
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.gpus import gpu_lease

@@ -1,21 +1,30 @@
 """NIXL's interventions with the installed nixl 1.5.1 and vLLM 0.32's own NIXL loader (vLLM's CPU
 environment; marked `vllm_cpu`): the facts they rest on, read in the installed sources, and what
-each does to the agent vLLM builds, seen in the process's threads. No server: one agent, as vLLM's
-NIXL worker makes it (`nixl_agent_config(num_threads=4, capture_telemetry=True)`)."""
+each does to the agent vLLM builds, seen in the process's threads and in the evidence it keeps. No
+server: one agent, as vLLM's NIXL worker makes it (`nixl_agent_config(num_threads=4,
+capture_telemetry=True)`), in the environment the launch of nixl_both gives vLLM (serving.spec:
+what the launch sets, less the instrumentation's variables of the caller, which exports another)."""
 
 from __future__ import annotations
 
+import copy
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from typed import typed
+
+from connector_tax.config import find_variant, load_config
+from connector_tax.config.interventions import INTERVENTIONS_ENV
+from connector_tax.launch.command import launch_spec
+from connector_tax.launch.evidence import seen
 
 pytestmark = pytest.mark.vllm_cpu
 
 REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"
 
 PROBE = """
 import json, os, time
@@ -79,27 +88,39 @@ def test_the_facts_the_interventions_rest_on_in_the_installed_sources():
     assert "capture_telemetry=True" in calls[0]
 
 
-def _probe(declared: str | None) -> dict:
+def _probe(declared: str | None, evidence: Path) -> dict:
+    """The probe in the environment the launch of nixl_both gives vLLM (declaring `declared`, or
+    nothing), with another intervention exported in this process's own environment: only the
+    launch's reaches it (serving.spec.LaunchSpec.environ, what ServerProcess starts vLLM with)."""
     python = _python()
-    env = {k: v for k, v in os.environ.items() if k not in ("CONNECTOR_TAX_INTERVENTIONS", "CONNECTOR_TAX_STEP_LOG")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "patches" / "site")]), VLLM_TARGET_DEVICE="cpu")
-    if declared:
-        env["CONNECTOR_TAX_INTERVENTIONS"] = declared
+    config = copy.deepcopy(load_config(CONFIG))
+    config["model"]["local"] = False  # the probe loads no model: the launch need not find one
+    config["vllm"]["executable"] = str(python.parent / "vllm")
+    variant = find_variant(config, "nixl_both")
+    variant["interventions"] = [declared] if declared else []
+    spec = launch_spec(str(CONFIG), *typed(config, "nixl_both"), 8000, None, evidence=str(evidence))
+    exported = "nixl_progress_off" if declared == "nixl_progress_delay_1ms" else "nixl_progress_delay_1ms"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(INTERVENTIONS_ENV, exported)
+        env = spec.environ()
+    assert env.get(INTERVENTIONS_ENV) == declared and env["VLLM_TARGET_DEVICE"] == "cpu"
     done = subprocess.run([str(python), "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+    found = seen(evidence, [declared])[declared] if declared else None
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr, "seen": found}
 
 
 @pytest.fixture(scope="module")
-def probes() -> dict[str | None, dict]:
-    return {name: _probe(name) for name in (None, "nixl_progress_off", "nixl_progress_delay_1ms")}
+def probes(tmp_path_factory) -> dict[str | None, dict]:
+    names = (None, "nixl_progress_off", "nixl_progress_delay_1ms")
+    return {name: _probe(name, tmp_path_factory.mktemp("evidence")) for name in names}
 
 
 def test_as_shipped_the_progress_thread_spins(probes):
     shipped = probes[None]
     assert shipped["enable_pthread"] is True and shipped["module"] == "nixl_cu12._api"
     assert shipped["busiest_pct"] >= 20, shipped  # a 0 ms poll: busy with nothing to do
-    assert "connector-tax: intervention" not in shipped["stderr"]  # nothing declared, nothing acted
+    assert "connector-tax: intervention" not in shipped["stderr"]  # nothing declared (one exported), nothing acted
 
 
 def test_off_the_thread_is_gone_and_with_a_1ms_delay_it_sleeps(probes):
@@ -109,3 +130,5 @@ def test_off_the_thread_is_gone_and_with_a_1ms_delay_it_sleeps(probes):
     assert delay["enable_pthread"] is True and delay["threads"] == shipped["threads"]
     assert delay["busiest_pct"] < 10, delay
     assert "intervention nixl_progress_off" in off["stderr"] and "nixl_progress_delay_1ms" in delay["stderr"]
+    for probe in (off, delay):  # its evidence where the launch put it: one agent config, one call
+        assert probe["seen"]["seen"] and probe["seen"]["calls"] == 1, probe["seen"]

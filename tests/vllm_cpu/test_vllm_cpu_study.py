@@ -128,6 +128,12 @@ def test_every_launch_has_an_index_that_says_what_served_it(study):
         assert run["cells"] and all(c["status"] == "complete" for c in run["cells"])
         assert run["workarounds"] == ([GUARD] if name in WITH_MOONCAKE else [])
         assert run["interventions"] == (["mooncake_cpu_guard"] if name in WITH_MOONCAKE else [])
+        if name in WITH_MOONCAKE:  # seen acting in the worker, from the evidence kept in the launch's folder
+            seen = run["interventions_seen"]["mooncake_cpu_guard"]
+            assert seen["seen"] and seen["calls"] >= 1 and seen["says"].startswith("declared and seen"), seen
+            assert any((study["results"] / name / _phase / "interventions").glob("*/mooncake_cpu_guard.*.json"))
+        else:
+            assert run["interventions_seen"] == {}
         assert run["server_versions"]["nixl"] == "1.5.1" and run["server_versions"]["lmcache"] == "0.5.6"
         if name in WITH_LMCACHE_SERVER:  # its LMCache server: started beside vLLM, on ports of its own
             (side,) = run["sidecars"]
@@ -154,7 +160,7 @@ def test_like_for_like_binding_and_environment_each_launch_its_own_ports(study):
     sides = [r["sidecars"][0]["port"] for (n, _), r in runs.items() if n in WITH_LMCACHE_SERVER]
     assert len(sides) == 4 and len(set(sides)) == 4  # each LMCache server its own
     shared = {k for r in runs.values() for k in r["server_env"] if not k.startswith(("VLLM_NIXL", "VLLM_MOONCAKE"))}
-    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_INTERVENTIONS"}:
+    for key in shared - {"CONNECTOR_TAX_STEP_LOG", "CONNECTOR_TAX_INTERVENTIONS", "CONNECTOR_TAX_EVIDENCE"}:
         values = {r["server_env"].get(key) for r in runs.values()}
         assert len(values) == 1, (key, values)  # the same environment everywhere else
 
@@ -201,6 +207,7 @@ def test_report_manifest_and_figures_say_what_served_them(study):
         assert SERVED_BY in text and "SIMULATED" not in text and "simulated" not in text.lower()
         assert "nixl 1.5.1" in text and "mooncake-transfer-engine-non-cuda 0.3.13.post1" in text
         assert "lmcache 0.5.6" in text and GUARD in text
+        assert "mooncake_cpu_guard declared and seen" in text.replace("`", "")  # per launch
         assert f"LMCache mode, `lmcache_only`: {MP_MODE}" in text.replace(
             "mode, lmcache_only:", "mode, `lmcache_only`:"
         )

@@ -33,6 +33,7 @@ from typed import typed
 from connector_tax.config import find_variant, load_config
 from connector_tax.launch import steptiming
 from connector_tax.launch.command import launch_spec
+from connector_tax.launch.evidence import seen
 from connector_tax.launch.vllm import side_ports
 from connector_tax.serving.process import ServerProcess, free_port
 
@@ -99,7 +100,8 @@ def _start(config: dict, name: str, out: Path, core: int) -> tuple[ServerProcess
     config = copy.deepcopy(config)
     config["vllm"].setdefault("cpu", {})["omp_threads_bind"] = str(core)
     port = free_port("127.0.0.1", block=3)
-    spec = launch_spec(str(CONFIG), *typed(config, name), port, str(out / "steps" / "engine_step.jsonl"))
+    steps, evidence = str(out / "steps" / "engine_step.jsonl"), str(out / "evidence")
+    spec = launch_spec(str(CONFIG), *typed(config, name), port, steps, evidence=evidence)
     server = ServerProcess(spec, f"http://127.0.0.1:{port}", out, grace_s=30.0, cpus=(core,))
     server.start()
     assert server.cpus == (core,), f"{name}: could not pin the server to core {core}"
@@ -238,15 +240,16 @@ class TestNixl:
         _check_instrumented(servers, "nixl")
 
     def test_the_intervention_acted_in_each_worker_and_only_where_declared(self, servers):
+        declared = servers["intervention"]
         for side in ("prefill", "decode"):
-            records = [
-                json.loads(r.read_text())
-                for r in (servers["tmp"] / side / "steps").glob("engine_step.intervention.*.json")
-            ]
-            assert [r["intervention"] for r in records] == (
-                [servers["intervention"]] if servers["intervention"] else []
-            )
-            assert all(r["module"] == "nixl_cu12._api" for r in records), records
+            folder = servers["tmp"] / side / "evidence"
+            records = [json.loads(r.read_text()) for r in folder.glob("*.json")] if folder.is_dir() else []
+            assert {r["intervention"] for r in records} == ({declared} if declared else set())
+            if not declared:
+                continue
+            verdict = seen(folder, [declared])[declared]  # installed in every process, acted in the worker's
+            assert verdict["seen"] and len(verdict["acted_in"]) == 1, verdict
+            assert verdict["changed"] and all(c.startswith("nixl_cu12._api.") for c in verdict["changed"])
 
 
 class TestMooncake:
@@ -267,10 +270,7 @@ class TestMooncake:
 
     def test_the_mooncake_guard_acted_and_left_its_record(self, servers):
         for side in ("prefill", "decode"):
-            records = list((servers["tmp"] / side / "steps").glob("engine_step.guards.*.json"))
-            assert len(records) == 1, records
-            record = json.loads(records[0].read_text())
-            assert (
-                record["disclosure"] == "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
-            )
-            assert record["disclosure"] in (servers["tmp"] / side / "server_stderr.log").read_text()
+            verdict = seen(servers["tmp"] / side / "evidence", ["mooncake_cpu_guard"])["mooncake_cpu_guard"]
+            assert verdict["seen"] and verdict["calls"] == 1 and len(verdict["acted_in"]) == 1, verdict
+            disclosure = "MooncakeConnector on CPU: torch.accelerator.current_device_index() returns 0"
+            assert disclosure in (servers["tmp"] / side / "server_stderr.log").read_text()

@@ -9,8 +9,10 @@ from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.contract.index import read_index
-from connector_tax.pipeline.plan import describe_pending, job_params, job_threads, launch_digest, study_outcome
-from connector_tax.pipeline.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
+from connector_tax.measure.cellplan import launch_digest
+from connector_tax.pipeline.jobs import describe_pending, job_params, study_outcome
+from connector_tax.planning.estimate import job_threads
+from connector_tax.planning.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 from connector_tax.serving.slurm import cancel_orphans
 
@@ -46,7 +48,7 @@ except ConfigError as _err:
     sys.exit(f"config error: {_err}")
 # The CPUs a phase job keeps busy; with room for neighbours it leases its own (serving.cpus).
 PHASE_THREADS = job_threads(SETTINGS)
-# What a job asks of a cluster scheduler besides: memory and a time limit (pipeline.job_resources).
+# What a job asks of a cluster scheduler besides: memory and a time limit (planning.job_resources).
 JOB_MEM_MB = job_mem_mb(SETTINGS)
 # A job Snakemake's SLURM executor placed runs in a remote-mode snakemake inside its own SLURM
 # job: it takes its GPU and CPUs from that allocation instead of leasing them (serving.slurm).

@@ -1,7 +1,7 @@
 # Pre-flight: each configuration's server must start and serve one streamed request;
 # a failure is SKIP with its reason (preflight_status.json), and the study goes on.
 # Jobs run in their own process, so Ctrl-C of snakemake reaches them and they stop their server.
-# Each verdict names the launch settings it checked (params.launch, pipeline.plan.launch_digest):
+# Each verdict names the launch settings it checked (params.launch, measure.cellplan.launch_digest):
 # a change of them re-runs the job even with the config untouched (another vLLM in its venv), and
 # a phase job refuses an ok of other settings. Every run of a job launches again (Snakemake
 # deletes its output first): no verdict is carried over from an earlier run.

@@ -1,7 +1,7 @@
 """What the study's numbers rest on: which cells were measured while perturbed, and how busy the
 host was while they ran.
 
-The validity gate (pipeline/gate.py) marks a cell invalid when the host was busy or the load
+The validity gate (measure/gate.py) marks a cell invalid when the host was busy or the load
 generator was late enough to change what it measured; the pipeline measures such a cell again,
 and when no attempt passes, the least perturbed one stands, marked. Here the analysis follows
 what stands:

@@ -118,8 +118,8 @@ def served_by(study: Study) -> str:
 def launch_facts(study: Study) -> dict[str, Any]:
     """What the launches recorded beside their cells, for every output: the connector packages of
     the server's Python, the interventions each configuration declared, by name and in the words
-    of their disclosures (run.json `interventions`, `workarounds`), which LMCache mode it ran and
-    the sidecars its launch started."""
+    of their disclosures (run.json `interventions`, `workarounds`), whether each launch was seen
+    applying them (`interventions_seen`), which LMCache mode it ran and the sidecars its launch started."""
     from connector_tax.contract.records import connector_packages
 
     packages = sorted(
@@ -129,7 +129,14 @@ def launch_facts(study: Study) -> dict[str, Any]:
     interventions: dict[str, list[str]] = {}
     modes: dict[str, str] = {}
     sidecars: dict[str, list[str]] = {}
+    seen: dict[str, list[str]] = {}
     for (name, *_), r in study.runs.items():
+        run = r.run or {}
+        for iv in run.get("interventions") or []:
+            says = ((run.get("interventions_seen") or {}).get(iv) or {}).get("says") or "declared, not checked"
+            line = f"{run.get('phase')} (launch {run.get('replicate') or 1}): `{iv}` {says}"
+            if line not in seen.setdefault(name, []):
+                seen[name].append(line)
         for key, into in (("workarounds", workarounds), ("interventions", interventions)):
             for w in (r.run or {}).get(key) or []:
                 if w not in into.setdefault(name, []):
@@ -144,6 +151,7 @@ def launch_facts(study: Study) -> dict[str, Any]:
         "connector_packages": "; ".join(packages) or None,
         "workarounds": {k: v for k, v in workarounds.items() if v},
         "interventions": {k: v for k, v in interventions.items() if v},
+        "interventions_seen": seen,
         "lmcache_modes": modes,
         "sidecars": {k: v for k, v in sidecars.items() if v},
     }

@@ -72,6 +72,8 @@ def _header(agg: dict[str, Any]) -> list[str]:
         L.append(f"- Connector packages (the server's Python): {agg['connector_packages']}")
     for name, items in (agg.get("workarounds") or {}).items():
         L += [f"- Intervention (declared), `{name}`: {w}" for w in items]
+    for name, items in (agg.get("interventions_seen") or {}).items():
+        L += [f"- Intervention of `{name}`, {w}" for w in items]
     for name, mode in (agg.get("lmcache_modes") or {}).items():
         L.append(f"- LMCache mode, `{name}`: {mode}")
     for name, items in (agg.get("sidecars") or {}).items():

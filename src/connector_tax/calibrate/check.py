@@ -42,8 +42,8 @@ from connector_tax.calibrate.speed import at_speed, launch_speeds
 from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.contract.layout import CellFiles
-from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
-from connector_tax.pipeline.runners import VirtualRunner
+from connector_tax.measure.precision import OverloadGuard, PrecisionWatch
+from connector_tax.measure.runners import VirtualRunner
 
 GOALS = {"ttft_p90": 0.10, "tpot_p90": 0.05, "cells_share": 0.90}
 # (name in the output, aggregate column, its interval's columns or None)

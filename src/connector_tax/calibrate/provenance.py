@@ -45,7 +45,7 @@ def _timing(data: StudyData) -> dict[str, Any]:
     that launched, one that ended SKIP, a phase job around its cells (its time less the cells'
     own wall time and the plan's fixed cost per cell), a SKIPped variant's phase job, and the
     rest of `snakemake all` (the study's span, study.json to MANIFEST.md, less those jobs)."""
-    from connector_tax.pipeline.estimate import OVERHEADS
+    from connector_tax.planning.estimate import OVERHEADS
 
     layout = StudyLayout(data.study.root)
     cell_s = OVERHEADS[data.study.backend].cell_s

@@ -96,7 +96,7 @@ class Cell:
     min_completed: int = 0
     arrival: str = "poisson"  # poisson | gamma | fixed (a study's); max | concurrency | trace (ctax bench)
     gamma_shape: float = 1.0
-    precision_target: float | None = None  # workload.precision: adaptive length (pipeline.precision)
+    precision_target: float | None = None  # workload.precision: adaptive length (measure.precision)
     max_duration_s: float | None = None  # hard end of the extension (default 10x duration + 60 s)
     overload_guard: bool = True  # workload.phase_b.overload_guard (Phase B and B' cells only)
     concurrency: int | None = None  # closed loop: requests kept in flight
@@ -109,9 +109,9 @@ class Cell:
     seed: int | None = None
     replicate: int = 1
     # What its length past the floor is set by: the precision of its own p90s, or ("tax") of the
-    # taxes it feeds, paired against the baseline's cell (pipeline.precision).
+    # taxes it feeds, paired against the baseline's cell (measure.precision).
     precision_of: str = "p90"
-    # Which measurement of the cell in its launch this is (pipeline.measure's attempts): not a
+    # Which measurement of the cell in its launch this is (measure.loop's attempts): not a
     # setting (not fingerprinted); a later attempt's prompts differ (loadgen.worker.prompts.prompt_key).
     attempt: int = 1
 

@@ -13,13 +13,19 @@ the report, the symptom it removes and the overlay that tests it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
 from connector_tax.config.vllm_rules import connector_types
 
 INTERVENTIONS_ENV = "CONNECTOR_TAX_INTERVENTIONS"  # = patches.interventions.INTERVENTIONS_ENV
+# Where the interventions write what they did (patches.interventions.EVIDENCE_ENV): a folder the
+# launch names for a declaring variant, among the launch's records (contract.layout).
+EVIDENCE_ENV = "CONNECTOR_TAX_EVIDENCE"
+# connector-tax's own variables (the instrumentation's, the simulator's, the tools'): the launch sets
+# those a server reads from the study's settings, so no `env` of the config may set one.
+OWN_PREFIX = "CONNECTOR_TAX_"
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,9 @@ class Intervention:
     removes: str  # the suspected cause it removes, in words
     thread: str | None = None  # a busy-at-idle thread it addresses: text in the thread's `started_by`
     overlay: str | None = None  # the overlay that measures the variant beside it
-    cpu_only: bool = False  # acts only without an accelerator (the guard): required there
+    cpu_only: bool = False  # acts only without an accelerator (the guard): required there, refused elsewhere
+    # {another intervention: why the two cannot be declared together} (either side may say it)
+    conflicts: Mapping[str, str] = field(default_factory=dict)
 
 
 REGISTRY: dict[str, Intervention] = {
@@ -60,6 +68,7 @@ REGISTRY: dict[str, Intervention] = {
             "the busy loop of NIXL's UCX progress thread (a 0 ms poll timeout), keeping the thread",
             thread="Nixl",
             overlay="configs/overlays/nixl-progress.yaml",
+            conflicts={"nixl_progress_off": "the delay is the progress thread's, which nixl_progress_off removes"},
         ),
     )
 }
@@ -79,12 +88,41 @@ def addressing(started_by: str | None) -> list[Intervention]:
     return [i for i in REGISTRY.values() if i.thread and started_by and i.thread in started_by]
 
 
+def conflict(a: str, b: str) -> str | None:
+    """Why interventions `a` and `b` cannot be declared together, or None."""
+    return REGISTRY[a].conflicts.get(b) or REGISTRY[b].conflicts.get(a)
+
+
+def _env_maps(config: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every `env` of the config that reaches a launched process, with its key."""
+    vllm = config.get("vllm") or {}
+    out = [("vllm.env", vllm.get("env") or {})]
+    out += [(f"vllm.{k}.env", (vllm.get(k) or {}).get("env") or {}) for k in ("lmcache", "lmcache_mp")]
+    out += [(f"variants[{i}].env", v.get("env") or {}) for i, v in enumerate(config["variants"])]
+    return out
+
+
+def check_own_variables(config: Mapping[str, Any]) -> None:
+    """One line naming the key: an `env` that sets a variable of connector-tax's own (an
+    intervention would then reach a variant that never declared it, undisclosed)."""
+    for where, env in _env_maps(config):
+        for key in env:
+            if key.startswith(OWN_PREFIX):
+                hint = " (declare an intervention in the variant's `interventions`)" if key == INTERVENTIONS_ENV else ""
+                raise ConfigError(
+                    f"{where}.{key}", f"is connector-tax's own ({OWN_PREFIX}*): the launch sets it from the study{hint}"
+                )
+
+
 def check_interventions(config: Mapping[str, Any], on_cpu: bool) -> None:
     """One line naming the key: an unknown name, one on another backend than vllm, one whose
-    connector the variant lacks; and a Mooncake connector on CPU without the guard it needs."""
+    connector the variant lacks, two that conflict, a CPU-only one on an accelerator; a Mooncake
+    connector on CPU without the guard it needs; and connector-tax's own variables in any `env`."""
+    check_own_variables(config)
     for i, variant in enumerate(config["variants"]):
         kinds = connector_types(variant.get("connector"))
-        for j, name in enumerate(variant.get("interventions") or []):
+        names = list(variant.get("interventions") or [])
+        for j, name in enumerate(names):
             where = f"variants[{i}].interventions[{j}]"
             if name not in REGISTRY:
                 raise ConfigError(where, f"unknown intervention {name!r} (known: {', '.join(REGISTRY)})")
@@ -94,9 +132,17 @@ def check_interventions(config: Mapping[str, Any], on_cpu: bool) -> None:
                 raise ConfigError(
                     where, f"{name} acts on a {REGISTRY[name].connector} connector; {variant['name']} has none"
                 )
+            if REGISTRY[name].cpu_only and not on_cpu:
+                raise ConfigError(
+                    where,
+                    f"{name} acts only on a host without an accelerator (vllm.device: cpu); it would never act here",
+                )
+            for other in names[:j]:
+                if other in REGISTRY and (why := conflict(other, name)):
+                    raise ConfigError(where, f"{name} conflicts with {other}: {why}")
         if config["backend"] == "vllm" and on_cpu:
             needed = [r for r in REGISTRY.values() if r.cpu_only and r.connector in kinds]
-            missing = [r.name for r in needed if r.name not in (variant.get("interventions") or [])]
+            missing = [r.name for r in needed if r.name not in names]
             if missing:
                 raise ConfigError(
                     f"variants[{i}].interventions",

@@ -13,7 +13,8 @@ Layout (`StudyLayout`, `PhaseLayout`, `CellFiles`)::
       <config>/phase_a/           one server launch: run.json (its index), job.json (the job
                                   ended with a recorded outcome), launch.json (the last
                                   launch's facts), config.json, env.txt, launch.sh, server logs,
-                                  raw_steps/, and per cell:
+                                  raw_steps/, interventions/<launch>/ (what each declared
+                                  intervention did, per process), and per cell:
                                     requests_<phase>_<label>.jsonl
                                     metrics_<phase>_<label>.jsonl
                                     engine_step_<phase>_<label>.jsonl

@@ -90,6 +90,9 @@ class PhaseIndex:
     # idle per-thread CPU window taken right after the server was ready (threads_idle.jsonl).
     workarounds: list[str] = field(default_factory=list)
     interventions: list[str] = field(default_factory=list)  # the variant's declared ones, by name
+    # Whether each was seen to act in the launch (launch/evidence.py): {name: {"seen", "says", ...}};
+    # one declared and not seen makes the launch fail, with the reason.
+    interventions_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     server_env: dict[str, str] | None = None
     idle_threads: dict[str, Any] | None = None
     restarts: list[dict[str, Any]] = field(default_factory=list)

@@ -31,6 +31,7 @@ STAGING = ".staging"
 ATTEMPT_SEP = "~"  # .staging/<phase>_<label>~2: the second attempt at a cell
 SUPERSEDED = "superseded"
 RAW_STEPS = "raw_steps"
+EVIDENCE = "interventions"
 # Names inside results/<study>/ that are not configurations.
 STUDY_ENTRIES = {
     "study.json",
@@ -272,6 +273,11 @@ class PhaseLayout:
 
     def raw_step_log(self, launch_id: str) -> Path:
         return self.raw_steps / f"engine_step_raw.{launch_id}.jsonl"
+
+    def evidence(self, launch_id: str) -> Path:
+        """interventions/<launch>/: what each declared intervention did in each process of one
+        launch (patches/interventions: <name>.<pid>.json), kept with the launch's records."""
+        return self.folder / EVIDENCE / launch_id
 
     @property
     def idle_threads(self) -> Path:

@@ -3,7 +3,7 @@ statistics to the seal, and its decoder.
 
 The load generator makes it (loadgen.stats.summary: counts, rates, latencies, the instrument's validity
 checks; the run adds how it ran), the runner adds the host's report (metrics.host), the measuring
-loop the gate's verdict, why the cell ended and its attempts (pipeline.measure), and the seal its
+loop the gate's verdict, why the cell ended and its attempts (measure.loop), and the seal its
 fingerprint and the files it vouches for (contract.index). Every field has a default, so a summary
 written before a field existed still decodes (`decode_summary`), and a field a writer adds that
 this type does not know is ignored on reading.
@@ -39,7 +39,7 @@ class Check(msgspec.Struct, omit_defaults=True):
 
 
 # The reason a cell stands invalid, not measured again, when the study's own server starved the load
-# generator (pipeline.gate.self_starved); the report's advice (analysis.contention) reads it back.
+# generator (measure.gate.self_starved); the report's advice (analysis.contention) reads it back.
 SELF_STARVED = (
     "the load generator was late on a host otherwise quiet: the server under test took the CPU it "
     "needed (not measured again: another attempt would find the same)"
@@ -48,7 +48,7 @@ SELF_STARVED = (
 
 class Verdict(msgspec.Struct):
     """The validity gate's verdict (the summary's `validity`). The load generator fills `valid`,
-    `reasons` and `checks` for the instrument; the gate (pipeline.gate.judge) adds the host's
+    `reasons` and `checks` for the instrument; the gate (measure.gate.judge) adds the host's
     checks and keeps the two apart: `instrument_valid`, `host_busy` (None: no host was measured),
     and `perturbation`, how far past its bound the worst timing or host check went."""
 

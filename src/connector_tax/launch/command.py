@@ -24,9 +24,11 @@ def launch_spec(
     port: int,
     step_log: str | None = None,
     sidecars: dict[str, int] | None = None,
+    evidence: str | None = None,
 ) -> LaunchSpec:
     """sidecars: {name: first port} reserved for the variant's sidecars (sidecar_names); where
-    absent, the launch is planned on fixed ports (fingerprints, printed commands)."""
+    absent, the launch is planned on fixed ports (fingerprints, printed commands). evidence: the
+    folder where a vLLM variant's declared interventions write what they did (launch/evidence.py)."""
     if study.backend == "sim":
         from connector_tax.launch.sim import sim_command
 
@@ -34,5 +36,5 @@ def launch_spec(
     if study.backend == "vllm":
         from connector_tax.launch.vllm import vllm_command
 
-        return vllm_command(study, variant, port, step_log, sidecars)
+        return vllm_command(study, variant, port, step_log, sidecars, evidence)
     return LaunchSpec(argv=[], url=study.openai_url)

@@ -48,6 +48,7 @@ def script(config_path: str | Path, name: str) -> str:
         env = [f"{k}={v}" for k, v in sorted(side.env.items())]
         lines += [f"# Start its sidecar {side.name} ({side.what}) first; ready when {side.ready} answers:"]
         lines += ["#   " + " ".join([*env, *side.argv])]
+    lines += spec.unset_line()
     for key, value in sorted(spec.env.items()):
         if key in _SIDE_PORT_KEYS and value == str(_PORT + _SIDE_PORT_KEYS[key]):
             lines.append(f"export {key}=$((PORT + {_SIDE_PORT_KEYS[key]}))")

@@ -36,7 +36,7 @@ from typing import Any
 
 from connector_tax import resources
 from connector_tax.config import ConfigError, StudyConfig, Variant
-from connector_tax.config.interventions import INTERVENTIONS_ENV, disclosures
+from connector_tax.config.interventions import EVIDENCE_ENV, INTERVENTIONS_ENV, disclosures
 from connector_tax.config.vllm_rules import (
     MANAGED_FLAGS,
     check_extra_args,
@@ -322,8 +322,12 @@ def model_path(study: StudyConfig) -> str:
     return str(path)
 
 
-def vllm_env(study: StudyConfig, variant: Variant, port: int, step_log: str | None = None) -> dict[str, str]:
-    """The environment a launch sets (on top of the caller's)."""
+def vllm_env(
+    study: StudyConfig, variant: Variant, port: int, step_log: str | None = None, evidence: str | None = None
+) -> dict[str, str]:
+    """The environment a launch sets (on top of the caller's, less what LaunchSpec.unset removes:
+    the instrumentation's variables reach the server only from here). evidence: the folder where
+    a declaring variant's interventions write what they did (none: stderr only)."""
     ports = side_ports(port)
     settings = study.vllm
     root = repo_root()
@@ -340,6 +344,8 @@ def vllm_env(study: StudyConfig, variant: Variant, port: int, step_log: str | No
         env.update(vllm_cpu.cpu_env(study, resources.workdir()))
     if interventions:  # never set otherwise: the site hook loads nothing a variant did not declare
         env[INTERVENTIONS_ENV] = ",".join(interventions)
+        if evidence:
+            env[EVIDENCE_ENV] = os.path.abspath(evidence)
     if "mooncake" in kinds:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(ports["mooncake_bootstrap"])
     if "nixl" in kinds:
@@ -359,12 +365,14 @@ def vllm_command(
     port: int,
     step_log: str | None = None,
     sidecars: dict[str, int] | None = None,
+    evidence: str | None = None,
 ) -> LaunchSpec:
     """The launch of one variant: `vllm serve` argv, its environment and its sidecars (an LMCache
     MP server for lmcache_mp) on the ports `sidecars` reserved for them (raises ConfigError or
-    ValueError, one line naming the key or argument, on bad input)."""
+    ValueError, one line naming the key or argument, on bad input). evidence: where its declared
+    interventions write what they did."""
     ports = sidecar_ports(variant, sidecars)
     argv = vllm_argv(study, variant, port, ports)
     host = str(study.server_of(variant)["host"])
     specs = tuple(lmcache_mp.server(study, host, p) for name, p in ports.items() if name == lmcache_mp.SIDECAR)
-    return LaunchSpec(argv=argv, env=vllm_env(study, variant, port, step_log), sidecars=specs)
+    return LaunchSpec(argv=argv, env=vllm_env(study, variant, port, step_log, evidence), sidecars=specs)

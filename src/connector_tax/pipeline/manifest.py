@@ -19,7 +19,7 @@ from connector_tax.config import LAUNCH_PHASES, StudyConfig, launch_label, load_
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, PhaseIndex, read_index, read_summary
 from connector_tax.contract.records import connector_packages, connector_version
-from connector_tax.pipeline.provenance import (
+from connector_tax.launch.provenance import (
     git_sha,
     gpu_description,
     lmcache_mode,
@@ -48,6 +48,7 @@ COLUMNS = [
     "connector_packages",
     "workarounds",
     "interventions",
+    "interventions_seen",
     "connector_tax_sha",
     "loadgen_code",
     "gpu",
@@ -150,6 +151,15 @@ def _sidecars(index: PhaseIndex | None) -> str:
     )
 
 
+def interventions_seen(index: PhaseIndex) -> list[str]:
+    """Each declared intervention of the launch, seen to act or not (launch/evidence.py), in words."""
+    seen = index.interventions_seen or {}
+    return [
+        f"{name} {(seen.get(name) or {}).get('says') or 'declared, not checked (no evidence read)'}"
+        for name in index.interventions
+    ]
+
+
 def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any]]:
     common = {
         "study": study.study,
@@ -202,6 +212,8 @@ def manifest_rows(study: StudyConfig, layout: StudyLayout) -> list[dict[str, Any
             launch_command=shlex.join(index.launch_command) if index.launch_command else "",
             workarounds="; ".join(index.workarounds),
             interventions=" ".join(index.interventions),
+            interventions_seen="; ".join(interventions_seen(index)),
+            seen=interventions_seen(index),
             **host_of(layout, index),
         )
         rows.append(row)
@@ -245,6 +257,11 @@ def render_md(study: StudyConfig, rows: list[dict[str, Any]], layout: StudyLayou
     ]
     workarounds = sorted({(r["variant"], w) for r in rows for w in (r.get("workarounds") or "").split("; ") if w})
     lines += [f"- intervention (declared), {name}: {w}" for name, w in workarounds]
+    lines += [
+        f"- intervention of {launch_label(r['variant'], r['replicate'])} / {r['phase']}: {seen}"
+        for r in rows
+        for seen in r.get("seen") or []
+    ]
     modes = sorted({(r["variant"], r["lmcache_mode"]) for r in rows if r.get("lmcache_mode")})
     lines += [f"- LMCache mode, {name}: {mode}" for name, mode in modes]
     sidecars = sorted({(r["variant"], s) for r in rows for s in (r.get("sidecars") or "").split("; ") if s})

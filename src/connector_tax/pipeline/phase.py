@@ -2,7 +2,7 @@
 
 Every planned cell has a fingerprint (contract.fingerprint). A cell is reused only when its
 sealed files carry that fingerprint; anything else under its label is moved to superseded/
-and the cell is measured again in one server launch (pipeline.measure). The launch's index,
+and the cell is measured again in one server launch (measure.loop). The launch's index,
 run.json, lists every planned cell with its fingerprint, settings and state (complete, failed,
 pending) and the launch's facts; it is written before the launch, after every cell and at the
 end, whatever happened. Recorded outcomes (a preflight SKIP, a server that would not start or
@@ -37,12 +37,12 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import sha
 from connector_tax.contract.index import COMPLETE, DONE, FAILED, IndexEntry, PhaseIndex, read_index, read_summary
 from connector_tax.contract.layout import CellFiles, PhaseLayout, now_iso, utc_stamp
-from connector_tax.pipeline.measure import Policies, ServerDied, Suspect, measure
-from connector_tax.pipeline.plan import CellPlan, LaunchPlan, digest_of, launch_plan, read_reference
-from connector_tax.pipeline.provenance import env_text, lmcache_mode, mooncake_transport, served_by
-from connector_tax.pipeline.prune import knee, overloaded_shape, ttft_growth_only
-from connector_tax.pipeline.resume import decide
-from connector_tax.pipeline.runners import ServerRunner, VirtualRunner
+from connector_tax.launch.provenance import env_text, lmcache_mode, mooncake_transport, served_by
+from connector_tax.measure.cellplan import CellPlan, LaunchPlan, digest_of, launch_plan, read_reference
+from connector_tax.measure.loop import Policies, ServerDied, Suspect, measure
+from connector_tax.measure.prune import knee, overloaded_shape, ttft_growth_only
+from connector_tax.measure.resume import decide
+from connector_tax.measure.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals, stop_requested
 from connector_tax.serving.process import ServerStartError
 from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
@@ -58,6 +58,8 @@ _CARRIED = (
     "step_timing_available",
     "step_timing_reason",
     "workarounds",
+    "interventions",
+    "interventions_seen",
     "server_env",
     "idle_threads",
     "sidecars",
@@ -90,7 +92,7 @@ def _carry_launch_facts(folder: PhaseLayout, index: PhaseIndex, previous: PhaseI
 
 def preflight_reason(layout: StudyLayout, name: str, launch: str) -> str | None:
     """None if the configuration passed preflight with these launch settings (`launch`, their
-    digest: pipeline.plan.launch_digest), else why it is skipped. An ok of other settings is
+    digest: measure.cellplan.launch_digest), else why it is skipped. An ok of other settings is
     none of this launch's: the phase job never starts on a verdict it cannot tie to its launch."""
     try:
         status = json.loads(layout.preflight_status.read_text(encoding="utf-8"))

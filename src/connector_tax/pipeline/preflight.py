@@ -25,8 +25,8 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import now_iso
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.hostcheck import check_host
-from connector_tax.pipeline.job_resources import GATE_S
-from connector_tax.pipeline.plan import launch_digest
+from connector_tax.measure.cellplan import launch_digest
+from connector_tax.planning.job_resources import GATE_S
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
 from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
@@ -184,8 +184,8 @@ def missing_library(study: StudyConfig, variant: Variant, env: dict[str, str], c
     probed once and kept in `cache` (preflight/connector_probe.json) for the same interpreter,
     PYTHONPATH and versions."""
     from connector_tax.launch.connector_probe import LIBRARIES, libraries, probe
+    from connector_tax.launch.provenance import server_versions
     from connector_tax.launch.vllm_install import installed_vllm
-    from connector_tax.pipeline.provenance import server_versions
 
     libs = libraries(variant)
     if not libs:

@@ -26,7 +26,7 @@ import psutil
 
 from connector_tax.config import StudyConfig, Variant
 from connector_tax.serving.lifecycle import GroupWatchdog, die_with_parent, exclusive_lock, private_dir
-from connector_tax.serving.spec import LaunchSpec, launch_environ
+from connector_tax.serving.spec import LaunchSpec
 
 # How long a launch may take to answer /health and /v1/models: vLLM loads a model first.
 READY_TIMEOUT_S = {"sim": 30.0, "vllm": 900.0, "openai": 30.0}
@@ -253,7 +253,7 @@ class ServerProcess:
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 self.spec.argv,
-                env=launch_environ(self.spec.env),
+                env=self.spec.environ(),
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -107,6 +108,21 @@ class Sidecar:
         release_port(self.spec.port)
 
 
+def _stop_all(sidecars: list[Sidecar], raising: bool) -> None:
+    """Stop every sidecar, last started first, whatever one stop raises: a failed stop never leaves
+    the others running. The first failure is raised after all were stopped (raising), else said on
+    stderr (an exception already on its way out is the one that matters)."""
+    failed: list[Exception] = []
+    for sidecar in reversed(sidecars):
+        try:
+            sidecar.stop()
+        except Exception as exc:  # noqa: BLE001 - the next sidecar is stopped all the same
+            failed.append(exc)
+            print(f"sidecar {sidecar.spec.name}: stop failed: {exc!r}", file=sys.stderr, flush=True)
+    if failed and raising:
+        raise failed[0]
+
+
 class Sidecars:
     """A launch's sidecars: entered, each is started and ready in turn (a failure stops those
     already started and raises ServerStartError); left, all are stopped, last started first."""
@@ -122,16 +138,14 @@ class Sidecars:
                 sidecar.start()
                 sidecar.wait_ready()
         except BaseException:
-            for sidecar in reversed(started):
-                sidecar.stop()
+            _stop_all(started, raising=False)
             raise
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for sidecar in reversed(self.sidecars):
-            sidecar.stop()
+        _stop_all(self.sidecars, raising=exc is None)
 
     def failure(self) -> str | None:
         """Why a sidecar has failed (the first that exited), or None while all run."""

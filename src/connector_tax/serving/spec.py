@@ -8,6 +8,9 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from connector_tax.config.interventions import EVIDENCE_ENV, INTERVENTIONS_ENV
+from connector_tax.contract.records import STEP_LOG_ENV
+
 # What Snakemake exports to every job's shell: the job's granted threads (1 under `--cores 1`, 6 for
 # a GPU phase job under `--cores 48`). A server that inherited them would serve with a thread
 # count that depends on the command line: vLLM leaves torch's threads at an OMP_NUM_THREADS it
@@ -24,20 +27,18 @@ SCHEDULER_THREAD_VARS = (
 )
 
 
-def launch_environ(env: dict[str, str]) -> dict[str, str]:
-    """A launched process's whole environment: the caller's without the scheduler's thread counts,
-    then what the launch sets."""
-    return {**{k: v for k, v in os.environ.items() if k not in SCHEDULER_THREAD_VARS}, **env}
+# connector-tax's own instrumentation (patches/): which interventions load, where the step log and
+# the interventions' evidence go. The launch sets them from the study (a variant's `interventions`,
+# vllm.step_timing) or they are absent: one exported in the caller's shell would load an
+# intervention, or write records, that no output of the study discloses.
+INSTRUMENTATION_VARS = (INTERVENTIONS_ENV, STEP_LOG_ENV, EVIDENCE_ENV)
+# What every launch removes from the caller's environment unless it sets the variable itself.
+CALLERS_DROPPED = SCHEDULER_THREAD_VARS + INSTRUMENTATION_VARS
 
 
-def _script(argv: list[str], env: dict[str, str], comments: list[str]) -> str:
-    lines = ["#!/usr/bin/env bash", "set -euo pipefail", *comments]
-    dropped = [name for name in SCHEDULER_THREAD_VARS if name not in env]
-    if dropped:
-        lines.append(f"unset {' '.join(dropped)}  # a Snakemake job's thread counts: the server's own apply")
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
-    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
-    return "\n".join(lines) + "\n"
+def launch_environ(env: dict[str, str], unset: tuple[str, ...] = CALLERS_DROPPED) -> dict[str, str]:
+    """A launched process's whole environment: the caller's less `unset`, then what the launch sets."""
+    return {**{k: v for k, v in os.environ.items() if k not in unset}, **env}
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,19 @@ class LaunchSpec:
     url: str | None = None
     # Started in this order before the server, each ready before the next; stopped after it.
     sidecars: tuple[SidecarSpec, ...] = ()
+    # Removed from the caller's environment unless `env` sets them (launch.sh unsets them).
+    unset: tuple[str, ...] = CALLERS_DROPPED
+
+    def environ(self) -> dict[str, str]:
+        """The launched process's whole environment."""
+        return launch_environ(self.env, self.unset)
+
+    def unset_line(self) -> list[str]:
+        """launch.sh's `unset` of what the launch removes from the caller's environment (no line: nothing)."""
+        dropped = [name for name in self.unset if name not in self.env]
+        if not dropped:
+            return []
+        return [f"unset {' '.join(dropped)}  # the caller's: the launch sets these, or the server runs without"]
 
     def script(self) -> str:
         """A runnable launch.sh that reproduces this launch, every value shlex-quoted."""
@@ -91,4 +105,7 @@ class LaunchSpec:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(s.env.items()))
             needs += [f"# needs sidecar {s.name} ({s.label}) running first, ready at {s.ready}:"]
             needs += [f"#   {env + ' ' if env else ''}{shlex.join(s.argv)}"]
-        return _script(self.argv, self.env, needs)
+        lines = ["#!/usr/bin/env bash", "set -euo pipefail", *needs, *self.unset_line()]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
+        lines.append("exec " + " ".join(shlex.quote(a) for a in self.argv))
+        return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ Lateness is judged by what it does to the measurement, not by an absolute bound:
 cell's mean inter-arrival gap (is the arrival process the one asked for?) and to its TTFT p90
 (the first token's stamp waits for the same worker as the send: how far can TTFT p90 be off?).
 A cell that fails a check is marked invalid with the reasons; the pipeline adds the host's
-contention (metrics/host.py) and measures an invalid cell again (pipeline/gate.py). Bounds come
+contention (metrics/host.py) and measures an invalid cell again (measure/gate.py). Bounds come
 from the config's `validity:` section (config.Validity; the schema states why each is what it is).
 
 The summary streams: `RequestStats.add` takes each record as it completes and keeps only bounded

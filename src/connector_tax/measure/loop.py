@@ -35,10 +35,10 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import COMPLETE, FAILED, PRUNED, PhaseIndex, move_aside, seal_cell
 from connector_tax.contract.layout import CellFiles, now_iso
 from connector_tax.contract.summary import CellSummary
-from connector_tax.pipeline.gate import Attempt, choose, judge, remeasure_reason
-from connector_tax.pipeline.plan import CellPlan
-from connector_tax.pipeline.precision import OverloadGuard, PrecisionWatch
-from connector_tax.pipeline.runners import Runner, Waiting
+from connector_tax.measure.cellplan import CellPlan
+from connector_tax.measure.gate import Attempt, choose, judge, remeasure_reason
+from connector_tax.measure.precision import OverloadGuard, PrecisionWatch
+from connector_tax.measure.runners import Runner, Waiting
 
 MAX_RESTARTS = 2  # server launches after the first, per phase job
 

@@ -15,8 +15,8 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import short
 from connector_tax.contract.index import IndexEntry, move_aside, read_summary, verify_cell
 from connector_tax.contract.layout import ATTEMPT_SEP
-from connector_tax.pipeline.gate import stands_perturbed
-from connector_tax.pipeline.plan import LaunchPlan
+from connector_tax.measure.cellplan import LaunchPlan
+from connector_tax.measure.gate import stands_perturbed
 
 
 def _why_tag(reason: str, old_fp: str | None, new_fp: str) -> str:
@@ -37,7 +37,7 @@ def clear_staging(layout: StudyLayout, plan: LaunchPlan) -> list[dict[str, Any]]
             continue
         for folder in sorted(p for p in pl.staging_root.iterdir() if p.is_dir()):
             label = folder.name[len(phase) + 1 :] if folder.name.startswith(f"{phase}_") else folder.name
-            label = label.split(ATTEMPT_SEP)[0]  # a later attempt at the cell (pipeline/gate.py)
+            label = label.split(ATTEMPT_SEP)[0]  # a later attempt at the cell (measure/gate.py)
             files = sorted(p for p in folder.iterdir() if p.is_file())
             dest = pl.superseded(label, "interrupted")
             move_aside(files, dest, {"cell": f"{phase}/{label}", "reason": "interrupted before it was sealed"})

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,6 @@ from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PRUNED, read_index, read_summary
 from connector_tax.launch.preflight import preflight_check
 from connector_tax.metrics.threads import IDLE_WINDOW_S
-from connector_tax.pipeline.plan import job_threads
 from connector_tax.serving import topology
 from connector_tax.sim.profiles import HardwareProfile, hardware_profile
 
@@ -384,3 +384,17 @@ def render(
         )
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def job_threads(study: StudyConfig) -> int:
+    """CPUs a phase job keeps busy: the load generator's main process and workers, and the
+    server (one core for the simulator, four for vLLM's API server, engine core and worker on
+    a GPU host; on a CPU host vLLM computes on every core it may use). A study in virtual time
+    launches neither: its job computes each cell in its own process, on one core, so jobs run
+    side by side as cores allow (`ctax plan --predict`)."""
+    if study.virtual_clock:
+        return 1
+    loadgen = 1 + study.loadgen.workers
+    if study.backend != "vllm":
+        return loadgen + 1
+    return (os.cpu_count() or 1) if study.device == "cpu" else loadgen + 4

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -27,24 +28,25 @@ from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
+from connector_tax.launch.evidence import seen, unseen
+from connector_tax.launch.provenance import gpu_description
 from connector_tax.launch.steptiming import thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.loadgen.host.priority import raised_process
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions, needs_server
+from connector_tax.measure.precision import PrecisionWatch
+from connector_tax.measure.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
+from connector_tax.measure.watch import ServerWatch
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.metrics.threads import IDLE_WINDOW_S, ThreadSampler, record_idle
 from connector_tax.oracle.virtual_run import VirtualTimeRun
-from connector_tax.pipeline.precision import PrecisionWatch
-from connector_tax.pipeline.provenance import gpu_description
-from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
-from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.cpus import Leased, cpu_lease
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
-from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
+from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
 
@@ -132,10 +134,15 @@ class ServerRunner:
         port = free_port(host, block=3 if backend == "vllm" else 1)
         # Each sidecar (an LMCache MP server) on ports of its own, reserved until it stops.
         sidecar_ports = {name: free_port(host, block=SIDECAR_PORTS) for name in sidecar_names(study, variant)}
-        raw = self.folder.raw_step_log(f"{index.launch_id}.{len(index.restarts)}")
+        launch_id = f"{index.launch_id}.{len(index.restarts)}"
+        raw = self.folder.raw_step_log(launch_id)
         raw.parent.mkdir(parents=True, exist_ok=True)
         step_log = str(raw) if backend != "openai" else None
-        spec = launch_spec(str(study.source), study, variant, port, step_log, sidecar_ports)
+        # Declared interventions write what they did here, kept with the launch's records.
+        evidence = self.folder.evidence(launch_id) if backend == "vllm" and variant.interventions else None
+        spec = launch_spec(
+            str(study.source), study, variant, port, step_log, sidecar_ports, str(evidence) if evidence else None
+        )
         if self.gpu is not None:
             spec.env.update(gpu_env(self.gpu.index))
         if backend == "sim":  # the launch's own draws (the simulator's per-launch speed factor)
@@ -146,6 +153,7 @@ class ServerRunner:
         if backend == "vllm":
             index.workarounds = workarounds(variant)
             index.interventions = list(variant.interventions)
+            index.interventions_seen = {}
         options = LoadgenOptions.of_study(study, url)
         # Off the load generator's worker cores: a server waking there preempts a send spin.
         cpus = plan_affinity(options.workers).server_cpus if options.affinity else ()
@@ -166,6 +174,8 @@ class ServerRunner:
             save()
             server.wait_ready(ready_timeout_s(study, self.variant), sidecars.failure)
             sidecars.check_registered()
+            if evidence is not None:
+                _check_interventions(index, evidence, save)
             placement = study.cpu_placement if backend == "vllm" else None
             if placement and server.proc is not None:  # every server thread but the model's, apart from it
                 threads = pin_server_threads(server.proc.pid, *placement)
@@ -193,6 +203,19 @@ class ServerRunner:
                     pin_this_process(given_back)
             available, reason = step_timing_status(raw, backend, self.variant.connector is not None)
             index.step_timing_available, index.step_timing_reason = available, reason
+        if evidence is not None:  # the launch stopped: its final counts
+            index.interventions_seen = seen(evidence, index.interventions)
+
+
+def _check_interventions(index: PhaseIndex, evidence: Path, save: Callable[[], None]) -> None:
+    """Once the server is ready, every declared intervention has acted or the launch is refused:
+    each shipped one acts while vLLM starts (NIXL's agent and Mooncake's worker are built before
+    the server answers), so a cell measured now would measure the variant without it."""
+    index.interventions_seen = seen(evidence, index.interventions)
+    save()
+    why = unseen(index.interventions_seen)
+    if why is not None:
+        raise ServerStartError(why)
 
 
 def _local_listener(url: str) -> int | None:

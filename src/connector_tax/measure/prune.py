@@ -28,7 +28,7 @@ from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import PHASE_A, StudyConfig
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import PRUNED, read_summary
-from connector_tax.pipeline.plan import CellPlan
+from connector_tax.measure.cellplan import CellPlan
 
 
 def _row(

@@ -18,10 +18,10 @@ from pathlib import Path
 from connector_tax.atomic import write_json
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.profile import EngineProfile, check_model, check_study_profile, read_profile
-from connector_tax.pipeline.estimate import Estimate, Timing, as_dict, plan_study, render
-from connector_tax.pipeline.predict import predict, predictable
-from connector_tax.pipeline.resolution import TaxResolution, resolution, unbounded_cells, with_launches
-from connector_tax.pipeline.resolution import render as render_resolution
+from connector_tax.planning.estimate import Estimate, Timing, as_dict, plan_study, render
+from connector_tax.planning.predict import predict, predictable
+from connector_tax.planning.resolution import TaxResolution, resolution, unbounded_cells, with_launches
+from connector_tax.planning.resolution import render as render_resolution
 
 
 def _launch_sd(text: str) -> dict[str, float]:

@@ -12,7 +12,7 @@ import sys
 
 from connector_tax.config import ConfigError, load_config, load_study, ok_line
 from connector_tax.launch.hostcheck import check_host
-from connector_tax.pipeline.resolution import unbounded_warnings
+from connector_tax.planning.resolution import unbounded_warnings
 
 
 def add_arguments(check: argparse.ArgumentParser) -> None:
