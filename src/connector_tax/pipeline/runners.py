@@ -27,7 +27,7 @@ from connector_tax.contract.layout import CellFiles, PhaseLayout
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
-from connector_tax.launch.steptiming import thread_labels
+from connector_tax.launch.steptiming import built_on, thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.loadgen.host.priority import raised_process
@@ -43,7 +43,7 @@ from connector_tax.pipeline.steplog import StepLogSplitter, drop_raw_logs, step_
 from connector_tax.pipeline.watch import ServerWatch
 from connector_tax.serving.cpus import Leased, cpu_lease
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
-from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
+from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process, server_pins
 from connector_tax.serving.process import ServerProcess, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
@@ -166,6 +166,10 @@ class ServerRunner:
             save()
             server.wait_ready(ready_timeout_s(study, self.variant), sidecars.failure)
             sidecars.check_registered()
+            if backend == "vllm" and server.proc is not None:  # what vLLM pinned, before the study moves a thread
+                started_on = sorted(server.cpus) if server.cpus else sorted(os.sched_getaffinity(0))
+                pins = server_pins(server.proc.pid, started_on, built_on(raw))
+                index.placement = {**(index.placement or {}), "server_pins": pins}
             placement = study.cpu_placement if backend == "vllm" else None
             if placement and server.proc is not None:  # every server thread but the model's, apart from it
                 threads = pin_server_threads(server.proc.pid, *placement)
