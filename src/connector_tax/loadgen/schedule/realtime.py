@@ -6,7 +6,7 @@ rules (rules.py), which the simulator's virtual-time runner follows too.
 
 A cell may drive several targets (a duet: servers side by side): each scheduled request goes to
 every target at the same time, the same spec to each, through that target's own workers, and
-each target's records, summary and checks are a cell of their own in its own folder (`_Side`).
+each target's records, summary and checks are a cell of their own in its own folder (sides.py).
 The rules apply to the cell as a whole: min-completed is met when every target has met it; the
 in-flight cap is each target's own, so a slow target's drops change nothing the others are sent.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,11 +27,12 @@ from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.summary import CellSummary, RtPriority, write_summary
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
-from connector_tax.loadgen.host.priority import raised
+from connector_tax.loadgen.host.priority import PriorityState, raised
 from connector_tax.loadgen.schedule.options import LoadgenOptions
 from connector_tax.loadgen.schedule.rules import CellRules
 from connector_tax.loadgen.schedule.schedulers import ConcurrencyGate, arrivals
 from connector_tax.loadgen.schedule.shapes import ShapeSampler, shape_seed
+from connector_tax.loadgen.schedule.sides import Copies, Side
 from connector_tax.loadgen.schedule.sizing import Sizing
 from connector_tax.loadgen.schedule.trace import prefix_blocks, trace_arrivals
 from connector_tax.loadgen.schedule.workers import WorkerPool
@@ -53,51 +53,11 @@ class Session:
 
     options: LoadgenOptions
     pool: WorkerPool
-    progress: Sequence[Progress]  # one per target
+    progresses: Sequence[Progress]  # one per target
     stop_event: Event
     cpu_latency: CpuLatencyHold
     body: BodySettings | None = None  # what the workers send (None: token ids, as the options say)
     sizing: Sizing | None = None  # how text prompts were sized on this server
-
-
-@dataclass(frozen=True)
-class _Side:
-    """One target's share of a cell: its folder, its workers, its requests in flight, records and
-    statistics. Every target of a cell has one, alike."""
-
-    target: int
-    files: CellFiles
-    workers: range  # the pool's workers that serve this target
-    writer: RecordWriter
-    stats: RequestStats
-    collector: Collector
-    progress: Progress
-
-
-class _Copies:
-    """Closed loop over several targets: a request's place in the gate frees once every target's
-    copy has ended (answered, failed or dropped), so every target is sent the same requests at
-    the same times, at the pace of the slowest. With one target: at once, as always."""
-
-    def __init__(self, copies: int, release: Callable[[], None]) -> None:
-        self.copies, self.release = copies, release
-        self.left: dict[int, int] = {}
-        self.lock = threading.Lock()
-
-    def issued(self, index: int) -> None:
-        with self.lock:
-            self.left[index] = self.copies
-
-    def ended(self, index: int) -> None:
-        with self.lock:
-            left = self.left.get(index)
-            if left is None:
-                return
-            if left > 1:
-                self.left[index] = left - 1
-                return
-            del self.left[index]
-        self.release()
 
 
 class RealTimeRun:
@@ -119,8 +79,8 @@ class RealTimeRun:
         self.files = [CellFiles(Path(d), cell.phase, cell.label) for d in out_dirs]
         self.cell_id = f"{self.name}#{next(_RUNS)}"
         self.gate: ConcurrencyGate | None = None
-        self.copies: _Copies | None = None
-        self.sides: list[_Side] = []
+        self.copies: Copies | None = None
+        self.sides: list[Side] = []
         self.events: list[tuple[int, str]] = []
         self.send_ahead_ns = int(self.opts.send_ahead_us * 1000)
         self.unissued = 0  # due before the cell's end, never sent: the generator fell behind
@@ -135,11 +95,11 @@ class RealTimeRun:
         sends_text = self.gen.body is not None and self.gen.body.sends_text
         rule = shape_rule(sends_text, self.opts.ignore_eos, self.opts.validity.max_prompt_token_error)
         base_ns = time.monotonic_ns()
-        for t, (files, progress) in enumerate(zip(self.files, self.gen.progress, strict=True)):
+        for t, (files, progress) in enumerate(zip(self.files, self.gen.progresses, strict=True)):
             writer = RecordWriter(files.requests)
             stats = RequestStats(base_ns, self.opts.summary_exact_cap, rule)
             collector = Collector(self.cell_id, writer, stats, progress, t)
-            self.sides.append(_Side(t, files, pool.workers_of(t), writer, stats, collector, progress))
+            self.sides.append(Side(t, files, pool.workers_of(t), writer, stats, collector, progress))
         self.collectors = [side.collector for side in self.sides]
         chunk_paths = [
             str(self.sides[pool.target_of(k)].files.chunks(k)) if self.opts.chunk_log else None
@@ -148,7 +108,7 @@ class RealTimeRun:
         pool.set_cell(chunk_paths)
         self.receive_errors_before = pool.receive_errors
         pool.set_handler(self.on_message)
-        set_timer_slack()  # this thread's sleeps wake closer to their targets
+        set_timer_slack()  # this thread's sleeps wake closer to their times
         cpu0, wall0 = pool.cpu_seconds(), time.monotonic()
         t0 = time.monotonic_ns() + START_LEAD_NS
         self.rules = CellRules(self.cell, self.opts, t0, self.enough, self.give_up)
@@ -185,7 +145,7 @@ class RealTimeRun:
         return summaries
 
     def _summary(
-        self, side: _Side, wall: float, cpu_frac: dict[str, float], priority: Any, stopped: str | None
+        self, side: Side, wall: float, cpu_frac: dict[str, float], priority: PriorityState, stopped: str | None
     ) -> CellSummary:
         """A target's summary, written to its folder: its own records and workers, the cell's
         course (the same for every target)."""
@@ -228,7 +188,7 @@ class RealTimeRun:
         return summary
 
     def _schedule(self, t0: int) -> Iterator[tuple[int, ipc.RequestSpec]]:
-        """(target time, spec) pairs; a target of -1 means "as soon as the gate allows"."""
+        """(scheduled time, spec) pairs; a time of -1 means "as soon as the gate allows"."""
         cell = self.cell
         seed = self.seed
         if cell.arrival == "trace":
@@ -257,7 +217,7 @@ class RealTimeRun:
         if cell.arrival == "concurrency":
             self.gate = ConcurrencyGate(cell.concurrency or 1, cell.rampup_s)
             self.gate.start(t0)
-            self.copies = _Copies(len(self.sides), self.gate.release)
+            self.copies = Copies(len(self.sides), self.gate.release)
             for collector in self.collectors:
                 collector.on_done = self.copies.ended
         schedule = self._schedule(t0)
@@ -300,10 +260,10 @@ class RealTimeRun:
         # min-completed is the cell's: met when every target has met it.
         return self.rules.done(t, min(c.completed_post for c in self.collectors))
 
-    def _wait(self, target: int) -> None:
+    def _wait(self, until_ns: int) -> None:
         """Sleep to a request's send-ahead time. No spin: the worker fires it on the dot, and
         the send-ahead lead absorbs this sleep's wake-up jitter (~0.1 ms)."""
-        remaining = target - time.monotonic_ns()
+        remaining = until_ns - time.monotonic_ns()
         if remaining > 0:
             self.gen.stop_event.wait(remaining / 1e9)
 
@@ -315,7 +275,7 @@ class RealTimeRun:
         for side in self.sides:
             self._issue_to(side, t_sched, spec, warmup)
 
-    def _issue_to(self, side: _Side, t_sched: int, spec: ipc.RequestSpec, warmup: bool) -> None:
+    def _issue_to(self, side: Side, t_sched: int, spec: ipc.RequestSpec, warmup: bool) -> None:
         workers = side.workers
         worker = workers[spec.index % len(workers)]
         collector = side.collector

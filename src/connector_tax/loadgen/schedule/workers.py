@@ -5,7 +5,8 @@ socket for every result, drained on an event-loop thread (uvloop) that hands eac
 the current cell's handler. Requests are sent from the session thread itself with a
 non-blocking send, a little ahead of their time (the worker fires them on the dot), so no
 thread hop through the loop adds to their latency; only the session thread ever touches the
-PUSH sockets.
+PUSH sockets. Each worker serves one target (server URL); a duet's targets have workers of their
+own, so one server's responses never share a worker's loop with the other's sends.
 """
 
 from __future__ import annotations

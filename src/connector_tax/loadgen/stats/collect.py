@@ -1,5 +1,5 @@
-"""A cell's results side, one per target: requests in flight, results matched to them, records
-and statistics.
+"""A cell's results, one Collector per target: requests in flight, results matched to them,
+records and statistics.
 
 The session thread registers each request as it issues it (`issue`); the pool's receiver
 thread hands every worker result to `on_result`, which matches it by cell id, target, request
