@@ -28,7 +28,7 @@ from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
 def _fake_gen() -> SimpleNamespace:
     progress = Progress(issued=3, completed=2, in_flight=1)
     progress.recent_ttft_ms.extend([10.0, 12.5, 20.0])
-    return SimpleNamespace(progress=progress)
+    return SimpleNamespace(progress=progress, progresses=[progress])
 
 
 def test_progress_plain_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,6 +141,22 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (
             ["--url", "localhost:99999"],
             "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535",
+        ),
+        # A duet: --url again for each server beside the first, --target-cpus once per --url.
+        (["--url", "127.0.0.1:9/v1"], "ctax bench: --url: '127.0.0.1:9/v1' is target 0 already (each server once)"),
+        (["--target-cpus", "x"], "ctax bench: argument --target-cpus: 'x' is not a CPU list (e.g. 0-3,8)"),
+        (["--target-cpus", ","], "ctax bench: argument --target-cpus: ',' holds no CPU"),
+        (
+            ["--url", "localhost:10", "--target-cpus", "0"],
+            "ctax bench: --target-cpus: 1 CPU set for 2 targets (one per URL)",
+        ),
+        (
+            ["--target-cpus", "0", "--no-affinity"],
+            "ctax bench: --target-cpus: set with affinity off (nothing would be pinned)",
+        ),
+        (
+            ["--url", "localhost:10", "--target-cpus", "0", "--target-cpus", "0"],
+            "ctax bench: --target-cpus: CPU 0 is in the sets of targets 0 and 1",
         ),
     ],
 )
