@@ -1,5 +1,7 @@
-"""The peers benchmark's server and clients: the ordinary SSE server (_sse_bench_server.py) and one
-run each of ctax, `vllm bench serve`, guidellm and AIPerf, each in its own venv and process group."""
+"""The clients the two peer comparisons run (loadgen_peers on the ordinary SSE server,
+engine_accuracy on the CPU vLLM): one run each of ctax, `vllm bench serve`, guidellm and AIPerf,
+each in its own venv and process group, and the bare readers that stand beside them as the floor.
+Kept apart from _common: only these two benchmarks compare ctax with its peers."""
 
 from __future__ import annotations
 
@@ -10,14 +12,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
-from _bench_guidellm import TOKENIZER_SCRIPT
-from _bench_procs import kill_tree, spawn
+from _common import ctax_bench, kill_tree, spawn
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
@@ -28,52 +28,38 @@ VLLM_BENCH = (
     "main(p.parse_args(sys.argv[1:]))"
 )  # `vllm bench serve`, without the `vllm` script
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-class BenchServer:
-    def __init__(self, log: Path, cpus: list[int], token_interval_ms: float = 1.0) -> None:
-        cmd = [
-            sys.executable,
-            str(HERE / "_sse_bench_server.py"),
-            "--port",
-            "0",
-            "--log",
-            str(log),
-            "--token-interval-ms",
-            f"{token_interval_ms:g}",
-        ]
-        for c in cpus:
-            cmd += ["--cpu", str(c)]
-        self.log = log
-        self.proc = spawn(cmd, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("ready "):
-            kill_tree(self.proc)
-            raise RuntimeError(f"benchmark server did not start: {line!r}")
-        self.url = line.split()[1]
-
-    def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
-            return json.loads(r.read())
-
-    def lines(self) -> dict[str, dict]:
-        time.sleep(1.2)  # its log is flushed every second
-        out = {}
-        for line in self.log.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            out[e["rid"]] = e
-        return out
-
-    def close(self) -> None:
-        kill_tree(self.proc)
+# A small word-level tokenizer, built offline with a peer's own libraries (no model hub here):
+# the peers need one for synthetic prompts; faker's words where the venv has it.
+TOKENIZER_SCRIPT = r"""
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+words = set()
+try:
+    from faker import Faker
+    f = Faker(); f.seed_instance(0)
+    for _ in range(3000):
+        words.update(w.strip(".,").lower() for w in f.text(400).split())
+except ImportError:  # a venv without faker (AIPerf's): a fixed vocabulary of made-up words
+    import random
+    r = random.Random(0)
+    words = {"".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(5000)}
+vocab = {"[UNK]": 0}
+for w in sorted(words):
+    vocab[w] = len(vocab)
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.decoder = decoders.WordPiece(prefix="##")
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", model_max_length=10**6).save_pretrained(sys.argv[1])
+"""
 
 
 # -- the three clients ----------------------------------------------------------------------------
-def _finish(proc: subprocess.Popen, limit_s: float) -> str:
-    try:  # its output, once it exits or after limit_s; it and its group are gone either way
+def _finish(cmd: list[str], limit_s: float, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Run a client to its end: its output (stdout and stderr), once it exits or after limit_s;
+    it and its process group are gone either way."""
+    proc = spawn(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
         output, _ = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
         output = "timed out"
@@ -84,24 +70,7 @@ def _finish(proc: subprocess.Popen, limit_s: float) -> str:
 
 def run_ctax(ctx: SimpleNamespace, tag: str, argv: list[str], limit_s: float) -> dict[str, Any]:
     out = ctx.tmp / f"ctax-{tag}-{time.monotonic_ns()}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "connector_tax.cli",
-        "bench",
-        "--url",
-        ctx.server.url,
-        "--model",
-        MODEL,
-        "--phase",
-        "p",
-        "--out",
-        str(out),
-        "--timeout",
-        "30",
-        *argv,
-    ]
-    output = _finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s)
+    output = _finish(ctax_bench(ctx.server.url, MODEL, out, "p", "--timeout", "30", *argv), limit_s)
     summaries = sorted(out.glob("summary_*.json"))
     if not summaries:
         return {"error": output.strip()[-300:]}
@@ -148,12 +117,7 @@ def run_vllm(ctx: SimpleNamespace, argv: list[str], limit_s: float, tokens: int 
         "0",
         *argv,
     ]
-    output = _finish(
-        spawn(
-            cmd, cwd=work, env=dict(os.environ, **OFFLINE), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        ),
-        limit_s,
-    )
+    output = _finish(cmd, limit_s, cwd=work, env=dict(os.environ, **OFFLINE))
     path = work / "r.json"
     return json.loads(path.read_text()) if path.exists() else {"error": output.strip()[-300:]}
 
@@ -177,7 +141,7 @@ def run_floor(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, li
         "--tokens",
         str(tokens),
     ]
-    return _last_json(_finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s))
+    return _last_json(_finish(cmd, limit_s))
 
 
 def build_floor_c(tmp: Path) -> tuple[Path | None, str]:
@@ -200,7 +164,7 @@ def run_floor_c(ctx: SimpleNamespace, rate: float, tokens: int, seconds: float, 
         return {"error": "skipped"}
     url = urlsplit(ctx.server.url)
     cmd = [str(ctx.floor_c), url.hostname or "127.0.0.1", str(url.port), f"{rate:g}", f"{seconds:g}", str(tokens), "0"]
-    return _last_json(_finish(spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s))
+    return _last_json(_finish(cmd, limit_s))
 
 
 def run_guidellm(
@@ -231,9 +195,7 @@ def run_guidellm(
         "--disable-console",
     ]
     env = dict(os.environ, **OFFLINE, GUIDELLM__LOGGING__LOG_FILE=str(work / "guidellm.log"))
-    output = _finish(
-        spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), seconds + 240
-    )
+    output = _finish(cmd, seconds + 240, cwd=work, env=env)
     if not out.exists():
         return {"error": output.strip()[-300:]}
     b = json.loads(out.read_text())["benchmarks"][0]
@@ -321,9 +283,7 @@ def run_aiperf(
     # Not HF_HUB_OFFLINE: AIPerf 0.13 then reads any tokenizer name, a local folder too, as a hub
     # repo id and fails; the local folder loads without the network anyway.
     env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
-    output = _finish(
-        spawn(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), limit_s
-    )
+    output = _finish(cmd, limit_s, cwd=work, env=env)
     records = sorted((work / "artifacts").rglob("profile_export.jsonl"))
     if not records:
         return {"error": output.strip()[-300:]}

@@ -1,4 +1,7 @@
-"""Analysis at scale: 1 M request records + 10 M engine-step records in <= 60 s and <= 4 GiB.
+"""Analysis at scale: wall time (s) and peak RSS (GiB) of the analysis, figures included, over 1 M
+request + 10 M engine-step records (bars <= 60 s, <= 4 GiB).
+
+Backs: ../docs/performance.md#analysis-figures-simulator
 
 Generates a synthetic study (tests/synthetic_study.py for the layout: study config,
 preflight, run.json, summaries, metrics; then large request and step logs written with

@@ -1,4 +1,9 @@
-"""SIMULATED: what the client's path adds on the real clock, removed and put back in virtual time.
+"""SIMULATED: what the client's path (HTTP server, streaming, load generator) adds on the real clock:
+its ingress and egress (ms) from real-clock studies' records, and Phase B's TTFT p90 (ms) and taxes
+(%) in virtual time without it and with it put back.
+
+Backs: ../docs/simulator.md#the-real-clocks-h5-the-clients-path
+Backs: ../docs/calibration.md#the-api-paths-tail
 
     ctax benchmark api_path --results DIR [DIR ...] [--variants plain,mooncake_both]
         [--requests 2000] [--seeds 3] [--json FILE]

@@ -1,4 +1,8 @@
-"""`ctax compare`'s 95% intervals against the simulator's truth, launch bias on: coverage and detection.
+"""SIMULATED: `ctax compare`'s 95% intervals against the simulator's truth, launch bias on: coverage
+(%) per quantity, an injected change detected (%), false changes (%).
+
+Backs: ../docs/compare.md#does-it-cover-the-truth
+Backs: ../docs/performance.md#analysis-figures-simulator
 
 Two scenarios, each over `--seeds` pairs of short virtual-time studies (every variant's cell
 `--requests` long, `--replicates` launches each in each study, every launch its own speed factor

@@ -1,4 +1,9 @@
-"""The default study from empty results, with or without a CPU hog beside it: its verdicts against the oracle, contention and time.
+"""The default study from empty results, with or without a CPU hog beside it: wall time (s), its six
+calls against the truth (right, confident; never wrong and confident), and the contention it
+measured (cells busy, invalid, measured again).
+
+Backs: ../docs/performance.md#host-contention
+Backs: ../docs/contention.md#the-headline-runs-one-command-each
 
     ctax benchmark contention_study [--hog none|whole|mid] [--config configs/default.yaml]
         [--attempts N] [--out DIR] [--json FILE]
@@ -33,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _bench_procs import Hog, kill_all
-from _common import REPO, parser, write_json
+from _common import REPO, Hog, kill_all, parser, snakemake, write_json
 
 # The simulator's own answer for configs/default.yaml (tests/e2e/test_oracle_truth_default.py).
 TRUTH = {"H1": "supported", "H2": "refuted", "H3": "supported", "H4": "refuted", "H5": "refuted", "H6": "supported"}
@@ -59,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     path = out / "study.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     root = out / "results" / config["study"]
-    argv_ = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1", "all"]
-    argv_ += ["--configfile", str(path), "--directory", str(out)]
+    argv_ = snakemake("all", config=path, directory=out)
     load_before = os.getloadavg()
     hog = Hog() if a.hog == "whole" else None
     hog_started = time.time() if hog else None

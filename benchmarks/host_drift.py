@@ -1,6 +1,9 @@
-"""How fast this host's CPUs run from one few seconds to the next with nothing of the study running,
-and whether a light probe beside the engine could follow it (so a launch's speed could be measured
-and taken out of its tax).
+"""The host's own speed with nothing of the study running: the sd (%) of a fixed interpreter loop's
+rate per few-second block on one core and on both, the two cores' correlation, and how well a 1 %
+probe on the other core follows it (correlation).
+
+Backs: ../docs/replicates.md#the-drift-measured-directly-and-a-probe-beside-the-engine-2026-12-03
+Backs: ../docs/performance.md#studies
 
     ctax benchmark host_drift [--seconds 60] [--block 4] [--json FILE]
 
@@ -18,7 +21,8 @@ per --block seconds:
 
 Per sitting: the sd of the log rate over blocks, its range, the blocks' lag-1 autocorrelation; the
 correlation of the two cores' block means (2) and of the probe's with core 1's (3). docs/replicates.md
-has the runs and what they say about the launch variance.
+has the runs and what they say about the launch variance: could a launch's speed be measured
+beside it and taken out of its tax.
 """
 
 from __future__ import annotations

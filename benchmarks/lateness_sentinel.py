@@ -1,4 +1,8 @@
-"""What a late send says about a cell: read back from finished studies, no server run.
+"""What a late send says about a cell, read back from finished studies (no server run): each cell's
+TTFT p50 and p90 over the same cell's in the other runs (ratio), by its send lateness, and whether
+the cells invalid for lateness alone are slower (share above +4 %, one-sided Mann-Whitney).
+
+Backs: ../docs/contention.md#what-the-default-studys-late-sends-are-and-why-they-are-measured-again-2026-12-02
 
 Given the results folders of several runs of one study (`results/<study>` of each clone), for
 every cell measured in real time:

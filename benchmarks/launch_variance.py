@@ -1,5 +1,9 @@
-"""Where the launch-to-launch variance of the real CPU engine comes from, and what pinning does to
-it.
+"""Where the launch-to-launch variance of the real CPU engine comes from: plain vLLM launched N times
+in two placements, the decode and prefill step's sd between launches (%), and the share of it (R²)
+each candidate cause explains.
+
+Backs: ../docs/replicates.md#what-the-launch-variance-is-made-of-on-this-host
+Backs: ../docs/performance.md#studies
 
     ctax benchmark launch_variance [--launches 8] [--rate 8] [--seconds 20]
         [--config configs/vllm-cpu-tiny.yaml] [--out DIR] [--json FILE]
@@ -40,16 +44,14 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
-from _common import REPO, parser, positive_float, positive_int, write_json
+from _common import REPO, parser, positive_float, positive_int, run_logged, snakemake, write_json
 from _launch_probe import Probe, SpeedProbe, host_speed
 
 from connector_tax.analysis.batchmeans import t975
@@ -79,12 +81,7 @@ def _configs(base: dict[str, Any], launches: int, rate: float, seconds: float) -
 
 def _run_launch(folder: Path, config_path: Path, replicate: int) -> tuple[int, float]:
     target = "phase_a_plain" if replicate == 1 else f"phase_a_plain_rep{replicate}"
-    argv = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1", target]
-    argv += ["--configfile", str(config_path), "--directory", str(folder)]
-    t0 = time.monotonic()
-    with open(folder / "snakemake.log", "a") as log:
-        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    return rc, time.monotonic() - t0
+    return run_logged(snakemake(target, config=config_path, directory=folder), folder / "snakemake.log")
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

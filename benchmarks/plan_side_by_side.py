@@ -1,5 +1,8 @@
-"""The study's fixed plan against the adaptive one and the tax-precision one, run on the simulator
-in virtual time.
+"""SIMULATED, virtual time: the study's fixed plan against the adaptive and the tax-precision ones:
+cells, GPU-hours, reference rates and H1-H6 calls side by side, and the GPU-hours `ctax plan` and
+`ctax plan --predict` estimate for each.
+
+Backs: ../docs/virtual-time.md#the-h20-study-the-fixed-plan-against-the-adaptive-one
 
     ctax benchmark plan_side_by_side [--config configs/h20-qwen3-coder.yaml] [--out DIR] [--json FILE]
                                      [--tax-target 0.05] [--plans fixed,adaptive,tax]
@@ -43,11 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, parser, positive_float, write_json
+from _common import REPO, parser, positive_float, snakemake, write_json
 
 from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
 FIXED_CELL_RULE = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # docs/study-design.md, "The cell rule"
 CELL_FIXED_S = 1.5  # as planning/time_estimate.py counts per cell
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
@@ -99,8 +101,7 @@ def plan_estimate(config: Path, workdir: Path, predict: bool) -> float:
 
 def run_study(config: Path, folder: Path) -> float:
     t0 = time.monotonic()
-    argv = [*SNAKEMAKE, "all", "--configfile", str(config), "--directory", str(folder)]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(snakemake("all", config=config, directory=folder), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"snakemake failed for {config}:\n{done.stderr[-3000:]}")
     return time.monotonic() - t0

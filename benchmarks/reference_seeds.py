@@ -1,4 +1,8 @@
-"""SIMULATED: the default study over many seeds, its reference rates and six calls against the truth.
+"""SIMULATED: the default study over many seeds: in how many it picks the truth's reference rates, how
+many of its six calls are right and confident, and each study's wall time (s).
+
+Backs: ../docs/performance.md#studies
+Backs: ../docs/simulator.md#a-real-run-against-the-truth
 
     ctax benchmark reference_seeds [--seeds 10] [--clock virtual|real] [--jobs 2]
         [--config configs/default.yaml] [--out DIR] [--json FILE]
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, parser, positive_int, write_json
+from _common import REPO, parser, positive_int, run_logged, snakemake, write_json
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import StudyConfig, load_config
@@ -67,12 +70,7 @@ def _one(config: dict[str, Any], seed: int, clock: str, out: Path) -> dict[str, 
         cfg["sim"] = {**(cfg.get("sim") or {}), "clock": "virtual"}
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    argv = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1", "all"]
-    argv += ["--configfile", str(path), "--directory", str(folder)]
-    t0 = time.monotonic()
-    with open(folder / "snakemake.log", "w") as log:
-        rc = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    seconds = time.monotonic() - t0
+    rc, seconds = run_logged(snakemake("all", config=path, directory=folder), folder / "snakemake.log")
     root = folder / "results" / cfg["study"]
     try:
         hyp = json.loads((root / "analysis" / "hypotheses.json").read_text())

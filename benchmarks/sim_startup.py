@@ -1,4 +1,7 @@
-"""Time from `ctax sim` process start to its `ready` line and to a first served request.
+"""`ctax sim`'s start-up: seconds from process start to its `ready` line and to a first served request
+(bar < 2 s).
+
+Backs: ../docs/performance.md#analysis-figures-simulator
 
     ctax benchmark sim_startup [--repeats 10] [--variant mooncake_both] [--json FILE]
 
@@ -8,30 +11,21 @@ Prints the median and max over the repeats (the machine is shared and noisy: rea
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import time
 
 import httpx
-from _common import parser, write_json
+from _common import SimServer, parser, write_json
 
 
 def one_run(connector: str) -> tuple[float, float]:
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "connector_tax.cli", "sim", "--variant", connector, "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline().strip()
+    with SimServer(["--variant", connector]) as sim:
         t_ready = time.monotonic() - t0
-        url = line.split()[1]
-        httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1}, timeout=10).raise_for_status()
+        httpx.post(
+            sim.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1}, timeout=10
+        ).raise_for_status()
         return t_ready, time.monotonic() - t0
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,8 @@
-"""Worker-loop cost of parsing a 64-token stream that arrives in one socket read.
+"""The worker loop's cost of parsing a 64-token stream (µs): the HTTP parse of one read, and its SSE
+events, each payload decoded as JSON, arriving in one read and one read per event.
+
+Backs: ../docs/performance.md#the-load-generators-parts-alone
+Backs: ../docs/loadgen.md#the-measurements-behind-its-decisions
 
     ctax benchmark sse_parse [--tokens 64] [--runs 3000] [--json FILE]
 

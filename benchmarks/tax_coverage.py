@@ -1,4 +1,9 @@
-"""Coverage of the analysis's 95% intervals against the simulator's truth, launch bias off and on.
+"""SIMULATED: coverage (%) of the analysis's 95% intervals against the simulator's truth, launch bias
+off and on, per tax and hypothesis, with the median half-width (pp) and the calls that agree with
+the truth.
+
+Backs: ../docs/simulator.md#with-launch-bias-intervals-that-include-the-launch
+Backs: ../docs/performance.md#analysis-figures-simulator
 
 The oracle (connector_tax.oracle.truth) gives the true p90s, taxes and H1-H6 of a study config at
 given reference rates (the nominal engine: a launch's median). Then, for each `--launch-bias-sd`,

@@ -1,5 +1,8 @@
-"""How closely the waits keep time: the load generator's wait_until beside a plain time.sleep,
-and the simulated engine's real time against its modelled step durations.
+"""How closely the waits keep time: wait_until's lateness p50 / max (µs) beside a plain time.sleep's, a
+past target's return (µs), a 200 ms wait's CPU (ms), and the simulated engine's wall time over its
+modelled steps (ratio).
+
+Backs: ../docs/performance.md#the-load-generators-parts-alone
 
     ctax benchmark timers [--repeats 3] [--json FILE]
 

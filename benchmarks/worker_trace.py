@@ -1,4 +1,8 @@
-"""Why a send left late: the worker's loop traced around every send, in the study itself.
+"""Why a send left late: the sends >= 150 µs late in the default study's Phase A, counted per class (no
+timer wake-up, woke late, preempted, its own callback, stalled while running), beside a busy-loop
+probe of the worker's CPU (share lost, stalls a second).
+
+Backs: ../docs/contention.md#what-the-default-studys-late-sends-are-and-why-they-are-measured-again-2026-12-02
 
     ctax benchmark worker_trace [--repeats 3] [--targets phase_a_plain phase_a_mooncake_both]
         [--config configs/default.yaml] [--threshold-us 150] [--probe-seconds 20] [--out DIR]
@@ -34,7 +38,6 @@ import bisect
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,8 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench_procs import kill_all
-from _common import REPO, parser, positive_float, write_json
+from _common import REPO, parser, positive_float, run_logged, snakemake, write_json
 
 from connector_tax.contract.summary import read_summary_file
 
@@ -136,14 +138,7 @@ def _run(config: Path, targets: list[str], out: Path, threshold_ns: int) -> dict
     shutil.copy(HOOK, hook_dir / "sitecustomize.py")
     env = {**os.environ, "CTAX_WORKER_TRACE_DIR": str(trace)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "1"]
-    argv += [*targets, "--configfile", str(config), "--directory", str(out)]
-    t0 = time.monotonic()
-    with open(out / "snakemake.log", "w") as log:
-        try:
-            rc = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-        finally:
-            kill_all()
+    rc, seconds = run_logged(snakemake(*targets, config=config, directory=out), out / "snakemake.log", env)
     classes: Counter[str] = Counter()
     sends, examples = 0, []
     for path in sorted(trace.glob("*.jsonl")):
@@ -163,7 +158,7 @@ def _run(config: Path, targets: list[str], out: Path, threshold_ns: int) -> dict
             }
     return {
         "returncode": rc,
-        "seconds": round(time.monotonic() - t0, 1),
+        "seconds": round(seconds, 1),
         "sends_traced": sends,
         "late_sends": sum(classes.values()),
         "classes": {c: classes.get(c, 0) for c in CLASSES},

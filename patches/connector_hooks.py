@@ -15,6 +15,7 @@ summed. Imports nothing from connector_tax or vLLM.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -123,6 +124,14 @@ def _thread_ids() -> set[str]:
         return set()
 
 
+def _own_cpus() -> list[int] | None:
+    """The CPUs the calling thread may run on (Linux keeps affinity per thread); None elsewhere."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def hook_factory_class(cls: type, rec: StepRecorder) -> bool:
     name = FACTORY_MODULE + ":KVConnectorFactory.create_connector"
     raw = cls.__dict__.get("create_connector")
@@ -138,11 +147,15 @@ def hook_factory_class(cls: type, rec: StepRecorder) -> bool:
         return False
 
     def create_connector(klass: type, config: Any, role: Any, kv_cache_config: Any) -> Any:
-        before = _thread_ids()
+        before, cpus_before = _thread_ids(), _own_cpus()
         connector = original(klass, config, role, kv_cache_config)
         try:
             role_name = str(getattr(role, "name", role)).lower()
-            rec.note_threads(_thread_ids() - before, f"{type(connector).__name__} {role_name}")
+            label = f"{type(connector).__name__} {role_name}"
+            rec.note_threads(_thread_ids() - before, label)
+            # vLLM's NIXL worker on CPU re-pins the thread that builds it (rsv_cores_for_kv): the
+            # building thread's CPUs before and after say whether a constructor moved it.
+            rec.note_built_on(threading.get_native_id(), label, cpus_before, _own_cpus())
             wrap_connector(connector, role_name, rec)
         except Exception as exc:  # noqa: BLE001
             rec.note_error(f"connector wrap failed: {exc!r}")

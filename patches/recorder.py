@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from patches.targets import SCHEMA_VERSION
 
@@ -125,6 +126,10 @@ class StepRecorder:
         # Threads that appeared in this process while a connector was being built ({tid: "NixlConnector
         # worker"}): the per-thread CPU records name them (a library's threads carry the process's name).
         self.threads_started: dict[str, str] = {}
+        # The thread each connector was built on, with its CPUs before and after the constructor
+        # ({"NixlPullConnector worker": {"tid": 11680, "cpus_before": [1], "cpus_after": [1]}}): a
+        # constructor that pins its caller (vLLM's NIXL worker on CPU) shows as a change.
+        self.built_on: dict[str, dict[str, Any]] = {}
         self.has_scheduler_connector = False
         self.has_worker_connector = False
         self.disabled = False
@@ -187,6 +192,10 @@ class StepRecorder:
             self.threads_started.update(dict.fromkeys(sorted(tids), label))
             self.write_targets()
 
+    def note_built_on(self, tid: int, label: str, before: list[int] | None, after: list[int] | None) -> None:
+        self.built_on[label] = {"tid": tid, "cpus_before": before, "cpus_after": after}
+        self.write_targets()
+
     def set_role(self, role: str) -> None:
         # engine wins over worker: the single-process executor runs both in one process.
         if self.role == "engine" or self.role == role:
@@ -212,6 +221,7 @@ class StepRecorder:
             "instances": self.instances,
             "errors": self.errors,
             "threads_started": self.threads_started,
+            "built_on": self.built_on,
         }
         path = targets_path(self.step_log, self.pid)
         tmp = f"{path}.tmp"

@@ -32,6 +32,8 @@ MODULES = {
     "mooncake_cpu_guard": "patches.cpu_guard",
     "nixl_progress_off": "patches.interventions.nixl_progress",
     "nixl_progress_delay_1ms": "patches.interventions.nixl_progress",
+    "nixl_kv_core_off_compute": "patches.interventions.nixl_reservation",
+    "nixl_agent_off_compute": "patches.interventions.nixl_reservation",
 }
 
 

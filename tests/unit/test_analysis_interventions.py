@@ -141,7 +141,9 @@ def test_a_busy_thread_points_to_the_overlay_unless_the_study_runs_it():
     assert "configs/overlays/nixl-progress.yaml" in line
     text = "\n".join(render_threads(agg["threads"], agg["variants"], advice))
     assert "- `nixl_both`: a shipped intervention addresses it" in text
-    assert pointers({**_agg(), "interventions": {"x": ["nixl_progress_off", "nixl_progress_delay_1ms"]}}) == {}
+    assert "`nixl_agent_off_compute`" in line and "configs/overlays/nixl-reservation.yaml" in line
+    running = ["nixl_progress_off", "nixl_progress_delay_1ms", "nixl_agent_off_compute"]
+    assert pointers({**_agg(), "interventions": {"x": running}}) == {}
     other = {**_agg(), "interventions": {}}
     other["threads"]["busy_beyond_plain"]["nixl_both"][0]["started_by"] = "MooncakeConnector worker"
     assert pointers(other) == {}

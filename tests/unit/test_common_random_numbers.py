@@ -67,8 +67,8 @@ def _virtual(tmp_path: Path, variant: str, cell) -> tuple[dict, list[dict]]:
 def _real_schedule(cell, n: int) -> list[tuple[int, int, int, str]]:
     """The real-time run's first n (offset, input, output, prompt key), without a server."""
     options = LoadgenOptions(url="http://127.0.0.1:9", model="m", seed=_study().seed)
-    session = Session(options, None, Progress(), threading.Event(), None)  # type: ignore[arg-type]
-    run = RealTimeRun(session, cell, Path("/nonexistent"), None, None)
+    session = Session(options, None, [Progress()], threading.Event(), None)  # type: ignore[arg-type]
+    run = RealTimeRun(session, cell, [Path("/nonexistent")], None, None)
     run.rules = CellRules(cell, options, 0)
     return [
         (t, spec.input_len, spec.output_len, spec.prompt_key)

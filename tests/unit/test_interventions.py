@@ -24,7 +24,7 @@ from connector_tax.contract.fingerprint import launch_settings
 from connector_tax.launch.evidence import seen
 from connector_tax.launch.vllm import vllm_env, workarounds
 from patches import cpu_guard, interventions
-from patches.interventions import nixl_progress
+from patches.interventions import nixl_progress, nixl_reservation
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = REPO / "configs" / "vllm-cpu-tiny.yaml"
@@ -34,9 +34,13 @@ OVERLAY = REPO / "configs" / "overlays" / "nixl-progress.yaml"
 def test_the_registry_has_one_copy_of_each_name_and_disclosure_on_both_sides():
     assert set(interventions.MODULES) == set(REGISTRY)
     assert interventions.INTERVENTIONS_ENV == INTERVENTIONS_ENV
-    shipped = {**cpu_guard.DISCLOSURES, **nixl_progress.DISCLOSURES}
+    shipped = {**cpu_guard.DISCLOSURES, **nixl_progress.DISCLOSURES, **nixl_reservation.DISCLOSURES}
     assert shipped == {name: i.disclosure for name, i in REGISTRY.items()}
-    assert {i.overlay for i in REGISTRY.values() if i.overlay} == {"configs/overlays/nixl-progress.yaml"}
+    assert {i.overlay for i in REGISTRY.values() if i.overlay} == {
+        "configs/overlays/nixl-progress.yaml",
+        "configs/overlays/nixl-reservation.yaml",
+    }
+    assert nixl_reservation.NIXL_MODULES == nixl_progress.NIXL_MODULES
     assert all((REPO / i.overlay).is_file() for i in REGISTRY.values() if i.overlay)
 
 

@@ -20,6 +20,7 @@ from sim_server import REPO  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
 from connector_tax.commands import bench as bench_cli  # noqa: E402
+from connector_tax.commands._bench_output import report_progress  # noqa: E402
 from connector_tax.loadgen.flags import OneLineParser  # noqa: E402
 from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
 
@@ -28,14 +29,14 @@ from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
 def _fake_gen() -> SimpleNamespace:
     progress = Progress(issued=3, completed=2, in_flight=1)
     progress.recent_ttft_ms.extend([10.0, 12.5, 20.0])
-    return SimpleNamespace(progress=progress)
+    return SimpleNamespace(progress=progress, progresses=[progress])
 
 
 def test_progress_plain_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     done = threading.Event()
-    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter = threading.Thread(target=report_progress, args=(_fake_gen(), "r2-64x8", done))
     reporter.start()
     time.sleep(1.3)  # the first line comes after one second
     done.set()
@@ -51,7 +52,7 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
     done = threading.Event()
-    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter = threading.Thread(target=report_progress, args=(_fake_gen(), "r2-64x8", done))
     reporter.start()
     time.sleep(0.4)
     done.set()
@@ -141,6 +142,22 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (
             ["--url", "localhost:99999"],
             "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535",
+        ),
+        # A duet: --url again for each server beside the first, --target-cpus once per --url.
+        (["--url", "127.0.0.1:9/v1"], "ctax bench: --url: '127.0.0.1:9/v1' is target 0 already (each server once)"),
+        (["--target-cpus", "x"], "ctax bench: argument --target-cpus: 'x' is not a CPU list (e.g. 0-3,8)"),
+        (["--target-cpus", ","], "ctax bench: argument --target-cpus: ',' holds no CPU"),
+        (
+            ["--url", "localhost:10", "--target-cpus", "0"],
+            "ctax bench: --target-cpus: 1 CPU set for 2 targets (one per URL)",
+        ),
+        (
+            ["--target-cpus", "0", "--no-affinity"],
+            "ctax bench: --target-cpus: set with affinity off (nothing would be pinned)",
+        ),
+        (
+            ["--url", "localhost:10", "--target-cpus", "0", "--target-cpus", "0"],
+            "ctax bench: --target-cpus: CPU 0 is in the sets of targets 0 and 1",
         ),
     ],
 )

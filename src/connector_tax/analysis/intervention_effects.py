@@ -113,6 +113,8 @@ def _thread(agg: dict[str, Any], name: str, state: str, needle: str | None) -> s
     use = (((agg.get("threads") or {}).get("variants") or {}).get(name) or {}).get(state)
     if not use:
         return "not sampled"
+    if not needle:  # the intervention addresses no thread of its own: the server's total only
+        return f"server {use['total_pct']:.0f} %"
     hit = next((t for t in use["threads"] if needle and needle in (t.get("started_by") or "")), None)
     top = use["threads"][-1]["cpu_pct"] if use["threads"] else 0.0
     mine = f"{hit['cpu_pct']:.0f} %" if hit else f"none among the busiest (< {max(top, 1.0):.0f} %)"

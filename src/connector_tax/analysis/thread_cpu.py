@@ -13,6 +13,13 @@ library's threads otherwise carry the process's name.
 `busy_beyond_plain` lists, per configuration, threads that use at least BUSY_PCT of a core while
 the server is idle and that plain's server has no busy counterpart of: a connector's own
 background work (NIXL's progress thread spins at idle). Analysis reads files, never servers.
+
+Where each thread may run is its own affinity (`cpus`, read at every sample; absent in files from
+before it was recorded). A thread is *pinned* when those CPUs are narrower than the ones the server
+was started on; who pinned it comes from the launch's run.json (`placement`): the server itself by
+the time it was ready (`server_pins`: vLLM binds its worker to the OpenMP cores, and a connector's
+constructor that moved the thread it ran on is named), or the study's own placement afterwards
+(`server_threads`: the service cores).
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ def usage(path: Path) -> dict[str, Any] | None:
                     "cpu_pct": round(100.0 * ticks / tck / seconds, 1),
                     "cores": sorted(cores.get(key, set())),
                     "allowed": p.cpus,
+                    "cpus": t.cpus,  # the thread's own, at the last sample (None: not recorded)
                 }
             )
     threads.sort(key=lambda t: -t["cpu_pct"])
@@ -110,6 +118,31 @@ def label(t: dict[str, Any]) -> str:
     return f"{t['process']} / {t['thread']} ({', '.join(extra)})"
 
 
+def _set(cpus: list[int] | None) -> str:
+    return "{" + ",".join(map(str, cpus)) + "}" if cpus is not None else "?"
+
+
+def pinned_by(t: dict[str, Any], placement: dict[str, Any] | None) -> str | None:
+    """ "pinned to {1} by NixlPullConnector worker": where a thread of a launch may run and who put
+    it there, from the launch's run.json `placement`; None when it is not pinned (its CPUs include
+    all the server was started on) or nothing says so (an older launch)."""
+    pins = (placement or {}).get("server_pins") or {}
+    own, launch = t.get("cpus"), pins.get("launch_cpus")
+    if own is None or launch is None or set(launch) <= set(own):
+        return None
+    where = f"pinned to {_set(own)}"
+    for b in pins.get("built_on") or []:
+        if b.get("tid") == t["tid"] and b.get("cpus_before") != b.get("cpus_after") and b.get("cpus_after") == own:
+            return f"{where} by {b['connector']}"
+    at_ready = next((g for g in pins.get("pinned") or [] if t["tid"] in g.get("tids", [])), None)
+    if at_ready is not None and at_ready.get("cpus") == own:
+        return f"{where} by the server at start-up"
+    study = (placement or {}).get("server_threads") or {}
+    if study.get("service_cpus") == own:
+        return f"{where} by the study (service cores)"
+    return f"{where} after start-up"
+
+
 def _kind(t: dict[str, Any]) -> tuple[Any, ...]:
     """What a thread is, across launches (tids differ)."""
     return (t["process"], t["thread"], t["main"], t.get("started_by"))
@@ -126,17 +159,28 @@ def _load_cell(study: Any, name: str, reference: dict[str, Any]) -> Any:
 
 
 def thread_tables(study: Any, reference: dict[str, Any]) -> dict[str, Any]:
-    """{"variants": {variant: {"idle": usage, "load": usage, "load_cell": label}}, "busy_beyond_plain":
-    {config: [thread, ...]}, "top": TOP, "busy_pct": BUSY_PCT}; usages keep their TOP threads."""
+    """{"variants": {variant: {"idle": usage, "load": usage, "load_cell": label, "server_pins":
+    [line, ...]}}, "busy_beyond_plain": {config: [thread, ...]}, "top": TOP, "busy_pct": BUSY_PCT};
+    usages keep their TOP threads, each with `pinned` (pinned_by); `server_pins` is what the Phase A
+    launch's server pinned by the time it was ready (run.json placement.server_pins.summary)."""
     full: dict[str, dict[str, Any]] = {}
     for name in study.variants:
         run = study.run_of(name, PHASE_A)
+        placement = (run.run or {}).get("placement") if run else None
         idle_file = ((run.run or {}).get("idle_threads") or {}).get("file") if run else None
         idle = usage(run.folder / idle_file) if run and idle_file else None
         cell = _load_cell(study, name, reference)
         load = usage(cell.path("threads")) if cell is not None else None
+        for use in (idle, load):
+            for t in (use or {}).get("threads", []):
+                t["pinned"] = pinned_by(t, placement)
         if idle or load:
-            full[name] = {"idle": idle, "load": load, "load_cell": cell.key if cell is not None else None}
+            full[name] = {
+                "idle": idle,
+                "load": load,
+                "load_cell": cell.key if cell is not None else None,
+                "server_pins": ((placement or {}).get("server_pins") or {}).get("summary"),
+            }
     busy: dict[str, list[dict[str, Any]]] = {}
     plain_idle = (full.get(PLAIN) or {}).get("idle")
     plain_busy = {_kind(t) for t in (plain_idle or {}).get("threads", []) if t["cpu_pct"] >= BUSY_PCT}
@@ -167,7 +211,9 @@ def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[st
         f"started beside it (*sidecars*, e.g. the LMCache MP server of `lmcache_mp`), sampled with /metrics; CPU as % "
         f"of one core; *idle*: the ready server before its first request (Phase A launch); *load*: the Phase A cell "
         f"named. A sidecar's CPU is part of what its configuration costs. The {tables.get('top', TOP)} busiest "
-        "threads per configuration, plain's first; `cores`: the cores the thread was seen on.",
+        "threads per configuration, plain's first; in brackets the cores the thread was seen on and, for a thread "
+        "pinned narrower than the CPUs the server was started on, where and by whom (the server at start-up: "
+        "vLLM or a library in it, or a connector's constructor named; the study's placement).",
         "",
     ]
     for state in ("idle", "load"):
@@ -183,7 +229,9 @@ def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[st
                 continue
             cell = "idle window" if state == "idle" else f"`{entry.get('load_cell')}`"
             threads = "; ".join(
-                f"{label(t)} **{t['cpu_pct']:.0f}%** ({','.join(map(str, t['cores']))})"
+                f"{label(t)} **{t['cpu_pct']:.0f}%** ({','.join(map(str, t['cores']))}"
+                + (f"; {t['pinned']}" if t.get("pinned") else "")
+                + ")"
                 for t in use["threads"]
                 if t["cpu_pct"] >= 1.0
             )
@@ -196,15 +244,32 @@ def render(tables: dict[str, Any], configs: list[str], advice: dict[str, list[st
                 f"{threads or '–'} |"
             )
         out.append("")
+    pins = [(name, (found.get(name) or {}).get("server_pins")) for name in order]
+    pins = [(name, lines) for name, lines in pins if lines is not None]
+    if pins:
+        out += [
+            "### What the server pinned itself",
+            "",
+            "Once each configuration's Phase A launch was ready, before the study moved any thread: the threads whose "
+            "CPUs were narrower than those the server was started on, and the thread each connector was built on "
+            "with its CPUs before and after the constructor (run.json `placement.server_pins`).",
+            "",
+        ]
+        out += [f"- `{name}`: {'; '.join(lines) if lines else 'nothing pinned'}." for name, lines in pins]
+        out.append("")
     busy = tables.get("busy_beyond_plain") or {}
     for name, threads in busy.items():
         out += [f"- `{name}`: {line}." for line in (advice or {}).get(name, [])]
         for t in threads:
-            allowed = ",".join(map(str, t.get("allowed") or []))
+            own = t.get("cpus")
+            allowed = ",".join(map(str, own if own is not None else t.get("allowed") or []))
+            whose = "it" if own is not None else "its process"
             out.append(
                 f"- `{name}`: {label(t)} uses **{t['cpu_pct']:.0f}%** of a core while the server is idle "
                 f"(plain has no such thread), on core(s) {','.join(map(str, t['cores']))}"
-                + (f" (its process may run on {allowed})" if allowed else "")
+                + (f" ({whose} may run on {allowed}" if allowed else "")
+                + (f"; {t['pinned']}" if allowed and t.get("pinned") else "")
+                + (")" if allowed else "")
                 + "."
             )
     if busy:

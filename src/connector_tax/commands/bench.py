@@ -1,18 +1,20 @@
-"""`ctax bench`: drive an OpenAI-compatible server with the load generator from the shell."""
+"""`ctax bench`: drive an OpenAI-compatible server with the load generator from the shell; with
+`--url` given more than once, several servers side by side (a duet), each sent the same requests
+at the same times, each target's cells in `--out`/target<k>/."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from connector_tax.commands._bench_output import line, report_progress
 from connector_tax.commands.namespace import runs
 from connector_tax.config.cells import Cell
-from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen import flags
 from connector_tax.loadgen.schedule.options import check_cell
 from connector_tax.loadgen.schedule.probe import Api, ServerProblem, check_server
@@ -24,6 +26,8 @@ from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 # LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
 _FLAGS = {
     "url": "--url",
+    "other_urls": "--url",
+    "target_cpus": "--target-cpus",
     "seed": "--seed",
     "api_key_env": "--api-key-env",
     "tls_ca_file": "--cacert",
@@ -37,7 +41,7 @@ _FLAGS = {
 class Args:
     """`ctax bench`."""
 
-    url: str
+    url: list[str]  # given more than once: servers side by side (a duet)
     model: str
     api_key_env: str | None
     insecure: bool
@@ -59,6 +63,7 @@ class Args:
     inflight_cap: int
     timeout: float
     workers: int
+    target_cpus: list[tuple[int, ...]] | None
     trace: Path | None
     time_scale: float
     endpoint: str
@@ -78,8 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         required=True,
+        action="append",
         type=flags.url,
-        help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000",
+        help="server URL as curl reads it: http://127.0.0.1:8000, localhost:8000, https://h/v1, [::1]:8000; "
+        "again for servers side by side (a duet: each sent the same requests at the same times)",
     )
     p.add_argument("--model", required=True, type=flags.nonempty, help="model name sent in each request")
     p.add_argument(
@@ -114,7 +121,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=flags.positive(float), default=LoadgenOptions.timeout_s, help="per-request timeout (s)"
     )
-    p.add_argument("--workers", type=flags.positive(int), default=1)
+    p.add_argument("--workers", type=flags.positive(int), default=1, help="per --url: each worker drives one server")
+    p.add_argument(
+        "--target-cpus",
+        action="append",
+        type=flags.cpus,
+        metavar="LIST",
+        help="once per --url, in order (e.g. 0 and 1): each server's workers pinned to its CPUs, "
+        "the main process floating over all",
+    )
     p.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to replay")
     p.add_argument("--time-scale", type=flags.positive(float), default=1.0, help="trace speed-up factor")
     p.add_argument("--endpoint", choices=["completions", "chat"], default=LoadgenOptions.endpoint)
@@ -234,62 +249,6 @@ def _check(cells: list[Cell]) -> None:
             raise ValueError(_flagged(exc)) from None
 
 
-def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
-    """A live bar on a terminal; a plain line every 5 s otherwise."""
-    tty = sys.stderr.isatty()
-    bar = None
-    if tty:
-        from tqdm import tqdm
-
-        bar = tqdm(desc=label, unit="req", file=sys.stderr, leave=False)
-    last_line = 0.0
-    while not done.wait(0.25 if tty else 1.0):
-        p = gen.progress
-        ttft = p.ttft_p50_ms()
-        fields = dict(
-            issued=p.issued,
-            completed=p.completed,
-            in_flight=p.in_flight,
-            ttft_p50_ms=f"{ttft:.1f}" if ttft is not None else "-",
-        )
-        if bar is not None:
-            bar.n = p.completed
-            bar.set_postfix(fields, refresh=True)
-        elif time.monotonic() - last_line >= 5.0:
-            last_line = time.monotonic()
-            print(f"[{label}] " + " ".join(f"{k}={v}" for k, v in fields.items()), file=sys.stderr, flush=True)
-    if bar is not None:
-        bar.close()
-
-
-def _line(summary: CellSummary) -> str:
-    ttft, tpot = summary.latency_ms.ttft, summary.latency_ms.tpot
-    rates, counts, v = summary.rates, summary.counts, summary.validity
-
-    def fmt(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
-    valid = "valid" if v.valid else "INVALID: " + "; ".join(v.reasons)
-    return (
-        f"{summary.cell}: ok={counts.ok} err={counts.error} timeout={counts.timeout} "
-        f"dropped={counts.dropped} achieved={fmt(rates.achieved_dispatch_rps)}/s "
-        f"TTFT p50/p90/p99={fmt(ttft.p50)}/{fmt(ttft.p90)}/{fmt(ttft.p99)} ms "
-        f"TPOT p50/p90={fmt(tpot.p50)}/{fmt(tpot.p90)} ms "
-        f"lateness p99={fmt(summary.lateness_us.p99)} us server tokens in/out={_tokens(summary)} [{valid}]"
-    )
-
-
-def _tokens(summary: CellSummary) -> str:
-    """The server's median prompt/completion counts, or why there are none."""
-    usage = summary.usage
-    if usage is None:
-        return "-/-"
-    if usage.status == "unchecked":
-        return "unchecked (no usage)"
-    medians = [usage.prompt_tokens.server.median, usage.completion_tokens.server.median]
-    return "/".join("-" if m is None else f"{m:g}" for m in medians)
-
-
 def _flagged(exc: Exception) -> str:
     """An error naming an option or cell field, as the flag that sets it."""
     field, sep, rest = str(exc).partition(": ")
@@ -302,8 +261,11 @@ def main(args: Args) -> int:
     except (ValueError, OSError) as exc:
         print(f"ctax bench: {exc}", file=sys.stderr)
         return 2
+    urls = args.url
     options = LoadgenOptions(
-        url=args.url,
+        url=urls[0],
+        other_urls=tuple(urls[1:]),
+        target_cpus=tuple(args.target_cpus) if args.target_cpus else None,
         model=args.model,
         endpoint=args.endpoint,
         prompt=args.prompt,
@@ -326,15 +288,19 @@ def main(args: Args) -> int:
     except ValueError as exc:
         print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
         return 2
+    # One target: its cells in --out, as always; several: each target's in a folder of its own.
+    outs = [args.out] if len(urls) == 1 else [args.out / f"target{t}" for t in range(len(urls))]
+    for out in outs:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"ctax bench: --out: cannot create {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"ctax bench: --out: cannot create {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    try:
-        with Api(options) as api:
-            check_server(api)
-        gen = LoadGenerator(options)  # sizes text prompts on this server
+        for url in urls:  # every server answers, with the model, before any cell
+            with Api(dataclasses.replace(options, url=url)) as api:
+                check_server(api)
+        gen = LoadGenerator(options)  # sizes text prompts on the first server
     except (ServerProblem, ValueError) as exc:
         print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
         return 2
@@ -345,17 +311,21 @@ def main(args: Args) -> int:
         gen.pool.close()
         print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
         return 2
+    if len(urls) > 1:
+        for t, (url, out) in enumerate(zip(urls, outs)):
+            print(f"ctax bench: target{t} {url} -> {out}", file=sys.stderr, flush=True)
     invalid = 0
     with gen:
         for cell in cells:
             done = threading.Event()
-            reporter = threading.Thread(target=_report_progress, args=(gen, cell.label, done), daemon=True)
+            reporter = threading.Thread(target=report_progress, args=(gen, cell.label, done), daemon=True)
             reporter.start()
             try:
-                summary = gen.run_cell(cell, args.out)
+                summaries = gen.run_duet_cell(cell, outs)
             finally:
                 done.set()
                 reporter.join()
-            print(_line(summary), flush=True)
-            invalid += not summary.valid
+            for t, summary in enumerate(summaries):
+                print(line(summary, f"@target{t}" if len(urls) > 1 else ""), flush=True)
+                invalid += not summary.valid
     return 1 if invalid else 0

@@ -1,8 +1,10 @@
 """`ctax benchmark NAME [ARGS...]`: the project's benchmarks of itself, run by name.
 
 They are the modules of a checkout's benchmarks/ folder, outside the package (a built wheel has
-none): benchmarks/NAME.py with `main(argv) -> int`, described by its docstring's first paragraph. A
-module whose name begins with an underscore is a helper of theirs (their parser, servers,
+none): benchmarks/NAME.py with `main(argv) -> int`. Its docstring's first paragraph says what it
+measures (the number and its unit), and its lines `Backs: LINK` name the docs sections that quote
+that number (links relative to benchmarks/, with the heading's anchor); `--list` shows both.
+A module whose name begins with an underscore is a helper of theirs (their parser, servers,
 clients), not a benchmark. The checkout is the one the package's other files come from
 (connector_tax.resources, $CONNECTOR_TAX_ROOT).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,24 +60,45 @@ def folder() -> Path:
     return found
 
 
-def runnable(where: Path) -> dict[str, str]:
-    """Every benchmark in `where` by name, with its docstring's first paragraph (read, not imported:
-    importing them all would load pandas and the rest just to list them)."""
-    found = {}
-    for path in sorted(where.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
+# A docstring's line naming the docs sections whose numbers the benchmark backs.
+BACKS = re.compile(r"^\s*Backs:\s*(.+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark as its docstring describes it (read, not imported: importing them all would
+    load pandas and the rest just to list them)."""
+
+    name: str
+    measures: str  # the first paragraph, on one line (a sentence that wraps is not cut mid-way)
+    backs: tuple[str, ...]  # links relative to benchmarks/: "../docs/performance.md#soaks"
+
+    @classmethod
+    def read(cls, path: Path) -> Benchmark:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))) or ""
-        # the first paragraph, on one line: a first sentence that wraps is not cut mid-way
-        found[path.stem] = " ".join(doc.strip().split("\n\n")[0].split()) if doc.strip() else "(no description)"
-    return found
+        first = " ".join(doc.strip().split("\n\n")[0].split())
+        backs = tuple(link.strip() for found in BACKS.findall(doc) for link in found.split(",") if link.strip())
+        return cls(path.stem, first or "(no description)", backs)
+
+    def where(self) -> str:
+        """The backed sections as paths from the checkout's root (docs/performance.md#soaks)."""
+        if not self.backs:
+            return "(backs no number in docs/)"
+        return ", ".join(os.path.normpath(os.path.join("benchmarks", link)) for link in self.backs)
+
+
+def runnable(where: Path) -> dict[str, Benchmark]:
+    """Every benchmark in `where` by name."""
+    return {path.stem: Benchmark.read(path) for path in sorted(where.glob("*.py")) if not path.name.startswith("_")}
 
 
 def listing(where: Path) -> str:
-    names = runnable(where)
-    width = max(map(len, names), default=0)
-    lines = [f"benchmarks in {where} (ctax benchmark NAME --help for a benchmark's options):"]
-    lines += [f"  {name:<{width}}  {text}" for name, text in names.items()]
+    """One line a benchmark: its name, what it measures, and where docs/ quotes the number."""
+    found = runnable(where)
+    width = max(map(len, found), default=0)
+    lines = [f"benchmarks in {where}: what each measures -> the docs sections that quote it"]
+    lines += [f"  {name:<{width}}  {b.measures} -> {b.where()}" for name, b in found.items()]
+    lines.append("(ctax benchmark NAME --help: a benchmark's options)")
     return "\n".join(lines) + "\n"
 
 

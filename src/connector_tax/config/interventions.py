@@ -70,6 +70,24 @@ REGISTRY: dict[str, Intervention] = {
             overlay="configs/overlays/nixl-progress.yaml",
             conflicts={"nixl_progress_off": "the delay is the progress thread's, which nixl_progress_off removes"},
         ),
+        Intervention(
+            "nixl_kv_core_off_compute",
+            "nixl",
+            "vLLM's NIXL worker reserves each NUMA node's highest core outside VLLM_CPU_OMP_THREADS_BIND "
+            "(rsv_cores_for_kv), not the node's highest core: the thread that builds it is moved there",
+            "vLLM's CPU reservation for NIXL (rsv_cores_for_kv, each node's highest core) landing on the worker's "
+            "compute core",
+            overlay="configs/overlays/nixl-reservation.yaml",
+        ),
+        Intervention(
+            "nixl_agent_off_compute",
+            "nixl",
+            "NIXL's agent is built with its building thread on the cores vLLM would reserve outside "
+            "VLLM_CPU_OMP_THREADS_BIND, then the thread is put back: the agent's threads run off the compute cores",
+            "NIXL's agent threads (its progress thread among them) inheriting the worker's compute core",
+            thread="Nixl",
+            overlay="configs/overlays/nixl-reservation.yaml",
+        ),
     )
 }
 

@@ -128,7 +128,8 @@ METRIC_FIELDS = tuple(f.encode_name for f in msgspec.structs.fields(MetricsSampl
 
 
 class ThreadCpu(msgspec.Struct, omit_defaults=True, gc=False):
-    """One thread's CPU time so far, in clock ticks, and the core it last ran on."""
+    """One thread's CPU time so far, in clock ticks, the core it last ran on and the cores it may
+    run on (its own affinity: a thread can be pinned apart from its process's main thread)."""
 
     tid: int
     name: str
@@ -136,6 +137,7 @@ class ThreadCpu(msgspec.Struct, omit_defaults=True, gc=False):
     system: int
     core: int
     started_by: str | None = None  # the connector whose constructor started it (vLLM's step log)
+    cpus: list[int] | None = None  # sched_getaffinity(tid); None in files written before it was read
 
 
 class ProcessSample(msgspec.Struct, omit_defaults=True, gc=False):

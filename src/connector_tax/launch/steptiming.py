@@ -14,7 +14,10 @@ wait_for_layer_load, save_kv_layer, wait_for_save, get_finished). The pipeline c
 * merge_step_log(step_log, dest) -> writes those records as one JSONL file (e.g. the
   study's engine_step_<phase>_<cell>.jsonl after slicing by t_ns);
 * thread_labels(step_log) -> {tid: connector}: threads started inside a connector's constructor
-  (the per-thread CPU sampler names them with it).
+  (the per-thread CPU sampler names them with it);
+* built_on(step_log) -> [{"connector", "pid", "tid", "cpus_before", "cpus_after"}]: the thread each
+  connector was built on and its CPUs before and after the constructor (a constructor that pins its
+  caller, as vLLM's NIXL worker does on CPU, shows as a change).
 """
 
 from __future__ import annotations
@@ -82,6 +85,29 @@ def thread_labels(step_log: str | Path) -> dict[str, str]:
         if isinstance(started, dict):
             labels.update({str(k): str(v) for k, v in started.items()})
     return labels
+
+
+def built_on(step_log: str | Path) -> list[dict[str, Any]]:
+    """[{"connector": "NixlPullConnector worker", "pid": 11680, "tid": 11680, "cpus_before": [1],
+    "cpus_after": [1]}, ...]: every connector built in the launch's instrumented processes, and the
+    thread it was built on."""
+    out: list[dict[str, Any]] = []
+    for report in read_targets(step_log):
+        built = report.get("built_on")
+        if not isinstance(built, dict):
+            continue
+        for label, where in sorted(built.items()):
+            if isinstance(where, dict) and isinstance(where.get("tid"), int):
+                out.append(
+                    {
+                        "connector": str(label),
+                        "pid": report.get("pid"),
+                        "tid": where["tid"],
+                        "cpus_before": where.get("cpus_before"),
+                        "cpus_after": where.get("cpus_after"),
+                    }
+                )
+    return out
 
 
 def _wrapped(status: str | None) -> bool:

@@ -9,6 +9,7 @@ import os
 import re
 from typing import Any, NoReturn
 
+from connector_tax.loadgen.host.affinity import parse_cpulist
 from connector_tax.loadgen.schedule.shapes import ShapePair, parse_shapes
 from connector_tax.loadgen.worker.urls import parse_url
 
@@ -82,6 +83,17 @@ def url(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def cpus(text: str) -> tuple[int, ...]:
+    """A CPU list as the kernel writes one (0-3,8): which CPUs exist is checked with the options."""
+    try:
+        found = parse_cpulist(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list (e.g. 0-3,8)") from None
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} holds no CPU")
+    return tuple(sorted(set(found)))
 
 
 def seed(text: str) -> int:

@@ -46,6 +46,9 @@ class RequestResult(msgspec.Struct, frozen=True, array_like=True):
     cell: str = ""
     request_id: str = ""
     usage_completion_tokens: int | None = None  # what the server's usage said, if it said
+    # Which of the cell's targets (servers) answered: a worker serves one target, and names it
+    # back, so a result is matched by cell, target, index and request id.
+    target: int = 0
 
 
 class _Message(msgspec.Struct, frozen=True, array_like=True, tag=True):

@@ -30,7 +30,7 @@ from connector_tax.contract.summary import CellSummary
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.evidence import seen, unseen
 from connector_tax.launch.provenance import gpu_description
-from connector_tax.launch.steptiming import thread_labels
+from connector_tax.launch.steptiming import built_on, thread_labels
 from connector_tax.launch.vllm import workarounds
 from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.loadgen.host.priority import raised_process
@@ -45,7 +45,7 @@ from connector_tax.metrics.threads import IDLE_WINDOW_S, ThreadSampler, record_i
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.serving.cpus import Leased, cpu_lease
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
-from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process
+from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process, server_pins
 from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
@@ -176,6 +176,10 @@ class ServerRunner:
             sidecars.check_registered()
             if evidence is not None:
                 _check_interventions(index, evidence, save)
+            if backend == "vllm" and server.proc is not None:  # what vLLM pinned, before the study moves a thread
+                started_on = sorted(server.cpus) if server.cpus else sorted(os.sched_getaffinity(0))
+                pins = server_pins(server.proc.pid, started_on, built_on(raw))
+                index.placement = {**(index.placement or {}), "server_pins": pins}
             placement = study.cpu_placement if backend == "vllm" else None
             if placement and server.proc is not None:  # every server thread but the model's, apart from it
                 threads = pin_server_threads(server.proc.pid, *placement)

@@ -14,6 +14,15 @@ stay with the model, as they did before.
 Which thread is a compute thread is read from the kernel, not guessed from names: one whose
 allowed cores lie within the compute cores (vLLM bound it there). Only /proc and
 sched_setaffinity are touched; a thread that ended meanwhile is skipped.
+
+What the server did to its own placement is recorded first (`server_pins`, run.json
+`placement.server_pins`), whether or not the study pins anything: once it is ready, before the
+study moves a thread, every thread whose CPUs are narrower than those the server was started on,
+by process and CPUs, and the thread each connector was built on with its CPUs before and after the
+constructor (the instrumentation's `built_on`). On vLLM's CPU build the worker process's threads
+are all on the OpenMP cores (its main thread is bound as OpenMP starts, and every thread it starts
+inherits that), and vLLM's NIXL worker re-pins the thread that builds it to `rsv_cores_for_kv`
+(docs/nixl-progress.md).
 """
 
 from __future__ import annotations
@@ -83,6 +92,53 @@ def pin_server_threads(root_pid: int, service: tuple[int, ...], compute: tuple[i
         "compute_threads": kept,
         "failed": failed,
     }
+
+
+def _cpus(cpus: list[int] | None) -> str:
+    return "{" + ",".join(map(str, cpus)) + "}" if cpus is not None else "?"
+
+
+def server_pins(root_pid: int, launch_cpus: list[int], built: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every thread of the server's process tree whose CPUs are narrower than `launch_cpus` (those
+    the server was started on), grouped by process and CPUs; `built` (launch.steptiming.built_on)
+    names the connectors' constructors that moved the thread they ran on. For run.json
+    (`placement.server_pins`); `summary` says it in lines for the report."""
+    try:
+        pids = _tree(root_pid)
+    except psutil.Error as exc:
+        return {"error": f"server process {root_pid}: {exc}"}
+    launch = sorted(launch_cpus)
+    groups: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
+    for pid in pids:
+        names = dict(_threads(pid))
+        for tid in names:
+            try:
+                cpus = sorted(os.sched_getaffinity(tid))
+            except OSError:
+                continue  # ended meanwhile
+            if set(launch) <= set(cpus):
+                continue
+            group = groups.setdefault(
+                (pid, tuple(cpus)),
+                {"pid": pid, "process": names.get(pid, "?"), "cpus": cpus, "main": False, "tids": []},
+            )
+            group["tids"].append(tid)
+            group["main"] = group["main"] or tid == pid
+    pinned = sorted(groups.values(), key=lambda g: (g["pid"], g["cpus"]))
+    builds = list(built or [])
+    summary = [
+        f"{g['process']} (pid {g['pid']}): {len(g['tids'])} thread(s) on {_cpus(g['cpus'])}"
+        + (", its main thread among them" if g["main"] else "")
+        for g in pinned
+    ]
+    for b in builds:
+        moved = b.get("cpus_before") != b.get("cpus_after")
+        summary.append(
+            f"{b['connector']} built on thread {b['tid']} (pid {b.get('pid')}): "
+            f"{_cpus(b.get('cpus_before'))} → {_cpus(b.get('cpus_after'))}"
+            + (" (the constructor pinned it)" if moved else " (unchanged)")
+        )
+    return {"launch_cpus": launch, "pinned": pinned, "built_on": builds, "summary": summary}
 
 
 def pin_sidecar(root_pid: int, service: tuple[int, ...]) -> int:

@@ -1,5 +1,5 @@
-"""The servers and the shared generator of the LoadGenerator tests: four `ctax sim` (plain, hung,
-HTTP 500, malformed SSE) started once per test session, a two-worker generator with side files on."""
+"""The servers and the shared generator of the LoadGenerator tests: five `ctax sim` (plain, its twin
+for a duet, hung, HTTP 500, malformed SSE) started once per test session, a two-worker generator with side files on."""
 
 from __future__ import annotations
 

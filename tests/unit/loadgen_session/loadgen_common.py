@@ -40,6 +40,7 @@ RECORD_KEYS = [
 SHAPE = {"input": 64, "output": 8}
 SIM_FLAGS = {
     "plain": (),
+    "twin": (),  # a second plain server: the other side of a duet
     "hang": ("--hang-after-tokens", "2", "--hang-rate", "1"),
     "err500": ("--http-500-rate", "1"),
     "malformed": ("--malformed-sse-rate", "1"),

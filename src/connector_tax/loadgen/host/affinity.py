@@ -5,6 +5,10 @@ physical cores; each worker is I/O-bound and gets one whole physical core (all i
 so no two processes fight over a core and runs repeat. Placement fills the load generator's NUMA
 node first and spills to the next-best nodes, keeping IPC memory local where it can.
 
+A duet (servers side by side, each in a CPU set of its own) is planned otherwise (`plan_paired`):
+each target's workers run inside that target's set, so each side is its server and the workers
+that drive it, alike on both sides, and the main process floats over every CPU.
+
 Topology is a plain value so the plan can be tested for machines we do not have; only
 discover_topology() and apply_affinity() touch the real system.
 """
@@ -15,7 +19,7 @@ import os
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +66,8 @@ class AffinityPlan:
     # free, else the load generator's own (its session thread only has to be milliseconds
     # early), never a worker's — a server waking on a worker's core preempts its send spin.
     server_cpus: tuple[int, ...] = ()
+    # Per worker, where its helper threads (ZMQ's I/O thread) run; empty: the load generator's CPUs.
+    helper_cpus: tuple[tuple[int, ...], ...] = ()
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -95,7 +101,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _allowed_cpus() -> list[int]:
+def allowed_cpus() -> list[int]:
     # sched_getaffinity reflects the cgroup cpuset and taskset; os.cpu_count() would not.
     try:
         return sorted(os.sched_getaffinity(0))
@@ -121,7 +127,7 @@ def discover_topology(
     equal performance. The paths and `allowed` (default: this process's affinity mask) are
     parameters only so tests can describe a machine in a fake sysfs.
     """
-    cpus = sorted(allowed) if allowed is not None else _allowed_cpus()
+    cpus = sorted(allowed) if allowed is not None else allowed_cpus()
     core_key: dict[int, int] = {}
     pkg_core_ids: dict[tuple[int, int], int] = {}
     for c in cpus:
@@ -247,6 +253,48 @@ def plan_affinity(n_workers: int, loadgen_physical_cores: int = 2, topology: Top
     )
     plan_note = ("degraded: " + "; ".join(problems) + " (" + desc + ")") if problems else desc
     return AffinityPlan(lg_cpus, workers, plan_note, server)
+
+
+def check_target_cpus(target_cpus: Sequence[Sequence[int]], targets: int, allowed: Iterable[int]) -> None:
+    """ValueError naming `target_cpus` unless it holds one non-empty CPU set per target, each of
+    CPUs this process may use, no CPU in two sets (a duet's sides must not share a core)."""
+    if len(target_cpus) != targets:
+        raise ValueError(f"target_cpus: {_n(len(target_cpus), 'CPU set')} for {_n(targets, 'target')} (one per URL)")
+    usable = set(allowed)
+    owner: dict[int, int] = {}
+    for t, cpus in enumerate(target_cpus):
+        if not cpus:
+            raise ValueError(f"target_cpus: target {t}'s CPU set is empty")
+        for cpu in cpus:
+            if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in usable:
+                raise ValueError(
+                    f"target_cpus: CPU {cpu!r} of target {t} is not one this process may use ({sorted(usable)})"
+                )
+            if owner.setdefault(cpu, t) != t:
+                raise ValueError(f"target_cpus: CPU {cpu} is in the sets of targets {owner[cpu]} and {t}")
+
+
+def plan_paired(
+    target_cpus: Sequence[Sequence[int]], workers_per_target: int, topology: Topology | None = None
+) -> AffinityPlan:
+    """A duet's plan: target t's workers (numbered t * workers_per_target + j) on target t's CPU
+    set, their helper threads there too, the main process on every CPU it may use (it floats:
+    it only hands requests over, 10 ms ahead). No server CPUs: each server runs in its target's set,
+    which its launcher chose."""
+    topology = topology if topology is not None else discover_topology()
+    all_cpus = tuple(sorted(i.cpu for i in topology.cpus))
+    check_target_cpus(target_cpus, len(target_cpus), all_cpus)
+    if isinstance(workers_per_target, bool) or not isinstance(workers_per_target, int) or workers_per_target < 1:
+        raise ValueError(f"workers_per_target: must be an integer >= 1, got {workers_per_target!r}")
+    sets = [tuple(sorted(cpus)) for cpus in target_cpus]
+    workers = tuple(cpus for cpus in sets for _ in range(workers_per_target))
+    note = "paired: " + "; ".join(
+        f"target {t}'s {_n(workers_per_target, 'worker')} on CPUs {','.join(map(str, cpus))}"
+        for t, cpus in enumerate(sets)
+    )
+    return AffinityPlan(
+        all_cpus, workers, note + f"; the main process floats over {_n(len(all_cpus), 'CPU')}", helper_cpus=workers
+    )
 
 
 def apply_affinity(cpus: tuple[int, ...], pid: int | None = None) -> bool:

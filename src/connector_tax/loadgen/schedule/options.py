@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from connector_tax.config import StudyConfig, Validity, default_request, default_validity
 from connector_tax.config.cells import Cell
 from connector_tax.config.checks import tokenizer_problem
+from connector_tax.loadgen.host.affinity import allowed_cpus, check_target_cpus
 from connector_tax.loadgen.schedule.shapes import ShapeSampler
 from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP
 from connector_tax.loadgen.worker.prompts import POOL_TOKENS
@@ -35,16 +36,23 @@ _REQUEST = default_request()
 
 @dataclass(frozen=True)
 class LoadgenOptions:
-    url: str
+    url: str  # the server driven (target 0)
     model: str
+    # Servers driven beside `url` (targets 1, 2, ...): each gets every request of a cell at the
+    # same scheduled time, the same prompt and shape (a duet: a baseline and a variant served side
+    # by side), through workers of its own, into a cell of its own (LoadGenerator.run_duet_cell).
+    other_urls: tuple[str, ...] = ()
+    # One CPU set per target (url first): target t's workers run in its set, the main process
+    # floats over every CPU (host.affinity.plan_paired); None: the default plan (`affinity`).
+    target_cpus: tuple[tuple[int, ...], ...] | None = None
     endpoint: str = _REQUEST.endpoint
     prompt: str = _REQUEST.prompt
     # How text and chat prompts are sized: auto | server | usage | a tokenizer file (sizing.py).
     tokenizer: str = _REQUEST.tokenizer
     temperature: float = _REQUEST.temperature
     ignore_eos: bool = _REQUEST.ignore_eos
-    workers: int = 1
-    inflight_cap: int = _REQUEST.inflight_cap
+    workers: int = 1  # per target: each worker serves one target
+    inflight_cap: int = _REQUEST.inflight_cap  # per target: a slow server's drops are its own
     timeout_s: float = _REQUEST.timeout_s
     drain_timeout_s: float = 30.0
     # ...plus this much per output token of the longest request issued, up to timeout_s: a request
@@ -84,12 +92,26 @@ class LoadgenOptions:
     # (sketch.py). The JSONL records are always complete.
     summary_exact_cap: int = DEFAULT_EXACT_CAP
 
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every target's URL, target 0 first."""
+        return (self.url, *self.other_urls)
+
     @classmethod
-    def of_study(cls, study: StudyConfig, url: str) -> LoadgenOptions:
-        """The options a study's cells run with, against the server at `url`."""
+    def of_study(
+        cls,
+        study: StudyConfig,
+        url: str,
+        other_urls: tuple[str, ...] = (),
+        target_cpus: tuple[tuple[int, ...], ...] | None = None,
+    ) -> LoadgenOptions:
+        """The options a study's cells run with, against the server at `url` (and those at
+        `other_urls` beside it, each in its CPU set of `target_cpus` where given)."""
         request, loadgen = study.workload.request, study.loadgen
         return cls(
             url=url,
+            other_urls=other_urls,
+            target_cpus=target_cpus,
             model=study.model.served,
             endpoint=request.endpoint,
             prompt=request.prompt,
@@ -109,10 +131,20 @@ class LoadgenOptions:
 
     def check(self) -> None:
         """ValueError naming the option, before any worker starts."""
-        try:
-            parse_url(self.url, self.endpoint)
-        except ValueError as exc:
-            raise ValueError(f"url: {exc}") from None
+        seen: dict[str, int] = {}
+        for t, url in enumerate(self.urls):
+            name = "url" if t == 0 else "other_urls"
+            try:
+                where = parse_url(url, self.endpoint).describe()
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+            if where in seen:
+                raise ValueError(f"{name}: {url!r} is target {seen[where]} already (each server once)")
+            seen[where] = t
+        if self.target_cpus is not None:
+            if not self.affinity:
+                raise ValueError("target_cpus: set with affinity off (nothing would be pinned)")
+            check_target_cpus(self.target_cpus, len(self.urls), allowed_cpus())
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed: must be an integer in 0..2^63-1, got {self.seed!r}")
         if self.api_key_env is not None and not os.environ.get(self.api_key_env):

@@ -1,5 +1,7 @@
 """A benchmark session: one worker pool and its CPU-latency hold, many cells in a row (a rate sweep
-or a shape sweep); each cell runs on the calling thread (realtime.py). Text and chat prompts are
+or a shape sweep); each cell runs on the calling thread (realtime.py), against one target (the
+server at `url`: `run_cell`) or several side by side (`other_urls` too: `run_duet_cell`, a cell
+of its own per target, each in its own folder). Text and chat prompts are
 sized by the server's tokenizer once, before the workers start (sizing.py): the server must be up.
 Token-id prompts need nothing from the server, so a session of them may start while it boots
 (`needs_server`)."""
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from connector_tax.config.cells import Cell
@@ -53,9 +55,9 @@ class LoadGenerator:
             body = dataclasses.replace(body, text=self.sizing.layout)
         self.body = body
         self.pool = WorkerPool(
-            url=options.url,
+            urls=options.urls,
             body=body,
-            n_workers=options.workers,
+            workers_per_target=options.workers,
             seed=options.seed,
             timeout_s=options.timeout_s,
             max_connections=max(options.inflight_cap, options.workers),
@@ -66,10 +68,16 @@ class LoadGenerator:
             tls_verify=options.tls_verify,
             tls_ca_file=options.tls_ca_file,
             rt_priority=options.rt_priority,
+            target_cpus=options.target_cpus,
         )
         self.cpu_latency = CpuLatencyHold(options.cpu_latency_us)
         self.stop_event = threading.Event()
-        self.progress = Progress()
+        self.progresses = [Progress() for _ in options.urls]  # the running cell's, per target
+
+    @property
+    def progress(self) -> Progress:
+        """The running cell's progress on target 0 (the only one, but in a duet)."""
+        return self.progresses[0]
 
     def __enter__(self) -> LoadGenerator:
         self.cpu_latency.acquire()
@@ -118,10 +126,30 @@ class LoadGenerator:
         """Run one cell into `out_dir`. Past its duration floor, `enough` may hold the cell beyond
         min-completed, up to its max duration, until it says True; `give_up` ends it at once,
         min-completed or not (a shape the server cannot take). Both are called often: keep them cheap."""
+        if len(self.options.urls) != 1:
+            raise ValueError(f"out_dir: this generator drives {len(self.options.urls)} targets: run_duet_cell")
+        return self.run_duet_cell(cell, [Path(out_dir)], enough, give_up)[0]
+
+    def run_duet_cell(
+        self,
+        cell: Cell,
+        out_dirs: Sequence[Path],
+        enough: Callable[[], bool] | None = None,
+        give_up: Callable[[], bool] | None = None,
+    ) -> list[CellSummary]:
+        """Run one cell against every target at once, target t's records and summary into
+        `out_dirs[t]` as a cell of its own: the same requests at the same scheduled times to each.
+        The cell ends by its rules as a whole (min-completed: on every target); `enough` and
+        `give_up` as in run_cell. One summary per target, target 0 first."""
+        dirs = [Path(d) for d in out_dirs]
+        if len(dirs) != len(self.options.urls):
+            raise ValueError(f"out_dirs: {len(dirs)} folders for {len(self.options.urls)} targets (one per target)")
+        if len({d.resolve() for d in dirs}) != len(dirs):
+            raise ValueError(f"out_dirs: a folder given twice ({', '.join(map(str, dirs))}): one per target")
         self.check_cell(cell)
         self.stop_event.clear()
-        self.progress = Progress()
+        self.progresses = [Progress() for _ in dirs]
         session = Session(
-            self.options, self.pool, self.progress, self.stop_event, self.cpu_latency, self.body, self.sizing
+            self.options, self.pool, self.progresses, self.stop_event, self.cpu_latency, self.body, self.sizing
         )
-        return RealTimeRun(session, cell, Path(out_dir), enough, give_up).run()
+        return RealTimeRun(session, cell, dirs, enough, give_up).run()

@@ -5,7 +5,8 @@ socket for every result, drained on an event-loop thread (uvloop) that hands eac
 the current cell's handler. Requests are sent from the session thread itself with a
 non-blocking send, a little ahead of their time (the worker fires them on the dot), so no
 thread hop through the loop adds to their latency; only the session thread ever touches the
-PUSH sockets.
+PUSH sockets. Each worker serves one target (server URL); a duet's targets have workers of their
+own, so one server's responses never share a worker's loop with the other's sends.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psutil
 import uvloop
@@ -25,7 +26,7 @@ import zmq
 
 from connector_tax.contract.summary import Priority
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.host.affinity import AffinityPlan, apply_affinity, plan_affinity
+from connector_tax.loadgen.host.affinity import AffinityPlan, apply_affinity, plan_affinity, plan_paired
 from connector_tax.loadgen.host.priority import raised
 from connector_tax.loadgen.worker.process import WorkerConfig, worker_main
 from connector_tax.loadgen.worker.prompts import BodySettings
@@ -75,9 +76,9 @@ def ipc_dir() -> str:
 class WorkerPool:
     def __init__(
         self,
-        url: str,
+        urls: Sequence[str],
         body: BodySettings,
-        n_workers: int,
+        workers_per_target: int,
         seed: int,
         timeout_s: float,
         max_connections: int,
@@ -89,9 +90,19 @@ class WorkerPool:
         tls_verify: bool = True,
         tls_ca_file: str | None = None,
         rt_priority: int | None = None,
+        target_cpus: Sequence[Sequence[int]] | None = None,
     ) -> None:
-        self.n_workers = n_workers
-        self.plan: AffinityPlan | None = plan_affinity(n_workers) if affinity else None
+        """`workers_per_target` workers for each URL (target t's are t * workers_per_target + j),
+        each with `max_connections` // workers_per_target connections at most: a target's
+        connections are its own. `target_cpus`: the paired plan (affinity.plan_paired)."""
+        self.n_targets = len(urls)
+        self.per_target = workers_per_target
+        self.n_workers = n_workers = self.n_targets * workers_per_target
+        self.plan: AffinityPlan | None = None
+        if target_cpus is not None:
+            self.plan = plan_paired(target_cpus, workers_per_target)
+        elif affinity:
+            self.plan = plan_affinity(n_workers)
         self._dir = ipc_dir()
         # ZMQ's I/O thread, started with the first socket, carries every hand-over to the workers:
         # it inherits the real-time class; the calling thread gets its own back.
@@ -110,7 +121,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._cell_acks = 0
         spawn = multiprocessing.get_context("spawn")
-        per_worker = max(1, max_connections // n_workers)
+        per_worker = max(1, max_connections // workers_per_target)
         for k in range(n_workers):
             push = self._ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.SNDHWM, 0)
@@ -119,7 +130,7 @@ class WorkerPool:
             self._pushes.append(push)
             cfg = WorkerConfig(
                 worker_id=k,
-                url=url,
+                url=urls[self.target_of(k)],
                 body=body,
                 seed=seed,  # one seed for all: a trace's hash id must give the same tokens in every worker
                 timeout_s=timeout_s,
@@ -130,18 +141,30 @@ class WorkerPool:
                 requests_addr=f"ipc://{self._dir}/requests-{k}",
                 results_addr=f"ipc://{self._dir}/results",
                 cpus=self.plan.worker_cpus[k] if self.plan else None,
-                helper_cpus=self.plan.loadgen_cpus if self.plan else None,
+                helper_cpus=self._helper_cpus(k),
                 api_key_env=api_key_env,
                 tls_verify=tls_verify,
                 tls_ca_file=tls_ca_file,
                 rt_priority=rt_priority,
                 parent_pid=os.getpid(),
+                target=self.target_of(k),
             )
             proc = spawn.Process(target=worker_main, args=(cfg,), name=f"ctax-loadgen-worker-{k}", daemon=True)
             self._procs.append(proc)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._unpinned: tuple[int, ...] = ()
+
+    def target_of(self, worker: int) -> int:
+        return worker // self.per_target
+
+    def workers_of(self, target: int) -> range:
+        return range(target * self.per_target, (target + 1) * self.per_target)
+
+    def _helper_cpus(self, worker: int) -> tuple[int, ...] | None:
+        if self.plan is None:
+            return None
+        return self.plan.helper_cpus[worker] if self.plan.helper_cpus else self.plan.loadgen_cpus
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:

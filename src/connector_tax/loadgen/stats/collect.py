@@ -1,10 +1,11 @@
-"""A cell's results side: requests in flight, results matched to them, records and statistics.
+"""A cell's results, one Collector per target: requests in flight, results matched to them,
+records and statistics.
 
 The session thread registers each request as it issues it (`issue`); the pool's receiver
-thread hands every worker result to `on_result`, which matches it by cell id and request
-index *and* request id — a result from another cell run (a late one from the cell before) or
-one whose id does not match is never attached to a request: it is written as an `error`
-record of its own ("unmatched result …") and counted, and the cell is invalid. Each record is
+thread hands every worker result to `on_result`, which matches it by cell id, target, request
+index *and* request id — a result from another cell run (a late one from the cell before), from
+another target, or one whose id does not match is never attached to a request: it is written as
+an `error` record of its own ("unmatched result …") and counted, and the cell is invalid. Each record is
 appended and flushed as it completes and folded into the cell's bounded statistics; nothing
 per request is kept once its record is written.
 """
@@ -46,7 +47,7 @@ class Progress:
 
 
 class Pending(NamedTuple):
-    target: int
+    t_sched: int  # its scheduled time
     in_flight: int  # requests issued and unanswered when this one was issued
     warmup: bool
     spec: ipc.RequestSpec
@@ -55,8 +56,11 @@ class Pending(NamedTuple):
 
 
 class Collector:
-    def __init__(self, cell_id: str, writer: RecordWriter, stats: RequestStats, progress: Progress) -> None:
+    def __init__(
+        self, cell_id: str, writer: RecordWriter, stats: RequestStats, progress: Progress, target: int = 0
+    ) -> None:
         self.cell_id = cell_id
+        self.target = target
         self.writer = writer
         self.stats = stats
         self.progress = progress
@@ -67,11 +71,11 @@ class Collector:
         # in-flight correction; only the last FINISHED_HORIZON_NS are kept.
         self._finished = array("q")
         self.completed_post = 0
-        self.on_done: Any = None  # called once per result (closed loop: the gate's release)
+        self.on_done: Callable[[int], Any] | None = None  # called with each result's index (closed loop)
 
     # -- session thread ----------------------------------------------------------------
     def issue(
-        self, target: int, spec: ipc.RequestSpec, worker: int, warmup: bool, admits: Callable[[int], bool]
+        self, t_sched: int, spec: ipc.RequestSpec, worker: int, warmup: bool, admits: Callable[[int], bool]
     ) -> int | None:
         """Register a request about to be sent: its in-flight count, or None if the cell's rules
         do not admit another one in flight (the in-flight cap)."""
@@ -79,7 +83,7 @@ class Collector:
             in_flight = len(self.pending)
             if not admits(in_flight):
                 return None
-            self.pending[spec.index] = Pending(target, in_flight, warmup, spec, worker, time.monotonic_ns())
+            self.pending[spec.index] = Pending(t_sched, in_flight, warmup, spec, worker, time.monotonic_ns())
         self.progress.in_flight = in_flight + 1
         return in_flight
 
@@ -101,7 +105,7 @@ class Collector:
     def on_result(self, res: ipc.RequestResult) -> None:
         now = time.monotonic_ns()
         with self.lock:
-            entry = self.pending.get(res.index) if res.cell == self.cell_id else None
+            entry = self.pending.get(res.index) if res.cell == self.cell_id and res.target == self.target else None
             if entry is not None and entry.spec.request_id == res.request_id:
                 del self.pending[res.index]
             else:
@@ -112,15 +116,15 @@ class Collector:
             return
         self._note_finished(now)
         # Counted when issued, send_ahead_us before its time; those that finished in between
-        # were no longer in flight when it was sent. Later issues have later targets, so
+        # were no longer in flight when it was sent. Later issues have later times, so
         # nothing else needs correcting.
         f = self._finished
-        in_flight = entry.in_flight - (bisect_right(f, entry.target) - bisect_right(f, entry.issued))
+        in_flight = entry.in_flight - (bisect_right(f, entry.t_sched) - bisect_right(f, entry.issued))
         spec = entry.spec
         usage = res.usage_completion_tokens
         record = RequestRecord(
             spec.request_id,
-            entry.target,
+            entry.t_sched,
             res.t_send_ns,
             res.t_first_token_ns,
             res.t_last_token_ns,
@@ -149,7 +153,7 @@ class Collector:
         else:
             self.progress.errors += 1
         if self.on_done is not None:
-            self.on_done()
+            self.on_done(res.index)
         self.record(record, res.itl_us if res.status == "ok" else None)
 
     def _note_finished(self, now: int) -> None:
@@ -162,11 +166,12 @@ class Collector:
     def _unmatched(self, res: ipc.RequestResult) -> None:
         with self._stats_lock:
             self.stats.unmatched += 1
-        why = (
-            "another cell run"
-            if res.cell != self.cell_id
-            else "no request of this cell in flight with that index and id"
-        )
+        if res.cell != self.cell_id:
+            why = "another cell run"
+        elif res.target != self.target:
+            why = f"target {res.target}, not {self.target}"
+        else:
+            why = "no request of this cell in flight with that index and id"
         # No timings: they belong to no request of this cell. Not one of its requests either,
         # so only the unmatched count (and the validity check on it) sees it.
         self.record(

@@ -61,6 +61,7 @@ class WorkerConfig:
     # The generator's pid, taken before the spawn: a worker reading os.getppid() once its parent
     # is already dead would read its reaper's, and watch the wrong process for ever.
     parent_pid: int | None = None
+    target: int = 0  # which of the generator's targets `url` is: named back in every result
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
@@ -322,6 +323,7 @@ class Worker:
             cell=spec.cell,
             request_id=spec.request_id,
             usage_completion_tokens=usage_tokens,
+            target=self.cfg.target,
         )
 
 
