@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+from connector_tax.arguments import unwritable
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen import flags
@@ -285,6 +286,9 @@ def main(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"ctax bench: --out: cannot create {str(args.out)!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if why := unwritable(args.out, "--out", folder=True):  # a folder that is there but not writable
+        print(f"ctax bench: {why}", file=sys.stderr)
         return 2
     try:
         with Api(options) as api:
