@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from fake_openai import SIM_TOKEN_PATTERN, Fake, serving  # noqa: E402
 from sim_server import REPO  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
@@ -142,6 +144,10 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
             ["--input-len", "300000"],
             "ctax bench: --input-len: 300000 tokens is over the load generator's limit of 262143",
         ),
+        (  # a shape given with --shapes is --shapes' error, not --input-len's
+            ["--shapes", "64x8,300000x8"],
+            "ctax bench: --shapes: 300000 tokens is over the load generator's limit of 262143",
+        ),
         (
             ["--url", "localhost:99999"],
             "ctax bench: argument --url: 'localhost:99999': port '99999' is not a number in 1-65535",
@@ -150,6 +156,25 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 )
 def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert _bad(argv, capsys, tmp_path) == line
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"), [(["--shapes", "64x8,2x8"], "--shapes"), (["--input-len", "2"], "--input-len")]
+)
+def test_a_shape_the_server_cannot_size_names_the_flag_that_gave_it(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A text prompt of 2 tokens cannot be sent where the lead alone costs 2: found after sizing
+    # on the server, and said as the flag the user typed (it named --input-len for --shapes).
+    words = re.compile(SIM_TOKEN_PATTERN)
+    with serving(Fake(lambda text: len(words.findall(text)))) as fake:
+        argv = ["bench", "--url", fake.url, "--model", fake.model, "--prompt", "text", *flags]
+        assert ctax_main([*argv, "--duration", "0.1", "--warmup", "0", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"ctax bench: {named}: input 2 is not longer than the 2 tokens a text prompt starts with on this server "
+        "(its lead, special tokens and any chat template)\n"
+    )
+    assert not list((tmp_path / "out").glob("summary_*"))
 
 
 def test_missing_required_argument(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,16 +19,20 @@ from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.schedule.shapes import parse_shapes, shape_spec
 from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 
-# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
+# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag; a
+# cell's shape is set by --shapes when given, else by --input-len and --output-len: _shape_flag).
 _FLAGS = {
     "url": "--url",
     "seed": "--seed",
     "api_key_env": "--api-key-env",
     "tls_ca_file": "--cacert",
     "trace": "--trace",
-    "shape": "--input-len",
     "tokenizer": "--tokenizer",
 }
+
+
+def _shape_flag(args: argparse.Namespace) -> str:
+    return "--shapes" if args.shapes else "--input-len"
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,12 +138,14 @@ def cells_from_args(args: argparse.Namespace) -> list[Cell]:
                 **common,
             )
         ]
-        _check(cells)
+        _check(cells, args)
         return cells
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
     longest = max(s.input for s in shapes)
     if longest >= POOL_TOKENS:
-        raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
+        raise ValueError(
+            f"{_shape_flag(args)}: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}"
+        )
     if args.concurrency:
         return [
             Cell(
@@ -182,12 +188,12 @@ def cells_from_args(args: argparse.Namespace) -> list[Cell]:
     ]
 
 
-def _check(cells: list[Cell]) -> None:
+def _check(cells: list[Cell], args: argparse.Namespace) -> None:
     for cell in cells:
         try:
             check_cell(cell)
         except ValueError as exc:
-            raise ValueError(_flagged(exc)) from None
+            raise ValueError(_flagged(exc, args)) from None
 
 
 def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
@@ -246,10 +252,11 @@ def _tokens(summary: CellSummary) -> str:
     return "/".join("-" if m is None else f"{m:g}" for m in medians)
 
 
-def _flagged(exc: Exception) -> str:
+def _flagged(exc: Exception, args: argparse.Namespace) -> str:
     """An error naming an option or cell field, as the flag that sets it."""
     field, sep, rest = str(exc).partition(": ")
-    return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
+    flags = {**_FLAGS, "shape": _shape_flag(args)}
+    return f"{flags[field]}: {rest}" if sep and field in flags else str(exc)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -280,7 +287,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options.check()
     except ValueError as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     try:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -295,14 +302,14 @@ def main(args: argparse.Namespace) -> int:
             check_server(api)
         gen = LoadGenerator(options)  # sizes text prompts on this server
     except (ServerProblem, ValueError) as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     try:
         for cell in cells:
             gen.check_cell(cell)
     except ValueError as exc:
         gen.pool.close()
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     invalid = 0
     with gen:
