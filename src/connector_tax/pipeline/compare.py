@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# Exit codes: 0 compared; 2 bad input, a nothing compared among it (no row to judge: never a pass).
+# Exit codes: 0 compared; 2 bad input, "nothing compared" among it (no row to judge is never a pass).
 BAD_INPUT = 2
 
 
