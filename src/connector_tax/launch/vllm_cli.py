@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from connector_tax.arguments import number
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.smoke import SMOKE_MODEL, smoke_config
 from connector_tax.launch.command import sidecar_names
@@ -119,15 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="JSON: what a verify/smoke client checks for one config")
     p.add_argument("config")
     p.add_argument("name")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=number(int, 0, 65535), required=True)
     p.add_argument("--check", choices=sorted(CHECK_PLANS))
 
     p = sub.add_parser("smoke-config", help="write a GPU smoke-test copy of a study config")
     p.add_argument("base")
     p.add_argument("out")
     p.add_argument("--model", default=SMOKE_MODEL)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    p.add_argument("--max-model-len", type=number(int, 1), default=4096)
+    p.add_argument("--gpu-memory-utilization", type=number(float, 0, 1, low_open=True), default=0.6)
     p.add_argument("--mooncake-protocol", choices=["tcp", "rdma"], default="tcp")
     p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false")
 

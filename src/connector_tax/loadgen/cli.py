@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from connector_tax.arguments import unwritable
 from connector_tax.config.cells import Cell
 from connector_tax.contract.summary import CellSummary
 from connector_tax.loadgen import flags
@@ -21,7 +22,8 @@ from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.schedule.shapes import parse_shapes, shape_spec
 from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 
-# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
+# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag; a
+# cell's shape is set by --shapes when given, else by --input-len and --output-len: _shape_flag).
 _FLAGS = {
     "url": "--url",
     "other_urls": "--url",
@@ -30,9 +32,12 @@ _FLAGS = {
     "api_key_env": "--api-key-env",
     "tls_ca_file": "--cacert",
     "trace": "--trace",
-    "shape": "--input-len",
     "tokenizer": "--tokenizer",
 }
+
+
+def _shape_flag(args: argparse.Namespace) -> str:
+    return "--shapes" if args.shapes else "--input-len"
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -148,12 +153,14 @@ def cells_from_args(args: argparse.Namespace) -> list[Cell]:
                 **common,
             )
         ]
-        _check(cells)
+        _check(cells, args)
         return cells
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
     longest = max(s.input for s in shapes)
     if longest >= POOL_TOKENS:
-        raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
+        raise ValueError(
+            f"{_shape_flag(args)}: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}"
+        )
     if args.concurrency:
         return [
             Cell(
@@ -196,12 +203,12 @@ def cells_from_args(args: argparse.Namespace) -> list[Cell]:
     ]
 
 
-def _check(cells: list[Cell]) -> None:
+def _check(cells: list[Cell], args: argparse.Namespace) -> None:
     for cell in cells:
         try:
             check_cell(cell)
         except ValueError as exc:
-            raise ValueError(_flagged(exc)) from None
+            raise ValueError(_flagged(exc, args)) from None
 
 
 def _report_progress(gen: LoadGenerator, label: str, done: threading.Event) -> None:
@@ -274,10 +281,11 @@ def _tokens(summary: CellSummary) -> str:
     return "/".join("-" if m is None else f"{m:g}" for m in medians)
 
 
-def _flagged(exc: Exception) -> str:
+def _flagged(exc: Exception, args: argparse.Namespace) -> str:
     """An error naming an option or cell field, as the flag that sets it."""
     field, sep, rest = str(exc).partition(": ")
-    return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
+    flags = {**_FLAGS, "shape": _shape_flag(args)}
+    return f"{flags[field]}: {rest}" if sep and field in flags else str(exc)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -311,7 +319,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options.check()
     except ValueError as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     # One target: its cells in --out, as always; several: each target's in a folder of its own.
     outs = [args.out] if len(urls) == 1 else [args.out / f"target{t}" for t in range(len(urls))]
@@ -321,20 +329,23 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"ctax bench: --out: cannot create {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+        if why := unwritable(out, "--out", folder=True):  # a folder that is there but not writable
+            print(f"ctax bench: {why}", file=sys.stderr)
+            return 2
     try:
         for url in urls:  # every server answers, with the model, before any cell
             with Api(dataclasses.replace(options, url=url)) as api:
                 check_server(api)
         gen = LoadGenerator(options)  # sizes text prompts on the first server
     except (ServerProblem, ValueError) as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     try:
         for cell in cells:
             gen.check_cell(cell)
     except ValueError as exc:
         gen.pool.close()
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     if len(urls) > 1:
         for t, (url, out) in enumerate(zip(urls, outs)):

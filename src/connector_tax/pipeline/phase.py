@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from connector_tax.arguments import number
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import (
     LAUNCH_PHASES,
@@ -282,9 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", required=True, metavar="NAME")
     parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
     parser.add_argument(
-        "--replicate", type=int, default=1, metavar="K", help="which launch of workload.replicates (default 1)"
+        "--replicate",
+        type=number(int, 1),
+        default=1,
+        metavar="K",
+        help="which launch of workload.replicates (default 1)",
     )
-    parser.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
+    parser.add_argument(
+        "--cpus", type=number(int, 0), default=0, help="lease this many CPUs (jobs side by side); 0: all"
+    )
     parser.add_argument(
         "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
     )
