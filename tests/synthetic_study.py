@@ -138,6 +138,10 @@ class SyntheticSpec:
     simulated: bool = True
     write_reference: bool = True
     seed: int = 1
+    # workload.replicates launches per variant and phase, every launch's latencies times its own
+    # speed factor exp(N(0, launch_sd)) (the launch bias the intervals must carry).
+    replicates: int = 1
+    launch_sd: float = 0.0
 
 
 def _tax(table: dict[str, float], c: str) -> float:
@@ -172,6 +176,7 @@ def _cell(
     ttft_tax: float,
     tpot_tax: float,
     saturate: bool,
+    speed: float = 1.0,
 ) -> None:
     """Write one cell's files into `folder` (a staging folder: write_study seals it)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -185,8 +190,8 @@ def _cell(
     send = sched + 50_000
     inp, out = shape
     base_ttft = spec.base_ttft_ms * (1.0 + inp / 4096.0) / 2.0
-    ttft_ms = base_ttft * (1.0 + ttft_tax) * growth * rng.lognormal(0.0, spec.sigma, n)
-    tpot_ms = spec.base_tpot_ms * (1.0 + tpot_tax) * rng.lognormal(0.0, spec.sigma, n)
+    ttft_ms = speed * base_ttft * (1.0 + ttft_tax) * growth * rng.lognormal(0.0, spec.sigma, n)
+    tpot_ms = speed * spec.base_tpot_ms * (1.0 + tpot_tax) * rng.lognormal(0.0, spec.sigma, n)
     first = send + (ttft_ms * 1e6).astype(np.int64)
     last = first + (tpot_ms * 1e6 * (out - 1)).astype(np.int64)
     status = np.array(["ok"] * n, dtype=object)
@@ -347,6 +352,7 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
                 entry["connector"]["module_path"] = "synthetic.connector:Synthetic"
         configs.append(entry)
     wl: dict[str, Any] = {
+        "replicates": spec.replicates,
         "warmup_s": 1,
         "duration_s": 10,
         "min_completed": 20,
@@ -375,7 +381,7 @@ def study_config(spec: SyntheticSpec) -> dict[str, Any]:
     )
 
 
-def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str) -> PhaseIndex:
+def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str, replicate: int = 1) -> PhaseIndex:
     launch = launch_settings(config, find_variant(config, c), ["synthetic", c], {"server": "synthetic"})
     steps = _has_steps(spec, c)
     return PhaseIndex(
@@ -386,13 +392,14 @@ def _index(spec: SyntheticSpec, config: dict[str, Any], c: str, phase: str) -> P
         launch=launch,
         code=code_versions(config["backend"]),
         cells=[],
-        launch_id="synthetic",
+        launch_id=f"synthetic-{spec.study}-{spec.seed}-{c}-{phase}-r{replicate}",
         started="2026-05-26T10:00:00+00:00",
         finished="2026-05-26T11:00:00+00:00",
         status="ok",
         launch_command=["synthetic", c],
         step_timing_available=steps,
         step_timing_reason=None if steps else spec.step_timing_reason,
+        replicate=replicate,
     )
 
 
@@ -406,17 +413,31 @@ def _write_cells(
     factors: Any,
 ) -> None:
     """Generate, seal and index each planned cell; factors(cell) -> (ttft tax, tpot tax, saturate)."""
+    speed = float(np.exp(rng.normal(0.0, spec.launch_sd))) if spec.launch_sd > 0 else 1.0  # the launch's bias
     for cell in cells:
-        folder = layout.phase(index.variant, cell.phase)
+        folder = layout.phase(index.variant, cell.phase, index.replicate)
         staging = folder.staging(cell.label)
         ttft, tpot, saturate = factors(cell)
         shape = (cell.shape["input"], cell.shape["output"])
-        _cell(spec, rng, staging.folder, index.variant, cell.phase, cell.label, cell.rate, shape, ttft, tpot, saturate)
+        _cell(
+            spec,
+            rng,
+            staging.folder,
+            index.variant,
+            cell.phase,
+            cell.label,
+            cell.rate,
+            shape,
+            ttft,
+            tpot,
+            saturate,
+            speed,
+        )
         settings = cell_settings(config, cell)
         fp = fingerprint(index.launch, settings, index.code)
         seal_cell(staging, folder.cell(cell.label), fp)
         index.cells.append(IndexEntry(cell.phase, cell.label, fp, settings, status="complete"))
-    folder = layout.phase(index.variant, index.phase)
+    folder = layout.phase(index.variant, index.phase, index.replicate)
     index.write(folder.index)
     write_atomic(folder.env_txt, "synthetic\n")
 
@@ -445,14 +466,15 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
             index = _index(spec, config, c, phase)
             index.status, index.reason = "skipped", f"preflight SKIP: {spec.skipped[c]}"
             index.write(layout.index(c, phase))
-    for c in ran:
+    replicates = range(1, spec.replicates + 1)
+    for r, c in ((r, c) for r in replicates for c in ran):
         _write_cells(
             spec,
             rng,
             layout,
             config,
-            _index(spec, config, c, PHASE_A),
-            phase_a_cells(StudyConfig.from_mapping(config)),
+            _index(spec, config, c, PHASE_A, r),
+            phase_a_cells(StudyConfig.from_mapping(config), r),
             lambda cell, c=c: (_tax(spec.ttft_tax, c), _tax(spec.tpot_tax, c), True),
         )
     ref_safe, ref_load = _expected_refs(spec)
@@ -472,10 +494,10 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
         boost = 1.5 if cell.phase == PHASE_B_PRIME else 1.0
         return _tax(spec.ttft_tax, c) * f_in * boost, _tax(spec.tpot_tax, c) * f_out * boost, False
 
-    for c in ran:
-        cells = phase_b_cells(StudyConfig.from_mapping(config), c, reference)
+    for r, c in ((r, c) for r in replicates for c in ran):
+        cells = phase_b_cells(StudyConfig.from_mapping(config), c, reference, r)
         _write_cells(
-            spec, rng, layout, config, _index(spec, config, c, PHASE_B), cells, lambda cell, c=c: factors(cell, c)
+            spec, rng, layout, config, _index(spec, config, c, PHASE_B, r), cells, lambda cell, c=c: factors(cell, c)
         )
     return layout.root
 

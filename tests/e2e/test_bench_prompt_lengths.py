@@ -50,7 +50,7 @@ def test_text_and_chat_prompts_have_the_cells_length_by_the_servers_count(tmp_pa
         assert usage["status"] == "checked", name
         assert usage["prompt_tokens"]["server"] == {"median": INPUT, "min": INPUT, "max": INPUT}, name
         assert usage["completion_tokens"]["server"]["median"] == OUTPUT
-        assert usage["sizing"]["exact"] is True, name
+        assert usage["sizing"]["agrees_with_tokenizer"] is True, name
         assert f"server tokens in/out={INPUT}/{OUTPUT}" in proc.stdout, name
     assert runs["text"][1]["usage"]["sizing"]["method"] == "usage.prompt_tokens of one-token requests"
     # The chat template (ChatML: 17 of the simulator's tokens) and the lead (2) come off the words.

@@ -7,10 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
-from synthetic_study import SyntheticSpec, write_study
+import yaml
+from synthetic_study import SyntheticSpec, study_config, write_study
 
-from connector_tax.analysis.compare import call_of, log_difference
-from connector_tax.analysis.compare_report import CSV_COLUMNS
+from connector_tax.analysis.compare import call_of, compare, log_difference
+from connector_tax.analysis.compare_report import CSV_COLUMNS, render
 from connector_tax.analysis.compare_sides import parse_side
 from connector_tax.analysis.launch_intervals import LaunchVariance, pooled
 from connector_tax.cli import main
@@ -108,6 +109,47 @@ def test_cells_of_another_shape_or_model_are_listed_not_compared(studies, tmp_pa
     assert "| phase_a | r4 |" in md.split("## Not compared")[0]  # the cells that agree are compared
 
 
+def _unmeasured(folder: Path, study: str) -> Path:
+    """A study folder with its config and no measured cell (a study that never ran)."""
+    folder.mkdir(parents=True)
+    config = study_config(SyntheticSpec(study=study, **KW))
+    (folder / "study_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return folder
+
+
+def test_nothing_compared_is_exit_2_with_why_and_never_nothing_changed(studies, tmp_path, capsys):
+    e1, e2 = _unmeasured(tmp_path / "e1", "e1"), _unmeasured(tmp_path / "e2", "e2")
+    other = write_study(tmp_path / "c", SyntheticSpec(study="c", **{**KW, "phase_a_shape": (1024, 256)}))
+    other_shapes = SyntheticSpec(study="d", **{**KW, "phase_a_shape": (1024, 256), "shapes": [(1024, 64)]})
+    disjoint = write_study(tmp_path / "d", other_shapes)
+    apart = write_study(
+        tmp_path / "f", SyntheticSpec(study="f", **{**KW, "rates": [16.0, 32.0], "shapes": [(1024, 64)]})
+    )
+    cases = [
+        ([str(e1), str(e2)], f"no measured cells in A ({e1}) or B ({e2})"),
+        ([str(studies["a"]), str(e2)], f"no measured cells in B ({e2})"),
+        ([f"{e1}:plain", f"{studies['a']}:plain"], f"no measured cells in A ({e1}:plain)"),
+        (
+            [str(studies["a"]), str(disjoint)],
+            "none of the cells measured on both sides is the same cell "
+            "(`plain` phase_a r4: shape 4096x256 vs 1024x256, and 5 more)",
+        ),
+        ([str(studies["a"]), str(apart)], "no cell was measured on both sides"),
+    ]
+    for argv, why in cases:
+        out = tmp_path / "out"
+        assert main(["compare", *argv, "-o", str(out)]) == 2, argv
+        err = capsys.readouterr().err
+        assert err == f"ctax compare: nothing compared: {why}\n", err
+        assert not (out / "compare.md").exists()  # a failed comparison writes nothing
+    assert main(["compare", str(studies["a"]), str(other)]) == 0  # Phase B's cells still compare
+    capsys.readouterr()
+    doc = compare(str(e1), str(e2))
+    assert doc["rows"] == [] and doc["nothing_compared"]
+    md = render(doc)
+    assert "Nothing was compared" in md and "Nothing changed" not in md and "0 comparisons" not in md
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [
@@ -115,13 +157,26 @@ def test_cells_of_another_shape_or_model_are_listed_not_compared(studies, tmp_pa
         (["{a}:nope", "{b}"], "no variant 'nope' in study a"),
         (["{a}:plain", "{b}"], "name a variant on both sides"),
         (["{a}", "{a}"], "are one study: name two variants"),
-        (["{a}", "{b}", "--margin", "0"], "--margin: 0.0 is not a positive fraction"),
+        (["{a}", "{b}", "--margin", "0"], "argument --margin: 0 must be > 0"),
+        (["{a}", "{b}", "--margin", "nan"], "argument --margin: nan is not a finite number"),
         (["{a}", "{root}"], "refused"),
+        # an output that cannot be written: one line before the work, not a traceback after it
+        (
+            ["{a}", "{b}", "-o", "{a}/study_config.yaml/out"],
+            "-o {a}/study_config.yaml/out: {a}/study_config.yaml is not a folder",
+        ),
+        (["{a}", "{b}", "-o", "{a}/study_config.yaml"], "-o {a}/study_config.yaml: not a folder"),
     ],
 )
 def test_bad_arguments_get_one_line(studies, capsys, argv, says):
-    args = [x.format(**{k: str(v) for k, v in studies.items()}) for x in argv]
-    assert main(["compare", *args]) == 2
+    names = {k: str(v) for k, v in studies.items()}
+    args = [x.format(**names) for x in argv]
+    try:
+        code = main(["compare", *args])
+    except SystemExit as exc:  # argparse's own errors (a number that is none)
+        code = exc.code
+    assert code == 2
+    says = says.format(**names)
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err and err.startswith("ctax compare: ")
 
@@ -159,3 +214,44 @@ def test_a_side_is_a_folder_or_a_folder_and_variant(tmp_path):
     odd = tmp_path / "a:b"
     odd.mkdir()
     assert parse_side(str(odd)) == (odd, None)  # a folder that exists is a folder, colon or not
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory) -> Path:
+    """A study of two launches per variant, each launch 5 % faster or slower (sd of its log
+    speed): the intervals carry a launch variance."""
+    spec = SyntheticSpec(study="rep", replicates=2, launch_sd=0.05, **KW)
+    return write_study(tmp_path_factory.mktemp("replicated") / "rep", spec)
+
+
+def test_a_replicated_study_compared_with_itself_is_zero_with_a_zero_width_interval(replicated, tmp_path, capsys):
+    # Both sides are the same measurements: every launch's bias is on both sides and cancels. The
+    # launch term of two (or four) independent launches made these [-14.5, +17.0] % before.
+    import shutil
+
+    again = tmp_path / "again"
+    shutil.copytree(replicated, again)
+    for argv in ([str(replicated), str(again)], [f"{replicated}:nixl_both", f"{replicated}:nixl_both"]):
+        out = tmp_path / "out" / str(len(argv[0]))
+        assert main(["compare", *argv, "-o", str(out)]) == 0
+        capsys.readouterr()
+        rows = _rows(out)
+        assert rows and all(r["replicates"] == "2" for r in rows), rows
+        assert {r["metric"] for r in rows} >= {"ttft_p90", "tpot_p90"}
+        for r in rows:
+            assert float(r["change"]) == float(r["ci_lo"]) == float(r["ci_hi"]) == 0.0, r
+            assert r["call"] == "no change resolved", r
+    taxes = [r for r in _rows(tmp_path / "out" / str(len(str(replicated)))) if r["metric"].startswith("tax_")]
+    assert taxes  # the four-launch tax rows too
+
+
+def test_a_replicated_study_against_other_launches_keeps_the_launch_term(replicated, tmp_path, capsys):
+    # Other launches (another study, its own speed factors): the launches' variance stays in
+    # every interval, so none is a point.
+    other = write_study(tmp_path / "other", SyntheticSpec(study="other", replicates=2, launch_sd=0.05, seed=3, **KW))
+    out = tmp_path / "out"
+    assert main(["compare", str(replicated), str(other), "-o", str(out)]) == 0
+    capsys.readouterr()
+    rows = [r for r in _rows(out) if r["ci_lo"]]
+    assert rows and all(float(r["ci_lo"]) < float(r["ci_hi"]) for r in rows), rows
+    assert all(float(r["launch_share"]) > 0 for r in rows), rows

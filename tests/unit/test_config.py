@@ -618,6 +618,28 @@ BAD_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
         _set("server.ready_timeout_s", 0),
         "server.ready_timeout_s: 0 must be greater than 0",
     ),
+    # NaN and infinity (YAML's .nan, .inf) pass every schema bound; refused wherever they are
+    (
+        "a rate of .nan",
+        _set("workload.phase_a.rates", [4, float("nan")]),
+        "workload.phase_a.rates[1]: nan is not a finite number",
+    ),
+    (
+        "a rate of .inf",
+        _set("workload.phase_a.rates", [float("inf")]),
+        "workload.phase_a.rates[0]: inf is not a finite number",
+    ),
+    (
+        "a duration of .inf",
+        _set("workload.duration_s", float("inf")),
+        "workload.duration_s: inf is not a finite number",
+    ),
+    ("a warm-up of -.inf", _set("workload.warmup_s", float("-inf")), "workload.warmup_s: -inf is not a finite number"),
+    (
+        "a variant's setting of .nan",
+        lambda c: c["variants"][1].update(server={"max_num_seqs": float("nan")}),
+        "variants[1].server.max_num_seqs: nan is not a finite number",
+    ),
 ]
 
 

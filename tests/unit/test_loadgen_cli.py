@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from fake_openai import SIM_TOKEN_PATTERN, Fake, serving  # noqa: E402
 from sim_server import REPO  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
@@ -126,8 +128,12 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (["--seed", "-1"], "ctax bench: argument --seed: -1 must be >= 0"),
         (["--seed", "9223372036854775808"], "ctax bench: argument --seed: 9223372036854775808 must be < 2^63"),
         (["--seed", "x"], "ctax bench: argument --seed: 'x' is not a whole number"),
-        (["--gamma-shape", "inf"], "ctax bench: argument --gamma-shape: inf must be finite"),
-        (["--timeout", "nan"], "ctax bench: argument --timeout: nan must be finite"),
+        (["--gamma-shape", "inf"], "ctax bench: argument --gamma-shape: inf is not a finite number"),
+        (["--timeout", "nan"], "ctax bench: argument --timeout: nan is not a finite number"),
+        (["--rate", "nan"], "ctax bench: argument --rate: nan is not a finite number"),
+        (["--rates", "1,inf"], "ctax bench: argument --rates: inf is not a finite number"),
+        (["--duration", "inf"], "ctax bench: argument --duration: inf is not a finite number"),
+        (["--warmup", "nan"], "ctax bench: argument --warmup: nan is not a finite number"),
         (["--rates", ","], "ctax bench: argument --rates: ',' holds no rate"),
         (["--model", " "], "ctax bench: argument --model: must not be empty"),
         (
@@ -138,6 +144,10 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
         (
             ["--input-len", "300000"],
             "ctax bench: --input-len: 300000 tokens is over the load generator's limit of 262143",
+        ),
+        (  # a shape given with --shapes is --shapes' error, not --input-len's
+            ["--shapes", "64x8,300000x8"],
+            "ctax bench: --shapes: 300000 tokens is over the load generator's limit of 262143",
         ),
         (
             ["--url", "localhost:99999"],
@@ -163,6 +173,25 @@ def _bad(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 )
 def test_bad_arguments(argv: list[str], line: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert _bad(argv, capsys, tmp_path) == line
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"), [(["--shapes", "64x8,2x8"], "--shapes"), (["--input-len", "2"], "--input-len")]
+)
+def test_a_shape_the_server_cannot_size_names_the_flag_that_gave_it(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A text prompt of 2 tokens cannot be sent where the lead alone costs 2: found after sizing
+    # on the server, and said as the flag the user typed (it named --input-len for --shapes).
+    words = re.compile(SIM_TOKEN_PATTERN)
+    with serving(Fake(lambda text: len(words.findall(text)))) as fake:
+        argv = ["bench", "--url", fake.url, "--model", fake.model, "--prompt", "text", *flags]
+        assert ctax_main([*argv, "--duration", "0.1", "--warmup", "0", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"ctax bench: {named}: input 2 is not longer than the 2 tokens a text prompt starts with on this server "
+        "(its lead, special tokens and any chat template)\n"
+    )
+    assert not list((tmp_path / "out").glob("summary_*"))
 
 
 def test_missing_required_argument(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,7 +56,7 @@ def test_prompts_come_out_at_the_servers_count(tokenize: bool, endpoint: str) ->
     count = (lambda t: _chat_tokens(fake, t)) if endpoint == "chat" else fake.count
     # The lead (2), the BOS and, on chat, the template: what a prompt costs before its words.
     assert sizing.layout.base_tokens == count(LEAD) == 3 + (CHATML_TOKENS if endpoint == "chat" else 0)
-    assert sizing.exact and len(sizing.samples) == 2
+    assert sizing.agrees_with_tokenizer and len(sizing.samples) == 2
     for n in (sizing.layout.base_tokens + 1, 64, 256, 1000, 4096):
         for key in ("k-1", "k-2"):
             assert count(builder.text(key, n).decode()) == n
@@ -82,7 +82,21 @@ def test_a_tokenizer_file_sizes_prompts_and_the_chat_template_is_measured(tmp_pa
     assert fake.count(builder.text("a", 300).decode()) == 300
     assert chat.template_tokens == CHATML_TOKENS  # one request's usage minus the local count
     assert _chat_tokens(fake, chat_builder.text("a", 300).decode()) == 300
-    assert chat.exact and chat.describe()["template_tokens"] == CHATML_TOKENS
+    assert chat.agrees_with_tokenizer and chat.describe()["template_tokens"] == CHATML_TOKENS
+
+
+def test_a_tokenizer_file_the_server_disagrees_with_says_it_agrees_only_with_itself(tmp_path: Path) -> None:
+    # The file counts every word as one token; the server counts words of 5+ letters as two. Sized
+    # by the file, the samples come out at their length by the file's count, and nothing in the
+    # summary's `usage.sizing` may read as the server's agreement (it said `exact: true`).
+    path = write_word_tokenizer(tmp_path / "tokenizer.json")
+    with serving(Fake(odd_count, tokenize=False)) as fake:
+        sizing, builder = _size(fake, "completions", path)
+    described = sizing.describe()
+    assert described["method"] == f"tokenizer file {path}"
+    assert described["agrees_with_tokenizer"] is True and "exact" not in described
+    n = sizing.layout.base_tokens + 256
+    assert fake.count(builder.text("a", n).decode()) != n  # the server's count: off
 
 
 def test_what_cannot_be_sized_is_one_line(tmp_path: Path) -> None:

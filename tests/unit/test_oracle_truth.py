@@ -159,7 +159,14 @@ def test_cli_prints_truth_and_writes_json(tmp_path):
     [
         (["--variants", "nope"], "ctax truth: --variants: nope not in the study"),
         (["--ref-safe", "0"], "ctax truth: argument --ref-safe: 0 must be > 0"),
-        (["--precision", "x"], "ctax truth: argument --precision: 'x' is not a float"),
+        (["--precision", "x"], "ctax truth: argument --precision: 'x' is not a valid float"),
+        (["--precision", "nan"], "ctax truth: argument --precision: nan is not a finite number"),
+        (["--ref-load", "inf"], "ctax truth: argument --ref-load: inf is not a finite number"),
+        # checked before minutes of replications, not a traceback after them
+        (
+            ["--json", "pyproject.toml/t.json"],
+            "ctax truth: --json pyproject.toml/t.json: pyproject.toml is not a folder",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message):

@@ -129,4 +129,57 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     bad = subprocess.run(
         [sys.executable, "-m", "connector_tax.cli", "plan", "--gpus", "0"], cwd=REPO, capture_output=True, text=True
     )
-    assert bad.returncode == 2 and bad.stderr.strip() == "ctax plan: --gpus: 0 is not a number of GPUs (1 or more)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "ctax plan: argument --gpus: 0 must be >= 1"
+
+
+def _with_rates(tmp_path: Path, rates: str) -> str:
+    """configs/default.yaml with Phase A's rates as written in YAML (`.nan`, `.inf`)."""
+    text = (REPO / "configs" / "default.yaml").read_text()
+    assert "rates: [8, 16, 32]" in text
+    path = tmp_path / f"rates-{rates.strip('[].')}.yaml"
+    path.write_text(text.replace("rates: [8, 16, 32]", f"rates: {rates}"))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # numbers that are none: refused by the one number parser, before anything is planned
+        (["plan", "--launch-s", "inf"], "ctax plan: argument --launch-s: inf is not a finite number"),
+        (["plan", "--launch-s", "nan"], "ctax plan: argument --launch-s: nan is not a finite number"),
+        (["plan", "--launch-s", "-1"], "ctax plan: argument --launch-s: -1 must be >= 0"),
+        (["plan", "--gpus", "nan"], "ctax plan: argument --gpus: 'nan' is not a valid int"),
+        # and in a config: it passed `config check`, then ended in a traceback or planned at inf req/s
+        (["plan", "--config", "{nan}"], "ctax plan: {nan}: workload.phase_a.rates[0]: nan is not a finite number"),
+        (["plan", "--config", "{inf}"], "ctax plan: {inf}: workload.phase_a.rates[0]: inf is not a finite number"),
+        (["config", "check", "{nan}"], "{nan}: workload.phase_a.rates[0]: nan is not a finite number"),
+        (["config", "check", "--static", "{inf}"], "{inf}: workload.phase_a.rates[0]: inf is not a finite number"),
+        # --workdir keeps --predict's scratch study: alone it was silently ignored
+        (
+            ["plan", "--workdir", "{tmp}/w"],
+            "ctax plan: --workdir: only with --predict (it keeps the prediction's scratch study)",
+        ),
+        # an output that cannot be written: one line before the work, not a traceback after it
+        (["plan", "--json", "{file}/plan.json"], "ctax plan: --json {file}/plan.json: {file} is not a folder"),
+        (["plan", "--json", "{tmp}"], "ctax plan: --json {tmp}: is a folder, not a file"),
+        (["plan", "--predict", "--workdir", "{file}/w"], "ctax plan: --workdir {file}/w: {file} is not a folder"),
+    ],
+)
+def test_ctax_plan_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, argv, says):
+    from connector_tax.cli import main
+
+    monkeypatch.chdir(REPO)  # the default --config
+    (tmp_path / "file").write_text("")
+    names = {
+        "nan": _with_rates(tmp_path, "[.nan]"),
+        "inf": _with_rates(tmp_path, "[.inf]"),
+        "tmp": str(tmp_path),
+        "file": str(tmp_path / "file"),
+    }
+    try:
+        code = main([a.format(**names) for a in argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    captured = capsys.readouterr()
+    assert (code, captured.err) == (2, says.format(**names) + "\n"), captured
+    assert not (tmp_path / "w").exists() and not list(tmp_path.glob("**/plan.json"))

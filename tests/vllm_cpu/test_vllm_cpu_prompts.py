@@ -71,7 +71,7 @@ def test_text_and_chat_prompts_land_on_the_cells_length(prompt_runs, name):
     assert usage["status"] == "checked"
     assert usage["prompt_tokens"]["server"] == {"median": INPUT, "min": INPUT, "max": INPUT}, usage
     assert usage["completion_tokens"]["server"] == {"median": OUTPUT, "min": OUTPUT, "max": OUTPUT}
-    assert usage["sizing"]["exact"] is True
+    assert usage["sizing"]["agrees_with_tokenizer"] is True
     assert not [r for r in summary["validity"]["reasons"] if "tokens" in r]
     assert f"server tokens in/out={INPUT}/{OUTPUT}" in run["proc"].stdout
     method = usage["sizing"]["method"]

@@ -23,7 +23,13 @@ The intervals are the analysis's launch-aware ones (launch_intervals.py):
   the same traffic for the variant and the baseline, per replicate both ran, the change of the log
   tax over the requests all four cells completed, paired by index, with 4 s_L^2 / k for the four
   launches; else each study's tax with its own launch-aware interval, the two as independent terms
-  on the log scale (Satterthwaite's degrees of freedom).
+  on the log scale (Satterthwaite's degrees of freedom);
+* the same measurement on both sides (a study against a copy of itself, a variant against itself)
+  is one launch: its bias cancels, so a study compared with itself is 0 [0, 0], replicates or not
+  (launch_intervals.launch_weight).
+
+A comparison without a row (no measured cell on a side, none measured on both, none the same
+cell) says why in `nothing_compared`: `ctax compare` exits 2 on it, never a pass.
 
 A cell is compared only where it is the same cell on both sides: the same backend and model
 (study-wide), the same phase, label, rate, shape and arrival process; others are listed with the
@@ -53,7 +59,6 @@ from connector_tax.analysis.compare_sides import (
     study_problem,
 )
 from connector_tax.analysis.launch_intervals import (
-    LaunchVariance,
     PairedRatio,
     aligned_log_ratio,
     paired_log_ratio,
@@ -77,7 +82,8 @@ METHOD = (
     "replicates tables); two variants of one study: that study's paired tax of one over the other; a "
     "tax: on the same traffic, the change of the log tax over the requests all four cells completed, "
     "paired by index, plus 4 s_L^2 / k; else each study's launch-aware interval, the two independent on "
-    "the log scale (Satterthwaite's df). "
+    "the log scale (Satterthwaite's df); the same measurement on both sides (a study against itself) adds "
+    "no launch term. "
     "Student-t, exponentiated: never below -100 %"
 )
 
@@ -243,7 +249,7 @@ def _paired_tax_change(a: Cells, b: Cells, va: str, vb: str, phase: str, label: 
     """A tax's change when both studies drew the same traffic for the variant and the baseline
     (the same seed): per replicate both ran, log(p90 xB / p90 baseB) - log(p90 xA / p90 baseA) over
     the requests all four cells completed, paired by index, plus 4 s_L^2 / k for the four launches
-    (tax_interval adds 2 s_L^2 / k for two). None where any side's traffic differs: then the two
+    (fewer where a side's cells are the other's: launch_weight). None where any side's traffic differs: then the two
     taxes are independent terms (log_difference), which common traffic would make err wide."""
     assert a.baseline is not None and b.baseline is not None
     pairs: list[PairedRatio] = []
@@ -264,8 +270,7 @@ def _paired_tax_change(a: Cells, b: Cells, va: str, vb: str, phase: str, label: 
     if not pairs:
         return None
     launch = pooled(a.launch.launch(phase, label, m, a.baseline), b.launch.launch(phase, label, m, b.baseline))
-    four = LaunchVariance(None if launch.variance is None else 2 * launch.variance, launch.df, launch.variants)
-    return tax_interval(pairs, four)
+    return tax_interval(pairs, launch)  # each pair carries its four launches' weight (launch_weight)
 
 
 def _natural(label: str) -> tuple[tuple[int, int | str], ...]:
@@ -292,6 +297,27 @@ def _pairs(a: Side, b: Side) -> list[tuple[str, str]]:
     if not shared:
         raise CompareError(f"{a.spec} and {b.spec} share no variant: name one on each side (DIR:VARIANT)")
     return [(v, v) for v in shared]
+
+
+def _nothing_compared(a: Side, b: Side, pairs: list[tuple[str, str]], not_comparable: list[dict[str, str]]) -> str:
+    """Why a comparison has no row, in one line: a side without measured cells, no cell measured
+    on both, or none of those the same cell (the first reason, and how many more)."""
+    empty = [
+        f"{name} ({side.spec})"
+        for name, side, variants in (("A", a, [va for va, _ in pairs]), ("B", b, [vb for _, vb in pairs]))
+        if not any(side.cells.measured(v) for v in variants)
+    ]
+    if empty:
+        return f"no measured cells in {' or '.join(empty)}"
+    if all(n["why"].startswith("measured in ") for n in not_comparable):
+        return "no cell was measured on both sides"
+    reasons = [n for n in not_comparable if not n["why"].startswith("measured in ")]
+    first = reasons[0]
+    more = f", and {len(reasons) - 1} more" if len(reasons) > 1 else ""
+    return (
+        f"none of the cells measured on both sides is the same cell "
+        f"(`{first['variant']}` {first['phase']} {first['cell']}: {first['why']}{more})"
+    )
 
 
 def compare(a_spec: str, b_spec: str, margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
@@ -332,6 +358,7 @@ def compare(a_spec: str, b_spec: str, margin: float = DEFAULT_MARGIN) -> dict[st
     return {
         "a": describe(a),
         "b": describe(b),
+        "nothing_compared": None if rows else _nothing_compared(a, b, pairs, not_comparable),
         "one_study": one_study,
         "simulated": a.study.simulated or b.study.simulated,
         "margin": margin,

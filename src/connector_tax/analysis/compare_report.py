@@ -60,6 +60,14 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return out + [""]
 
 
+def _not_compared(doc: dict[str, Any]) -> list[str]:
+    if not doc["not_comparable"]:
+        return []
+    lines = ["## Not compared", ""]
+    lines += [f"- `{n['variant']}` {n['phase']} {n['cell']}: {n['why']}" for n in doc["not_comparable"]]
+    return lines + [""]
+
+
 def render(doc: dict[str, Any], figure: str | None = None) -> str:
     a, b, margin = doc["a"], doc["b"], doc["margin"]
     rows = doc["rows"]
@@ -72,6 +80,10 @@ def render(doc: dict[str, Any], figure: str | None = None) -> str:
             f"{side['replicates']} launch(es) per variant and phase, seed {side['seed']}"
             + (f", taxes against `{side['baseline']}`" if side["baseline"] else ", no baseline: no taxes")
         )
+    if doc.get("nothing_compared"):
+        # No row: no headline about changes (an empty comparison is not "nothing changed").
+        lines += ["", f"**Nothing was compared**: {doc['nothing_compared']}.", ""]
+        return "\n".join(lines + _not_compared(doc)) + "\n"
     counts = {c: sum(r["call"] == c for r in rows) for c in CALLS}
     lines += [
         "",
@@ -90,10 +102,7 @@ def render(doc: dict[str, Any], figure: str | None = None) -> str:
     rest = sorted((r for r in rows if r["call"] != "changed"), key=lambda r: (_ORDER[r["call"]], r["variant"]))
     if rest:
         lines += ["## Not changed, or not resolved", ""] + _table(rest)
-    if doc["not_comparable"]:
-        lines += ["## Not compared", ""]
-        lines += [f"- `{n['variant']}` {n['phase']} {n['cell']}: {n['why']}" for n in doc["not_comparable"]]
-        lines.append("")
+    lines += _not_compared(doc)
     lines += ["## Settings and versions that differ", ""]
     if not doc["differences"]:
         lines += ["None recorded (study config, launch indexes, manifests).", ""]

@@ -22,9 +22,10 @@ This module gives:
   variance of the cell (the same engine: one per cell and metric for every variant), truncated at
   zero, with (variants - 1)(replicates - 1) degrees of freedom. The A/A control adds a row.
 * **The tax's interval** (`tax_interval`): the mean over the k replicates of the paired log
-  ratios, with variance 2 s_L^2 / k (each replicate compares two launches) + the mean
-  within-launch variance / k, and a Student-t quantile at the Satterthwaite degrees of freedom;
-  exponentiated back, so a ratio's interval never reaches -100 %. With one launch per variant
+  ratios, with variance 2 s_L^2 / k (each replicate compares two launches; fewer where both
+  sides are one measurement, whose bias cancels: launch_weight) + the mean within-launch
+  variance / k, and a Student-t quantile at the Satterthwaite degrees of freedom; exponentiated
+  back, so a ratio's interval never reaches -100 %. With one launch per variant
   the launch variance is not estimated, and every output says so. Each tax reports the share of
   its variance that is launch to launch.
 
@@ -128,27 +129,56 @@ class PairedRatio:
     df: int
     n: int  # requests in the comparison (paired: common to both cells)
     paired: bool
+    launches: float = 2.0  # the launch biases it carries, in launch variances (launch_weight)
+
+
+def same_measurement(a: Series, b: Series) -> bool:
+    """Two series that are one cell's measurement (the same requests with the same values: a study
+    compared with a copy or a re-analysis of itself, a variant with itself), so one launch's bias."""
+    return a is b or (np.array_equal(a.index, b.index) and np.array_equal(a.values, b.values))
+
+
+def launch_weight(terms: list[tuple[int, Series]]) -> float:
+    """How many launch variances a signed sum of log p90s carries: over its distinct launches, the
+    square of each one's net sign. Two launches: 2 (a tax, a p90 in two studies); four: 4 (a tax's
+    change across studies); the same measurement on both sides cancels its launch's bias: 0, so a
+    study compared with itself is 0 [0, 0] however many replicates it has. Series that are not the
+    same measurement count as launches of their own (two measurements of one launch are not
+    recognised as such: the weight then errs high, the interval wide)."""
+    groups: list[tuple[Series, int]] = []
+    for sign, series in terms:
+        for i, (first, net) in enumerate(groups):
+            if same_measurement(first, series):
+                groups[i] = (first, net + sign)
+                break
+        else:
+            groups.append((series, sign))
+    return float(sum(net * net for _, net in groups))
 
 
 def paired_log_ratio(x: Series, base: Series, p: float = 90, common_traffic: bool = True) -> PairedRatio | None:
     """The log ratio of x's and the baseline's p-th percentiles in one replicate: over the requests
     both cells completed, paired by index, when they share traffic (common random numbers); else
     (no common request, or `common_traffic` false: two studies of other seeds, whose request i
-    differ) over each whole cell, as two independent cells."""
+    differ) over each whole cell, as two independent cells. One measurement on both sides is one
+    traffic and one launch."""
+    launches = launch_weight([(1, x), (-1, base)])
+    common_traffic = common_traffic or launches == 0
     common, xi, bi = np.intersect1d(x.index, base.index, assume_unique=True, return_indices=True)
     if common_traffic and common.size > 0 and common.size >= 0.5 * min(x.n, base.n):
         xv, bv = x.values[xi], base.values[bi]  # both in index (send) order
         value = math.log(np.percentile(xv, p) / np.percentile(bv, p))
         if common.size < MIN_P90_SAMPLES:
-            return PairedRatio(value, None, 0, int(common.size), True)
-        return PairedRatio(value, _paired_variance(xv, bv, p), batch_count(xv.size) - 1, int(common.size), True)
+            return PairedRatio(value, None, 0, int(common.size), True, launches)
+        variance = _paired_variance(xv, bv, p)
+        return PairedRatio(value, variance, batch_count(xv.size) - 1, int(common.size), True, launches)
     if x.n == 0 or base.n == 0:
         return None
     value = math.log(np.percentile(x.values, p) / np.percentile(base.values, p))
     vx, vb = log_variance(x, p), log_variance(base, p)
     if vx is None or vb is None:
-        return PairedRatio(value, None, 0, min(x.n, base.n), False)
-    return PairedRatio(value, vx[0] + vb[0], min(vx[1], vb[1]), min(x.n, base.n), False)
+        return PairedRatio(value, None, 0, min(x.n, base.n), False, launches)
+    return PairedRatio(value, vx[0] + vb[0], min(vx[1], vb[1]), min(x.n, base.n), False, launches)
 
 
 def _paired_variance(xv: np.ndarray, bv: np.ndarray, p: float) -> float:
@@ -191,11 +221,11 @@ def aligned_log_ratio(terms: list[tuple[int, Series]], p: float = 90) -> PairedR
     aligned = [s.values[np.intersect1d(s.index, common, assume_unique=True, return_indices=True)[1]] for s in series]
     signs = tuple(sign for sign, _ in terms)
     value = sum(sign * math.log(np.percentile(v, p)) for sign, v in zip(signs, aligned))
+    launches = launch_weight(terms)
     if common.size < MIN_P90_SAMPLES:
-        return PairedRatio(value, None, 0, int(common.size), True)
-    return PairedRatio(
-        value, _aligned_variance(aligned, signs, p), batch_count(common.size) - 1, int(common.size), True
-    )
+        return PairedRatio(value, None, 0, int(common.size), True, launches)
+    variance = _aligned_variance(aligned, signs, p)
+    return PairedRatio(value, variance, batch_count(common.size) - 1, int(common.size), True, launches)
 
 
 @dataclass
@@ -249,7 +279,8 @@ def launch_variance(logs: dict[str, dict[int, float]], within: float) -> LaunchV
 
 def tax_interval(replicates: list[PairedRatio], launch: LaunchVariance) -> dict[str, Any]:
     """A tax (x / base - 1) over its replicates, with its 95% interval and the share of its
-    variance that is launch to launch."""
+    variance that is launch to launch: each replicate adds its launch weight (2 for a variant
+    against the baseline) times the launch variance, over k^2."""
     if not replicates:
         return {"value": None, "ci": None}
     k = len(replicates)
@@ -274,7 +305,7 @@ def tax_interval(replicates: list[PairedRatio], launch: LaunchVariance) -> dict[
         between, df_between = 0.0, None
         out["note"] = ONE_LAUNCH if k < 2 else "between-launch variance not estimated: no variant has two launches"
     else:
-        between, df_between = 2.0 * launch.variance / k, launch.df
+        between, df_between = launch.variance * sum(r.launches for r in replicates) / k**2, launch.df
     total = within + between
     if total <= 0:
         out["ci"] = [out["value"], out["value"]]

@@ -16,6 +16,7 @@ from typing import Any
 
 from connector_tax.analysis.core import analyze, write_json_atomic, write_report
 from connector_tax.analysis.usable_cells import StudyRefused
+from connector_tax.arguments import unwritable
 from connector_tax.commands.namespace import runs
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.layout import AnalysisFiles
@@ -89,6 +90,11 @@ def main(args: Args) -> int:
     results = Path(args.results_dir)
     if not results.is_dir():
         print(f"ctax analyze: {results}: no such directory", file=sys.stderr)
+        return 2
+    # Where it writes, checked before the analysis reads anything (a study is minutes of reading).
+    target, flag = (Path(args.out), "--out") if args.out else (StudyLayout(results).analysis_dir, "analysis folder")
+    if why := unwritable(target, flag, folder=True):
+        print(f"ctax analyze: {why}", file=sys.stderr)
         return 2
     if args.figures_only:
         analysis_dir = Path(args.out) if args.out else StudyLayout(results).analysis_dir

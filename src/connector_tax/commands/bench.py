@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from connector_tax.arguments import unwritable
 from connector_tax.commands._bench_output import line, report_progress
 from connector_tax.commands.namespace import runs
 from connector_tax.config.cells import Cell
@@ -23,7 +24,8 @@ from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.schedule.shapes import ShapePair, parse_shapes, shape_spec
 from connector_tax.loadgen.worker.prompts import POOL_TOKENS
 
-# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag).
+# LoadgenOptions / Cell fields, as the flags that set them (their errors name the flag; a
+# cell's shape is set by --shapes when given, else by --input-len and --output-len: _shape_flag).
 _FLAGS = {
     "url": "--url",
     "other_urls": "--url",
@@ -32,7 +34,6 @@ _FLAGS = {
     "api_key_env": "--api-key-env",
     "tls_ca_file": "--cacert",
     "trace": "--trace",
-    "shape": "--input-len",
     "tokenizer": "--tokenizer",
 }
 
@@ -77,6 +78,10 @@ class Args:
     events_log: bool
     phase: str
     out: Path
+
+
+def _shape_flag(args: Args) -> str:
+    return "--shapes" if args.shapes else "--input-len"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -193,12 +198,14 @@ def cells_from_args(args: Args) -> list[Cell]:
                 **common,
             )
         ]
-        _check(cells)
+        _check(cells, args)
         return cells
     shapes = args.shapes or [parse_shapes(f"{args.input_len}x{args.output_len}")[0]]
     longest = max(s.input for s in shapes)
     if longest >= POOL_TOKENS:
-        raise ValueError(f"--input-len: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}")
+        raise ValueError(
+            f"{_shape_flag(args)}: {longest} tokens is over the load generator's limit of {POOL_TOKENS - 1}"
+        )
     if args.concurrency:
         return [
             Cell(
@@ -241,18 +248,19 @@ def cells_from_args(args: Args) -> list[Cell]:
     ]
 
 
-def _check(cells: list[Cell]) -> None:
+def _check(cells: list[Cell], args: Args) -> None:
     for cell in cells:
         try:
             check_cell(cell)
         except ValueError as exc:
-            raise ValueError(_flagged(exc)) from None
+            raise ValueError(_flagged(exc, args)) from None
 
 
-def _flagged(exc: Exception) -> str:
+def _flagged(exc: Exception, args: Args) -> str:
     """An error naming an option or cell field, as the flag that sets it."""
     field, sep, rest = str(exc).partition(": ")
-    return f"{_FLAGS[field]}: {rest}" if sep and field in _FLAGS else str(exc)
+    flags = {**_FLAGS, "shape": _shape_flag(args)}
+    return f"{flags[field]}: {rest}" if sep and field in flags else str(exc)
 
 
 def main(args: Args) -> int:
@@ -286,7 +294,7 @@ def main(args: Args) -> int:
     try:
         options.check()
     except ValueError as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     # One target: its cells in --out, as always; several: each target's in a folder of its own.
     outs = [args.out] if len(urls) == 1 else [args.out / f"target{t}" for t in range(len(urls))]
@@ -296,20 +304,23 @@ def main(args: Args) -> int:
         except OSError as exc:
             print(f"ctax bench: --out: cannot create {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+        if why := unwritable(out, "--out", folder=True):  # a folder that is there but not writable
+            print(f"ctax bench: {why}", file=sys.stderr)
+            return 2
     try:
         for url in urls:  # every server answers, with the model, before any cell
             with Api(dataclasses.replace(options, url=url)) as api:
                 check_server(api)
         gen = LoadGenerator(options)  # sizes text prompts on the first server
     except (ServerProblem, ValueError) as exc:
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     try:
         for cell in cells:
             gen.check_cell(cell)
     except ValueError as exc:
         gen.pool.close()
-        print(f"ctax bench: {_flagged(exc)}", file=sys.stderr)
+        print(f"ctax bench: {_flagged(exc, args)}", file=sys.stderr)
         return 2
     if len(urls) > 1:
         for t, (url, out) in enumerate(zip(urls, outs)):

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from connector_tax.arguments import unwritable, write_failed
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.calibrate.render import render_check, render_fit
 from connector_tax.calibrate.study_tables import CalibrationError
@@ -66,18 +68,20 @@ def main(args: Args) -> int:
                 raise CalibrationError("--check needs --profile PROFILE.yaml (the profile to check)")
             if args.out:
                 raise CalibrationError("-o/--out: --check writes no profile (use --json FILE for its numbers)")
+            _check_outputs((args.json, "--json", False), (args.workdir, "--workdir", True))
             from connector_tax.calibrate.check import check
 
             workdir = Path(args.workdir) if args.workdir else None
             result = check(Path(args.results), args.profile, workdir, launch_speed=args.launch_speed).as_dict()
             print(render_check(result), end="")
-            if args.json:
-                write_json(Path(args.json), result)
-            return 0
+            return _write(args.json, "--json", lambda path: write_json(path, result))
         if not args.out:
             raise CalibrationError("-o/--out: where to write the profile (e.g. -o configs/profiles/NAME.yaml)")
         if args.profile:
             raise CalibrationError("--profile: only with --check (fitting writes a profile, -o)")
+        if args.workdir:
+            raise CalibrationError("--workdir: only with --check (it keeps the check's virtual cells)")
+        _check_outputs((args.out, "-o", False), (args.json, "--json", False))
         from connector_tax.calibrate.fit import calibrate
 
         profile = calibrate(Path(args.results), args.name)
@@ -90,9 +94,27 @@ def main(args: Args) -> int:
         "# Plain data: a config names it as `sim: {profile: FILE}`. `fit:` holds every term's fit quality;\n"
         "# a term the data did not identify is 0 (a scale: 1) there and in the numbers.\n"
     ) + dump_profile(profile)
-    write_atomic(Path(args.out), text)
+    if code := _write(args.out, "-o", lambda path: write_atomic(path, text)):
+        return code
     print(render_fit(profile), end="")
     print(f"wrote {args.out}")
-    if args.json:
-        write_json(Path(args.json), profile.fit)
+    return _write(args.json, "--json", lambda path: write_json(path, profile.fit))
+
+
+def _check_outputs(*outputs: tuple[str | None, str, bool]) -> None:
+    """The outputs named (path, flag, a folder?), each writable, before the work starts."""
+    for path, flag, folder in outputs:
+        if path and (why := unwritable(path, flag, folder)):
+            raise CalibrationError(why)
+
+
+def _write(path: str | None, flag: str, write: Callable[[Path], None]) -> int:
+    """Write an output if one is named: 0, or 2 with one line if it cannot be written after all."""
+    if not path:
+        return 0
+    try:
+        write(Path(path))
+    except OSError as exc:  # checked before the work; the disk or the folder changed since
+        print(f"ctax calibrate: {write_failed(path, flag, exc)}", file=sys.stderr)
+        return 2
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from connector_tax.analysis.compare import DEFAULT_MARGIN, CompareError, compare
 from connector_tax.analysis.compare_report import render, to_csv
 from connector_tax.analysis.core import write_json_atomic
+from connector_tax.arguments import number, unwritable, write_failed
 from connector_tax.atomic import write_atomic
 from connector_tax.commands.namespace import runs
 from connector_tax.plots.compare_figure import draw
@@ -35,31 +36,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--margin",
-        type=float,
+        type=number(float, 0, low_open=True),
         default=DEFAULT_MARGIN,
         help=f"the change below which 'no change' is resolved, as a fraction (default {DEFAULT_MARGIN:g} = ±10 %%)",
     )
     runs(parser, Args, main)
 
 
+# Exit codes: 0 compared; 2 bad input, "nothing compared" among it (no row to judge is never a pass).
+BAD_INPUT = 2
+
+
 def main(args: Args) -> int:
+    if args.out is not None and (why := unwritable(args.out, "-o", folder=True)):
+        return _fail(why)
     try:
         doc = compare(args.a, args.b, margin=args.margin)
     except CompareError as exc:
-        print(f"ctax compare: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
+    if doc["nothing_compared"]:
+        return _fail(f"nothing compared: {doc['nothing_compared']}")
     if args.out is None:
         sys.stdout.write(render(doc))
         return 0
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"ctax compare: -o {out}: not a folder", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    figure = draw(doc, out)
-    write_atomic(out / "compare.csv", to_csv(doc))
-    write_json_atomic(out / "compare.json", doc)
-    write_atomic(out / "compare.md", render(doc, Path(figure[0]).name if figure else None))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        figure = draw(doc, out)
+        write_atomic(out / "compare.csv", to_csv(doc))
+        write_json_atomic(out / "compare.json", doc)
+        write_atomic(out / "compare.md", render(doc, Path(figure[0]).name if figure else None))
+    except OSError as exc:  # checked before the work; the disk or the folder changed since
+        return _fail(write_failed(out, "-o", exc))
     counts = {
         c: sum(r["call"] == c for r in doc["rows"]) for c in ("changed", "no change resolved", "below resolution")
     }
@@ -69,3 +77,8 @@ def main(args: Args) -> int:
         + f"), {len(doc['not_comparable'])} not comparable: {out}/compare.md"
     )
     return 0
+
+
+def _fail(message: str) -> int:
+    print(f"ctax compare: {message}", file=sys.stderr)
+    return BAD_INPUT

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from connector_tax.arguments import number
 from connector_tax.commands.namespace import run, runs
 from connector_tax.config import ConfigError, StudyConfig, load_study
 from connector_tax.config.smoke import SMOKE_MODEL, smoke_config
@@ -239,7 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("plan", help="JSON: what a verify/smoke client checks for one config")
     p.add_argument("config")
     p.add_argument("name")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=number(int, 0, 65535), required=True)
     p.add_argument("--check", choices=sorted(CHECK_PLANS))
     runs(p, PlanArgs, client_plan)
 
@@ -247,8 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("base")
     p.add_argument("out")
     p.add_argument("--model", default=SMOKE_MODEL)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    p.add_argument("--max-model-len", type=number(int, 1), default=4096)
+    p.add_argument("--gpu-memory-utilization", type=number(float, 0, 1, low_open=True), default=0.6)
     p.add_argument("--mooncake-protocol", choices=["tcp", "rdma"], default="tcp")
     p.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false")
     runs(p, SmokeConfigArgs, write_smoke_config)

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from connector_tax.arguments import number, unwritable
 from connector_tax.commands.namespace import runs
 from connector_tax.config import ConfigError, load_study
 from connector_tax.launch.command import launch_spec
@@ -35,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument(
         "--write-scripts", metavar="DIR", type=Path, help="write launch_<variant>.sh of every variant into DIR"
     )
-    parser.add_argument("--port", type=int, default=8000, help="port the server would bind (default 8000)")
+    parser.add_argument(
+        "--port", type=number(int, 0, 65535), default=8000, help="port the server would bind (default 8000)"
+    )
     parser.add_argument("--step-log", metavar="PATH", help="step log path the server would write")
     parser.add_argument("--script", action="store_true", help="print launch.sh instead of the argv JSON")
     parser.add_argument(
@@ -61,6 +64,8 @@ def _sidecar_ports(pairs: list[str]) -> dict[str, int]:
 def main(args: Args) -> int:
     try:
         if args.write_scripts is not None:
+            if why := unwritable(args.write_scripts, "--write-scripts", folder=True):
+                raise ValueError(why)
             for path in write_scripts(args.config, args.write_scripts):
                 print(path)
             return 0

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from connector_tax.arguments import number
 from connector_tax.commands.namespace import runs
 from connector_tax.config.cells import LAUNCH_PHASES
 from connector_tax.serving.slurm import PLACEMENTS
@@ -123,9 +124,13 @@ def add_arguments(pipeline: argparse.ArgumentParser) -> None:
     step.add_argument("--variant", required=True, metavar="NAME")
     step.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
     step.add_argument(
-        "--replicate", type=int, default=1, metavar="K", help="which launch of workload.replicates (default 1)"
+        "--replicate",
+        type=number(int, 1),
+        default=1,
+        metavar="K",
+        help="which launch of workload.replicates (default 1)",
     )
-    step.add_argument("--cpus", type=int, default=0, help="lease this many CPUs (jobs side by side); 0: all")
+    step.add_argument("--cpus", type=number(int, 0), default=0, help="lease this many CPUs (jobs side by side); 0: all")
     step.add_argument(
         "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
     )

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from connector_tax.arguments import number, unwritable, write_failed
 from connector_tax.atomic import write_json
 from connector_tax.commands.namespace import runs
 from connector_tax.config import ConfigError, StudyConfig, load_study
@@ -39,13 +40,17 @@ class Args:
     json: str | None
 
 
+_LAUNCH_SD = number(float, 0, 5, high_open=True)
+
+
 def _launch_sd(text: str) -> dict[str, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TTFT,TPOT (two numbers, e.g. 0.08,0.03)")
     try:
-        ttft, tpot = (float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not TTFT,TPOT (two numbers, e.g. 0.08,0.03)") from None
-    if not (0 <= ttft < 5 and 0 <= tpot < 5):
-        raise argparse.ArgumentTypeError(f"{text!r}: each sd must be in [0, 5)")
+        ttft, tpot = (_LAUNCH_SD(x.strip()) for x in parts)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: each sd a number in [0, 5) ({exc})") from None
     return {"ttft_p90": ttft, "tpot_p90": tpot}
 
 
@@ -55,7 +60,7 @@ def add_arguments(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--gpus",
-        type=int,
+        type=number(int, 1),
         default=1,
         metavar="N",
         help="N GPUs side by side: print the snakemake command that runs N phase jobs at once (its --cores) "
@@ -63,7 +68,7 @@ def add_arguments(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument(
         "--launch-s",
-        type=float,
+        type=number(float, 0),
         metavar="SECONDS",
         help="a server launch's start-up as timed on the host (default: vLLM on a GPU 150, on a CPU 24, the simulator 3)",
     )
@@ -103,10 +108,6 @@ def main(args: Args) -> int:
         profile = _profile(args, study)
     except ConfigError as exc:
         return _fail(str(exc))
-    if args.gpus < 1:
-        return _fail(f"--gpus: {args.gpus} is not a number of GPUs (1 or more)")
-    if args.launch_s is not None and not args.launch_s >= 0:
-        return _fail(f"--launch-s: {args.launch_s} is not a number of seconds (0 or more)")
     timing = None
     if profile is not None and study.backend == "vllm":
         timing = Timing.from_profile(profile.provenance.get("timing") or {}, profile.describe())
@@ -116,10 +117,15 @@ def main(args: Args) -> int:
         study = _with_profile(study, profile)
     if args.launch_sd and not args.predict:
         return _fail("--launch-sd: only with --predict (it widens the predicted intervals)")
+    if args.workdir and not args.predict:
+        return _fail("--workdir: only with --predict (it keeps the prediction's scratch study)")
+    # Outputs the user names, checked before the work (a prediction takes minutes).
+    for where, flag, folder in ((args.json, "--json", False), (args.workdir, "--workdir", True)):
+        if where and (why := unwritable(where, flag, folder)):
+            return _fail(why)
     if not args.predict:
         estimates, notes = plan_study(study, timing=timing, launch_s=args.launch_s)
-        _out(args, study, estimates, notes)
-        return 0
+        return _out(args, study, estimates, notes)
     why = predictable(study, named)
     if why:
         return _fail(f"--predict: {why}")
@@ -153,9 +159,9 @@ def _predicted(args: Args, study: StudyConfig, profile: EngineProfile | None, ti
         if unfitted:
             notes.append(f"not in the profile, so on the hand-set connector model: {', '.join(unfitted)}")
     notes.append(f"predicted: Phase A and Phase B computed in the simulator's virtual time (profile {used})")
-    _out(args, study, estimates, notes, resolved)
+    code = _out(args, study, estimates, notes, resolved)
     print(render_resolution(resolved, unbounded), end="")
-    return 0
+    return code
 
 
 def _profile(args: Args, study: StudyConfig) -> EngineProfile | None:
@@ -180,10 +186,14 @@ def _out(
     estimates: list[Estimate],
     notes: list[str],
     resolved: list[TaxResolution] | None = None,
-) -> None:
+) -> int:
     print(render(study, estimates, notes, args.gpus, args.config), end="")
     if args.json:
         doc = as_dict(study, estimates, notes, args.gpus, args.config)
         if resolved is not None:
             doc["resolution"] = [asdict(e) for e in resolved]
-        write_json(Path(args.json), doc)
+        try:
+            write_json(Path(args.json), doc)
+        except OSError as exc:  # checked before the work; the disk or the folder changed since
+            return _fail(write_failed(args.json, "--json", exc))
+    return 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from connector_tax.arguments import number
 from connector_tax.commands.namespace import runs
 
 
@@ -27,36 +28,19 @@ class Args:
     faults: dict[str, object]  # the fault switches given, by sim.faults name (over the config's)
 
 
-def _number(
-    kind: type[int] | type[float], low: float, high: float | None = None, low_open: bool = False
-) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)  # an int flag stays an int (a count of tokens, say)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value < low or (low_open and value == low) or (high is not None and value > high):
-            bound = f"in [{low}, {high}]" if high is not None else f"{'>' if low_open else '>='} {low}"
-            raise argparse.ArgumentTypeError(f"{text} must be {bound}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 FAULT_FLAGS: dict[str, tuple[Callable[[str], object], str]] = {
     "fail_start": (str, "exit at start-up with this reason instead of serving"),
-    "slow_start_s": (_number(float, 0), "wait this long before accepting requests"),
-    "crash_after_s": (_number(float, 0, low_open=True), "die this many seconds after becoming ready"),
-    "crash_after_requests": (_number(int, 1), "die once this many requests were accepted"),
-    "hang_after_tokens": (_number(int, 1), "streams stall after this many tokens"),
-    "hang_rate": (_number(float, 0, 1), "fraction of requests that hang (with --hang-after-tokens)"),
-    "http_500_rate": (_number(float, 0, 1), "fraction of generation requests answered with HTTP 500"),
-    "malformed_sse_rate": (_number(float, 0, 1), "fraction of SSE chunks sent malformed"),
-    "health_503_after_s": (_number(float, 0), "engine 'dies' after this long: /health 503, requests 500"),
-    "reset_rate": (_number(float, 0, 1), "fraction of streams whose connection is dropped mid-stream"),
-    "metrics_delay_s": (_number(float, 0), "answer /metrics this much later"),
-    "after_requests": (_number(int, 0), "spare this many first requests from the per-request faults"),
+    "slow_start_s": (number(float, 0), "wait this long before accepting requests"),
+    "crash_after_s": (number(float, 0, low_open=True), "die this many seconds after becoming ready"),
+    "crash_after_requests": (number(int, 1), "die once this many requests were accepted"),
+    "hang_after_tokens": (number(int, 1), "streams stall after this many tokens"),
+    "hang_rate": (number(float, 0, 1), "fraction of requests that hang (with --hang-after-tokens)"),
+    "http_500_rate": (number(float, 0, 1), "fraction of generation requests answered with HTTP 500"),
+    "malformed_sse_rate": (number(float, 0, 1), "fraction of SSE chunks sent malformed"),
+    "health_503_after_s": (number(float, 0), "engine 'dies' after this long: /health 503, requests 500"),
+    "reset_rate": (number(float, 0, 1), "fraction of streams whose connection is dropped mid-stream"),
+    "metrics_delay_s": (number(float, 0), "answer /metrics this much later"),
+    "after_requests": (number(int, 0), "spare this many first requests from the per-request faults"),
 }
 
 
@@ -83,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", metavar="FILE", help="study config (default: configs/default.yaml)")
     parser.add_argument("--host", help="address to bind (default: the config's server.host, 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
+    parser.add_argument(
+        "--port", type=number(int, 0, 65535), default=8000, help="port to bind; 0 picks a free one (default 8000)"
+    )
     parser.add_argument("--ready-file", metavar="PATH", help="also write the 'ready http://HOST:PORT' line here")
     parser.add_argument(
         "--step-log", metavar="PATH", help="per-step JSONL log (default: $CONNECTOR_TAX_STEP_LOG, else none)"
@@ -91,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--request-log", metavar="PATH", help="per-request JSONL of the server's own first/last token times"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
+    parser.add_argument("--seed", type=number(int), default=0, help="seed of the fault draws")
     faults = parser.add_argument_group("faults (override the config's sim.faults)")
     for name, (kind, help_text) in FAULT_FLAGS.items():
         flag = "--" + name.replace("_", "-")

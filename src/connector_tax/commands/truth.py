@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from connector_tax.arguments import number, unwritable, write_failed
+from connector_tax.atomic import write_atomic
 from connector_tax.commands.namespace import runs
 from connector_tax.config import StudyConfig
 from connector_tax.oracle.truth import TruthSettings
@@ -34,20 +34,6 @@ class Args:
     json: str | None
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} must be > 0")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TruthSettings()
     parser.add_argument(
@@ -58,13 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ref-safe",
-        type=_positive(float),
+        type=number(float, 0, low_open=True),
         metavar="RATE",
         help="ref_safe in req/s (default: results/<study>/reference_rates.json)",
     )
     parser.add_argument(
         "--ref-load",
-        type=_positive(float),
+        type=number(float, 0, low_open=True),
         metavar="RATE",
         help="ref_load in req/s (default: the same file, else ref_safe)",
     )
@@ -77,34 +63,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", metavar="A,B", help="only these configurations (plain is always added)")
     parser.add_argument(
         "--precision",
-        type=_positive(float),
+        type=number(float, 0, low_open=True),
         default=d.precision,
         metavar="REL",
         help=f"target relative 95%% half-width of every p90 (default {d.precision})",
     )
     parser.add_argument(
         "--requests",
-        type=_positive(int),
+        type=number(int, 0, low_open=True),
         default=d.requests,
         metavar="N",
         help=f"measured requests per replication (default {d.requests})",
     )
     parser.add_argument(
         "--warmup",
-        type=_positive(int),
+        type=number(int, 0, low_open=True),
         default=d.warmup,
         metavar="N",
         help=f"requests discarded at the start of each replication (default {d.warmup})",
     )
     parser.add_argument(
         "--max-replications",
-        type=_positive(int),
+        type=number(int, 0, low_open=True),
         default=d.max_replications,
         metavar="N",
         help=f"stop here even if the precision is not reached (default {d.max_replications})",
     )
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the replications (default 0)")
-    parser.add_argument("--jobs", type=_positive(int), default=1, metavar="N", help="worker processes (default 1)")
+    parser.add_argument("--seed", type=number(int), default=d.seed, help="seed of the replications (default 0)")
+    parser.add_argument(
+        "--jobs", type=number(int, 0, low_open=True), default=1, metavar="N", help="worker processes (default 1)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the whole document here")
     runs(parser, Args, main)
 
@@ -146,6 +134,8 @@ def main(args: Args) -> int:
         if unknown:
             raise ValueError(f"--variants: {', '.join(unknown)} not in the study (it has {', '.join(names)})")
         reference = reference_of(args, study)
+        if args.json and (why := unwritable(args.json, "--json")):  # before minutes of replications
+            raise ValueError(why)
     except (ConfigError, ValueError) as exc:
         print(f"ctax truth: {exc}", file=sys.stderr)
         return 2
@@ -166,7 +156,11 @@ def main(args: Args) -> int:
     doc = truth(study, reference, chosen, ts, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if found is not None:
         doc["true_reference"] = found
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     print(render(doc), end="")
+    if args.json:
+        try:
+            write_atomic(Path(args.json), json.dumps(doc, indent=1, default=str) + "\n")
+        except OSError as exc:  # checked before the work; the disk or the folder changed since
+            print(f"ctax truth: {write_failed(args.json, '--json', exc)}", file=sys.stderr)
+            return 2
     return 0

@@ -7,8 +7,9 @@ import os
 import re
 from typing import Any
 
+from connector_tax.arguments import finite
 from connector_tax.config.cells import check_labels
-from connector_tax.config.errors import ConfigError, show
+from connector_tax.config.errors import ConfigError, key_path, show
 from connector_tax.config.interventions import check_interventions
 from connector_tax.config.profile import check_study_profile
 from connector_tax.config.vllm_rules import check_settings, device
@@ -43,6 +44,20 @@ def _check_connector(conn: dict[str, Any], where: str, inside_multi: bool = Fals
             )
     elif "module_path" in conn:
         raise ConfigError(f"{where}.module_path", f"only allowed when type is custom (type is {kind})")
+
+
+def check_finite(value: Any, where: tuple[str | int, ...] = ()) -> None:
+    """No NaN or infinity anywhere in a config (YAML's .nan and .inf are floats): JSON Schema's
+    bounds cannot refuse them (every comparison with NaN is false; .inf passes any minimum), and
+    a rate of .inf planned Phase B at inf req/s, a rate of .nan ended in a traceback."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(item, (*where, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_finite(item, (*where, i))
+    elif not finite(value):
+        raise ConfigError(key_path(where), f"{value} is not a finite number")
 
 
 def _shape_requests(shape: dict[str, Any]) -> list[tuple[int, int]]:

@@ -50,7 +50,7 @@ class ConfigError(ValueError):
         return ConfigError(self.where, self.problem, file=file)
 
 
-def _key_path(parts: Iterable[Any]) -> str:
+def key_path(parts: Iterable[Any]) -> str:
     out = ""
     for part in parts:
         if isinstance(part, int) and not isinstance(part, bool):
@@ -120,7 +120,7 @@ def most_specific(errors: Iterable[ValidationError]) -> ValidationError:
 
 def describe(error: ValidationError) -> tuple[str, str]:
     """(key path, problem) for one jsonschema error, in words a config author uses."""
-    where = _key_path(error.absolute_path)
+    where = key_path(error.absolute_path)
     kind, expected, value = error.validator, error.validator_value, error.instance
 
     if "propertyNames" in error.relative_schema_path:

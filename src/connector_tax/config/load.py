@@ -18,7 +18,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from connector_tax import resources
-from connector_tax.config.checks import add_aa_control, check_semantics
+from connector_tax.config.checks import add_aa_control, check_finite, check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
 from connector_tax.config.gate_settings import Saturation, Validity
 from connector_tax.config.study import Request, StudyConfig
@@ -79,6 +79,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ConfigError("(top level)", f"expected a mapping of study settings, got {type_word(config)}")
     _renamed(config)
+    check_finite(config)
     filled = copy.deepcopy(config)
     errors = list(_validator().iter_errors(filled))
     if errors:

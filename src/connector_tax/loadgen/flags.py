@@ -4,11 +4,11 @@ says what is wrong (the parser prints it naming the flag, exit 2), before anythi
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 from typing import Any, NoReturn
 
+from connector_tax.arguments import number
 from connector_tax.loadgen.host.affinity import parse_cpulist
 from connector_tax.loadgen.schedule.shapes import ShapePair, parse_shapes
 from connector_tax.loadgen.worker.urls import parse_url
@@ -21,49 +21,19 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"ctax bench: {message}\n")
 
 
-def positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} must be > 0")
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text} must be finite")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
+def positive(kind: type[int] | type[float]) -> Any:
+    return number(kind, 0, low_open=True)
 
 
-def non_negative(kind: type, noun: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text} must be finite")
-        return value
-
-    return parse
+def non_negative(kind: type[int] | type[float], noun: str) -> Any:
+    return number(kind, 0, noun=noun)
 
 
 seconds = non_negative(float, "a valid number")
 microseconds = non_negative(int, "'off' or a whole number of µs")
 
 
-def rt_priority(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 99:
-        raise argparse.ArgumentTypeError(f"a SCHED_FIFO priority is 1..99, got {value}")
-    return value
+rt_priority = number(int, 1, 99, noun="a SCHED_FIFO priority (1..99)")
 
 
 def cpu_latency(text: str) -> int | None:

@@ -8,7 +8,8 @@ frontend at Q answering /healthcheck and /status as LMCache's does), so that a s
 runs the sidecar's whole lifecycle (ports, readiness, per-thread CPU, stop, faults) without
 LMCache. It stores nothing: the simulator models a connector's cost, not its transfers. Faults
 (sim.faults.sidecar_*): exit at start with a reason, never answer /healthcheck, or exit a while
-after its first healthy answer. Standard library only (the simulator is a leaf).
+after its first healthy answer. Standard library only, and the package's one number parser
+(connector_tax.arguments, itself standard library only).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from connector_tax.arguments import number
 
 
 def _handler(ready: threading.Event, seen: threading.Event) -> type[BaseHTTPRequestHandler]:
@@ -49,11 +52,11 @@ def _handler(ready: threading.Event, seen: threading.Event) -> type[BaseHTTPRequ
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m connector_tax.sim.lmcache_server")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--port", type=number(int, 0, 65535), required=True)
+    parser.add_argument("--http-port", type=number(int, 0, 65535), required=True)
     parser.add_argument("--fail-start", metavar="REASON")
     parser.add_argument("--never-ready", action="store_true")
-    parser.add_argument("--crash-after-s", type=float)
+    parser.add_argument("--crash-after-s", type=number(float, 0))
     args = parser.parse_args(argv)
     if args.fail_start:
         print(f"RuntimeError: {args.fail_start}", file=sys.stderr, flush=True)

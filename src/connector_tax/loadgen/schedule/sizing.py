@@ -17,9 +17,11 @@ load generator asks a counter:
 With it, words each counted as one token after a fixed lead are kept from a built-in list
 (groups of words counted at once, split only where a group costs more than one token a word),
 `base_tokens` is what the lead costs with nothing after it (special tokens and chat template
-included), and sample prompts built as the workers build them are counted: `exact` says whether
-every one came out at its length. Each request's `usage.prompt_tokens` is checked against its
-cell anyway (usage.py); this makes the check pass.
+included), and sample prompts built as the workers build them are counted: `agrees_with_tokenizer`
+says whether every one came out at its length by the counter that sized them (`method`). That is
+the server's own count with `auto`, `server` and `usage`, but a tokenizer file's with a PATH: a
+file that is not the server's tokenizer agrees with itself. The server's verdict is each request's
+`usage.prompt_tokens`, checked against its cell anyway (usage.py); sizing makes that check pass.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class Sizing:
     counts: int = 0  # how many counts it took
 
     @property
-    def exact(self) -> bool:
+    def agrees_with_tokenizer(self) -> bool:
+        """Every sample prompt at its length by `method`'s count (a file's is not the server's)."""
         return all(s["counted"] == s["requested"] for s in self.samples)
 
     def describe(self) -> dict[str, Any]:
@@ -69,7 +72,7 @@ class Sizing:
             "lead": self.layout.lead,
             "words": len(self.layout.words),
             "base_tokens": self.layout.base_tokens,
-            "exact": self.exact,
+            "agrees_with_tokenizer": self.agrees_with_tokenizer,
             "samples": self.samples,
             "counts": self.counts,
         }
