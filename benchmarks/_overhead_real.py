@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "tests"))  # vllm_cpu_env: where the CPU environme
 from connector_tax.config import StudyConfig, load_config  # noqa: E402
 from connector_tax.launch import steptiming  # noqa: E402
 from connector_tax.launch.command import launch_spec  # noqa: E402
-from connector_tax.serving.process import ServerProcess, free_port  # noqa: E402
+from connector_tax.serving.server_process import ServerProcess, free_port  # noqa: E402
 
 CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"
 INPUT_LEN = 64

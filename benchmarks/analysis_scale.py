@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from _common import REPO, parser, positive_int, write_json
 
-from connector_tax.analysis.layout import load_study
+from connector_tax.analysis.usable_cells import load_study
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import seal_cell
 

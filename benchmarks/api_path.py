@@ -13,12 +13,12 @@ Each DIR is a simulated study's results folder, run on the real clock (`snakemak
 the simulated engine served it, so its engine is exactly the one the virtual clock steps, and what
 differs between a measured cell and the same cell in virtual time is the path between the client
 and the engine (the HTTP server, streaming, the load generator, the host). That path is measured
-from the studies' own records as `ctax calibrate` measures a real server's (calibrate/records.py:
+from the studies' own records as `ctax calibrate` measures a real server's (calibrate/study_tables.py:
 ingress, send -> the step that takes the request, where the engine was idle; egress, the step that
 made the first token -> the client has it), pooled over every cell of every DIR.
 
 Then each Phase B cell of --variants, at the studies' own rates and shapes, in virtual time
-(oracle.cells.run_cell: --seeds cells of --requests requests each, the study's arrival process),
+(oracle.virtual_cells.run_cell: --seeds cells of --requests requests each, the study's arrival process),
 four ways: without the path (what the default study's truth computes), with it drawn from quantiles
 on the 5 % grid that profiles fitted before 2026-12-02 store, on the fit's grid (5 % steps and the
 tail finer: config/profile.py's QUANTILES), and drawn from the pooled samples themselves. Beside
@@ -40,10 +40,10 @@ from unittest import mock
 import numpy as np
 from _common import comma_list, parser, positive_int, write_json
 
-from connector_tax.calibrate.records import CalibrationError, read_study
+from connector_tax.calibrate.study_tables import CalibrationError, read_study
 from connector_tax.config.profile import LEGACY_QUANTILES, QUANTILES, ApiProfile
-from connector_tax.oracle import cells
-from connector_tax.oracle.cells import run_cell, study_loads
+from connector_tax.oracle import virtual_cells
+from connector_tax.oracle.virtual_cells import run_cell, study_loads
 from connector_tax.sim.apidelay import ApiDelays
 from connector_tax.sim.settings import resolve
 
@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             label = load.label if load.phase == "phase_b" else f"{load.label}'"
             for mode in MODES:
-                # run_cell draws through oracle.cells' ApiDelays: the samples' draws stand in for it
+                # run_cell draws through oracle.virtual_cells' ApiDelays: the samples' draws stand in for it
                 draws = SampleDelays if mode == "samples" else ApiDelays
-                with mock.patch.object(cells, "ApiDelays", draws):
+                with mock.patch.object(virtual_cells, "ApiDelays", draws):
                     # "samples" keeps the fit grid's profile only so that the cell draws delays at all
                     s = settings(name, "fit grid" if mode == "samples" else mode)
                     p90s = [

@@ -62,7 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from connector_tax.config import StudyConfig, load_config
 from connector_tax.launch.command import launch_spec
-from connector_tax.serving.process import ServerProcess, free_port
+from connector_tax.serving.server_process import ServerProcess, free_port
 
 CLIENTS = ("ctax", "ctax-rt", "ctax-free", "vllm", "guidellm", "aiperf")
 NAMES = {

@@ -36,9 +36,9 @@ from _common import REPO, parser, positive_float, positive_int, write_json
 
 from connector_tax.analysis import constants as K
 from connector_tax.config import StudyConfig, load_config
-from connector_tax.oracle.cells import study_loads
 from connector_tax.oracle.coverage import CoverageSettings, launch_cell
 from connector_tax.oracle.quantile_band import band_tax, point_tax, windowed_tax
+from connector_tax.oracle.virtual_cells import study_loads
 
 LEVELS = (0.85, 0.88, 0.90, 0.92, 0.95)
 METRICS = ("ttft", "tpot")

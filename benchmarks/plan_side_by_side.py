@@ -51,7 +51,7 @@ from _common import REPO, parser, positive_float, snakemake, write_json
 from connector_tax.analysis.hypotheses import CALLED, compare_calls
 
 FIXED_CELL_RULE = {"warmup_s": 10, "duration_s": 60, "min_completed": 200}  # docs/study-design.md, "The cell rule"
-CELL_FIXED_S = 1.5  # as planning/estimate.py counts per cell
+CELL_FIXED_S = 1.5  # as planning/time_estimate.py counts per cell
 HYPOTHESES = ("H1", "H2", "H3", "H4", "H5", "H6")
 
 

@@ -9,7 +9,7 @@ Backs: ../docs/simulator.md#a-real-run-against-the-truth
 
 The truth first: the true reference rates (`ctax truth --true-reference`: the study's own
 saturation criteria on the oracle's steady-state cells at every Phase A rate,
-oracle/reference.py) and the true H1-H6 at those rates (the oracle, as
+oracle/true_reference.py) and the true H1-H6 at those rates (the oracle, as
 tests/e2e/test_oracle_truth_default.py computes them). Then, for each seed, the whole study through
 its real entry point (`snakemake --cores 1 all`, in a scratch folder, the study's seed replaced:
 other arrival times and prompts), in virtual time by default (`--clock virtual`: minutes for ten
@@ -39,7 +39,7 @@ from _common import REPO, parser, positive_int, run_logged, snakemake, write_jso
 from connector_tax.analysis import constants as K
 from connector_tax.config import StudyConfig, load_config
 from connector_tax.contract.summary import read_summary_file
-from connector_tax.oracle.reference import true_reference
+from connector_tax.oracle.true_reference import true_reference
 from connector_tax.oracle.truth import TruthSettings, truth
 
 

@@ -480,7 +480,7 @@ def write_study(root: Path, spec: SyntheticSpec | None = None) -> Path:
     ref_safe, ref_load = _expected_refs(spec)
     reference: dict[str, Any] = {"ref_safe": ref_safe, "ref_load": ref_load}
     if spec.write_reference:
-        from connector_tax.analysis.reference import reference_rates
+        from connector_tax.analysis.reference_rates import reference_rates
 
         reference = reference_rates(layout.root)
         write_json(layout.reference_rates, reference)

@@ -71,7 +71,7 @@ verify_reason() { # reason server_log
   local reason="$1" cause
   if { [ "$reason" = "server process exited during start-up" ] ||
     [ "$reason" = "engine core failed during start-up (the server hung instead of exiting)" ]; } &&
-    cause="$("$PY" -m connector_tax.launch.vllm_cli root-cause "$2" 2>/dev/null)"; then
+    cause="$("$PY" -m connector_tax.commands.for_tools root-cause "$2" 2>/dev/null)"; then
     reason="$reason: $cause"
   fi
   printf '%s\n' "$reason"
@@ -90,14 +90,14 @@ verify_start_sidecars() { # plan config name dir log
   SIDECAR_ARGS=()
   "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("sidecars") else 1)' "$plan" || return 0
   rm -f "$ports"
-  "$PY" -m connector_tax.launch.vllm_cli sidecars "$config" "$name" --log-dir "$dir" --ports-file "$ports" \
+  "$PY" -m connector_tax.commands.for_tools sidecars "$config" "$name" --log-dir "$dir" --ports-file "$ports" \
     2>>"$log" &
   SIDECAR_PID=$!
   VERIFY_PIDS+=("$SIDECAR_PID")
   while [ ! -s "$ports" ]; do # the helper gives up by itself (each sidecar's ready timeout)
     if ! kill -0 "$SIDECAR_PID" 2>/dev/null; then
-      SIDECAR_REASON="$(grep '^vllm_cli sidecars: ' "$log" | tail -n 1)"
-      SIDECAR_REASON="${SIDECAR_REASON#vllm_cli sidecars: }"
+      SIDECAR_REASON="$(grep '^for_tools sidecars: ' "$log" | tail -n 1)"
+      SIDECAR_REASON="${SIDECAR_REASON#for_tools sidecars: }"
       SIDECAR_PID=""
       return 1
     fi
@@ -142,7 +142,7 @@ verify_one() {
   }
 
   note "$VERIFY_PROG: $check check of $name ($config), port $port"
-  if ! "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" \
+  if ! "$PY" -m connector_tax.commands.for_tools plan "$config" "$name" --port "$port" \
     --check "$check" >"$plan" 2>>"$log"; then
     record skip "cannot plan the check: $(tail -n 1 "$log")"
     return 0
@@ -195,7 +195,7 @@ verify_one() {
   note "server stopped"
   if [ -n "$SIDECAR_PID" ]; then
     if [ "$verdict" = OK ] && ! kill -0 "$SIDECAR_PID" 2>/dev/null; then # it ended during the check
-      verdict="FAIL: $(grep '^vllm_cli sidecars: ' "$log" | tail -n 1 | sed 's/^vllm_cli sidecars: //')"
+      verdict="FAIL: $(grep '^for_tools sidecars: ' "$log" | tail -n 1 | sed 's/^for_tools sidecars: //')"
     fi
     verify_stop_sidecars
     note "sidecars stopped"
@@ -213,7 +213,7 @@ verify_one() {
     local backend timing
     backend="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["backend"])' "$plan")"
     if [ "$backend" = vllm ]; then
-      timing="$("$PY" -m connector_tax.launch.vllm_cli step-timing "$step_log" --connector || true)"
+      timing="$("$PY" -m connector_tax.commands.for_tools step-timing "$step_log" --connector || true)"
       note "step timing: $timing"
     fi
     record ok "$reason"
@@ -281,7 +281,7 @@ verify_main() {
   local gate_args=(gated "$config" "$check")
   [ -n "$only" ] && gate_args+=(--only "$only")
   local names
-  names="$("$PY" -m connector_tax.launch.vllm_cli "${gate_args[@]}")" || exit 2
+  names="$("$PY" -m connector_tax.commands.for_tools "${gate_args[@]}")" || exit 2
   if [ -z "$names" ]; then
     echo "$VERIFY_PROG: no configuration of $config needs the $check check"
     return 0

@@ -64,13 +64,13 @@ trap verify_cleanup EXIT
 trap 'exit 130' INT TERM
 
 config="$out/smoke.yaml"
-"$PY" -m connector_tax.launch.vllm_cli smoke-config "$base" "$config" --model "$model" \
+"$PY" -m connector_tax.commands.for_tools smoke-config "$base" "$config" --model "$model" \
   --mooncake-protocol "$protocol" ${eager[@]+"${eager[@]}"} >/dev/null || exit 2
 if [ -n "$only" ]; then
-  names="$("$PY" -m connector_tax.launch.vllm_cli names "$config" | grep -Fx -- "$only" || true)"
+  names="$("$PY" -m connector_tax.commands.for_tools names "$config" | grep -Fx -- "$only" || true)"
   [ -n "$names" ] || verify_die "--only: no config named '$only' in $base"
 else
-  names="$("$PY" -m connector_tax.launch.vllm_cli names "$config")"
+  names="$("$PY" -m connector_tax.commands.for_tools names "$config")"
 fi
 summary="$out/gpu_smoke.json"
 echo '{}' >"$summary"
@@ -96,13 +96,13 @@ while IFS= read -r name; do
   mkdir -p "$dir"
   plan="$dir/plan.json"
   # The previous server's memory first: vLLM would refuse to start (and this would read as a FAIL).
-  if ! waited="$("$PY" -m connector_tax.launch.vllm_cli wait-released "$config" "$name" --gpu "$gpu" 2>"$dir/wait.log")"; then
+  if ! waited="$("$PY" -m connector_tax.commands.for_tools wait-released "$config" "$name" --gpu "$gpu" 2>"$dir/wait.log")"; then
     record "$name" FAIL "$(tail -n 1 "$dir/wait.log")" "null"
     failed=1
     continue
   fi
   echo "gpu_smoke: $name: GPU $gpu released after ${waited} s" >"$dir/wait.log"
-  "$PY" -m connector_tax.launch.vllm_cli plan "$config" "$name" --port "$port" --check smoke >"$plan"
+  "$PY" -m connector_tax.commands.for_tools plan "$config" "$name" --port "$port" --check smoke >"$plan"
   if ! verify_start_sidecars "$plan" "$config" "$name" "$dir" "$dir/check.log"; then
     record "$name" FAIL "${SIDECAR_REASON:-a sidecar did not start (see $dir/check.log)}" null
     failed=1
@@ -122,7 +122,7 @@ while IFS= read -r name; do
   has_connector="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["has_connector"])' "$plan")"
   connector_flag="--no-connector"
   [ "$has_connector" = True ] && connector_flag="--connector"
-  timing="$("$PY" -m connector_tax.launch.vllm_cli step-timing "$dir/engine_step.jsonl" "$connector_flag" || true)"
+  timing="$("$PY" -m connector_tax.commands.for_tools step-timing "$dir/engine_step.jsonl" "$connector_flag" || true)"
   if [ "$verdict" = OK ]; then
     if "$PY" -c 'import json, sys; sys.exit(0 if json.loads(sys.argv[1])["step_timing_available"] else 1)' "$timing"; then
       record "$name" PASS "served the requests; step log filled" "$timing"
@@ -134,8 +134,8 @@ while IFS= read -r name; do
   else
     reason="$(verify_reason "${verdict#FAIL: }" "$dir/server.log")"
     # "Mooncake is not available", "NIXL is not available", "No module named 'lmcache'", ...
-    # (the patterns live in connector_tax.serving.process.MISSING_CONNECTOR)
-    if missing="$("$PY" -m connector_tax.launch.vllm_cli missing-connector "$dir/server.log")"; then
+    # (the patterns live in connector_tax.serving.server_process.MISSING_CONNECTOR)
+    if missing="$("$PY" -m connector_tax.commands.for_tools missing-connector "$dir/server.log")"; then
       record "$name" SKIP "optional connector package missing: $missing ($reason)" "$timing"
     else
       record "$name" FAIL "$reason" "$timing"

@@ -13,7 +13,7 @@ the repository root on PYTHONPATH.
 
 It implements SupportsHMA, so it can run with the hybrid KV cache manager on; the study still
 launches every configuration with --disable-hybrid-kv-cache-manager, because LMCacheConnectorV1
-does not support HMA and like must be compared with like (see launch/README.md).
+does not support HMA and like must be compared with like (see src/connector_tax/launch/README.md).
 
 For tests only: with $CONNECTOR_TAX_NOOP_COUNTS=PREFIX set, each instance counts the calls of
 its role's hooks and rewrites PREFIX.<role>.<pid>.json after every call, so a test can show

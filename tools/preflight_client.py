@@ -15,7 +15,7 @@
         under a lock, replaced atomically: the verify scripts may run side by side. --run stamps
         the verdict with the run that asked for it (the pipeline's preflight checks the stamp).
 
-The plan JSON comes from `python -m connector_tax.launch.vllm_cli plan`. Never imports
+The plan JSON comes from `python -m connector_tax.commands.for_tools plan`. Never imports
 connector_tax; only talks to the address in the plan (the launch binds 127.0.0.1).
 """
 
@@ -45,7 +45,7 @@ EXITED_AT_START = "server process exited during start-up"
 # vLLM's line when its engine core dies during start-up; the server usually exits a moment later,
 # but vLLM 0.32 on CPU sometimes hangs instead (the Mooncake worker's shutdown raises). Seen in
 # --server-log with the server still up ENGINE_FAILED_GRACE_S later: the start failed. The same
-# marker as connector_tax.serving.process.ENGINE_FAILED (this file imports no connector_tax).
+# marker as connector_tax.serving.server_process.ENGINE_FAILED (this file imports no connector_tax).
 ENGINE_FAILED = "EngineCore failed to start"
 ENGINE_FAILED_GRACE_S = 20.0
 HUNG_AT_START = "engine core failed during start-up (the server hung instead of exiting)"

@@ -19,7 +19,7 @@ from test_calibrate_units import PROFILE
 
 from connector_tax.calibrate.check import check
 from connector_tax.calibrate.fit import calibrate
-from connector_tax.calibrate.records import CalibrationError, read_study
+from connector_tax.calibrate.study_tables import CalibrationError, read_study
 
 pytestmark = pytest.mark.e2e
 

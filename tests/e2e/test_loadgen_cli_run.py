@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from sim_server import MODEL, REPO, poll, ran, running_sim  # noqa: E402
 
-from connector_tax.loadgen.stats.records import read_records  # noqa: E402
+from connector_tax.loadgen.stats.request_file import read_records  # noqa: E402
 
 NUM = r"\d+(?:\.\d+)?"
 

@@ -1,5 +1,5 @@
 """A variant's sidecar through the real entry point (`snakemake`), on the simulator: an
-lmcache_mp variant's launch starts a stand-in LMCache server (sim/sidecar.py) before `ctax sim`.
+lmcache_mp variant's launch starts a stand-in LMCache server (sim/lmcache_server.py) before `ctax sim`.
 
 Each fault ends as a recorded outcome with its reason (a SKIP or a failed cell), the healthy
 sidecar is recorded (run.json, the manifest) and sampled (its threads), and after every fault —
@@ -61,7 +61,7 @@ def _config(variants: list[dict], rates: list[int], duration_s: float) -> dict:
 
 
 def _sidecars_of(folder: Path) -> list[psutil.Process]:
-    return [p for p in our_processes(folder) if "connector_tax.sim.sidecar" in " ".join(p.info["cmdline"] or [])]
+    return [p for p in our_processes(folder) if "connector_tax.sim.lmcache_server" in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.fixture(scope="module")

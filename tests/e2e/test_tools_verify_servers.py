@@ -92,7 +92,7 @@ def test_verify_records_skip_with_the_reason_when_the_server_dies(tmp_path):
     assert done.returncode == 0, done.stderr
     entry = json.loads((out / "preflight_status.json").read_text())["noop_connector"]
     assert entry["status"] == "skip" and entry["run"] == "run-2"
-    # the cause is the server's own last word (vllm_cli root-cause), not just "it died"
+    # the cause is the server's own last word (for_tools root-cause), not just "it died"
     assert entry["reason"] == (
         "server process exited during start-up: ctax sim: noop_connector: failed to start: NoOpConnector import failed"
     )

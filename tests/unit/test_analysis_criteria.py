@@ -43,7 +43,7 @@ def test_a_band_the_interval_stays_inside_is_confident_and_perturbed_cells_stay_
 
 
 def test_the_truths_margin_reads_in_the_hypothesis_unit():
-    from connector_tax.oracle.truth_cli import _distance
+    from connector_tax.oracle.truth_render import _distance
 
     assert _distance(0.483, "H1") == "48.3 pp"  # H1 is a relative tax: 58.3 % is 48.3 points past 10 %
     assert _distance(38.0, "H2") == "38.0 pp"

@@ -1,14 +1,14 @@
-"""The report's Interventions section (analysis/interventions.py): an intervention's variant beside
+"""The report's Interventions section (analysis/intervention_effects.py): an intervention's variant beside
 the variant it changes, and the pointer from a thread busy at idle to the experiment that tests it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from connector_tax.analysis.interventions import effects, partners, pointers, render
+from connector_tax.analysis.intervention_effects import effects, partners, pointers, render
 from connector_tax.analysis.launch_intervals import Series
 from connector_tax.analysis.taxes import LaunchTaxes
-from connector_tax.analysis.threads import render as render_threads
+from connector_tax.analysis.thread_cpu import render as render_threads
 
 NIXL = {"type": "nixl", "role": "kv_both"}
 VARIANTS = [

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from synthetic_study import SyntheticSpec, expected_reference, write_study
 
-from connector_tax.analysis.reference import reference_rates
+from connector_tax.analysis.reference_rates import reference_rates
 from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import default_saturation
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from connector_tax import benchmark as benchmark_cli
 from connector_tax.cli import main as ctax
+from connector_tax.commands import benchmark as benchmark_cli
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"

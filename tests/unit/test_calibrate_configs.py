@@ -12,7 +12,7 @@ from study_runner import REPO
 from connector_tax.config import load_config, load_study
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.metrics.threads import IDLE_WINDOW_S
-from connector_tax.planning.estimate import (
+from connector_tax.planning.time_estimate import (
     OVERHEADS,
     Timing,
     as_dict,

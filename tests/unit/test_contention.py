@@ -24,7 +24,7 @@ from synthetic_study import SyntheticSpec, write_study
 
 from connector_tax.analysis import build
 from connector_tax.analysis.contention import PERTURBED
-from connector_tax.analysis.reference import reference_rates
+from connector_tax.analysis.reference_rates import reference_rates
 from connector_tax.analysis.saturation import cell_criteria
 from connector_tax.config import PHASE_A, default_saturation, default_validity, load_study
 from connector_tax.contract import StudyLayout

@@ -23,7 +23,7 @@ from connector_tax.contract.layout import StudyLayout
 from connector_tax.launch.evidence import read_evidence, seen, unseen, verdict
 from connector_tax.measure.runners import _check_interventions
 from connector_tax.pipeline.manifest import interventions_seen
-from connector_tax.serving.process import ServerStartError
+from connector_tax.serving.server_process import ServerStartError
 from patches import interventions
 
 NAME = "nixl_progress_off"

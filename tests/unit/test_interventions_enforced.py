@@ -22,7 +22,7 @@ from connector_tax.config import ConfigError, load_config, validate_config
 from connector_tax.config.interventions import EVIDENCE_ENV, INTERVENTIONS_ENV
 from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch.command import launch_spec
-from connector_tax.serving.process import ServerProcess
+from connector_tax.serving.server_process import ServerProcess
 from connector_tax.serving.spec import LaunchSpec
 
 REPO = Path(__file__).resolve().parents[2]

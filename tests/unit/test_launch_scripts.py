@@ -1,4 +1,4 @@
-"""launch/launch_<variant>.sh are the real study's launches, current and exact: regenerated from
+"""launch_scripts/launch_<variant>.sh are the real study's launches, current and exact: regenerated from
 configs/h20-qwen3-coder.yaml they are byte for byte what is checked in, and run with a stand-in
 `vllm` they exec the argv and environment the pipeline itself would launch with."""
 
@@ -25,11 +25,11 @@ NAMES = [v["name"] for v in load_config(STUDY)["variants"]]
 def test_the_checked_in_scripts_are_current(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the scripts name the config as the command does: relative to the checkout
     written = write_scripts("configs/h20-qwen3-coder.yaml", tmp_path)
-    shipped = sorted(p.name for p in (REPO / "launch").glob("launch_*.sh"))
+    shipped = sorted(p.name for p in (REPO / "launch_scripts").glob("launch_*.sh"))
     assert sorted(p.name for p in written) == shipped == sorted(f"launch_{n}.sh" for n in NAMES)
-    stale = [p.name for p in written if p.read_text() != (REPO / "launch" / p.name).read_text()]
+    stale = [p.name for p in written if p.read_text() != (REPO / "launch_scripts" / p.name).read_text()]
     assert not stale, (
-        f"regenerate: ctax launch-command --config configs/h20-qwen3-coder.yaml --write-scripts launch/ ({stale})"
+        f"regenerate: ctax launch-command --config configs/h20-qwen3-coder.yaml --write-scripts launch_scripts/ ({stale})"
     )
 
 
@@ -44,7 +44,9 @@ def test_a_script_execs_the_pipelines_own_launch(name: str, tmp_path: Path) -> N
     step_log = tmp_path / "steps.jsonl"
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PORT": "9100", "STEP_LOG": str(step_log)}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(REPO / "launch" / f"launch_{name}.sh")], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(REPO / "launch_scripts" / f"launch_{name}.sh")], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     ran = json.loads(done.stdout)
     config = load_config(STUDY)
@@ -58,4 +60,4 @@ def test_a_script_execs_the_pipelines_own_launch(name: str, tmp_path: Path) -> N
 def test_a_script_names_its_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     text = script("configs/h20-qwen3-coder.yaml", "plain")
-    assert "--write-scripts launch/" in text and 'PORT="${PORT:-8000}"' in text
+    assert "--write-scripts launch_scripts/" in text and 'PORT="${PORT:-8000}"' in text

@@ -338,14 +338,14 @@ def test_preflight_scripts_gate_the_study_design_variants(h20):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "connector_tax.launch.vllm_cli", *args],
+        [sys.executable, "-m", "connector_tax.commands.for_tools", *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
 
 
-def test_vllm_cli_names_gated_and_plan():
+def test_for_tools_names_gated_and_plan():
     assert run_cli("names", str(H20)).stdout.split()[:2] == ["plain", "noop_connector"]
     assert run_cli("gated", str(H20), "kv_consumer").stdout.split() == ["mooncake_consumer"]
     assert run_cli("gated", str(H20), "multi_connector", "--only", "plain").stdout == ""
@@ -359,7 +359,7 @@ def test_vllm_cli_names_gated_and_plan():
     assert plan["check"] == "smoke" and plan["has_connector"] is False
 
 
-def test_vllm_cli_bad_config_is_exit_2(tmp_path):
+def test_for_tools_bad_config_is_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("study: x\n")
     done = run_cli("names", str(bad))
@@ -379,7 +379,7 @@ def test_smoke_config_is_a_valid_small_study(tmp_path):
     assert yaml.safe_load(out.read_text())["study"] == "h20-qwen3-coder-gpu-smoke"
 
 
-def test_vllm_cli_step_timing_exit_codes(tmp_path):
+def test_for_tools_step_timing_exit_codes(tmp_path):
     done = run_cli("step-timing", str(tmp_path / "s.jsonl"), "--connector")
     assert done.returncode == 1
     assert json.loads(done.stdout)["step_timing_available"] is False

@@ -18,7 +18,7 @@ from connector_tax.config.vllm_rules import device
 from connector_tax.launch import vllm as launch
 from connector_tax.launch import vllm_cpu, vllm_install
 from connector_tax.serving.gpus import gpu_lease
-from connector_tax.serving.process import ServerStartError, root_cause
+from connector_tax.serving.server_process import ServerStartError, root_cause
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = REPO / "configs" / "vllm-cpu-tiny.yaml"
@@ -229,7 +229,7 @@ def test_a_failed_start_reports_the_root_cause_not_the_last_line(log, cause):
 
 
 def test_a_connector_that_comes_up_degraded_is_named_with_its_cause():
-    from connector_tax.serving.process import degraded
+    from connector_tax.serving.server_process import degraded
 
     log = (
         "[LMCache ERROR] Failed to initialize LMCacheManager components: Traceback (most recent call last):\n"

@@ -18,9 +18,9 @@ from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen import ipc
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
 from connector_tax.loadgen.stats.collect import Collector, Progress
-from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.stats.request_file import RecordWriter, RequestRecord, read_records
 from connector_tax.loadgen.stats.sketch import PENDING, REL_ERR, Quantiles
-from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.summarize import RequestStats
 
 MS = 1_000_000
 

@@ -21,7 +21,8 @@ from fake_openai import SIM_TOKEN_PATTERN, Fake, serving  # noqa: E402
 from sim_server import REPO  # noqa: E402
 
 from connector_tax.cli import main as ctax_main  # noqa: E402
-from connector_tax.loadgen import cli as bench_cli  # noqa: E402
+from connector_tax.commands import bench as bench_cli  # noqa: E402
+from connector_tax.commands._bench_output import report_progress  # noqa: E402
 from connector_tax.loadgen.flags import OneLineParser  # noqa: E402
 from connector_tax.loadgen.schedule.session import Progress  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_progress_plain_lines_off_a_terminal(monkeypatch: pytest.MonkeyPatch) ->
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     done = threading.Event()
-    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter = threading.Thread(target=report_progress, args=(_fake_gen(), "r2-64x8", done))
     reporter.start()
     time.sleep(1.3)  # the first line comes after one second
     done.set()
@@ -53,7 +54,7 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
     done = threading.Event()
-    reporter = threading.Thread(target=bench_cli._report_progress, args=(_fake_gen(), "r2-64x8", done))
+    reporter = threading.Thread(target=report_progress, args=(_fake_gen(), "r2-64x8", done))
     reporter.start()
     time.sleep(0.4)
     done.set()
@@ -269,7 +270,7 @@ def test_the_request_defaults_are_written_once_in_the_schema() -> None:
 
     schema = default_request()
     parser = OneLineParser(prog="ctax bench")
-    bench_cli.add_bench_arguments(parser)
+    bench_cli.add_arguments(parser)
     flags = vars(parser.parse_args(["--url", "http://127.0.0.1:1", "--model", "m", "--rate", "1"]))
     options = LoadgenOptions(url="http://127.0.0.1:1", model="m")
     assert (flags["inflight_cap"], flags["timeout"], flags["endpoint"], flags["prompt"], flags["tokenizer"]) == (

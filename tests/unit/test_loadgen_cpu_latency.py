@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from connector_tax.commands.bench import add_arguments as add_bench_arguments
 from connector_tax.contract.summary import CpuLatency
-from connector_tax.loadgen.cli import add_bench_arguments
 from connector_tax.loadgen.flags import OneLineParser
 from connector_tax.loadgen.host.cpu_latency import PM_QOS_DEVICE, CpuLatencyHold
 

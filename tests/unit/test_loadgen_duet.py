@@ -19,7 +19,7 @@ from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.schedule.realtime import RealTimeRun, Session
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions, Progress
 from connector_tax.loadgen.schedule.workers import WorkerPool
-from connector_tax.loadgen.stats.records import read_records
+from connector_tax.loadgen.stats.request_file import read_records
 from connector_tax.loadgen.worker.prompts import prompt_key
 
 URLS = ("http://127.0.0.1:9", "http://127.0.0.1:10")

@@ -9,8 +9,8 @@ import pytest
 
 from connector_tax.config import Validity, default_validity, load_config
 from connector_tax.contract.summary import to_builtins
-from connector_tax.loadgen.stats.records import RequestRecord
-from connector_tax.loadgen.stats.summary import RequestStats, summarize
+from connector_tax.loadgen.stats.request_file import RequestRecord
+from connector_tax.loadgen.stats.summarize import RequestStats, summarize
 from connector_tax.loadgen.stats.usage import ShapeRule
 
 MS = 1_000_000

@@ -173,7 +173,7 @@ def test_the_overlay_measures_nixl_beside_both_and_plain_replicated():
 def test_an_intervention_that_addresses_no_thread_shows_the_servers_cpu_not_a_missing_thread():
     """nixl_kv_core_off_compute moves the model's thread, not NIXL's: the report's row for it gives
     the server's CPU, never "none among the busiest" for a variant whose NIXL thread spins."""
-    from connector_tax.analysis.interventions import _thread
+    from connector_tax.analysis.intervention_effects import _thread
 
     spinner = {"started_by": "NixlPullConnector worker", "cpu_pct": 97.0}
     agg = {"threads": {"variants": {"nixl_both": {"idle": {"threads": [spinner], "total_pct": 98.0}}}}}

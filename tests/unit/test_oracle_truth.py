@@ -1,4 +1,4 @@
-"""The truth oracle (oracle/truth.py, oracle/cells.py) reproduces numbers known without it, and
+"""The truth oracle (oracle/truth.py, oracle/virtual_cells.py) reproduces numbers known without it, and
 `ctax truth` works from the command line. All in virtual time: seconds, no server."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typed import typed
 from connector_tax.analysis import constants as K
 from connector_tax.config import Cell, StudyConfig, load_config
 from connector_tax.config.cells import PHASE_A
-from connector_tax.oracle.cells import run_cell
 from connector_tax.oracle.truth import TruthSettings, truth
+from connector_tax.oracle.virtual_cells import run_cell
 from connector_tax.sim.costs import BatchShape
 from connector_tax.sim.profiles import CONNECTOR_KINDS, HOOKS
 from connector_tax.sim.settings import resolve
@@ -186,7 +186,7 @@ def test_cli_without_reference_rates_names_the_flag(tmp_path, monkeypatch):
 def test_the_true_reference_rates_are_the_studys_criteria_on_the_oracles_cells(config):
     """multi_mooncake_lmcache's TTFT p90 grows x2.8 from 16 to 32 req/s in steady state (criterion
     3's threshold 2.0); plain's x1.05: ref_safe 16, ref_load 32, as the default config says."""
-    from connector_tax.oracle.reference import true_reference
+    from connector_tax.oracle.true_reference import true_reference
 
     ts = TruthSettings(requests=1000, warmup=100, min_replications=4)
     doc = true_reference(StudyConfig.from_mapping(config), ts, [K.PLAIN, K.MULTI])

@@ -45,7 +45,7 @@ def test_a_virtual_job_takes_one_core_and_the_prediction_runs_them_side_by_side(
     cells on one core, and `ctax plan --predict` gives snakemake every core it may use."""
     from connector_tax.config import load_study
     from connector_tax.planning import predict as predict_module
-    from connector_tax.planning.estimate import job_threads
+    from connector_tax.planning.time_estimate import job_threads
 
     config = virtual("cores")
     real = load_study(write_config(tmp_path, {**config, "sim": {**config["sim"], "clock": "real"}}))

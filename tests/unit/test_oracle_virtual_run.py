@@ -13,7 +13,7 @@ from connector_tax.config import Cell, validate_config
 from connector_tax.contract.layout import CellFiles
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.schedule.options import LoadgenOptions
-from connector_tax.oracle.cells import run_cell
+from connector_tax.oracle.virtual_cells import run_cell
 from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.sim.settings import resolve
 
@@ -104,7 +104,7 @@ def test_the_same_cell_twice_gives_the_same_records(tmp_path):
 
 def test_unloaded_latency_is_the_engine_models(tmp_path):
     """The virtual cell's TTFT and TPOT at a light load are what the virtual engine alone gives
-    (oracle/cells.py, the truth oracle's cells) for the same load."""
+    (oracle/virtual_cells.py, the truth oracle's cells) for the same load."""
     summary, records, _, _ = run(tmp_path, spec(rate=2.0, duration_s=30.0))
     ttft = np.array([(r["t_first_token_ns"] - r["t_send_ns"]) / 1e6 for r in records if not r["warmup"]])
     oracle = run_cell(settings(), Cell("phase_a", "r2", 2.0, {"input": 256, "output": 16}), 60, seed=1)

@@ -121,7 +121,7 @@ def test_ctax_plan_prints_cells_stages_and_gpu_hours(tmp_path):
     # One job at a time is the README's `--cores 1`, not a phase job's threads (3 on a 2-CPU host
     # for the default study): the same run, and the command a reader already knows.
     from connector_tax.config import load_study
-    from connector_tax.planning.estimate import run_command
+    from connector_tax.planning.time_estimate import run_command
 
     for name in ("default", "vllm-cpu-tiny", "h20-qwen3-coder"):
         command = run_command(load_study(REPO / "configs" / f"{name}.yaml"), "C", 1)

@@ -1,4 +1,4 @@
-"""`ctax analyze` as the console script will wire it: add_arguments(parser) + main(args)."""
+"""`ctax analyze` as the console script wires it: add_arguments(parser), its Args, main(args)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 
 from synthetic_study import SyntheticSpec, write_study
 
-from connector_tax.pipeline import analyze as cli
+from connector_tax.commands import analyze as cli
+from connector_tax.commands.namespace import args_of
 
 
 def _parse(argv):
     parser = argparse.ArgumentParser(prog="ctax analyze")
     cli.add_arguments(parser)
-    return parser.parse_args(argv)
+    return args_of(cli.Args, parser.parse_args(argv))
 
 
 def test_cli_writes_outputs(tmp_path, capsys):

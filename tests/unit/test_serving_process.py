@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from connector_tax.serving.process import ServerProcess, ServerStartError
+from connector_tax.serving.server_process import ServerProcess, ServerStartError
 from connector_tax.serving.spec import LaunchSpec
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -44,7 +44,7 @@ OWNER = """
 import sys, time
 from pathlib import Path
 from connector_tax.serving.spec import LaunchSpec
-from connector_tax.serving.process import ServerProcess
+from connector_tax.serving.server_process import ServerProcess
 folder = Path(sys.argv[1])
 server = ServerProcess(LaunchSpec(sys.argv[2:]), "http://127.0.0.1:1", folder)
 server.start()

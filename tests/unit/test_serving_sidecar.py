@@ -1,7 +1,7 @@
 """Sidecars (serving/sidecar.py): ready before the server, stopped after it on every path, a
 failure one line and prompt; their threads sampled with the server's, their CPU the study's own.
 
-The stand-in LMCache server of the simulator (sim/sidecar.py) is the sidecar here: a real
+The stand-in LMCache server of the simulator (sim/lmcache_server.py) is the sidecar here: a real
 process with its own ports, readiness and faults. The whole path through `snakemake` (kill -9 of
 the phase job, SIGTERM, Ctrl-C, a crashed sidecar) is tests/e2e/test_sidecar_faults.py.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from connector_tax.metrics.host import Study, snapshot
 from connector_tax.metrics.threads import sample_tree
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.serving.spec import LaunchSpec, SidecarSpec
 
@@ -26,7 +26,7 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def _standin(port: int, *faults: str, timeout_s: float = 30.0) -> SidecarSpec:
-    argv = [sys.executable, "-m", "connector_tax.sim.sidecar", "--port", str(port), "--http-port", str(port + 1)]
+    argv = [sys.executable, "-m", "connector_tax.sim.lmcache_server", "--port", str(port), "--http-port", str(port + 1)]
     return SidecarSpec(
         name="lmcache_server",
         what="simulated LMCache MP server (ctax sim)",
@@ -64,7 +64,7 @@ def test_sidecars_are_ready_in_order_logged_beside_the_server_and_stopped(tmp_pa
         assert [r["name"] for r in records] == ["lmcache_server", "listener"] and all(r["pid"] for r in records)
     assert _gone(list(roots))
     assert (tmp_path / "sidecar_lmcache_server_stdout.log").read_text().startswith("simulated LMCache MP server")
-    assert "connector_tax.sim.sidecar" in (tmp_path / "sidecar_lmcache_server.sh").read_text()
+    assert "connector_tax.sim.lmcache_server" in (tmp_path / "sidecar_lmcache_server.sh").read_text()
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_a_sidecar_that_dies_fails_the_servers_start_within_a_poll(tmp_path: Pat
 OWNER = """
 import sys, time
 from pathlib import Path
-from connector_tax.serving.process import ServerProcess
+from connector_tax.serving.server_process import ServerProcess
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.serving.spec import LaunchSpec, SidecarSpec
 folder, port = Path(sys.argv[1]), int(sys.argv[2])

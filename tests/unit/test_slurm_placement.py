@@ -15,12 +15,13 @@ import pytest
 import yaml
 from study_runner import REPO
 
+from connector_tax.cli import main as ctax
 from connector_tax.config import ConfigError, StudyConfig, validate_config
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.index import PhaseIndex
 from connector_tax.pipeline import phase
 from connector_tax.planning.job_resources import gpus_per_job, phase_runtime_min, preflight_runtime_min
-from connector_tax.serving import process, slurm
+from connector_tax.serving import server_process, slurm
 from connector_tax.serving.cpus import cpu_lease
 from connector_tax.serving.gpus import gpu_lease
 from connector_tax.serving.lifecycle import exclusive_lock, private_dir
@@ -163,8 +164,8 @@ def test_a_placed_job_leases_no_cpus(placed) -> None:
 
 
 def test_server_ports_are_outside_the_ephemeral_range_and_reserved() -> None:
-    low, high = process._ephemeral_range()
-    ports = [process.free_port(block=3) for _ in range(20)]
+    low, high = server_process._ephemeral_range()
+    ports = [server_process.free_port(block=3) for _ in range(20)]
     try:
         assert len(set(ports)) == len(ports)
         for port in ports:
@@ -174,7 +175,7 @@ def test_server_ports_are_outside_the_ephemeral_range_and_reserved() -> None:
                 assert exclusive_lock(private_dir("ports") / f"port{p}.lock") is None
     finally:
         for port in ports:
-            process.release_port(port)
+            server_process.release_port(port)
     fd = exclusive_lock(private_dir("ports") / f"port{ports[0]}.lock")
     assert fd is not None  # released
     os.close(fd)
@@ -183,11 +184,11 @@ def test_server_ports_are_outside_the_ephemeral_range_and_reserved() -> None:
 def test_a_stopped_server_gives_its_port_back(tmp_path: Path) -> None:
     from connector_tax.serving.spec import LaunchSpec
 
-    port = process.free_port()
+    port = server_process.free_port()
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    with process.ServerProcess(LaunchSpec(sleeper), f"http://127.0.0.1:{port}", tmp_path):
-        assert port in process._reserved
-    assert port not in process._reserved
+    with server_process.ServerProcess(LaunchSpec(sleeper), f"http://127.0.0.1:{port}", tmp_path):
+        assert port in server_process._reserved
+    assert port not in server_process._reserved
 
 
 def test_time_limits_come_from_the_plan_with_a_margin() -> None:
@@ -235,7 +236,7 @@ def test_only_a_job_that_returned_writes_job_json(tmp_path: Path, monkeypatch: p
         return index
 
     monkeypatch.setattr(phase, "run_phase", run_phase)
-    rc = phase.main(["--config", str(config), "--variant", "plain", "--phase", "phase_a"])
+    rc = ctax(["pipeline", "phase", "--config", str(config), "--variant", "plain", "--phase", "phase_a"])
     if stop is None:
         assert rc == 0
         assert json.loads(job_json.read_text()) == {

@@ -50,7 +50,7 @@ def _version() -> str:
     ).stdout.strip()
 
 
-# Eight GPU jobs of six threads each, as a vLLM phase job declares (planning.estimate.job_threads):
+# Eight GPU jobs of six threads each, as a vLLM phase job declares (planning.time_estimate.job_threads):
 # each writes when it ran.
 GPU_SNAKEFILE = """
 rule all:

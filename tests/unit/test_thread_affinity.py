@@ -4,7 +4,7 @@ vLLM's NIXL worker on CPU pins the thread that builds it (`rsv_cores_for_kv`); v
 binding pins the worker's main thread and every thread it starts. The study reads each thread's own
 affinity at every sample (metrics/threads.py), records what the server pinned by the time it is
 ready (serving/placement.server_pins, with the instrumentation's note of the thread each connector
-was built on), and the report's thread tables say where and by whom (analysis/threads.py). Here on
+was built on), and the report's thread tables say where and by whom (analysis/thread_cpu.py). Here on
 real threads of this test process, pinned with os.sched_setaffinity on their native ids."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from connector_tax.analysis import threads as analysis
+from connector_tax.analysis import thread_cpu as analysis
 from connector_tax.contract.records import ThreadSample
 from connector_tax.launch import steptiming
 from connector_tax.metrics.threads import ThreadSampler, sample_tree

@@ -1,5 +1,5 @@
 """Per-thread CPU of a server's processes: the sampler (metrics/threads.py) on real processes, and
-its analysis (analysis/threads.py): a thread that spins while the server is idle shows up by
+its analysis (analysis/thread_cpu.py): a thread that spins while the server is idle shows up by
 itself, named, with the core it ran on, beside plain's threads."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from connector_tax.analysis import threads as analysis
+from connector_tax.analysis import thread_cpu as analysis
 from connector_tax.metrics.threads import ThreadSampler, record_idle, sample_tree
 
 # A parent that starts a child; the child runs a named thread that spins and one that sleeps.

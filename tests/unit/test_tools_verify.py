@@ -139,7 +139,7 @@ def test_root_cause_prefers_vllms_own_error_to_the_last_line(tmp_path):
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
         "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects\n"
     )
-    cli = [sys.executable, "-m", "connector_tax.launch.vllm_cli", "root-cause"]
+    cli = [sys.executable, "-m", "connector_tax.commands.for_tools", "root-cause"]
     done = subprocess.run([*cli, str(log)], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "Mooncake is not available\n"), done.stderr
     log.write_text(

@@ -30,7 +30,7 @@ from typed import study_of, typed
 from connector_tax.config import load_config, validate_config
 from connector_tax.launch.command import SIDECAR_PORTS, launch_spec, sidecar_names
 from connector_tax.launch.lmcache_mp import server as lmcache_server
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port
 from connector_tax.serving.sidecar import Sidecars
 
 REPO = Path(__file__).resolve().parents[2]

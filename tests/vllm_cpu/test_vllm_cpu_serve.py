@@ -28,7 +28,7 @@ from connector_tax.launch.command import launch_spec
 from connector_tax.launch.vllm_install import FLAGS_SINCE, installed_vllm
 from connector_tax.metrics.sampler import MetricsSampler
 from connector_tax.pipeline.preflight import missing_library
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"

@@ -35,7 +35,7 @@ from connector_tax.launch import steptiming
 from connector_tax.launch.command import launch_spec
 from connector_tax.launch.evidence import seen
 from connector_tax.launch.vllm import side_ports
-from connector_tax.serving.process import ServerProcess, free_port
+from connector_tax.serving.server_process import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "vllm-cpu-tiny.yaml"

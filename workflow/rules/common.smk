@@ -11,7 +11,7 @@ from connector_tax.config import LAUNCH_PHASES, PHASE_A, PHASE_B, launch_order
 from connector_tax.contract.index import read_index
 from connector_tax.measure.cellplan import launch_digest
 from connector_tax.pipeline.jobs import describe_pending, job_params, study_outcome
-from connector_tax.planning.estimate import job_threads
+from connector_tax.planning.time_estimate import job_threads
 from connector_tax.planning.job_resources import gpus_per_job, job_mem_mb, phase_runtime_min, preflight_runtime_min
 from connector_tax.pipeline.studyfolder import check_study_folder, claim_study, forward_stop_signals, stage_config
 from connector_tax.serving.slurm import cancel_orphans

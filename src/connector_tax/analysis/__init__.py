@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(core, name)
     if name == "reference_rates":
-        from connector_tax.analysis.reference import reference_rates
+        from connector_tax.analysis.reference_rates import reference_rates
 
         return reference_rates
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,9 +20,9 @@ from connector_tax.analysis.columns import COLUMNS, COUNTS, LATENCIES, METRICS, 
 from connector_tax.analysis.constants import CALLBACK_FIELDS, METRIC_NAMES
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
 from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
-from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.quantiles import cdf_grid, summarize
 from connector_tax.analysis.streams import stream_stats
+from connector_tax.analysis.usable_cells import Measurement
 from connector_tax.config import PHASE_A
 from connector_tax.contract.records import MetricsSample, RequestRecord, StepRecord, columns
 from connector_tax.contract.summary import Percentiles, Rates

@@ -12,8 +12,8 @@ from typing import Any
 
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.core import read_cells, served_by
-from connector_tax.analysis.layout import Study, StudyRefused, load_study
 from connector_tax.analysis.taxes import LaunchTaxes, SeriesMap
+from connector_tax.analysis.usable_cells import Study, StudyRefused, load_study
 from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout
 from connector_tax.contract.fingerprint import differences

@@ -27,18 +27,18 @@ from connector_tax.analysis.columns import COLUMNS
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.analysis.contention import study_contention
 from connector_tax.analysis.hypotheses import evaluate
-from connector_tax.analysis.interventions import effects as intervention_effects
+from connector_tax.analysis.intervention_effects import effects as intervention_effects
 from connector_tax.analysis.launch_intervals import METHOD as LAUNCH_METHOD
 from connector_tax.analysis.launch_intervals import P90_METHOD
 from connector_tax.analysis.launches import like_for_like
-from connector_tax.analysis.layout import Study, load_study, phase_completed
 from connector_tax.analysis.quantiles import CDF_PERCENTILES, TAX_CI_METHOD
-from connector_tax.analysis.reference import reference_from_rows
+from connector_tax.analysis.reference_rates import reference_from_rows
 from connector_tax.analysis.report import render_report
 from connector_tax.analysis.saturation import apply_to_row, cell_criteria, phase_a_saturation_by_launch
 from connector_tax.analysis.tables import write_tables
 from connector_tax.analysis.taxes import LaunchTaxes, SeriesMap, compute_taxes
-from connector_tax.analysis.threads import thread_tables
+from connector_tax.analysis.thread_cpu import thread_tables
+from connector_tax.analysis.usable_cells import Study, load_study, phase_completed
 from connector_tax.atomic import write_atomic
 from connector_tax.config import PHASE_A
 from connector_tax.contract import StudyLayout

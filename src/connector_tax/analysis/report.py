@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.analysis.contention import header_lines
-from connector_tax.analysis.interventions import pointers
-from connector_tax.analysis.interventions import render as render_interventions
+from connector_tax.analysis.intervention_effects import pointers
+from connector_tax.analysis.intervention_effects import render as render_interventions
 from connector_tax.analysis.report_format import ci_text, num, table
 from connector_tax.analysis.report_taxes import tax_sections
 from connector_tax.analysis.streams import render as render_streams
-from connector_tax.analysis.threads import render as render_threads
+from connector_tax.analysis.thread_cpu import render as render_threads
 from connector_tax.config import PHASE_A, PHASES
 
 # Which step each number is (docs/study-design.md, "What is recorded").
@@ -280,7 +280,7 @@ def _phase_a(agg: dict[str, Any]) -> list[str]:
 
 def _server_cpu(agg: dict[str, Any]) -> list[str]:
     """Where the server's CPU goes, and where client-side TPOT/ITL cannot be trusted
-    (analysis/threads.py, analysis/streams.py)."""
+    (analysis/thread_cpu.py, analysis/streams.py)."""
     return render_threads(agg.get("threads") or {}, agg["variants"], pointers(agg)) + render_streams(agg["rows"])
 
 

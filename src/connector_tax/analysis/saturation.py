@@ -27,7 +27,7 @@ quarter of the time. So the default basis is the rate offered in the measurement
 load generator's effective / offered_in_window ratio), which is r in expectation;
 throughput_basis="requested" gives the literal effective / r. Both ratios are in every output.
 
-The reference rates these verdicts feed: reference.py.
+The reference rates these verdicts feed: reference_rates.py.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
-from connector_tax.calibrate.records import StudyData
 from connector_tax.calibrate.speed import predicted_step
+from connector_tax.calibrate.study_tables import StudyData
 from connector_tax.config.profile import EngineProfile
 
 GOALS = {"ttft_mean": 0.10, "tpot_mean": 0.05, "step": 0.05, "cells_share": 0.90, "p90_inside_share": 0.90}

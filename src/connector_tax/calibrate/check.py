@@ -33,12 +33,12 @@ import numpy as np
 from connector_tax.analysis import build
 from connector_tax.analysis.cellstats import cell_row
 from connector_tax.analysis.jsonl import NULL_INT, read_columns
-from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.taxes import compute_taxes
+from connector_tax.analysis.usable_cells import Measurement
 from connector_tax.calibrate import anchors
 from connector_tax.calibrate.anchors import GOALS as ANCHOR_GOALS
-from connector_tax.calibrate.records import CalibrationError, open_study, read_study
 from connector_tax.calibrate.speed import at_speed, launch_speeds
+from connector_tax.calibrate.study_tables import CalibrationError, open_study, read_study
 from connector_tax.config import LAUNCH_OF, PHASE_A, ConfigError, StudyConfig
 from connector_tax.config.profile import check_model, read_profile
 from connector_tax.contract.layout import CellFiles

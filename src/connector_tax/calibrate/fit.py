@@ -1,5 +1,5 @@
 """`ctax calibrate RESULTS_DIR -o PROFILE.yaml`: the simulator's engine profile, fitted from a real
-study's records (records.py), every term with its fit quality (regress.py).
+study's records (study_tables.py), every term with its fit quality (regress.py).
 
 What is fitted, in the simulator's own model (sim/costs.py):
 
@@ -9,7 +9,7 @@ What is fitted, in the simulator's own model (sim/costs.py):
 * **the scheduler's share** (`step_duration_us`, Scheduler.schedule(), minus build_meta, which
   runs inside it): `schedule_base_us + schedule_request_us x running`, on the baseline;
 * **the engine loop's gap** between steps (median, baseline): `step_gap_us`;
-* **what the API server adds** (records.py): ingress and egress distributions, the baseline's
+* **what the API server adds** (study_tables.py): ingress and egress distributions, the baseline's
   for the profile and each variant's own where it has enough of them;
 * **per variant with a connector**: each hook (`build_meta` in the scheduler, `get_finished` and
   `start_load_kv` in the worker) as `fixed_us + per_request_us x running + per_block_us x KV
@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from connector_tax.calibrate.provenance import provenance
-from connector_tax.calibrate.records import CalibrationError, StudyData, read_study
+from connector_tax.calibrate.profile_provenance import provenance
 from connector_tax.calibrate.regress import Fit, Term, fit_terms
+from connector_tax.calibrate.study_tables import CalibrationError, StudyData, read_study
 from connector_tax.config.profile import (
     HOOK_NAMES,
     QUANTILES,

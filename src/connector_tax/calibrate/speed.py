@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from connector_tax.calibrate.records import StudyData
+from connector_tax.calibrate.study_tables import StudyData
 from connector_tax.config import LAUNCH_OF
 from connector_tax.config.profile import EngineProfile, VariantProfile, dump_profile
 
 
 def predicted_step(profile: EngineProfile, variant: VariantProfile | None, steps: pd.DataFrame) -> np.ndarray:
     """The profile's engine step (forward, with the variant's scale and offset, plus its hooks)
-    for each row of a step table (records.py)."""
+    for each row of a step table (study_tables.py)."""
     hw = profile.hardware
     forward = (
         hw["step_base_us"]

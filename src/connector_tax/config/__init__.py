@@ -26,7 +26,7 @@ from connector_tax.config.cells import (
     shape_label,
 )
 from connector_tax.config.errors import ConfigError
-from connector_tax.config.gate import Saturation, Validity
+from connector_tax.config.gate_settings import Saturation, Validity
 from connector_tax.config.load import (
     default_config_path,
     default_request,

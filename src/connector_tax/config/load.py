@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator, validators
 from connector_tax import resources
 from connector_tax.config.checks import add_aa_control, check_finite, check_semantics
 from connector_tax.config.errors import ConfigError, describe, most_specific, type_word
-from connector_tax.config.gate import Saturation, Validity
+from connector_tax.config.gate_settings import Saturation, Validity
 from connector_tax.config.study import Request, StudyConfig
 
 

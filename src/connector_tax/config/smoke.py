@@ -1,4 +1,4 @@
-"""The GPU smoke test's config (tools/gpu_smoke.sh, `vllm_cli smoke-config`): a study config
+"""The GPU smoke test's config (tools/gpu_smoke.sh, `for_tools smoke-config`): a study config
 made smaller, derived from another as `StudyConfig.virtual` derives the simulated one."""
 
 from __future__ import annotations

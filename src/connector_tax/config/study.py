@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from connector_tax.config.errors import ConfigError
-from connector_tax.config.gate import Saturation, Validity
+from connector_tax.config.gate_settings import Saturation, Validity
 from connector_tax.config.merge import merged_server
 
 

@@ -1,7 +1,7 @@
 """A cell's summary (summary_<phase>_<label>.json) as one typed record, from the load generator's
 statistics to the seal, and its decoder.
 
-The load generator makes it (loadgen.stats.summary: counts, rates, latencies, the instrument's validity
+The load generator makes it (loadgen.stats.summarize: counts, rates, latencies, the instrument's validity
 checks; the run adds how it ran), the runner adds the host's report (metrics.host), the measuring
 loop the gate's verdict, why the cell ended and its attempts (measure.loop), and the seal its
 fingerprint and the files it vouches for (contract.index). Every field has a default, so a summary
@@ -243,7 +243,7 @@ class CellSummary(msgspec.Struct):
     traffic_seed: int | None = None
     replicate: int = 1
     attempt: int = 1  # which measurement of the cell in its launch (a later one sends fresh prompts)
-    # What the load generator measured (loadgen.stats.summary).
+    # What the load generator measured (loadgen.stats.summarize).
     counts: Counts = msgspec.field(default_factory=Counts)
     rates: Rates = msgspec.field(default_factory=Rates)
     latency_ms: Latencies = msgspec.field(default_factory=Latencies)

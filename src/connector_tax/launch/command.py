@@ -1,4 +1,4 @@
-"""Pick the launch of a variant by the study's backend (`ctax launch-command` prints it: launch/cli.py)."""
+"""Pick the launch of a variant by the study's backend (`ctax launch-command` prints it: commands/launch_command.py)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from connector_tax.config import ConfigError, StudyConfig
 from connector_tax.launch.vllm import MOONCAKE_AUTO, model_path
 from connector_tax.serving import topology
-from connector_tax.serving.process import ready_timeout_s
+from connector_tax.serving.server_process import ready_timeout_s
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"

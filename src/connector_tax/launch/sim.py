@@ -1,5 +1,5 @@
 """The simulated server's launch: `ctax sim` for one variant of the study config, and the stand-in
-LMCache server (sim/sidecar.py) beside it for a variant with an lmcache_mp connector."""
+LMCache server (sim/lmcache_server.py) beside it for a variant with an lmcache_mp connector."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def sim_command(
 
 
 def _lmcache_server(study: StudyConfig, variant: Variant, host: str, port: int) -> SidecarSpec:
-    """A stand-in for the LMCache MP server an lmcache_mp variant needs (sim/sidecar.py): a process
+    """A stand-in for the LMCache MP server an lmcache_mp variant needs (sim/lmcache_server.py): a process
     with its own ports and readiness, so the sidecar's lifecycle is tested without LMCache; its
     faults (sim.faults.sidecar_*) are the variant's."""
     faults = deep_merge(dict(study.sim), dict(variant.sim)).get("faults") or {}
-    argv = [sys.executable, "-m", "connector_tax.sim.sidecar", "--host", host, "--port", str(port)]
+    argv = [sys.executable, "-m", "connector_tax.sim.lmcache_server", "--host", host, "--port", str(port)]
     argv += ["--http-port", str(port + 1)]
     if faults.get("sidecar_fail_start"):
         argv += ["--fail-start", faults["sidecar_fail_start"]]

@@ -47,7 +47,7 @@ from connector_tax.config.vllm_rules import (
 from connector_tax.contract.records import STEP_LOG_ENV
 from connector_tax.launch import lmcache_mp, vllm_cpu
 from connector_tax.launch.paths import repo_root, tools_dir
-from connector_tax.launch.preflight import (
+from connector_tax.launch.verify_scripts import (
     PREFLIGHT_SCRIPTS,
     preflight_check,
     preflight_plan,

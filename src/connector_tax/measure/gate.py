@@ -1,6 +1,6 @@
 """The validity gate of a measured cell, and which of its attempts stands.
 
-The load generator judges itself (loadgen.stats.summary: on rate, lateness by its effect, CPU to spare,
+The load generator judges itself (loadgen.stats.summarize: on rate, lateness by its effect, CPU to spare,
 every result matched); the runner measured the host around the cell (metrics.host, real time
 only). `judge` puts the two together into the summary's `validity`: a cell measured while the
 host was busy is invalid, however punctual the instrument was, and the reasons say so with the

@@ -23,8 +23,8 @@ from typing import Any
 
 from connector_tax.analysis.cellstats import cell_row
 from connector_tax.analysis.constants import CRIT_THROUGHPUT, CRIT_TTFT, CRIT_WAITING
-from connector_tax.analysis.layout import Measurement
 from connector_tax.analysis.saturation import cell_criteria
+from connector_tax.analysis.usable_cells import Measurement
 from connector_tax.config import PHASE_A, StudyConfig
 from connector_tax.contract import CellFiles, StudyLayout
 from connector_tax.contract.index import PRUNED, read_summary

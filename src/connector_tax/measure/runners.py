@@ -36,7 +36,7 @@ from connector_tax.loadgen.host.affinity import plan_affinity
 from connector_tax.loadgen.host.priority import raised_process
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions, needs_server
 from connector_tax.measure.precision import PrecisionWatch
-from connector_tax.measure.steplog import StepLogSplitter, drop_raw_logs, step_timing_status
+from connector_tax.measure.steplog_slices import StepLogSplitter, drop_raw_logs, step_timing_status
 from connector_tax.measure.watch import ServerWatch
 from connector_tax.metrics.host import HostSampler, listener_pid, not_measured
 from connector_tax.metrics.host import Study as HostStudy
@@ -46,7 +46,7 @@ from connector_tax.oracle.virtual_run import VirtualTimeRun
 from connector_tax.serving.cpus import Leased, cpu_lease
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.placement import pin_server_threads, pin_sidecar, pin_this_process, server_pins
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
 from connector_tax.sim.settings import resolve
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from connector_tax.loadgen.schedule.session import LoadGenerator, Progress
 from connector_tax.metrics.sampler import MetricsSampler
-from connector_tax.serving.process import ServerProcess
+from connector_tax.serving.server_process import ServerProcess
 
 STALL_S = 30.0  # no answer and no engine work for this long, requests in flight: the server is stuck
 

@@ -30,9 +30,9 @@ from connector_tax.analysis.compare_sides import Cells
 from connector_tax.analysis.constants import PLAIN
 from connector_tax.config import StudyConfig
 from connector_tax.config.merge import deep_merge
-from connector_tax.oracle.cells import seed_for, study_loads
 from connector_tax.oracle.coverage import CoverageSettings, launch_cell, with_launch_bias
 from connector_tax.oracle.truth import TruthSettings, truth
+from connector_tax.oracle.virtual_cells import seed_for, study_loads
 
 STUDIES = ("A/", "B/")
 

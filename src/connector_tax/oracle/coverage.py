@@ -1,6 +1,6 @@
 """Coverage of the analysis's intervals against the oracle's truth, launch bias included.
 
-One "study" here is, per seed, every variant's short virtual-time cell (cells.py) of the size a
+One "study" here is, per seed, every variant's short virtual-time cell (virtual_cells.py) of the size a
 real study's cell has, at each of the study's loads, in `replicates` launches per variant. A
 launch is an engine with its own speed factor (the simulator's per-launch bias,
 `launch_bias_sd`; 1 when it is off), drawn from the launch's seed; every variant of a replicate
@@ -38,8 +38,8 @@ from connector_tax.analysis.launch_intervals import Series, log_percentile_ci
 from connector_tax.analysis.taxes import SeriesMap
 from connector_tax.config import PHASE_A, Cell, StudyConfig
 from connector_tax.config.cells import launch_seed
-from connector_tax.oracle.cells import Latencies, run_cell, seed_for, study_loads
 from connector_tax.oracle.truth import hypotheses_of, tax_estimates
+from connector_tax.oracle.virtual_cells import Latencies, run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
 METHODS = ("reference", "launch")

@@ -2,7 +2,7 @@
 
 The simulator knows every configuration's cost model, so the true p90 TTFT and TPOT of a
 configuration at a load (its steady state under the study's arrival process and shape) can be
-computed to any precision by running the engine in virtual time long enough (cells.py). From
+computed to any precision by running the engine in virtual time long enough (virtual_cells.py). From
 those p90s the analysis's own code (taxes.compute_taxes, the RULES of hypotheses.py) gives the
 true taxes and the true answers of H1–H6: no threshold is restated here.
 
@@ -36,7 +36,7 @@ from connector_tax.analysis.estimates import Taxes
 from connector_tax.analysis.hypotheses import RULES, Rule, judge
 from connector_tax.analysis.taxes import SeriesMap, compute_taxes
 from connector_tax.config import PHASE_A, PHASE_B, PHASE_B_PRIME, Cell, StudyConfig
-from connector_tax.oracle.cells import run_cell, seed_for, study_loads
+from connector_tax.oracle.virtual_cells import run_cell, seed_for, study_loads
 from connector_tax.sim.settings import resolve
 
 METRICS = ("ttft_ms", "tpot_ms")

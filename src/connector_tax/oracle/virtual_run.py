@@ -10,7 +10,7 @@ cell's course is the load generator's own rules (loadgen.schedule.rules.CellRule
 min-completed, the caller's `enough` and `give_up`, the cap, the in-flight cap, the drain
 budget), asking `enough` once a virtual second as the pipeline's precision watch recomputes once
 a second; the scrapes land in the caller's `waiting` list as a metrics sampler's do (the overload
-guard reads them); the summary is the load generator's own (loadgen.stats.summary.RequestStats). The engine
+guard reads them); the summary is the load generator's own (loadgen.stats.summarize.RequestStats). The engine
 is the one `ctax sim` serves with (settings.resolve), stepped in virtual time (sim/virtual.py's
 convention: a token is stamped at the end of the step that produced it).
 
@@ -39,8 +39,8 @@ from connector_tax.loadgen.schedule.options import LoadgenOptions
 from connector_tax.loadgen.schedule.rules import CellRules
 from connector_tax.loadgen.schedule.schedulers import arrivals
 from connector_tax.loadgen.schedule.shapes import ShapeSampler, shape_seed
-from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord
-from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.request_file import RecordWriter, RequestRecord
+from connector_tax.loadgen.stats.summarize import RequestStats
 from connector_tax.loadgen.stats.usage import shape_rule
 from connector_tax.loadgen.worker.prompts import BodyBuilder, BodySettings, prompt_key
 from connector_tax.sim.apidelay import ApiDelays

@@ -5,12 +5,10 @@ ctax pipeline manifest --config results/STUDY/study_config.yaml
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -317,13 +315,7 @@ def write_manifest(study: StudyConfig) -> None:
     write_atomic(layout.manifest_md, render_md(study, rows, layout))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctax pipeline manifest")
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args(argv)
-    write_manifest(load_study(args.config))
+def job(config: str) -> int:
+    """The manifest rule's job."""
+    write_manifest(load_study(config))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,17 +14,14 @@ configurations; they are listed in the manifest and the report, and redone on th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from connector_tax.arguments import number
 from connector_tax.atomic import write_atomic, write_json
 from connector_tax.config import (
-    LAUNCH_PHASES,
     PHASE_A,
     PHASE_B,
     PHASE_B_PRIME,
@@ -45,8 +42,8 @@ from connector_tax.measure.prune import knee, overloaded_shape, ttft_growth_only
 from connector_tax.measure.resume import decide
 from connector_tax.measure.runners import ServerRunner, VirtualRunner
 from connector_tax.serving.lifecycle import AncestorWatch, exclusive_lock, lock_holder, stop_on_signals, stop_requested
-from connector_tax.serving.process import ServerStartError
-from connector_tax.serving.slurm import PLACEMENTS, adopt, placement_record
+from connector_tax.serving.server_process import ServerStartError
+from connector_tax.serving.slurm import adopt, placement_record
 
 # Facts of a server launch (not settings). A run that launches nothing (every cell reused, or the
 # only cells left pruned) carries them over from the last launch, which measured the cells it
@@ -277,59 +274,44 @@ def run_phase(
     return index
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctax pipeline phase")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--variant", required=True, metavar="NAME")
-    parser.add_argument("--phase", required=True, choices=list(LAUNCH_PHASES))
-    parser.add_argument(
-        "--replicate",
-        type=number(int, 1),
-        default=1,
-        metavar="K",
-        help="which launch of workload.replicates (default 1)",
-    )
-    parser.add_argument(
-        "--cpus", type=number(int, 0), default=0, help="lease this many CPUs (jobs side by side); 0: all"
-    )
-    parser.add_argument(
-        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPUs and CPUs, no lease"
-    )
-    args = parser.parse_args(argv)
+def job(config: str, variant: str, phase: str, replicate: int, cpus: int, placement: str) -> int:
+    """The phase rule's job: launch `replicate` of `variant`'s `phase` measured, under its lock,
+    with job.json written once it ends with a recorded outcome. `cpus` 0 leases all of them."""
     stop_on_signals()
     try:
-        adopt(args.placement)
+        adopt(placement)
     except RuntimeError as exc:
-        _say(f"{args.variant} {args.phase}: {exc}")
+        _say(f"{variant} {phase}: {exc}")
         return 2
-    study = load_study(args.config)
-    who = launch_label(args.variant, args.replicate)
-    if not 1 <= args.replicate <= study.workload.replicates:
-        parser.error(f"argument --replicate: {args.replicate} is not in 1..{study.workload.replicates}")
-    study.variant(args.variant)  # ConfigError naming the variant, before anything is locked
+    study = load_study(config)
+    who = launch_label(variant, replicate)
+    if not 1 <= replicate <= study.workload.replicates:
+        _say(f"ctax pipeline phase: argument --replicate: {replicate} is not in 1..{study.workload.replicates}")
+        return 2
+    study.variant(variant)  # ConfigError naming the variant, before anything is locked
     layout = StudyLayout.of(study.study)
-    lock_path = layout.phase(args.variant, args.phase, args.replicate).lock
+    lock_path = layout.phase(variant, phase, replicate).lock
     lock = exclusive_lock(lock_path)
     if lock is None:
-        _say(f"{who} {args.phase}: already being measured by {lock_holder(lock_path)}")
+        _say(f"{who} {phase}: already being measured by {lock_holder(lock_path)}")
         return 1
-    job_json = layout.job(args.variant, args.phase, args.replicate)
+    job_json = layout.job(variant, phase, replicate)
     try:
         job_json.unlink(missing_ok=True)  # an earlier job's: this one has not ended yet
         with AncestorWatch():
-            index = run_phase(study, args.variant, args.phase, args.cpus or None, args.replicate)
+            index = run_phase(study, variant, phase, cpus or None, replicate)
         write_json(job_json, {"launch_id": index.launch_id, "status": index.status, "finished": index.finished})
     except KeyboardInterrupt as exc:
-        _say(f"{who} {args.phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
+        _say(f"{who} {phase}: interrupted ({exc or 'SIGINT'}); the next run resumes it")
         return 130
     except OSError as exc:
-        _say(f"{who} {args.phase}: stopped: {exc}; the next run resumes it")
+        _say(f"{who} {phase}: stopped: {exc}; the next run resumes it")
         return 1
     finally:
         os.close(lock)
     reused = sum(c.reused for c in index.cells)
     _say(
-        f"{who} {args.phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
+        f"{who} {phase}: {index.status}, {len(index.cells)} cells ({reused} reused)"
         + (f" ({index.reason})" if index.reason else "")
     )
     return 0
@@ -341,7 +323,3 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,6 @@ study goes on without it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,9 +28,9 @@ from connector_tax.measure.cellplan import launch_digest
 from connector_tax.planning.job_resources import GATE_S
 from connector_tax.serving.gpus import Gpu, gpu_env, gpu_lease, wait_released
 from connector_tax.serving.lifecycle import AncestorWatch, GroupWatchdog, die_with_parent, stop_on_signals
-from connector_tax.serving.process import ServerProcess, ServerStartError, free_port, ready_timeout_s
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, free_port, ready_timeout_s
 from connector_tax.serving.sidecar import Sidecars
-from connector_tax.serving.slurm import PLACEMENTS, adopt
+from connector_tax.serving.slurm import adopt
 
 
 def _one_streamed_request(url: str, model: str) -> None:
@@ -95,7 +94,7 @@ def run_gate(study: StudyConfig, name: str, script: Path, out_dir: Path) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with gpu_lease("vllm", device=study.device) as gpu:
-            # The script asks this package (vllm_cli, launch-command) through this interpreter:
+            # The script asks this package (for_tools, launch-command) through this interpreter:
             # without it, it looks for `ctax` on PATH, absent when snakemake runs from a venv
             # that was never activated, and every gated variant would SKIP.
             env = {**os.environ, "CTAX_PYTHON": sys.executable, **_on_gpu(gpu, study, variant)}
@@ -316,46 +315,32 @@ def merge_status(parts: list[Path]) -> dict[str, Any]:
     return {s["variant"]: {k: v for k, v in s.items() if k != "variant"} for s in statuses}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctax pipeline preflight")
-    sub = parser.add_subparsers(dest="action", required=True)
-    check = sub.add_parser("check", help="readiness of one configuration")
-    check.add_argument("--config", required=True)
-    check.add_argument("--variant", required=True, metavar="NAME")
-    check.add_argument("--out", required=True)
-    check.add_argument("--log-dir", required=True)
-    check.add_argument(
-        "--placement", choices=PLACEMENTS, default="host", help="slurm: use this SLURM job's GPU, no lease"
-    )
-    merge = sub.add_parser("merge", help="merge per-configuration results")
-    merge.add_argument("--out", required=True)
-    merge.add_argument("parts", nargs="+")
-    args = parser.parse_args(argv)
+def check_job(config: str, variant: str, out: Path, log_dir: Path, placement: str) -> int:
+    """The preflight rule's job for one variant: its readiness verdict into `out`."""
     stop_on_signals()
-    if args.action == "check":
-        try:
-            adopt(args.placement)
-        except RuntimeError as exc:
-            print(f"{args.variant}: {exc}", file=sys.stderr)
-            return 2
-        study = load_study(args.config)
-        try:  # what this host would fail on minutes into every launch, refused before the first
-            check_host(study)
-        except ConfigError as exc:
-            print(f"{args.variant}: refused before any launch: {exc}", file=sys.stderr)
-            return 2
-        out = Path(args.out)
-        # The verdict says which launch settings it checked: a phase job takes it for those only.
-        digest = launch_digest(study, args.config, args.variant)
-        with AncestorWatch():
-            result = check_readiness(study, args.variant, Path(args.log_dir))
-        write_json(out, {**result, "launch": digest})
-        why = result.get("reason") or result.get("note")
-        print(f"{args.variant}: {result['status']}" + (f" ({why})" if why else ""))
-    else:
-        write_json(Path(args.out), merge_status([Path(p) for p in args.parts]))
+    try:
+        adopt(placement)
+    except RuntimeError as exc:
+        print(f"{variant}: {exc}", file=sys.stderr)
+        return 2
+    study = load_study(config)
+    try:  # what this host would fail on minutes into every launch, refused before the first
+        check_host(study)
+    except ConfigError as exc:
+        print(f"{variant}: refused before any launch: {exc}", file=sys.stderr)
+        return 2
+    # The verdict says which launch settings it checked: a phase job takes it for those only.
+    digest = launch_digest(study, config, variant)
+    with AncestorWatch():
+        result = check_readiness(study, variant, log_dir)
+    write_json(out, {**result, "launch": digest})
+    why = result.get("reason") or result.get("note")
+    print(f"{variant}: {result['status']}" + (f" ({why})" if why else ""))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def merge_job(out: Path, parts: list[Path]) -> int:
+    """The preflight rule's closing job: the variants' verdicts in one file."""
+    stop_on_signals()
+    write_json(out, merge_status(parts))
+    return 0

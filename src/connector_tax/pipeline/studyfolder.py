@@ -20,7 +20,6 @@ into the same folders as, and compared with, results of a different kind.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
@@ -113,17 +112,11 @@ def write_study_config(study: StudyConfig) -> None:
     write_json(layout.stamp, {"study": study.study, "backend": study.backend})
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctax pipeline study-config")
-    parser.add_argument("--config", required=True, help="the staged, validated config")
-    args = parser.parse_args(argv)
+def job(config: str) -> int:
+    """The study_config rule's job: the staged config at `config` into the study folder."""
     try:
-        write_study_config(load_study(args.config))
+        write_study_config(load_study(config))
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

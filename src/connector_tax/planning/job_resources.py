@@ -3,7 +3,7 @@
 Snakemake's SLURM executor turns a rule's `resources:` into sbatch options: `runtime` (minutes)
 into `-t`, `mem_mb` into `--mem`, `gpu` into `--gpus`, `threads:` into `--cpus-per-gpu` (or
 `--cpus-per-task`). A phase job's time limit is `ctax plan`'s estimate of that job
-(planning.estimate: the cells' rules, or a previous run's measured cells) times TIME_FACTOR plus
+(planning.time_estimate: the cells' rules, or a previous run's measured cells) times TIME_FACTOR plus
 TIME_MARGIN_S: enough for a loaded node and a server relaunch, and a job that hangs is still
 stopped by SLURM. Phase B's estimate is only exact once the reference rates exist; its jobs are
 planned after that checkpoint, so they get it. Everything here can be overridden per rule
@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 from connector_tax.config import ConfigError, StudyConfig
-from connector_tax.planning.estimate import plan_study
-from connector_tax.serving.process import ready_timeout_s
+from connector_tax.planning.time_estimate import plan_study
+from connector_tax.serving.server_process import ready_timeout_s
 
 TIME_FACTOR = 1.5
 TIME_MARGIN_S = 600.0

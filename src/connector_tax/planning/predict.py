@@ -51,7 +51,7 @@ def predict(study: StudyConfig, workdir: Path, timeout_s: float = 3600) -> Study
     path.write_text(yaml.safe_dump(study.virtual(), sort_keys=False), encoding="utf-8")
     layout = StudyLayout(workdir / "results" / study.study)
     targets = [f"results/{study.study}/{name}/{PHASE_B}/run.json" for name in study.names]
-    # Virtual time measures nothing on this host, so its jobs (one core each, planning.estimate.job_threads)
+    # Virtual time measures nothing on this host, so its jobs (one core each, planning.time_estimate.job_threads)
     # run side by side on every core this process may use: the H20 config's plan took 231-246 s on
     # 2 cores against 371-397 s one at a time, the same plan (docs/performance.md).
     cores = str(len(os.sched_getaffinity(0)))

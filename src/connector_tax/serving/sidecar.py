@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from connector_tax.serving.process import ServerProcess, ServerStartError, release_port, root_cause, tail
+from connector_tax.serving.server_process import ServerProcess, ServerStartError, release_port, root_cause, tail
 from connector_tax.serving.spec import LaunchSpec, SidecarSpec
 
 POLL_S = 0.1

@@ -51,7 +51,7 @@ class SidecarSpec:
     what: str  # in words, for every output: "LMCache MP server"
     argv: list[str]
     env: dict[str, str]
-    port: int  # the first of the ports it binds, reserved with serving.process.free_port
+    port: int  # the first of the ports it binds, reserved with serving.server_process.free_port
     # "http://host:port/path" (ready when it answers 200) or "tcp://host:port" (when it accepts)
     ready: str
     ready_timeout_s: float

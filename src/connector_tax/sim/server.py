@@ -1,4 +1,5 @@
-"""`ctax sim`: start the simulated vLLM server for one server variant of a study config.
+"""The simulated vLLM server for one server variant of a study config (`ctax sim`, whose
+arguments are commands/sim.py's).
 
 Start-up order: resolve and validate everything (a bad argument fails here, in one line,
 before a socket is opened), bind the socket (port 0 picks a free port), start the engine
@@ -9,22 +10,21 @@ way a dying engine takes the API server down with it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
 import uvicorn
 import uvloop
 
-from connector_tax.config import ConfigError, default_config_path, load_study
+from connector_tax.config import ConfigError, load_study
 from connector_tax.contract.records import LAUNCH_SEED_ENV
 from connector_tax.sim.api import SimApp
-from connector_tax.sim.cli_args import FAULT_FLAGS
 from connector_tax.sim.engine import EngineCore
 from connector_tax.sim.faults import FaultDice, FaultSettings
 from connector_tax.sim.metrics import SimMetrics
@@ -63,32 +63,44 @@ def _open_log(path: str | None) -> IO[str] | None:
     return open(path, "a", encoding="utf-8")
 
 
-def main(args: argparse.Namespace) -> int:
-    config_path = Path(args.config) if args.config else default_config_path()
-    cli_faults = {name: getattr(args, name) for name in FAULT_FLAGS if getattr(args, name) is not None}
+def run(
+    config_path: Path,
+    variant: str,
+    cli_faults: Mapping[str, object],
+    *,
+    host: str | None,
+    port: int,
+    ready_file: str | None,
+    step_log: str | None,
+    request_log: str | None,
+    seed: int,
+) -> int:
+    """Serve `variant` of the study at `config_path` until stopped; `cli_faults` override the
+    config's sim.faults. The exit code: 2 for bad input (one line), FAIL_START_EXIT_CODE for a
+    fail_start fault."""
     try:
         study = load_study(config_path)
         launch = os.environ.get(LAUNCH_SEED_ENV)
-        settings = resolve(study, study.variant(args.variant), cli_faults, int(launch) if launch else None)
+        settings = resolve(study, study.variant(variant), dict(cli_faults), int(launch) if launch else None)
     except (ConfigError, ValueError) as exc:
         return _error(str(exc))
     if settings.faults.fail_start:
         print(f"ctax sim: {settings.variant}: failed to start: {settings.faults.fail_start}", file=sys.stderr)
         return FAIL_START_EXIT_CODE
-    if args.port < 0 or args.port > 65535:
-        return _error(f"--port: {args.port} is not a port number (0-65535)")
-    host = args.host or settings.host
-    step_log_path = args.step_log or os.environ.get(STEP_LOG_ENV)
+    if port < 0 or port > 65535:
+        return _error(f"--port: {port} is not a port number (0-65535)")
+    host = host or settings.host
+    step_log_path = step_log or os.environ.get(STEP_LOG_ENV)
     try:
-        step_log = StepLog(step_log_path) if step_log_path else None
-        request_log = _open_log(args.request_log)
+        steps = StepLog(step_log_path) if step_log_path else None
+        requests = _open_log(request_log)
         if settings.faults.slow_start_s:
             time.sleep(settings.faults.slow_start_s)
-        sock = _bind(host, args.port)
+        sock = _bind(host, port)
     except OSError as exc:
-        return _error(f"cannot start on {host}:{args.port}: {exc.strerror or exc}")
+        return _error(f"cannot start on {host}:{port}: {exc.strerror or exc}")
     uvloop.install()
-    return asyncio.run(_serve(settings, sock, step_log, request_log, args.ready_file, args.seed))
+    return asyncio.run(_serve(settings, sock, steps, requests, ready_file, seed))
 
 
 async def _serve(

@@ -13,7 +13,7 @@ from sim_server import MODEL
 from connector_tax.config import Cell
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.schedule.session import LoadGenerator, LoadgenOptions
-from connector_tax.loadgen.stats.records import read_records
+from connector_tax.loadgen.stats.request_file import read_records
 
 RECORD_KEYS = [
     "request_id",

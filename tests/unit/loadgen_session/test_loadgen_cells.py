@@ -24,7 +24,7 @@ from sim_server import SimProcess
 from connector_tax.loadgen.host.cpu_latency import CpuLatencyHold
 from connector_tax.loadgen.schedule.session import LoadGenerator
 from connector_tax.loadgen.schedule.trace import TraceRequest
-from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.request_file import RequestRecord
 
 
 # -- the basic cell: records, warm-up, fidelity, side files ------------------------------

@@ -22,7 +22,7 @@ from sim_server import MODEL, REPO, SimProcess, launch
 from connector_tax.config import Cell
 from connector_tax.contract.summary import to_builtins
 from connector_tax.loadgen.schedule.session import LoadGenerator
-from connector_tax.loadgen.stats.records import read_records
+from connector_tax.loadgen.stats.request_file import read_records
 
 
 def run_duet(gen: LoadGenerator, root: Path, label: str, **kw: object) -> list[tuple[dict, list[dict]]]:

@@ -37,8 +37,8 @@ from connector_tax.loadgen.schedule.sizing import Sizing
 from connector_tax.loadgen.schedule.trace import prefix_blocks, trace_arrivals
 from connector_tax.loadgen.schedule.workers import WorkerPool
 from connector_tax.loadgen.stats.collect import Collector, Progress
-from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord, read_records
-from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.request_file import RecordWriter, RequestRecord, read_records
+from connector_tax.loadgen.stats.summarize import RequestStats
 from connector_tax.loadgen.stats.usage import shape_rule
 from connector_tax.loadgen.worker.prompts import BodySettings, prompt_key
 from connector_tax.loadgen.worker.timing import set_timer_slack

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from connector_tax.contract.layout import CellFiles
 from connector_tax.loadgen.stats.collect import Collector, Progress
-from connector_tax.loadgen.stats.records import RecordWriter
-from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.request_file import RecordWriter
+from connector_tax.loadgen.stats.summarize import RequestStats
 
 
 @dataclass(frozen=True)

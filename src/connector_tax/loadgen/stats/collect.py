@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from connector_tax.loadgen import ipc
-from connector_tax.loadgen.stats.records import RecordWriter, RequestRecord
-from connector_tax.loadgen.stats.summary import RequestStats
+from connector_tax.loadgen.stats.request_file import RecordWriter, RequestRecord
+from connector_tax.loadgen.stats.summarize import RequestStats
 
 FINISHED_HORIZON_NS = 2_000_000_000  # result times kept for the in-flight correction
 

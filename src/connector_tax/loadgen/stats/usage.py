@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from connector_tax.contract.summary import Check, ShapeRuleNote, Spread, TokenCounts, Usage
-from connector_tax.loadgen.stats.records import RequestRecord
+from connector_tax.loadgen.stats.request_file import RequestRecord
 from connector_tax.loadgen.stats.sketch import DEFAULT_EXACT_CAP, Quantiles
 
 
